@@ -1,0 +1,140 @@
+"""The data that crosses between the host and a backend plugin (pydantic models).
+
+Plugins receive and return these; workers never see them (they read `job.json`, see
+`framework_bench/worker_io.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, computed_field
+
+from framework_bench.scenario import Scenario
+
+
+class Capabilities(BaseModel):
+    cpu: bool
+    gpu: bool
+    sequence_parallel: bool
+    varlen: bool
+    zero_stages: list[int] = Field(default_factory=lambda: [0])
+
+
+class EnvSpec(BaseModel):
+    """How the host builds the backend's own virtual environment (see `framework_bench/envs.py`)."""
+
+    requirements: dict[Literal["cpu", "cuda"], Path] = Field(
+        description="requirements file per flavour; it pins torch (2.13.0 on CPU: the local CPU build)"
+    )
+    framework_package: str = Field(description="distribution whose version is reported as the framework version")
+    post_install: list[str] = Field(
+        default_factory=list,
+        description="modules run as `python -m MODULE FLAVOUR` with the env's Python after pip (documented workarounds)",
+    )
+
+
+class BackendInfo(BaseModel):
+    name: str
+    framework: str
+    description: str = ""
+    capabilities: Capabilities
+    env: EnvSpec
+
+
+class Machine(BaseModel):
+    """What the host can see of this machine without importing torch."""
+
+    gpus: int = 0
+    gpu_name: str | None = None
+    gpu_memory_gib: float | None = None
+    cpu: str = ""
+    cpu_count: int = 1
+
+    @property
+    def device(self) -> Literal["cpu", "cuda"]:
+        return "cuda" if self.gpus else "cpu"
+
+
+class BackendEnv(BaseModel):
+    """A backend's virtual environment as found on disk."""
+
+    name: str
+    path: Path
+    python: Path
+    flavour: Literal["cpu", "cuda"] | None = None
+    ready: bool = False
+    problem: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    def has(self, distribution: str) -> bool:
+        """Whether a distribution is installed (names compared as pip normalises them)."""
+        key = distribution.lower().replace("_", "-")
+        return any(k.lower().replace("_", "-") == key for k in self.versions)
+
+    def version(self, distribution: str) -> str | None:
+        key = distribution.lower().replace("_", "-")
+        return next((v for k, v in self.versions.items() if k.lower().replace("_", "-") == key), None)
+
+
+class Job(BaseModel):
+    """One run of one backend on one scenario; written to `run_dir/job.json` for the worker."""
+
+    backend: str
+    scenario: Scenario
+    data_dir: Path
+    data_sha256: str
+    run_dir: Path
+    device: Literal["cpu", "cuda"]
+    nprocs: int = Field(1, description="processes per node the launcher starts")
+    nnodes: int = 1
+
+    @computed_field
+    @property
+    def hf_config(self) -> dict:
+        """The model's HF `config.json` (random weights are built from it; positions extended if asked)."""
+        return self.scenario.model_config_for_run
+
+    @property
+    def job_file(self) -> Path:
+        return self.run_dir / "job.json"
+
+    def write(self) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.job_file.write_text(self.model_dump_json(indent=2))
+        return self.job_file
+
+
+class LaunchPlan(BaseModel):
+    """What to start: a module run with the backend env's Python, wrapped by the chosen launcher."""
+
+    python: Path
+    module: str = Field(description="worker module, run as `python -m MODULE ARGS...`")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="added to the worker's environment")
+    files: dict[str, Path] = Field(default_factory=dict, description="generated files, by role (shown by --dry-run)")
+
+
+class StepMetric(BaseModel):
+    """One line of a worker's common metrics file (`metrics/rank<R>.jsonl`)."""
+
+    step: int = Field(ge=1)
+    seconds: float = Field(gt=0, description="wall time of the step, device-synchronised on GPU")
+    tokens: int = Field(ge=0, description="tokens processed by this rank in this step")
+    loss: float | None = None
+    peak_mem_bytes: int | None = None
+    rank: int = 0
+
+
+class WorkerReport(BaseModel):
+    """What a backend read back from its run folder."""
+
+    steps: list[StepMetric]
+    data_sha256: str | None = Field(None, description="sha256 of the token ids the worker actually trained on")
+    framework_version: str | None = None
+    attention_used: str | None = None
+    framework_throughput: dict[str, float] = Field(
+        default_factory=dict, description="the framework's own figures (e.g. tokens_per_sec), mean over measured steps"
+    )
+    notes: list[str] = Field(default_factory=list)

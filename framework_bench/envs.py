@@ -1,0 +1,140 @@
+"""One virtual environment per backend, made and reused by the project.
+
+XTuner 0.2.0 pins transformers==4.48.0 and LLaMA-Factory 0.9.5 needs >=4.55: no single
+environment holds both, so each backend's worker runs with its own env's Python.
+
+Layout: `$FBENCH_HOME/envs/<backend>/` (default `FBENCH_HOME=<project>/.fbench`), with
+`fbench-env.json` recording the flavour, the requirements hash, the resolved versions
+and how long creation took. Creating again with unchanged requirements does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from framework_bench.backend import BackendEnv, EnvSpec
+from framework_bench.scenario import PROJECT_ROOT
+
+RECORD = "fbench-env.json"
+PTH_NAME = "fbench_host.pth"
+Flavour = Literal["cpu", "cuda"]
+
+
+class EnvError(RuntimeError):
+    pass
+
+
+def fbench_home() -> Path:
+    return Path(os.environ.get("FBENCH_HOME", PROJECT_ROOT / ".fbench"))
+
+
+def env_path(name: str) -> Path:
+    return fbench_home() / "envs" / name
+
+
+def default_flavour() -> Flavour:
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+def _python(path: Path) -> Path:
+    return path / "bin" / "python"
+
+
+def _requirements_hash(spec: EnvSpec, flavour: Flavour) -> str:
+    return hashlib.sha256(spec.requirements[flavour].read_bytes()).hexdigest()
+
+
+def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
+    """The env as found on disk; `ready` only if it was completed and still matches its requirements."""
+    path = env_path(name)
+    env = BackendEnv(name=name, path=path, python=_python(path))
+    record_file = path / RECORD
+    if not record_file.exists():
+        env.problem = "not created (run `fbench env create %s`)" % name
+        return env
+    record = json.loads(record_file.read_text())
+    env.flavour = record["flavour"]
+    env.versions = record["versions"]
+    if not env.python.exists():
+        env.problem = "broken: its Python is missing"
+    elif spec is not None and record["requirements_sha256"] != _requirements_hash(spec, env.flavour):
+        env.problem = "stale: requirements changed since it was made (run `fbench env create %s`)" % name
+    else:
+        env.ready = True
+    return env
+
+
+def _run(argv: list[str], log, **kw) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, **kw)
+    if proc.returncode:
+        raise EnvError(f"`{' '.join(argv[:4])} ...` exited {proc.returncode}; see {log.name}")
+
+
+def _freeze(python: Path) -> dict[str, str]:
+    out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True)
+    return {d["name"]: d["version"] for d in json.loads(out.stdout)}
+
+
+def create(
+    name: str,
+    spec: EnvSpec,
+    flavour: Flavour | None = None,
+    say: Callable[[str], None] = lambda msg: None,
+) -> BackendEnv:
+    """Create (or reuse) the env of backend `name`; idempotent."""
+    flavour = flavour or default_flavour()
+    current = inspect(name, spec)
+    if current.ready and current.flavour == flavour:
+        say(f"{name}: ready at {current.path} (nothing to do)")
+        return current
+    path = env_path(name)
+    if path.exists():
+        say(f"{name}: removing the old env ({current.problem or current.flavour})")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    started = time.monotonic()
+    python = _python(path)
+    with (path / "create.log").open("w") as log:
+        say(f"{name}: creating venv at {path}")
+        _run([sys.executable, "-m", "venv", str(path)], log)
+        say(f"{name}: pip install -r {spec.requirements[flavour].name} (a few minutes)")
+        # pip, not uv: only pip sees the local CPU torch build this machine offers.
+        _run([str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+              "-r", str(spec.requirements[flavour])], log)
+        # Workers import `framework_bench.worker_io`/`packed` and `backends.*` from the host's
+        # source tree. A .pth *appends* that path, so the env's own packages always win.
+        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        Path(purelib, PTH_NAME).write_text(str(PROJECT_ROOT) + "\n")
+        for module in spec.post_install:
+            say(f"{name}: post-install {module}")
+            _run([str(python), "-m", module, flavour], log, cwd=path)
+    record = {
+        "name": name,
+        "flavour": flavour,
+        "requirements": str(spec.requirements[flavour]),
+        "requirements_sha256": _requirements_hash(spec, flavour),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.monotonic() - started, 1),
+        "host_python": sysconfig.get_python_version(),
+        "versions": _freeze(python),
+    }
+    (path / RECORD).write_text(json.dumps(record, indent=2))
+    say(f"{name}: ready in {record['seconds']:.0f} s")
+    return inspect(name, spec)
+
+
+def size_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

@@ -1,0 +1,70 @@
+"""The `TrainBackend` hook specification: what a backend plugin must provide.
+
+A backend is one plugin object (usually a module) registered under the entry-point group
+`fbench.backends`. The host calls each hook on one backend at a time, so every hook is
+`firstresult`. Hooks run in the host process: they must stay cheap and must not import
+torch or the framework (that happens in the worker, inside the backend's own env).
+
+Flow for one run (see `framework_bench/runner.py`):
+    info = fbench_backend_info()
+    reason = fbench_check(scenario, machine, env)      # None -> go on, str -> "unsupported"
+    plan = fbench_plan(job, env)                        # writes framework config files
+    ... host launches plan (local / torchrun) and waits ...
+    report = fbench_read_report(job)                    # per-step metrics, data sha256
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from framework_bench.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.scenario import Scenario
+
+PROJECT = "fbench"
+ENTRY_POINT_GROUP = "fbench.backends"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class TrainBackend:
+    """Hooks a training-framework backend implements."""
+
+    @hookspec(firstresult=True)
+    def fbench_backend_info(self) -> BackendInfo:
+        """Describe the backend: its name (unique; used on the command line), the framework,
+        what it supports (CPU, GPU, sequence parallel, varlen attention, ZeRO stages) and the
+        `EnvSpec` from which the host builds its own virtual environment.
+
+        Must not import the framework: the framework version is read from the env's record.
+        """
+
+    @hookspec(firstresult=True)
+    def fbench_check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        """Say whether this backend can run `scenario` here *as specified*.
+
+        Return None when it can, or one sentence saying why not, naming what is missing
+        (e.g. "sequence_parallel 8 needs flash_attn and deepspeed, not installed in the
+        xtuner env"). The host records that as an `unsupported` result and never launches.
+        A setting that the framework would silently ignore or replace (SP without its
+        engine, varlen attention without flash-attn) must be refused here, not measured.
+        """
+
+    @hookspec(firstresult=True)
+    def fbench_plan(self, job: Job, env: BackendEnv) -> LaunchPlan:
+        """Build the launch plan for `job` (scenario + packed data + run folder).
+
+        Write every generated framework file (configs, DeepSpeed JSON) into `job.run_dir`
+        and list them in `LaunchPlan.files`. The plan names a worker module run with the
+        env's Python; the host's launcher (local / torchrun) wraps it. The worker reads
+        `job.json` (see `framework_bench/worker_io.py`), converts the packed data, trains
+        with the framework's own trainer, and writes the common metrics file.
+        """
+
+    @hookspec(firstresult=True)
+    def fbench_read_report(self, job: Job) -> WorkerReport:
+        """Read the finished run's folder: the common per-step metrics (all ranks), the
+        sha256 of the data the worker trained on, and the framework's own throughput
+        figures for comparison. Raise `FileNotFoundError` if the worker wrote nothing.
+        TGS and TFLOPs are computed by the host, never here.
+        """

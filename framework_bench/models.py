@@ -1,0 +1,86 @@
+"""Model architectures: the HF-style fields that decide speed, and the named presets."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelArch(BaseModel):
+    """A decoder-only transformer, described by the fields of its HF `config.json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architecture: Literal["llama"] = "llama"
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    rope_theta: float = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> "ModelArch":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def hf_config(self) -> dict:
+        """The `config.json` a worker hands to `AutoConfig`/`from_config` (random weights)."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-5,
+            "initializer_range": 0.02,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        }
+
+
+PRESETS: dict[str, ModelArch] = {
+    # meta-llama/Llama-2-7b-hf
+    "llama2-7b": ModelArch(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+        intermediate_size=11008, vocab_size=32000, rope_theta=10000.0, max_position_embeddings=4096,
+    ),
+    # 01-ai/Yi-34B-200K: GQA with 8 KV heads
+    "yi-34b-200k": ModelArch(
+        hidden_size=7168, num_hidden_layers=60, num_attention_heads=56, num_key_value_heads=8,
+        intermediate_size=20480, vocab_size=64000, rope_theta=5000000.0, max_position_embeddings=200000,
+    ),
+    # meta-llama/Llama-2-70b-hf: GQA with 8 KV heads
+    "llama2-70b": ModelArch(
+        hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+        intermediate_size=28672, vocab_size=32000, rope_theta=10000.0, max_position_embeddings=4096,
+    ),
+    # Small enough to train a few steps on 2 CPU cores; vocab covers the built-in byte tokenizer.
+    "tiny-llama": ModelArch(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=688, vocab_size=512, rope_theta=10000.0, max_position_embeddings=8192,
+    ),
+}

@@ -1,0 +1,68 @@
+"""The plugin manager: backends are found through the `fbench.backends` entry points only.
+
+The bundled backends are registered by this project's own `pyproject.toml` entry points,
+exactly as a third-party package would register one.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import pluggy
+
+from framework_bench import hookspecs
+from framework_bench.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.scenario import Scenario
+
+
+class UnknownBackend(LookupError):
+    pass
+
+
+class Backend:
+    """One registered backend; calls its hooks (and only its hooks) through pluggy."""
+
+    def __init__(self, pm: pluggy.PluginManager, plugin: object):
+        self._pm = pm
+        self._plugin = plugin
+
+    def _call(self, hook: str, **kwargs):
+        others = [p for p in self._pm.get_plugins() if p is not self._plugin]
+        return self._pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
+    @cached_property
+    def info(self) -> BackendInfo:
+        return self._call("fbench_backend_info")
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        return self._call("fbench_check", scenario=scenario, machine=machine, env=env)
+
+    def plan(self, job: Job, env: BackendEnv) -> LaunchPlan:
+        return self._call("fbench_plan", job=job, env=env)
+
+    def read_report(self, job: Job) -> WorkerReport:
+        return self._call("fbench_read_report", job=job)
+
+
+def manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs.TrainBackend)
+    pm.load_setuptools_entrypoints(hookspecs.ENTRY_POINT_GROUP)
+    return pm
+
+
+def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
+    pm = pm or manager()
+    found = [Backend(pm, p) for p in pm.get_plugins()]
+    return {b.name: b for b in sorted(found, key=lambda b: b.name)}
+
+
+def get(name: str, pm: pluggy.PluginManager | None = None) -> Backend:
+    found = backends(pm)
+    if name not in found:
+        raise UnknownBackend(f"no backend named {name!r}; installed: {', '.join(found) or 'none'}")
+    return found[name]
