@@ -1,0 +1,168 @@
+"""Pack Alpaca once into rows of exactly `context_length` tokens, cached on disk.
+
+The stream is: for each record, <s> prompt response </s>, concatenated; labels are -100
+over <s> and the prompt. The stream is repeated when the run needs more tokens than the
+dataset holds, then cut into full rows (the tail that does not fill a row is dropped).
+All work after tokenization is vectorised numpy, written straight into memory-mapped
+output files, so memory stays proportional to the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.progress import Progress
+
+from framework_bench import packed
+from framework_bench.data import alpaca, tokenizer as tokenizers_
+from framework_bench.envs import fbench_home
+from framework_bench.scenario import Scenario
+
+FORMAT_VERSION = 1
+_ENCODE_CHUNK = 1000
+
+
+@dataclass
+class Stream:
+    """One copy of the dataset as flat arrays."""
+
+    input_ids: np.ndarray  # int32 [tokens]
+    labels: np.ndarray  # int32 [tokens]
+    doc_lengths: np.ndarray  # int64 [documents]
+
+
+@dataclass
+class PackedData:
+    dir: Path
+    manifest: dict
+    cached: bool = False
+
+    @property
+    def sha256(self) -> str:
+        return self.manifest["sha256"]
+
+
+def tokenize(tok, records: list[dict], progress: Progress | None = None) -> Stream:
+    bos = tokenizers_.special_id(tok, "<s>", "<|begin_of_text|>")
+    eos = tokenizers_.special_id(tok, "</s>", "<|end_of_text|>", "<|endoftext|>")
+    pairs = [alpaca.format_record(r) for r in records]
+    prompts, responses = [], []
+    task = progress.add_task("tokenizing", total=len(pairs)) if progress else None
+    for i in range(0, len(pairs), _ENCODE_CHUNK):
+        chunk = pairs[i : i + _ENCODE_CHUNK]
+        prompts += [e.ids for e in tok.encode_batch([p for p, _ in chunk], add_special_tokens=False)]
+        responses += [e.ids for e in tok.encode_batch([r for _, r in chunk], add_special_tokens=False)]
+        if progress:
+            progress.advance(task, len(chunk))
+    head = [bos] if bos is not None else []
+    tail = [eos] if eos is not None else []
+    ids, labels, lengths = [], [], []
+    for p, r in zip(prompts, responses):
+        ids += head + p + r + tail
+        labels += [packed.IGNORE_INDEX] * (len(head) + len(p)) + r + tail
+        lengths.append(len(head) + len(p) + len(r) + len(tail))
+    return Stream(np.asarray(ids, np.int32), np.asarray(labels, np.int32), np.asarray(lengths, np.int64))
+
+
+def repeats_needed(base_tokens: int, rows_needed: int, context_length: int, requested: int) -> int:
+    return max(requested, math.ceil(rows_needed * context_length / base_tokens))
+
+
+def pack_stream(stream: Stream, context_length: int, repeat: int, out_dir: Path) -> dict:
+    """Write `repeat` copies of the stream, cut into full rows, into `out_dir`. Returns counts."""
+    base = stream.input_ids.size
+    rows = repeat * base // context_length
+    total = rows * context_length
+    ids_out = np.lib.format.open_memmap(out_dir / packed.INPUT_IDS, "w+", np.int32, (rows, context_length))
+    lab_out = np.lib.format.open_memmap(out_dir / packed.LABELS, "w+", np.int32, (rows, context_length))
+    flat_ids, flat_lab = ids_out.reshape(-1), lab_out.reshape(-1)
+    for k in range(math.ceil(total / base)):
+        lo, hi = k * base, min((k + 1) * base, total)
+        flat_ids[lo:hi] = stream.input_ids[: hi - lo]
+        flat_lab[lo:hi] = stream.labels[: hi - lo]
+    starts_one = np.concatenate([[0], np.cumsum(stream.doc_lengths)[:-1]])
+    copies = np.arange(math.ceil(total / base), dtype=np.int64)[:, None] * base
+    starts = (copies + starts_one[None, :]).reshape(-1)
+    starts = starts[starts < total]
+    np.save(out_dir / packed.DOC_STARTS, starts)
+    ids_out.flush()
+    lab_out.flush()
+    return {"rows": rows, "tokens": total, "documents": int(starts.size),
+            "label_tokens": int(np.count_nonzero(lab_out != packed.IGNORE_INDEX)),
+            "dropped_tail_tokens": repeat * base - total}
+
+
+def cache_root() -> Path:
+    return fbench_home() / "data"
+
+
+def pack(scenario: Scenario, progress: bool = True, say=print) -> PackedData:
+    """Build (or reuse) the packed data of `scenario`; identical inputs give the same folder and sha256."""
+    ds = scenario.dataset
+    tok = tokenizers_.load(ds.tokenizer)
+    sources = [alpaca.load_source(s) for s in ds.sources]
+    records = [r for recs, _ in sources for r in recs]
+    key_inputs = {
+        "format": FORMAT_VERSION,
+        "template": alpaca.TEMPLATE_NAME,
+        "sources": [fp for _, fp in sources],
+        "tokenizer": tokenizers_.fingerprint(tok),
+        "context_length": scenario.context_length,
+        "rows_needed": scenario.rows_needed,
+        "repeat": ds.repeat,
+    }
+    key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:20]
+    out = cache_root() / key
+    if (out / packed.MANIFEST).exists():
+        return PackedData(out, json.loads((out / packed.MANIFEST).read_text()), cached=True)
+
+    started = time.monotonic()
+    with Progress(disable=not progress, transient=True) as bar:
+        stream = tokenize(tok, records, bar if progress else None)
+    vocab = scenario.arch.vocab_size
+    if stream.input_ids.size and int(stream.input_ids.max()) >= vocab:
+        raise alpaca.DataError(
+            f"tokenizer produces id {int(stream.input_ids.max())} >= the model's vocab_size {vocab}"
+        )
+    repeat = repeats_needed(stream.input_ids.size, scenario.rows_needed, scenario.context_length, ds.repeat)
+    if repeat > ds.repeat:
+        say(f"dataset holds {stream.input_ids.size:,} tokens: repeated {repeat}x to fill "
+            f"{scenario.rows_needed} rows of {scenario.context_length:,}")
+    tmp = out.with_name(out.name + f".tmp{time.monotonic_ns()}")
+    tmp.mkdir(parents=True)
+    try:
+        counts = pack_stream(stream, scenario.context_length, repeat, tmp)
+        tokenizers_.save_for_transformers(tok, tmp / packed.TOKENIZER_DIR, scenario.context_length)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "context_length": scenario.context_length,
+            **counts,
+            "sha256": packed.sha256_of(np.load(tmp / packed.INPUT_IDS, mmap_mode="r")),
+            "base_documents": len(records),
+            "base_tokens": int(stream.input_ids.size),
+            "repeat": repeat,
+            "repeat_requested": ds.repeat,
+            "template": alpaca.TEMPLATE_NAME,
+            "tokenizer": {**ds.tokenizer.model_dump(), "vocab_size": tok.get_vocab_size(),
+                          "sha256": key_inputs["tokenizer"]},
+            "sources": [{**s.model_dump(exclude_none=True), "records": len(recs), "fingerprint": fp}
+                        for s, (recs, fp) in zip(ds.sources, sources)],
+            "cache_key": key,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        (tmp / packed.MANIFEST).write_text(json.dumps(manifest, indent=2))
+        try:
+            tmp.rename(out)  # atomic: a crash never leaves a half-written cache entry
+        except OSError:  # another process finished the same entry first
+            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PackedData(out, json.loads((out / packed.MANIFEST).read_text()))
