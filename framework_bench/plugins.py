@@ -7,6 +7,7 @@ exactly as a third-party package would register one.
 from __future__ import annotations
 
 from functools import cached_property
+from importlib.metadata import entry_points
 
 import pluggy
 
@@ -48,10 +49,22 @@ class Backend:
         return self._call("fbench_read_report", job=job)
 
 
+# Entry points that failed to load, by name: shown by `fbench backends` instead of
+# letting one broken third-party package take the whole host down.
+load_errors: dict[str, str] = {}
+
+
 def manager() -> pluggy.PluginManager:
+    """A plugin manager with every backend of the `fbench.backends` entry-point group."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs.TrainBackend)
-    pm.load_setuptools_entrypoints(hookspecs.ENTRY_POINT_GROUP)
+    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+        if pm.get_plugin(ep.name) is not None:
+            continue
+        try:
+            pm.register(ep.load(), name=ep.name)
+        except Exception as e:  # noqa: BLE001 - any import/validation error of a plugin
+            load_errors[ep.name] = f"{type(e).__name__}: {e}"
     return pm
 
 

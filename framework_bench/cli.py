@@ -1,0 +1,243 @@
+"""The `fbench` command line. Heavy imports happen inside commands so `--help` stays fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Column, Table
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
+env_app = typer.Typer(no_args_is_help=True, help="Each backend's own virtual environment.")
+app.add_typer(env_app, name="env")
+
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> None:
+    for line in message.splitlines():
+        err.print(f"[red]error:[/red] {line}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def _user_errors():
+    """Exceptions that are the user's to fix: shown as one line each, never a traceback."""
+    from framework_bench.data.alpaca import DataError
+    from framework_bench.envs import EnvError
+    from framework_bench.plugins import UnknownBackend
+    from framework_bench.scenario import ScenarioError
+    return (ScenarioError, UnknownBackend, DataError, EnvError)
+
+
+def _load(name: str):
+    from framework_bench import scenario
+    try:
+        return scenario.load(name)
+    except _user_errors() as e:
+        fail(str(e))
+
+
+def _fmt(x: float | None, spec: str = ",.1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _ctx(n: int) -> str:
+    for div, suffix in ((1024 * 1024, "M"), (1024, "k")):
+        if n % div == 0:
+            return f"{n // div}{suffix}"
+    return str(n)
+
+
+@app.command()
+def scenarios() -> None:
+    """List the scenarios in scenarios/."""
+    from framework_bench import scenario
+    t = Table(Column("name", no_wrap=True), "model", "device", "GPUs", "context", "SP", "ZeRO", "published TGS")
+    for p in scenario.scenario_paths():
+        try:
+            s = scenario.load_file(p)
+        except scenario.ScenarioError as e:
+            t.add_row(p.stem, f"[red]invalid: {str(e).splitlines()[0]}[/red]", "", "", "", "", "", "")
+            continue
+        t.add_row(s.name, s.model.preset or "inline", s.cluster.device, str(s.cluster.gpus), _ctx(s.context_length),
+                  str(s.sequence_parallel), str(s.zero_stage), _fmt(s.reference.tgs if s.reference else None))
+    console.print(t)
+
+
+def scenario_summary(s) -> dict:
+    from framework_bench import flops
+    recompute = s.activation_checkpointing
+    xt = flops.xtuner_flops_per_token(s.arch, s.context_length, recompute)
+    model = flops.model_flops_per_token(s.arch, s.context_length, recompute)
+    out = {
+        "name": s.name, "gpus": s.cluster.gpus, "nodes": s.cluster.nodes, "gpus_per_node": s.cluster.gpus_per_node,
+        "context_length": s.context_length, "sequence_parallel": s.sequence_parallel,
+        "reference": s.reference.model_dump() if s.reference else None,
+        "flops": {"xtuner_per_token": xt, "model_per_token": model},
+        "scenario": s.model_dump(mode="json"),
+        "model": s.arch.model_dump(),
+    }
+    if s.reference:
+        out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, xt)
+        out["flops"]["model_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, model)
+    return out
+
+
+@app.command()
+def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False) -> None:
+    """Show a validated scenario with its FLOPs per token by both formulas."""
+    s = _load(name)
+    info = scenario_summary(s)
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    console.print(f"[bold]{s.name}[/bold]  {s.description}")
+    a = s.arch
+    console.print(f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
+                  f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}")
+    console.print(f"cluster    {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device} = {s.cluster.gpus}")
+    console.print(f"training   context {s.context_length:,} ({_ctx(s.context_length)}), SP {s.sequence_parallel}, "
+                  f"micro batch {s.micro_batch}, grad accum {s.grad_accum}, ZeRO {s.zero_stage}, "
+                  f"checkpointing {s.activation_checkpointing}, {s.precision}, attention {s.attention}")
+    console.print(f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed")
+    f = info["flops"]
+    console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
+    if s.reference:
+        r = s.reference
+        console.print(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
+                      f"(formula gives {f['xtuner_tflops_at_reference_tgs']:.1f}; model FLOPs {f['model_tflops_at_reference_tgs']:.1f})")
+
+
+@app.command()
+def validate(files: list[Path]) -> None:
+    """Validate scenario files; exit 1 listing each bad field."""
+    from framework_bench import scenario
+    bad = 0
+    for f in files:
+        try:
+            scenario.load_file(f)
+            console.print(f"[green]ok[/green] {f}")
+        except scenario.ScenarioError as e:
+            bad += 1
+            for line in str(e).splitlines():
+                err.print(f"[red]error:[/red] {line}", highlight=False)
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON schema of a scenario file."""
+    from framework_bench.scenario import Scenario
+    print(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+@app.command("pack")
+def pack_cmd(name: str) -> None:
+    """Build (or reuse) the packed data of a scenario; print rows, tokens, documents, sha256."""
+    from framework_bench.data.packing import pack
+    s = _load(name)
+    try:
+        data = pack(s, say=lambda msg: console.print(f"[yellow]{msg}[/yellow]"))
+    except _user_errors() as e:
+        fail(str(e))
+    m = data.manifest
+    console.print(f"{'reused' if data.cached else 'packed'} {data.dir}")
+    console.print(f"rows {m['rows']:,} x {m['context_length']:,} = {m['tokens']:,} tokens, "
+                  f"{m['documents']:,} documents (dataset repeated {m['repeat']}x), {m['seconds']:.2f} s to pack")
+    console.print(f"sha256 {m['sha256']}")
+
+
+@app.command()
+def backends() -> None:
+    """List the installed backends, their environments and capabilities."""
+    from framework_bench import envs, plugins
+    t = Table("backend", "framework", "version", "env", "capabilities")
+    for name, b in plugins.backends().items():
+        info = b.info
+        env = envs.inspect(name, info.env)
+        c = info.capabilities
+        caps = ", ".join(k for k in ("cpu", "gpu", "sequence_parallel", "varlen") if getattr(c, k))
+        caps += f", ZeRO {'/'.join(map(str, c.zero_stages))}"
+        state = f"[green]ready ({env.flavour})[/green]" if env.ready else f"[yellow]{env.problem}[/yellow]"
+        t.add_row(name, info.framework, env.version(info.env.framework_package) or "-", state, caps)
+    for name, problem in plugins.load_errors.items():
+        t.add_row(name, "-", "-", f"[red]failed to load: {problem}[/red]", "-")
+    console.print(t)
+
+
+@env_app.command("create")
+def env_create(
+    names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,
+    flavour: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
+) -> None:
+    """Create (or reuse) backend environments; idempotent."""
+    from framework_bench import envs, plugins
+    found = plugins.backends()
+    for name in names or list(found):
+        if name not in found:
+            fail(f"no backend named {name!r}; installed: {', '.join(found)}")
+        try:
+            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False))
+        except envs.EnvError as e:
+            fail(str(e))
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """Show each backend env: path, flavour, framework/torch/transformers versions, state."""
+    from framework_bench import envs, plugins
+    t = Table("backend", "path", "flavour", "framework", "torch", "transformers", "state")
+    for name, b in plugins.backends().items():
+        e = envs.inspect(name, b.info.env)
+        t.add_row(name, str(e.path), e.flavour or "-", e.version(b.info.env.framework_package) or "-",
+                  e.version("torch") or "-", e.version("transformers") or "-",
+                  "[green]ok[/green]" if e.ready else f"[yellow]{e.problem}[/yellow]")
+    console.print(t)
+
+
+def _result_dict(r) -> dict:
+    return r.model_dump(mode="json")
+
+
+@app.command()
+def run(
+    backend: Annotated[str, typer.Option(help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(help="scenario name or file")],
+    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Run one backend on one scenario and report TGS / TFLOPs."""
+    from framework_bench import runner
+    s = _load(scenario)
+    try:
+        with console.status(f"{backend} on {s.name}: starting") as status:
+            def on_step(done, total, secs):
+                status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
+            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step)
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        print(json.dumps(_result_dict(r), indent=2))
+    else:
+        colour = "green" if r.status == "ok" else "red"
+        console.print(f"[{colour}]{r.status}[/{colour}] {r.backend} on {r.scenario}"
+                      + (f" ({r.framework_version})" if r.framework_version else ""))
+        if r.status == "ok":
+            console.print(f"TGS {_fmt(r.tgs)} (min {_fmt(r.tgs_min)}, max {_fmt(r.tgs_max)}) over {r.steps_measured} "
+                          f"measured steps; TFLOPs/GPU {_fmt(r.tflops, '.3g')} (XTuner formula), "
+                          f"{_fmt(r.model_tflops, '.3g')} (model FLOPs); step {_fmt(r.step_seconds, '.3f')} s")
+            if r.flags:
+                console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
+        if r.reason:
+            console.print(r.reason, highlight=False, markup=False)
+        console.print(f"data sha256 {r.data_sha256}")
+        if r.run_dir:
+            console.print(f"run folder {r.run_dir}")
+    if r.status not in ("ok", "unsupported"):
+        raise typer.Exit(1)

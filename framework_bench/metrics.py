@@ -1,0 +1,90 @@
+"""From per-step worker metrics to one run's figures: the only place TGS is computed.
+
+TGS (tokens per second per GPU) of a step = tokens per rank averaged over ranks / the
+step's wall time (the slowest rank's). A run's TGS is the median over measured steps
+(warm-up excluded), reported with its min and max.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from framework_bench import flops
+from framework_bench.backend import StepMetric
+from framework_bench.scenario import Scenario
+
+Status = Literal["ok", "failed", "oom", "timeout", "unsupported", "interrupted"]
+
+MIN_MEASURED_STEPS = 3
+MAX_SPREAD = 0.25  # (max - min) / median of step TGS above which the figure is flagged
+
+
+class RunResult(BaseModel):
+    backend: str
+    scenario: str
+    status: Status
+    reason: str | None = Field(None, description="why unsupported / failed, and the log tail")
+    framework_version: str | None = None
+    tgs: float | None = None
+    tgs_min: float | None = None
+    tgs_max: float | None = None
+    tflops: float | None = Field(None, description="per GPU, XTuner's published formula")
+    model_tflops: float | None = Field(None, description="per GPU, exact model FLOPs")
+    mfu: float | None = None
+    steps_measured: int = 0
+    step_seconds: float | None = Field(None, description="median measured step time")
+    peak_mem_bytes: int | None = None
+    final_loss: float | None = None
+    flags: list[str] = Field(default_factory=list)
+    data_sha256: str | None = None
+    attention_used: str | None = None
+    framework_throughput: dict[str, float] = Field(default_factory=dict)
+    run_dir: Path | None = None
+    wall_seconds: float | None = None
+    result_id: int | None = None
+
+
+def per_step(steps: list[StepMetric]) -> list[tuple[int, float, float]]:
+    """(step, seconds, tokens per GPU) with ranks merged."""
+    by_step: dict[int, list[StepMetric]] = defaultdict(list)
+    for m in steps:
+        by_step[m.step].append(m)
+    return [
+        (s, max(m.seconds for m in ms), sum(m.tokens for m in ms) / len(ms))
+        for s, ms in sorted(by_step.items())
+    ]
+
+
+def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | None) -> dict:
+    """The aggregated figures of a run (fields of RunResult)."""
+    merged = [row for row in per_step(steps) if row[0] > scenario.steps.warmup]
+    out: dict = {"steps_measured": len(merged), "flags": []}
+    if not merged:
+        out["flags"].append("no measured steps")
+        return out
+    tgs_steps = [tokens / seconds for _, seconds, tokens in merged]
+    tgs = statistics.median(tgs_steps)
+    recompute = scenario.activation_checkpointing
+    xt = flops.xtuner_flops_per_token(scenario.arch, scenario.context_length, recompute)
+    model = flops.model_flops_per_token(scenario.arch, scenario.context_length, recompute)
+    out.update(
+        tgs=tgs, tgs_min=min(tgs_steps), tgs_max=max(tgs_steps),
+        tflops=flops.tflops(tgs, xt), model_tflops=flops.tflops(tgs, model),
+        step_seconds=statistics.median(s for _, s, _ in merged),
+    )
+    out["mfu"] = flops.mfu(out["model_tflops"], peak_tflops)
+    peaks = [m.peak_mem_bytes for m in steps if m.peak_mem_bytes is not None]
+    out["peak_mem_bytes"] = max(peaks) if peaks else None
+    losses = [m.loss for m in steps if m.loss is not None and m.rank == 0]
+    out["final_loss"] = losses[-1] if losses else None
+    if len(merged) < MIN_MEASURED_STEPS:
+        out["flags"].append(f"only {len(merged)} measured steps")
+    spread = (out["tgs_max"] - out["tgs_min"]) / tgs
+    if spread > MAX_SPREAD:
+        out["flags"].append(f"step spread {spread:.0%}")
+    return out

@@ -1,0 +1,119 @@
+"""Run one backend on one scenario: check, pack, plan, launch, read back, compute figures.
+
+Every outcome is a `RunResult`; unsupported settings, crashes, OOMs and timeouts are
+results with a status and a reason, never a traceback in the host.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from framework_bench import envs, flops, launch, metrics, plugins
+from framework_bench.backend import Job, Machine
+from framework_bench.data.packing import PackedData, pack
+from framework_bench.machine import detect
+from framework_bench.metrics import RunResult
+from framework_bench.scenario import Scenario
+from framework_bench.worker_io import read_metrics
+
+StepCallback = Callable[[int, int, float | None], None]  # (steps done, steps total, last step seconds)
+
+
+def runs_root() -> Path:
+    return envs.fbench_home() / "runs"
+
+
+def check(backend: plugins.Backend, scenario: Scenario, machine: Machine):
+    """(env, reason): reason is None when the backend can run the scenario here."""
+    env = envs.inspect(backend.name, backend.info.env)
+    return env, machine_shortfall(scenario, machine) or backend.check(scenario, machine, env)
+
+
+def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
+    """Why this machine cannot host the scenario's processes (any backend), or None."""
+    c = scenario.cluster
+    if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
+        have = f"{machine.gpus} x {machine.gpu_name}" if machine.gpus else "no GPU"
+        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all); this machine has {have}: "
+                "see `fbench compare --dry-run` for the plans")
+    return None
+
+
+def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None) -> Job:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
+    return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
+               device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes)
+
+
+def run_one(
+    backend_name: str,
+    scenario: Scenario,
+    *,
+    data: PackedData | None = None,
+    timeout: float | None = None,
+    launcher: launch.Launcher | None = None,
+    root: Path | None = None,
+    machine: Machine | None = None,
+    on_step: StepCallback = lambda done, total, secs: None,
+) -> RunResult:
+    backend = plugins.get(backend_name)
+    machine = machine or detect()
+    env, reason = check(backend, scenario, machine)
+    base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package))
+    if reason:
+        return RunResult(**base, status="unsupported", reason=reason)
+    data = data or pack(scenario, progress=False, say=lambda msg: None)
+    job = make_job(backend_name, scenario, data, machine, root)
+    job.write()
+    plan = backend.plan(job, env)
+    launcher = launcher or ("torchrun" if job.nprocs * job.nnodes > 1 else "local")
+    argv = launch.argv_for(plan, job, launcher)
+    (job.run_dir / "plan.json").write_text(json.dumps(
+        {"launcher": launcher, "argv": argv, "env": plan.env, "files": {k: str(v) for k, v in plan.files.items()}},
+        indent=2))
+
+    total = scenario.steps.total
+    seen = [0]
+
+    def poll() -> None:
+        steps = read_metrics(job.run_dir)
+        done = len({s["step"] for s in steps})
+        if done != seen[0]:
+            seen[0] = done
+            on_step(done, total, steps[-1]["seconds"] if steps else None)
+
+    outcome = launch.execute(argv, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+    result = RunResult(**base, status=outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
+                       data_sha256=data.sha256)
+    if outcome.status != "ok":
+        result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
+        _save(result)
+        return result
+    try:
+        report = backend.read_report(job)
+    except FileNotFoundError as e:
+        result.status, result.reason = "failed", f"the worker wrote no metrics: {e}"
+        _save(result)
+        return result
+    result.data_sha256 = report.data_sha256
+    result.attention_used = report.attention_used
+    result.framework_version = report.framework_version or result.framework_version
+    result.framework_throughput = report.framework_throughput
+    if report.data_sha256 != data.sha256:
+        result.status = "failed"
+        result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {data.sha256}"
+    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(machine.gpu_name))
+    result = result.model_copy(update=figures)
+    if result.status == "ok" and result.steps_measured == 0:
+        result.status, result.reason = "failed", "no measured steps in the metrics file"
+    _save(result)
+    return result
+
+
+def _save(result: RunResult) -> None:
+    if result.run_dir:
+        (result.run_dir / "result.json").write_text(result.model_dump_json(indent=2))
