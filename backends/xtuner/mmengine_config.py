@@ -1,0 +1,205 @@
+"""Writes the files one XTuner run needs into its run folder (host side: no torch import).
+
+The mmengine config mirrors XTuner's published speed-benchmark configs
+(xtuner/configs/llama_speed_benchmark/*/*_full_alpaca_enzh_*_sp*.py in xtuner 0.2.0):
+AdamW lr 2e-5, betas (0.9, 0.999), weight decay 0, grad clip 1, batch 1 per device,
+rows packed to max_length, SupervisedFinetune, SequenceParallelSampler, ThroughputHook,
+no checkpoints. What differs, and why:
+  - data: the host's packed rows, read with `load_from_disk` (the worker converts them),
+    instead of tokenising Alpaca inside the config, so every backend trains the same tokens;
+  - model: random weights from the scenario's HF config (`build_random_llm`), no hub;
+  - loop: `max_iters` = the scenario's steps x grad_accum instead of 3 epochs, and no LR
+    schedule (the LR value does not change a step's cost);
+  - precision: bf16 autocast (`AmpOptimWrapper`) on GPU as the published table's bf16
+    DeepSpeed runs; fp32 `OptimWrapper` on CPU (AmpOptimWrapper refuses CPU);
+  - DeepSpeed: the strategy `xtuner train --deepspeed deepspeed_zeroN` would build,
+    written out, since the worker uses the Runner directly (`xtuner train` drops exit codes).
+
+mmengine parses a config with imports in lazy-import mode, where nothing may be called
+at parse time: the file holds imports and literals only (values written with repr()).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from backends.xtuner.run_layout import CONFIG_NAME, DATA_DIR, MODEL_DIR, WORK_DIR
+from framework_bench.backend import Job
+from framework_bench.packed import TOKENIZER_DIR
+
+# Published benchmark values (see the module docstring).
+LR = 2e-5
+BETAS = (0.9, 0.999)
+WEIGHT_DECAY = 0
+MAX_NORM = 1
+SEED = 1024
+
+
+def uses_deepspeed(job: Job) -> bool:
+    """ZeRO needs DeepSpeed, and so does XTuner's sequence parallel (its strategy sets up the SP groups)."""
+    return job.device == "cuda" and (job.scenario.zero_stage > 0 or job.scenario.sequence_parallel > 1)
+
+
+def max_iters(job: Job) -> int:
+    """One mmengine iteration is one micro-batch; an optimizer step is grad_accum of them."""
+    return job.scenario.steps.total * job.scenario.grad_accum
+
+
+def deepspeed_config(job: Job) -> dict:
+    """XTuner's configs/deepspeed/deepspeed_zero{1,2,3}.json with the "auto" fields resolved
+    as `xtuner train` resolves them (from the mmengine config, bf16 from the scenario)."""
+    s = job.scenario
+    zero = {"stage": s.zero_stage, "overlap_comm": True}
+    if s.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "gradient_accumulation_steps": s.grad_accum,
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_clipping": MAX_NORM,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": zero,
+        "fp16": {"enabled": False, "initial_scale_power": 16},
+        "bf16": {"enabled": s.precision == "bf16"},
+    }
+
+
+def write_model_dir(job: Job) -> Path:
+    """The HF model folder the builder reads: the scenario's config.json and the packed data's tokenizer."""
+    model_dir = job.run_dir / MODEL_DIR
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(job.hf_config, indent=2))
+    for f in (job.data_dir / TOKENIZER_DIR).iterdir():
+        if f.is_file():
+            shutil.copy2(f, model_dir / f.name)
+    return model_dir
+
+
+def render(job: Job) -> str:
+    """The config file's text."""
+    s = job.scenario
+    gpu = job.device == "cuda"
+    deepspeed = uses_deepspeed(job)
+    varlen = s.attention == "varlen"
+    imports = [
+        "from datasets import load_from_disk",
+        "from mmengine.hooks import CheckpointHook, DistSamplerSeedHook, IterTimerHook, LoggerHook, ParamSchedulerHook",
+        "from mmengine.optim import AmpOptimWrapper, OptimWrapper",
+        "from mmengine.runner import IterBasedTrainLoop",
+        "from torch.optim import AdamW",
+        "from xtuner.dataset.collate_fns import default_collate_fn",
+        "from xtuner.engine.hooks import ThroughputHook, VarlenAttnArgsToMessageHubHook",
+        "from xtuner.model import SupervisedFinetune",
+        "from xtuner.parallel.sequence import SequenceParallelSampler",
+        "from backends.xtuner.model_builder import build_random_llm",
+    ]
+    if deepspeed:
+        imports.append("from xtuner.engine import DeepSpeedStrategy")
+
+    optimizer = f"dict(type=AdamW, lr={LR!r}, betas={BETAS!r}, weight_decay={WEIGHT_DECAY!r})"
+    if deepspeed:
+        # What `xtuner train --deepspeed` substitutes for the config's optim_wrapper.
+        optim_wrapper = f'dict(type="DeepSpeedOptimWrapper", optimizer={optimizer})'
+    elif gpu and s.precision == "bf16":
+        optim_wrapper = (
+            f"dict(type=AmpOptimWrapper, optimizer={optimizer}, "
+            f"clip_grad=dict(max_norm={MAX_NORM!r}, error_if_nonfinite=False), "
+            f"accumulative_counts={s.grad_accum!r}, dtype='bfloat16')"
+        )
+    else:
+        optim_wrapper = (
+            f"dict(type=OptimWrapper, optimizer={optimizer}, "
+            f"clip_grad=dict(max_norm={MAX_NORM!r}, error_if_nonfinite=False), "
+            f"accumulative_counts={s.grad_accum!r})"
+        )
+
+    custom_hooks = ["dict(type=ThroughputHook)"]
+    if varlen:
+        custom_hooks.append("dict(type=VarlenAttnArgsToMessageHubHook)")
+
+    # The published configs load with 4 workers; on CPU they would take cores from the
+    # trainer, and the rows are already tokenised, so the main process reads them.
+    num_workers = 4 if gpu else 0
+    lines = [
+        f"# Generated by fbench (backends/xtuner/mmengine_config.py) for scenario {s.name!r}: do not edit.",
+        "# Modelled on xtuner/configs/llama_speed_benchmark (xtuner 0.2.0); literals only (lazy-import mode).",
+        *imports,
+        "",
+        f"pretrained_model_name_or_path = {str(job.run_dir / MODEL_DIR)!r}",
+        f"use_varlen_attn = {varlen!r}",
+        f"sequence_parallel_size = {s.sequence_parallel!r}",
+        f"max_length = {s.context_length!r}",
+        f"batch_size = {s.micro_batch!r}  # per device",
+        f"accumulative_counts = {s.grad_accum!r}",
+        f"max_norm = {MAX_NORM!r}",
+        "",
+        "model = dict(",
+        "    type=SupervisedFinetune,",
+        "    use_varlen_attn=use_varlen_attn,",
+        f"    use_activation_checkpointing={s.activation_checkpointing!r},",
+        "    llm=dict(type=build_random_llm, pretrained_model_name_or_path=pretrained_model_name_or_path,",
+        "             trust_remote_code=True),",
+        ")",
+        "",
+        "train_dataloader = dict(",
+        "    batch_size=batch_size,",
+        f"    num_workers={num_workers!r},",
+        f"    dataset=dict(type=load_from_disk, dataset_path={str(job.run_dir / DATA_DIR)!r}),",
+        "    # Rows in the host's packed order: the run trains exactly the stream that was hashed.",
+        f"    sampler=dict(type=SequenceParallelSampler, shuffle=False, seed={SEED!r}),",
+        "    collate_fn=dict(type=default_collate_fn, use_varlen_attn=use_varlen_attn),",
+        ")",
+        "",
+        f"optim_wrapper = {optim_wrapper}",
+    ]
+    if deepspeed:
+        lines += [
+            "strategy = dict(",
+            "    type=DeepSpeedStrategy,",
+            f"    config={deepspeed_config(job)!r},",
+            "    gradient_accumulation_steps=accumulative_counts,",
+            "    train_micro_batch_size_per_gpu=batch_size,",
+            "    gradient_clipping=max_norm,",
+            "    exclude_frozen_parameters=True,",
+            "    sequence_parallel_size=sequence_parallel_size,",
+            ")",
+            'runner_type = "FlexibleRunner"',
+        ]
+    lines += [
+        "",
+        f"train_cfg = dict(type=IterBasedTrainLoop, max_iters={max_iters(job)!r})",
+        "",
+        f"custom_hooks = [{', '.join(custom_hooks)}]",
+        "default_hooks = dict(",
+        "    timer=dict(type=IterTimerHook),",
+        "    logger=dict(type=LoggerHook, log_metric_by_epoch=False, interval=1),",
+        "    param_scheduler=dict(type=ParamSchedulerHook),",
+        "    # Speed only: never save weights.",
+        "    checkpoint=dict(type=CheckpointHook, by_epoch=False, interval=-1, save_last=False),",
+        "    sampler_seed=dict(type=DistSamplerSeedHook),",
+        ")",
+        "env_cfg = dict(",
+        "    cudnn_benchmark=False,",
+        "    mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),",
+        f"    dist_cfg=dict(backend={'nccl' if gpu else 'gloo'!r}),",
+        ")",
+        "visualizer = None  # mmengine's default: LocalVisBackend, i.e. vis_data/scalars.json",
+        "log_level = 'INFO'",
+        "load_from = None",
+        "resume = False",
+        f"randomness = dict(seed={SEED!r}, deterministic=False)",
+        "log_processor = dict(by_epoch=False, window_size=1)",
+        f"work_dir = {str(job.run_dir / WORK_DIR)!r}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(job: Job) -> dict[str, Path]:
+    """Write the model folder and the config into the run folder; returns them by role."""
+    model_dir = write_model_dir(job)
+    config = job.run_dir / CONFIG_NAME
+    config.write_text(render(job))
+    return {"mmengine_config": config, "model_dir": model_dir}

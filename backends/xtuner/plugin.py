@@ -1,0 +1,131 @@
+"""The XTuner backend: XTuner 0.2.0's own mmengine Runner, in the env `.fbench/envs/xtuner`.
+
+Host side only: nothing here imports torch or xtuner (the worker does, inside the env).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+
+from framework_bench.backend import BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
+from framework_bench.hookspecs import hookimpl
+from framework_bench.scenario import Scenario
+from framework_bench.worker_io import read_metrics, read_worker_report
+
+from backends.xtuner import mmengine_config, run_layout
+
+HERE = Path(__file__).resolve().parent
+WORKER_MODULE = "backends.xtuner.worker"
+
+
+@hookimpl
+def fbench_backend_info() -> BackendInfo:
+    return BackendInfo(
+        name="xtuner",
+        framework="XTuner",
+        description="XTuner 0.2.0 (mmengine Runner, SupervisedFinetune) on the shared packed rows",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
+        env=EnvSpec(
+            requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
+            framework_package="xtuner",
+            post_install=["backends.xtuner.env_fixups"],
+        ),
+    )
+
+
+def _missing(env: BackendEnv, *distributions: str) -> list[str]:
+    return [d for d in distributions if not env.has(d)]
+
+
+@hookimpl
+def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+    if not env.ready:
+        return f"the xtuner env is {env.problem}"
+    device = scenario.cluster.device
+    if device == "cuda":
+        if not machine.gpus:
+            return "the scenario runs on CUDA GPUs; this machine has none"
+        if scenario.cluster.gpus_per_node > machine.gpus:
+            return f"the scenario needs {scenario.cluster.gpus_per_node} GPUs per node; this machine has {machine.gpus}"
+        if env.flavour != "cuda":
+            return "the xtuner env is the CPU flavour (CPU torch build): create it with the cuda flavour"
+    elif scenario.precision == "bf16":
+        # Not emulated: casting the whole model to bf16 would be another setting than the
+        # GPU runs' bf16 autocast, and on a CPU without bf16 units it is ~15x slower.
+        return "bf16 runs through XTuner's AmpOptimWrapper, which refuses CPU; use precision fp32 on CPU"
+    # Through the Runner, XTuner silently trains with SP 1 and plain causal attention when
+    # these engines are missing (`xtuner train` asserts, the Runner does not): refuse.
+    sp = scenario.sequence_parallel
+    if sp > 1:
+        missing = _missing(env, "flash_attn", "deepspeed")
+        if device != "cuda" or missing:
+            needs = "a CUDA GPU" if device != "cuda" else "flash_attn and deepspeed"
+            lacking = f" ({', '.join(missing)} not installed in the xtuner env)" if missing else ""
+            return (f"sequence_parallel {sp} needs {needs}{lacking}: XTuner's sequence parallel runs only "
+                    "through its DeepSpeed strategy with flash-attn, and otherwise trains with SP 1 without a word")
+    if scenario.attention == "varlen":
+        if device != "cuda" or not env.has("flash_attn"):
+            return ("varlen attention needs flash_attn on a CUDA GPU: without it XTuner silently "
+                    "falls back to causal attention across the packed documents")
+        if scenario.micro_batch != 1:
+            return f"varlen attention in XTuner takes micro_batch 1, not {scenario.micro_batch}"
+    if scenario.zero_stage:
+        if device != "cuda":
+            return f"ZeRO stage {scenario.zero_stage} runs through DeepSpeed on CUDA GPUs only"
+        if not env.has("deepspeed"):
+            return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
+    return None
+
+
+@hookimpl
+def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
+    files = mmengine_config.write(job)
+    files["job"] = job.write()
+    return LaunchPlan(
+        python=env.python,
+        module=WORKER_MODULE,
+        args=[str(job.job_file)],
+        env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+        files=files,
+    )
+
+
+def scalars_file(run_dir: Path) -> Path | None:
+    """XTuner's own per-iteration log: `<work_dir>/<timestamp>/vis_data/scalars.json` (newest run)."""
+    found = sorted((run_dir / run_layout.WORK_DIR).glob("*/vis_data/scalars.json"))
+    return found[-1] if found else None
+
+
+def framework_throughput(job: Job) -> dict[str, float]:
+    """Means of XTuner's ThroughputHook figures over the measured iterations (warm-up skipped)."""
+    path = scalars_file(job.run_dir)
+    if path is None:
+        return {}
+    warmup_iters = job.scenario.steps.warmup * job.scenario.grad_accum
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    measured = [r for r in rows if "tokens_per_sec" in r and r["iter"] > warmup_iters]
+    if not measured:
+        return {}
+    return {
+        "tokens_per_sec": mean(r["tokens_per_sec"] for r in measured),
+        "tflops": mean(r["tflops"] for r in measured),
+        "iter_seconds": mean(r["time"] for r in measured),
+        "iters": float(len(measured)),
+    }
+
+
+@hookimpl
+def fbench_read_report(job: Job) -> WorkerReport:
+    steps = [StepMetric(**m) for m in read_metrics(job.run_dir)]
+    worker = read_worker_report(job.run_dir)
+    if not steps and not worker:
+        raise FileNotFoundError(f"the xtuner worker wrote no metrics and no report in {job.run_dir}")
+    return WorkerReport(
+        steps=steps,
+        data_sha256=worker.get("data_sha256"),
+        framework_version=worker.get("framework_version"),
+        attention_used=worker.get("attention_used"),
+        framework_throughput=framework_throughput(job),
+    )

@@ -1,0 +1,218 @@
+"""The XTuner worker: `python -m backends.xtuner.worker RUN_DIR/job.json`, run with the xtuner env's Python.
+
+It converts the host's packed rows into the dataset the generated config loads, trains
+with XTuner's own mmengine Runner, and writes the project's common metrics file (one line
+per optimizer step) next to XTuner's own `vis_data/scalars.json`. Any failure raises,
+so the process exits non-zero and the host records the run as failed.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+from backends.xtuner import run_layout
+from framework_bench.packed import PackedRows, sha256_of
+from framework_bench.worker_io import MetricsWriter, load_job, write_worker_report
+
+DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
+DATA_WAIT_SECONDS = 1800
+
+
+def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
+    """Write the packed rows as a HF dataset (`input_ids`, `labels`; -100 = no loss) for `load_from_disk`.
+
+    Verifies that the rows are the stream the host hashed and returns the sha256 of the
+    token ids read back from the written dataset, i.e. of what XTuner will load.
+    """
+    import datasets
+    import pyarrow as pa
+
+    packed = PackedRows(job["data_dir"])
+    if packed.sha256() != job["data_sha256"]:
+        raise RuntimeError(
+            f"packed data in {job['data_dir']} has sha256 {packed.sha256()}, the job expects {job['data_sha256']}"
+        )
+    ctx = packed.context_length
+
+    def fixed_rows(a: np.ndarray) -> pa.Array:
+        return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(a).reshape(-1)), ctx)
+
+    columns = {"input_ids": fixed_rows(packed.input_ids), "labels": fixed_rows(packed.labels)}
+    if job["scenario"]["attention"] == "varlen":
+        # What XTuner's own packer adds for varlen attention: document boundaries and
+        # positions restarting at each document.
+        cu = [packed.cu_seqlens(r) for r in range(packed.rows)]
+        positions = [np.concatenate([np.arange(b - a) for a, b in zip(c[:-1], c[1:])]) for c in cu]
+        columns["cumulative_len"] = pa.array([c.tolist() for c in cu])
+        columns["position_ids"] = fixed_rows(np.stack(positions))
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
+    datasets.Dataset(pa.table(columns)).save_to_disk(str(tmp))
+
+    written = datasets.load_from_disk(str(tmp)).with_format("numpy")["input_ids"]
+    sha = sha256_of(np.asarray(written))
+    if sha != job["data_sha256"]:
+        raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
+    (tmp / DATA_READY).write_text(sha)
+    tmp.replace(out_dir)
+    return sha, packed.rows
+
+
+def wait_for_rows(out_dir: Path) -> str:
+    """Other local ranks wait for local rank 0's conversion (torch.distributed is not up yet)."""
+    marker = out_dir / DATA_READY
+    deadline = time.monotonic() + DATA_WAIT_SECONDS
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no converted dataset at {out_dir} after {DATA_WAIT_SECONDS} s")
+        time.sleep(1)
+    return marker.read_text()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_mem_bytes(device: str) -> int:
+    if device == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _unwrap(model):
+    return model.module if is_model_wrapper(model) else model
+
+
+class StepStart(Hook):
+    """Marks the start of each iteration; registered with the lowest priority so that its
+    `before_train_iter` runs last, right before the train step."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.started = 0.0
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        _sync(self.device)
+        self.started = time.perf_counter()
+
+
+class CommonMetrics(Hook):
+    """Writes one common-metrics line per optimizer step (grad_accum iterations); registered
+    with the highest priority so that its `after_train_iter` runs first, before logging.
+
+    Also checks, once the model is built, that the settings the config asked for really
+    took effect: through the Runner, XTuner drops sequence parallel and varlen attention
+    without a word when their engines are missing.
+    """
+
+    def __init__(self, job: dict, start: StepStart):
+        self.job = job
+        self.scenario = job["scenario"]
+        self.device = job["device"]
+        self.start = start
+        self.writer = MetricsWriter(job["run_dir"])
+        self.sp_size = 1
+        self.attention_used = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.seconds, self.tokens, self.losses, self.micro = 0.0, 0, [], 0
+
+    def before_train(self, runner) -> None:
+        from xtuner.parallel.sequence import get_sequence_parallel_world_size
+
+        self.sp_size = get_sequence_parallel_world_size()
+        if self.sp_size != self.scenario["sequence_parallel"]:
+            raise RuntimeError(
+                f"sequence parallel size in effect is {self.sp_size}, the scenario asks for "
+                f"{self.scenario['sequence_parallel']}"
+            )
+        llm = _unwrap(runner.model).llm
+        self.attention_used = llm.config._attn_implementation
+        if self.scenario["attention"] == "varlen" and self.attention_used != "flash_attention_2":
+            raise RuntimeError(f"varlen attention asked for, but the model uses {self.attention_used!r}")
+        runner.logger.info(f"fbench: attention {self.attention_used}, sequence parallel {self.sp_size}")
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        _sync(self.device)
+        self.seconds += time.perf_counter() - self.start.started
+        # The batch holds whole rows: each rank of a sequence-parallel group trains 1/SP of them.
+        self.tokens += data_batch["data"]["input_ids"].numel() // self.sp_size
+        self.losses.append(float(outputs["loss"]))
+        self.micro += 1
+        if self.micro == self.scenario["grad_accum"]:
+            step = (runner.iter + 1) // self.scenario["grad_accum"]
+            self.writer.write(step, self.seconds, self.tokens, sum(self.losses) / len(self.losses),
+                              _peak_mem_bytes(self.device))
+            self._reset()
+
+    def after_train(self, runner) -> None:
+        self.writer.close()
+
+
+def build_runner(cfg: Config) -> Runner:
+    """As `xtuner train` does: DeepSpeed configs name the FlexibleRunner."""
+    if "runner_type" in cfg:
+        return RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)
+
+
+def main(job_file: str) -> None:
+    job = load_job(job_file)
+    run_dir = Path(job["run_dir"])
+    data_dir = run_dir / run_layout.DATA_DIR
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        trained_sha, rows = convert_rows(job, data_dir)
+    else:
+        trained_sha, rows = wait_for_rows(data_dir), None
+
+    # xtuner/model/sft.py asks `get_torch_device().is_bf16_supported()`, which on CPU is
+    # torch.cpu, and torch.cpu has no is_bf16_supported: answer False (it only picks the
+    # dtype for flash-attn, which CPU runs never use).
+    if not hasattr(torch.cpu, "is_bf16_supported"):
+        torch.cpu.is_bf16_supported = lambda *args, **kwargs: False
+
+    cfg = Config.fromfile(str(run_dir / run_layout.CONFIG_NAME))
+    # torchrun sets WORLD_SIZE when the host starts several processes; mmengine's
+    # "pytorch" launcher then reads RANK/LOCAL_RANK/MASTER_* from it.
+    cfg.launcher = "pytorch" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
+    runner = build_runner(cfg)
+    start = StepStart(job["device"])
+    metrics = CommonMetrics(job, start)
+    runner.register_hook(start, priority="LOWEST")
+    runner.register_hook(metrics, priority="HIGHEST")
+    runner.train()
+
+    import mmengine
+    import transformers
+    import xtuner
+
+    write_worker_report(
+        run_dir,
+        data_sha256=trained_sha,
+        rows_converted=rows,
+        framework_version=xtuner.__version__,
+        attention_used=metrics.attention_used,
+        sequence_parallel_in_effect=metrics.sp_size,
+        deepspeed="strategy" in cfg,
+        transformers_version=transformers.__version__,
+        mmengine_version=mmengine.__version__,
+        torch_version=torch.__version__,
+        work_dir=str(runner.log_dir),
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
