@@ -210,16 +210,22 @@ def run(
     backend: Annotated[str, typer.Option(help="backend name (see `fbench backends`)")],
     scenario: Annotated[str, typer.Option(help="scenario name or file")],
     timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = None,
+    launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; run nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Run one backend on one scenario and report TGS / TFLOPs."""
     from framework_bench import runner
     s = _load(scenario)
+    _check_launcher(launcher)
+    if dry_run or launcher == "slurm":
+        _plan_only([backend], [s], launcher, submit=not dry_run)
+        return
     try:
         with console.status(f"{backend} on {s.name}: starting") as status:
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
-            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step)
+            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher)
     except _user_errors() as e:
         fail(str(e))
     if as_json:
@@ -241,3 +247,127 @@ def run(
             console.print(f"run folder {r.run_dir}")
     if r.status not in ("ok", "unsupported"):
         raise typer.Exit(1)
+
+
+def _results_table(results, scenarios_by_name) -> Table:
+    t = Table("scenario", "backend", "status", "TGS (min–max)", "TFLOPs/GPU", "MFU", "peak mem", "published TGS",
+              "notes", title="fbench compare")
+    for r in results:
+        s = scenarios_by_name[r.scenario]
+        spread = f" ({_fmt(r.tgs_min)}–{_fmt(r.tgs_max)})" if r.tgs is not None else ""
+        colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
+        mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
+        ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
+        notes = "; ".join(r.flags) if r.status == "ok" else (r.reason or "").splitlines()[0][:80] if r.reason else ""
+        t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,
+                  _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
+                  mem, ref, notes)
+    return t
+
+
+@app.command()
+def compare(
+    scenario: Annotated[list[str], typer.Option(help="scenario name, glob (e.g. 'tiny_cpu*') or file; repeatable")],
+    backends_: Annotated[Optional[str], typer.Option("--backends", help="comma-separated (default: every installed)")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="seconds per run before it is stopped")] = None,
+    db: Annotated[Optional[Path], typer.Option(help="SQLite results file")] = None,
+    out: Annotated[Path, typer.Option(help="folder for charts and the report")] = Path("plots"),
+    launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
+) -> None:
+    """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from framework_bench import compare as compare_, plugins
+    from framework_bench.results import ResultStore, default_db
+
+    _check_launcher(launcher)
+    try:
+        chosen = compare_.expand(scenario)
+        names = backends_.split(",") if backends_ else list(plugins.backends())
+    except _user_errors() as e:
+        fail(str(e))
+    if dry_run or launcher == "slurm":
+        _plan_only(names, chosen, launcher, submit=not dry_run)
+        return
+    store = ResultStore(db or default_db())
+    by_name = {s.name: s for s in chosen}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
+    tasks: dict = {}
+
+    def on_start(backend: str, s) -> None:
+        tasks["current"] = progress.add_task(f"{backend} · {s.name}", total=s.steps.total, note="starting")
+
+    def on_step(done: int, total: int, secs: float | None) -> None:
+        progress.update(tasks["current"], completed=done, note=f"step {secs:.2f} s" if secs else "")
+
+    def on_result(r, s) -> None:
+        r.result_id = store.add(r, s)
+        progress.update(tasks["current"], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
+
+    interrupted = False
+    with progress:
+        try:
+            results = compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
+                                       on_result=on_result, launcher=launcher)
+        except compare_.Interrupted as stop:
+            results, interrupted = stop.args[0], True
+        except KeyboardInterrupt:
+            results, interrupted = [], True
+        except _user_errors() as e:
+            fail(str(e))
+    if as_json:
+        print(json.dumps([_result_dict(r) for r in results], indent=2))
+    else:
+        console.print(_results_table(results, by_name))
+        console.print(f"results stored in {store.path}")
+    if interrupted:
+        err.print("[yellow]interrupted: finished runs are stored[/yellow]")
+        raise typer.Exit(130)
+
+
+def _check_launcher(launcher: str | None) -> None:
+    if launcher not in (None, "local", "torchrun", "slurm"):
+        fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
+
+
+def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool) -> None:
+    """--dry-run (print every plan) and --launcher slurm (write, and submit where sbatch exists)."""
+    import shlex
+    import subprocess
+
+    from framework_bench import launch, runner
+    from framework_bench.memory import estimate
+    from framework_bench.machine import detect
+
+    machine = detect()
+    for s in chosen:
+        console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        console.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib).summary(), highlight=False)
+        for name in backend_names:
+            try:
+                d = runner.dry_run(name, s, launcher, machine)
+            except _user_errors() as e:
+                fail(str(e))
+            console.print(f"[bold]{name}[/bold] via {d.launcher}: "
+                          + ("[green]checks pass on this machine[/green]" if d.check is None
+                             else f"[yellow]not runnable here: {d.check}[/yellow]"), highlight=False)
+            console.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
+            for k, v in sorted(d.env.items()):
+                console.print(f"  env:  {k}={v}", highlight=False, markup=False)
+            for role, path in d.files.items():
+                console.print(f"  file ({role}): {path}", highlight=False, markup=False)
+                text = path.read_text() if path.exists() else ""
+                lines = text.splitlines()
+                for line in lines[:40]:
+                    console.print(f"    | {line}", highlight=False, markup=False)
+                if len(lines) > 40:
+                    console.print(f"    | ... ({len(lines) - 40} more lines)", highlight=False, markup=False)
+            if d.launcher == "slurm" and submit:
+                if launch.sbatch_available():
+                    out = subprocess.run(d.argv, capture_output=True, text=True)
+                    console.print(f"  sbatch: {out.stdout.strip() or out.stderr.strip()}", highlight=False)
+                else:
+                    console.print(f"  sbatch not found here: submit {d.files['sbatch']} on the cluster", highlight=False)

@@ -10,7 +10,7 @@ import fnmatch
 from collections.abc import Callable
 from pathlib import Path
 
-from framework_bench import plugins, runner, scenario as scenarios_
+from framework_bench import launch, plugins, runner, scenario as scenarios_
 from framework_bench.metrics import RunResult
 from framework_bench.scenario import Scenario, ScenarioError
 
@@ -47,6 +47,7 @@ def compare(
     on_start: Callable[[str, Scenario], None] = lambda b, s: None,
     on_step: runner.StepCallback = lambda done, total, secs: None,
     root: Path | None = None,
+    launcher: launch.Launcher | None = None,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -58,7 +59,7 @@ def compare(
             on_start(name, s)
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
-            result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root)
+            result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher)
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":

@@ -1,12 +1,16 @@
 """Launchers: turn a backend's plan into a process tree, watch it, and classify how it ended.
 
 `local` runs the worker module as one process; `torchrun` wraps it in
-`python -m torch.distributed.run` from the backend's own env (the host has no torch).
+`python -m torch.distributed.run` from the backend's own env (the host has no torch);
+`slurm` writes an sbatch script whose one `srun` task per node starts that torchrun, with
+the rendezvous host taken from the allocation.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +21,8 @@ from typing import Literal
 
 from framework_bench.backend import Job, LaunchPlan
 
-Launcher = Literal["local", "torchrun"]
+Launcher = Literal["local", "torchrun", "slurm"]
+RDZV_PORT = 29500
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "torch.OutOfMemoryError", "Cannot allocate memory")
 
 
@@ -35,7 +40,51 @@ def argv_for(plan: LaunchPlan, job: Job, launcher: Launcher) -> list[str]:
         if job.nprocs * job.nnodes > 1:
             raise ValueError(f"{job.nprocs * job.nnodes} processes need --launcher torchrun")
         return [str(plan.python), "-m", plan.module, *plan.args]
+    if launcher == "slurm":
+        return ["sbatch", str(sbatch_path(job))]
     return torchrun_argv(plan, job)
+
+
+def sbatch_path(job: Job) -> Path:
+    return job.run_dir / "submit.sbatch"
+
+
+def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00") -> str:
+    """A submit-ready sbatch script: one srun task per node, each running torchrun over that
+    node's GPUs; the rendezvous endpoint is the allocation's first host."""
+    torchrun = torchrun_argv(plan, job, endpoint="@ENDPOINT@")
+    cut = torchrun.index("-m", 1 + torchrun.index("c10d"))  # launcher options end where the worker starts
+    torchrun[cut:cut] = ["--rdzv-id", "@JOBID@"]
+    command = shlex.join(torchrun)
+    command = command.replace("@ENDPOINT@", f'"$head_node:{RDZV_PORT}"').replace("@JOBID@", '"$SLURM_JOB_ID"')
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=fbench-{job.scenario.name}-{job.backend}",
+        f"#SBATCH --nodes={job.nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={job.nprocs}",
+        "#SBATCH --exclusive",
+        f"#SBATCH --time={time_limit}",
+        f"#SBATCH --output={job.run_dir}/slurm-%j.out",
+        f"# Written by fbench: scenario {job.scenario.name}, backend {job.backend}.",
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(job.run_dir))}",
+        *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"# One task per node: torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node.",
+        f"srun --nodes={job.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_sbatch(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00") -> Path:
+    path = sbatch_path(job)
+    path.write_text(sbatch_script(plan, job, time_limit))
+    return path
+
+
+def sbatch_available() -> bool:
+    return shutil.which("sbatch") is not None
 
 
 @dataclass

@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from framework_bench import envs, flops, launch, metrics, plugins
 from framework_bench.backend import Job, Machine
-from framework_bench.data.packing import PackedData, pack
+from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.machine import detect
 from framework_bench.metrics import RunResult
 from framework_bench.scenario import Scenario
@@ -117,3 +119,33 @@ def run_one(
 def _save(result: RunResult) -> None:
     if result.run_dir:
         (result.run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+
+
+class DryRun(BaseModel):
+    """What `run_one` would do, without packing or launching anything."""
+
+    backend: str
+    scenario: str
+    launcher: str
+    check: str | None = Field(description="why it would be refused on this machine; None if it would run")
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, Path]
+    run_dir: Path
+
+
+def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
+            machine: Machine | None = None, root: Path | None = None) -> DryRun:
+    backend = plugins.get(backend_name)
+    machine = machine or detect()
+    env, reason = check(backend, scenario, machine)
+    data = PackedData(packed_dir(scenario), {"sha256": "(computed when packed)"})
+    job = make_job(backend_name, scenario, data, machine, root or runs_root() / "dry-run")
+    job.write()
+    plan = backend.plan(job, env)
+    launcher = launcher or ("torchrun" if job.nprocs * job.nnodes > 1 else "local")
+    files = {"job": job.job_file, **plan.files}
+    if launcher == "slurm":
+        files["sbatch"] = launch.write_sbatch(plan, job)
+    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason,
+                  argv=launch.argv_for(plan, job, launcher), env=plan.env, files=files, run_dir=job.run_dir)

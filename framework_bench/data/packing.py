@@ -103,12 +103,11 @@ def cache_root() -> Path:
     return fbench_home() / "data"
 
 
-def pack(scenario: Scenario, progress: bool = True, say=print) -> PackedData:
-    """Build (or reuse) the packed data of `scenario`; identical inputs give the same folder and sha256."""
+def _inputs(scenario: Scenario):
+    """The tokenizer, the records and the cache key: everything the packed output depends on."""
     ds = scenario.dataset
     tok = tokenizers_.load(ds.tokenizer)
     sources = [alpaca.load_source(s) for s in ds.sources]
-    records = [r for recs, _ in sources for r in recs]
     key_inputs = {
         "format": FORMAT_VERSION,
         "template": alpaca.TEMPLATE_NAME,
@@ -119,6 +118,19 @@ def pack(scenario: Scenario, progress: bool = True, say=print) -> PackedData:
         "repeat": ds.repeat,
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:20]
+    return tok, sources, key_inputs, key
+
+
+def packed_dir(scenario: Scenario) -> Path:
+    """Where `pack(scenario)` puts (or finds) its output, without packing anything."""
+    return cache_root() / _inputs(scenario)[3]
+
+
+def pack(scenario: Scenario, progress: bool = True, say=print) -> PackedData:
+    """Build (or reuse) the packed data of `scenario`; identical inputs give the same folder and sha256."""
+    ds = scenario.dataset
+    tok, sources, key_inputs, key = _inputs(scenario)
+    records = [r for recs, _ in sources for r in recs]
     out = cache_root() / key
     if (out / packed.MANIFEST).exists():
         return PackedData(out, json.loads((out / packed.MANIFEST).read_text()), cached=True)

@@ -1,0 +1,69 @@
+"""Launchers: argv construction, the sbatch script, and how a process's end is classified."""
+
+import sys
+from pathlib import Path
+
+from framework_bench import launch, scenario
+from framework_bench.backend import Job, LaunchPlan
+
+
+def _job(name: str, tmp_path: Path) -> Job:
+    s = scenario.load(name)
+    return Job(backend="xtuner", scenario=s, data_dir=tmp_path / "data", data_sha256="0" * 64,
+               run_dir=tmp_path / "run", device=s.cluster.device, nprocs=s.cluster.gpus_per_node,
+               nnodes=s.cluster.nodes)
+
+
+PLAN = LaunchPlan(python=Path("/envs/xtuner/bin/python"), module="backends.xtuner.worker",
+                  args=["/run/job.json"], env={"NCCL_DEBUG": "WARN", "DS_CONFIG": "/run/ds config.json"})
+
+
+def test_torchrun_argv_wraps_the_worker_module(tmp_path):
+    argv = launch.argv_for(PLAN, _job("llama2_7b_8k", tmp_path), "torchrun")
+    assert argv[:3] == ["/envs/xtuner/bin/python", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--nnodes") + 1] == "1"
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert argv[-3:] == ["-m", "backends.xtuner.worker", "/run/job.json"]
+
+
+def test_local_launcher_refuses_several_processes(tmp_path):
+    job = _job("llama2_7b_8k", tmp_path)
+    try:
+        launch.argv_for(PLAN, job, "local")
+    except ValueError as e:
+        assert "torchrun" in str(e)
+    else:
+        raise AssertionError("local launcher accepted 8 processes")
+
+
+def test_sbatch_for_yi34b_128k(tmp_path):
+    job = _job("yi34b_128k", tmp_path)
+    text = launch.sbatch_script(PLAN, job)
+    assert "#SBATCH --nodes=4" in text
+    assert "#SBATCH --gpus-per-node=8" in text
+    assert "#SBATCH --ntasks-per-node=1" in text
+    srun = [l for l in text.splitlines() if l.startswith("srun ")]
+    assert len(srun) == 1 and "--nodes=4 --ntasks-per-node=1" in srun[0]
+    assert "--nnodes 4 --nproc-per-node 8" in srun[0]
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    assert '--rdzv-endpoint "$head_node:29500" --rdzv-id "$SLURM_JOB_ID" -m backends.xtuner.worker' in srun[0]
+    # the plan's environment goes into the script, quoted
+    assert "export DS_CONFIG='/run/ds config.json'" in text
+
+
+def _execute(tmp_path: Path, code: str, timeout=None) -> launch.Outcome:
+    return launch.execute([sys.executable, "-c", code], {}, tmp_path, tmp_path / "log", timeout)
+
+
+def test_execute_classifies_endings(tmp_path):
+    ok = _execute(tmp_path, "print('fine')")
+    assert ok.status == "ok" and ok.returncode == 0 and "fine" in ok.log_tail
+    failed = _execute(tmp_path, "raise SystemExit(3)")
+    assert failed.status == "failed" and failed.returncode == 3
+    oom = _execute(tmp_path, "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')")
+    assert oom.status == "oom" and "CUDA out of memory" in oom.log_tail
+    killed = _execute(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.status == "oom"
+    slow = _execute(tmp_path, "import time; time.sleep(30)", timeout=1)
+    assert slow.status == "timeout" and slow.seconds < 20 and "timeout" in slow.log_tail
