@@ -1,0 +1,235 @@
+"""FLOPs accounting: the published table (parsed from the seed file itself), exact model FLOPs, MFU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from framework_bench import flops, scenario
+from framework_bench.models import PRESETS, ModelArch
+
+SEED = Path(__file__).resolve().parents[1].parent / "shared/seeds/xtuner_speed_benchmark.txt"
+MODEL_PREFIX = {"Llama2-7B": "llama2_7b", "Yi-34B-200K": "yi34b", "Llama2-70B": "llama2_70b"}
+MODEL_PRESET = {"Llama2-7B": "llama2-7b", "Yi-34B-200K": "yi-34b-200k", "Llama2-70B": "llama2-70b"}
+UNIT = {"k": 1024, "M": 1024 * 1024}
+PUBLISHED_NAMES = [
+    "llama2_7b_8k", "llama2_7b_32k", "llama2_7b_128k", "llama2_7b_256k", "llama2_7b_1m",
+    "yi34b_8k", "yi34b_32k", "yi34b_128k", "yi34b_256k",
+    "llama2_70b_8k", "llama2_70b_32k", "llama2_70b_128k", "llama2_70b_256k", "llama2_70b_1m",
+]
+
+
+def published_rows() -> list[dict]:
+    """The XTuner rows of the seed table, straight from the text (not from our YAML files)."""
+    rows = []
+    for line in SEED.read_text(encoding="utf-8").splitlines():
+        cells = line.strip().split("\t")
+        if cells[0] != "XTuner":
+            continue
+        _, model, gpus, ctx, tgs, tfl, config = cells
+        n, unit = re.fullmatch(r"(\d+)([kM])", ctx).groups()
+        rows.append({
+            "name": f"{MODEL_PREFIX[model]}_{ctx.lower()}",
+            "model": model,
+            "gpus": int(gpus),
+            "context_length": int(n) * UNIT[unit],
+            "tgs": float(tgs),
+            "tflops": float(tfl),
+            "sp": int(re.search(r"_sp(\d+)\.py$", config).group(1)),
+            "config": config,
+        })
+    return rows
+
+
+ROWS = published_rows()
+
+
+def test_seed_table_parsed_completely():
+    assert [r["name"] for r in ROWS] == PUBLISHED_NAMES
+
+
+def test_all_published_scenarios_exist():
+    names = {p.stem for p in scenario.scenario_paths()}
+    assert set(PUBLISHED_NAMES) <= names
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r["name"])
+def test_published_scenario_matches_table(row):
+    s = scenario.load(row["name"])
+    assert s.model.preset == MODEL_PRESET[row["model"]]
+    assert s.context_length == row["context_length"]
+    assert s.sequence_parallel == row["sp"]
+    assert s.reference is not None
+    assert s.reference.tgs == row["tgs"]
+    assert s.reference.tflops == row["tflops"]
+    assert s.reference.hardware == "A100-SXM4-80GB"
+    assert s.activation_checkpointing
+    assert s.cluster.device == "cuda"
+    if row["gpus"] % row["sp"] == 0:
+        assert s.cluster.gpus == row["gpus"]
+    else:
+        # Only the 7B-1M row: this copy of the table says 8 GPUs, but SP 16 needs 16 | GPUs;
+        # the other copy of the table says 32, which the scenario encodes.
+        assert row["name"] == "llama2_7b_1m"
+        assert s.cluster.gpus == 32
+
+
+def test_llama2_7b_1m_is_32_gpus_sp16():
+    s = scenario.load("llama2_7b_1m")
+    assert (s.cluster.gpus, s.sequence_parallel, s.context_length) == (32, 16, 1048576)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r["name"])
+def test_published_tflops_recomputed_from_tgs(row):
+    """XTuner's formula with recomputation, applied to the published TGS, gives the published TFLOPs (1%)."""
+    arch = PRESETS[MODEL_PRESET[row["model"]]]
+    per_token = flops.xtuner_flops_per_token(arch, row["context_length"], recompute=True)
+    assert flops.tflops(row["tgs"], per_token) == pytest.approx(row["tflops"], rel=0.01)
+    # and through the scenario file (catches a wrong preset/context in the YAML)
+    s = scenario.load(row["name"])
+    via_yaml = flops.tflops(s.reference.tgs, flops.xtuner_flops_per_token(s.arch, s.context_length, recompute=True))
+    assert via_yaml == pytest.approx(row["tflops"], rel=0.01)
+
+
+def test_formula_without_recompute_does_not_match_table():
+    """The check above can fail: without the recomputation term the cells are off by ~25%."""
+    row = ROWS[0]
+    arch = PRESETS[MODEL_PRESET[row["model"]]]
+    wrong = flops.tflops(row["tgs"], flops.xtuner_flops_per_token(arch, row["context_length"], recompute=False))
+    assert abs(wrong / row["tflops"] - 1) > 0.2
+
+
+def test_xtuner_formula_by_hand():
+    """(3 + ckpt) L (8 h^2 + 4 s h / 2 + 4 r h^2) + 6 h V per token, r = 1.5 I / h."""
+    a = PRESETS["llama2-7b"]
+    s, h, L, V, I = 8192, 4096, 32, 32000, 11008
+    expected = 4 * L * (8 * h * h + 4 * s * h / 2 + 4 * (1.5 * I / h) * h * h) + 6 * h * V
+    assert flops.xtuner_flops_per_token(a, s, recompute=True) == pytest.approx(expected, rel=1e-12)
+    # causal halves the attention term
+    full = flops.xtuner_flops_per_token(a, s, recompute=True, causal=False)
+    assert full - flops.xtuner_flops_per_token(a, s, recompute=True) == pytest.approx(4 * L * 4 * s * h / 2)
+
+
+# ---- exact model FLOPs -------------------------------------------------------------
+
+
+def layer_forward_by_hand(a: ModelArch, attended: float) -> float:
+    h, kv = a.hidden_size, a.num_key_value_heads * (a.hidden_size // a.num_attention_heads)
+    q, k, v, o = 2 * h * h, 2 * h * kv, 2 * h * kv, 2 * h * h
+    mlp = 3 * 2 * h * a.intermediate_size
+    attention = 2 * 2 * attended * h  # QK^T and PV
+    return q + k + v + o + mlp + attention
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("recompute", [False, True])
+def test_model_flops_by_hand(preset, recompute):
+    a, s = PRESETS[preset], 4096
+    fwd = layer_forward_by_hand(a, (s + 1) / 2)
+    expected = (4 if recompute else 3) * a.num_hidden_layers * fwd + 3 * 2 * a.hidden_size * a.vocab_size
+    assert flops.model_flops_per_token(a, s, recompute) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("preset", ["yi-34b-200k", "llama2-70b", "tiny-llama"])
+def test_gqa_counted_at_real_size(preset):
+    gqa = PRESETS[preset]
+    assert gqa.num_key_value_heads < gqa.num_attention_heads
+    mha = ModelArch(**{**gqa.model_dump(), "num_key_value_heads": gqa.num_attention_heads})
+    h, L = gqa.hidden_size, gqa.num_hidden_layers
+    kv_dim = gqa.num_key_value_heads * h // gqa.num_attention_heads
+    for recompute in (False, True):
+        passes = 4 if recompute else 3
+        # K and V projections: 2 matrices x 2 FLOPs per MAC x h x (h - kv_dim) fewer, per layer and pass
+        diff = passes * L * 2 * 2 * h * (h - kv_dim)
+        got = flops.model_flops_per_token(mha, 8192, recompute) - flops.model_flops_per_token(gqa, 8192, recompute)
+        assert got == pytest.approx(diff, rel=1e-12)
+        assert diff > 0
+    # the XTuner formula ignores KV heads (it over-counts GQA)
+    assert flops.xtuner_flops_per_token(gqa, 8192, True) == flops.xtuner_flops_per_token(mha, 8192, True)
+
+
+def test_mha_model_has_no_gqa_difference():
+    a = PRESETS["llama2-7b"]
+    same = ModelArch(**a.model_dump())
+    assert flops.model_flops_per_token(a, 4096, True) == flops.model_flops_per_token(same, 4096, True)
+
+
+@pytest.mark.parametrize("s", [1, 2, 7, 64])
+def test_causal_mean_attended_is_exact(s):
+    """The default mean of keys per query equals the causal mask's own mean."""
+    mean_causal = np.tril(np.ones((s, s))).sum(axis=1).mean()
+    a = PRESETS["tiny-llama"]
+    assert flops.model_flops_per_token(a, s, False) == pytest.approx(
+        flops.model_flops_per_token(a, s, False, mean_attended=mean_causal), rel=1e-12)
+
+
+def test_causal_attention_is_half_of_full():
+    a, s = PRESETS["llama2-7b"], 131072
+    none = flops.model_flops_per_token(a, s, True, mean_attended=0)
+    causal = flops.model_flops_per_token(a, s, True) - none
+    full = flops.model_flops_per_token(a, s, True, mean_attended=s) - none
+    assert causal / full == pytest.approx(0.5, rel=1e-4)
+    assert causal == pytest.approx(4 * a.num_hidden_layers * 4 * a.hidden_size * (s + 1) / 2)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_recompute_adds_one_forward_of_the_layers(preset):
+    a, s = PRESETS[preset], 2048
+    diff = flops.model_flops_per_token(a, s, True) - flops.model_flops_per_token(a, s, False)
+    assert diff == pytest.approx(a.num_hidden_layers * layer_forward_by_hand(a, (s + 1) / 2), rel=1e-12)
+    # the LM head is not recomputed
+    head = 6 * a.hidden_size * a.vocab_size
+    assert flops.model_flops_per_token(a, s, False) - head == pytest.approx(3 * diff, rel=1e-12)
+
+
+@pytest.mark.parametrize("preset,params", [
+    # published parameter counts (HF checkpoints), minus input embedding and RMSNorm weights:
+    # what remains are the matmul weights, each costing 6 FLOPs per token for training.
+    ("llama2-7b", 6_738_415_616 - 32000 * 4096 - (2 * 32 + 1) * 4096),
+    ("llama2-70b", 68_976_648_192 - 32000 * 8192 - (2 * 80 + 1) * 8192),
+])
+def test_model_flops_is_6n_without_attention(preset, params):
+    assert flops.model_flops_per_token(PRESETS[preset], 1, False, mean_attended=0) == 6 * params
+
+
+def test_varlen_attention_counts_fewer_flops():
+    a = PRESETS["llama2-7b"]
+    assert flops.model_flops_per_token(a, 8192, True, mean_attended=200) < flops.model_flops_per_token(a, 8192, True)
+
+
+def test_model_flops_below_xtuner_for_gqa_published_cell():
+    """Yi-34B 128k: the XTuner formula over-counts GQA, so the model-FLOPs TFLOPs is lower."""
+    s = scenario.load("yi34b_128k")
+    xt = flops.tflops(s.reference.tgs, flops.xtuner_flops_per_token(s.arch, s.context_length, True))
+    model = flops.tflops(s.reference.tgs, flops.model_flops_per_token(s.arch, s.context_length, True))
+    assert model < xt
+    assert xt == pytest.approx(191.8, rel=0.01)
+
+
+# ---- MFU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,peak", [
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("nvidia h200 nvl", 989.0),
+    ("Tesla V100-SXM2-32GB", None), ("", None), (None, None),
+])
+def test_gpu_peak_table(name, peak):
+    assert flops.gpu_peak_tflops(name) == peak
+
+
+def test_mfu():
+    assert flops.mfu(156.0, flops.gpu_peak_tflops("NVIDIA A100-SXM4-80GB")) == pytest.approx(0.5)
+    assert flops.mfu(494.5, flops.gpu_peak_tflops("NVIDIA H200")) == pytest.approx(0.5)
+    assert flops.mfu(100.0, 400.0) == pytest.approx(0.25)  # a user-given peak
+    assert flops.mfu(100.0, None) is None
+
+
+def test_mfu_of_published_cell_on_a100():
+    s = scenario.load("llama2_7b_32k")
+    model_tflops = flops.tflops(s.reference.tgs, flops.model_flops_per_token(s.arch, s.context_length, True))
+    mfu = flops.mfu(model_tflops, flops.gpu_peak_tflops(s.reference.hardware))
+    assert 0.5 < mfu < 0.7  # ~193 TFLOPs of 312
