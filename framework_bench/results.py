@@ -1,0 +1,273 @@
+"""The results store: every run (ok or not) as one SQLite row, its steps and its environment.
+
+One `runs` row per backend x scenario run, holding the full validated scenario, the
+aggregated figures of `RunResult`, and an environment manifest; one `steps` row per rank
+and optimizer step, read from the run folder. A run and its steps are written in one
+transaction, so an interrupted compare never leaves a half-written run behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import io
+import json
+import platform
+import socket
+import sqlite3
+import subprocess
+import time
+from functools import cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from framework_bench import __version__, envs
+from framework_bench.backend import StepMetric
+from framework_bench.machine import detect
+from framework_bench.metrics import RunResult
+from framework_bench.scenario import PROJECT_ROOT, Scenario
+from framework_bench.worker_io import read_metrics
+
+SCHEMA_VERSION = 1
+
+# Migrations by the version they lead to: migration i takes a database at version i to i + 1.
+_MIGRATIONS = [
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        framework_version TEXT,
+        scenario TEXT NOT NULL,
+        scenario_json TEXT NOT NULL,
+        context_length INTEGER NOT NULL,
+        model TEXT NOT NULL,
+        gpus INTEGER NOT NULL,
+        sequence_parallel INTEGER NOT NULL,
+        device TEXT NOT NULL,
+        status TEXT NOT NULL,
+        reason TEXT,
+        tgs REAL, tgs_min REAL, tgs_max REAL,
+        tflops REAL, model_tflops REAL, mfu REAL,
+        steps_measured INTEGER NOT NULL,
+        step_seconds REAL,
+        peak_mem_bytes INTEGER,
+        final_loss REAL,
+        flags TEXT NOT NULL,
+        data_sha256 TEXT,
+        attention_used TEXT,
+        framework_throughput TEXT NOT NULL,
+        run_dir TEXT,
+        wall_seconds REAL,
+        manifest TEXT NOT NULL
+    );
+    CREATE INDEX runs_point ON runs (scenario, backend);
+    CREATE TABLE steps (
+        run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        step INTEGER NOT NULL CHECK (step >= 1),
+        rank INTEGER NOT NULL CHECK (rank >= 0),
+        seconds REAL NOT NULL CHECK (seconds > 0),
+        tokens INTEGER NOT NULL CHECK (tokens >= 0),
+        loss REAL,
+        peak_mem_bytes INTEGER
+    );
+    CREATE INDEX steps_run ON steps (run_id);
+    """,
+]
+
+# Columns holding JSON text, decoded when rows are read back.
+_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest")
+
+# Distributions of a backend env worth naming in the manifest (those that exist are kept).
+_ENV_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets",
+                 "xtuner", "mmengine", "llamafactory")
+
+
+class ResultsError(RuntimeError):
+    """A results database this version of fbench cannot use, or a run id that is not there."""
+
+
+def default_db() -> Path:
+    return envs.fbench_home() / "results" / "results.sqlite"
+
+
+@cache
+def host_manifest() -> dict:
+    """What this machine and this checkout are: the part of the manifest shared by every run."""
+    machine = detect()
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": machine.cpu,
+        "cpu_count": machine.cpu_count,
+        "gpu": machine.gpu_name,
+        "gpu_count": machine.gpus,
+        "gpu_memory_gib": machine.gpu_memory_gib,
+        "gpu_driver": _gpu_driver() if machine.gpus else None,
+        "fbench_version": __version__,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def manifest(backend: str) -> dict:
+    """The environment a run of `backend` had: the host, plus the versions in the backend's env."""
+    env = envs.inspect(backend)
+    versions = {name: v for name in _ENV_PACKAGES if (v := env.version(name))}
+    return {**host_manifest(), "backend_env": {"path": str(env.path), "flavour": env.flavour, "versions": versions}}
+
+
+def _gpu_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.split()
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def _git(*args: str) -> str | None:
+    """A git query on the project checkout; None when git or the repository is absent."""
+    try:
+        out = subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def read_steps(run_dir: Path | None) -> tuple[list[StepMetric], list[str]]:
+    """The run's per-step records and notes on any that could not be read (a crash may cut a line)."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return [], []
+    try:
+        raw = read_metrics(run_dir)
+    except ValueError as e:
+        return [], [f"per-step metrics unreadable: {e}"]
+    steps, bad = [], 0
+    for record in raw:
+        try:
+            steps.append(StepMetric.model_validate(record))
+        except ValidationError:
+            bad += 1
+    return steps, [f"{bad} invalid per-step records skipped"] if bad else []
+
+
+class ResultStore:
+    """`ResultStore(path)`; `path` defaults to `default_db()`. Usable as a context manager."""
+
+    def __init__(self, path: Path | str | None = None):
+        self.path = Path(path) if path is not None else default_db()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=30)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    def __enter__(self) -> "ResultStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ResultsError(f"{self.path} has schema version {version}; this fbench knows up to "
+                               f"{SCHEMA_VERSION}: use a newer fbench or another --db")
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            # executescript commits on its own, so the version bump rides in the same script.
+            self.conn.executescript(f"BEGIN; {_MIGRATIONS[target - 1]} PRAGMA user_version = {target}; COMMIT;")
+
+    def add(self, result: RunResult, scenario: Scenario, manifest_: dict | None = None) -> int:
+        """Record one run with its steps (one transaction); sets and returns `result.result_id`."""
+        steps, notes = read_steps(result.run_dir)
+        row = {
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "backend": result.backend,
+            "framework_version": result.framework_version,
+            "scenario": result.scenario,
+            "scenario_json": json.dumps(scenario.model_dump(mode="json")),
+            "context_length": scenario.context_length,
+            "model": scenario.model.preset or "inline",
+            "gpus": scenario.cluster.gpus,
+            "sequence_parallel": scenario.sequence_parallel,
+            "device": scenario.cluster.device,
+            "status": result.status,
+            "reason": result.reason,
+            **{k: getattr(result, k) for k in ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu",
+                                                "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
+                                                "data_sha256", "attention_used", "wall_seconds")},
+            "flags": json.dumps(result.flags + notes),
+            "framework_throughput": json.dumps(result.framework_throughput),
+            "run_dir": str(result.run_dir) if result.run_dir else None,
+            "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
+        }
+        with self.conn:
+            cur = self.conn.execute(
+                f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})", row)
+            run_id = cur.lastrowid
+            _insert_steps(self.conn, run_id, steps)
+        result.result_id = run_id
+        return run_id
+
+    def list(self, scenario_glob: str | None = None, backend: str | None = None) -> list[dict]:
+        """Runs, oldest first, without their steps; `scenario_glob` like `tiny_cpu*`."""
+        query, args = "SELECT * FROM runs", []
+        if backend is not None:
+            query, args = query + " WHERE backend = ?", [backend]
+        rows = [_decode(r) for r in self.conn.execute(query + " ORDER BY id", args)]
+        if scenario_glob is not None:
+            rows = [r for r in rows if fnmatch.fnmatchcase(r["scenario"], scenario_glob)]
+        return rows
+
+    def get(self, run_id: int) -> dict:
+        """One run with its steps (ordered by step, then rank) and its manifest."""
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise ResultsError(f"no run with id {run_id} in {self.path}")
+        out = _decode(row)
+        out["steps"] = [dict(s) for s in self.conn.execute(
+            "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes FROM steps WHERE run_id = ? "
+            "ORDER BY step, rank", (run_id,))]
+        return out
+
+    def latest_by_point(self, scenario_glob: str | None = None, backend: str | None = None) -> list[dict]:
+        """The newest run of each backend x scenario (whatever its status): what charts and reports show."""
+        latest: dict[tuple[str, str], dict] = {}
+        for r in self.list(scenario_glob, backend):
+            latest[(r["backend"], r["scenario"])] = r  # ordered by id: later runs replace earlier ones
+        return sorted(latest.values(), key=lambda r: (r["model"], r["context_length"], r["scenario"], r["backend"]))
+
+    def export(self, format: str, scenario_glob: str | None = None, backend: str | None = None) -> str:
+        """`csv`: one line per run (JSON fields as JSON text); `json`: a list of runs with their steps."""
+        rows = self.list(scenario_glob, backend)
+        if format == "json":
+            return json.dumps([self.get(r["id"]) for r in rows], indent=2)
+        if format == "csv":
+            buf = io.StringIO()
+            columns = [d[1] for d in self.conn.execute("PRAGMA table_info(runs)")]
+            writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({k: json.dumps(r[k]) if k in _JSON_COLUMNS else r[k] for k in columns})
+            return buf.getvalue()
+        raise ValueError(f"unknown export format {format!r}: use csv or json")
+
+
+def _insert_steps(conn: sqlite3.Connection, run_id: int, steps: list[StepMetric]) -> None:
+    conn.executemany(
+        "INSERT INTO steps (run_id, step, rank, seconds, tokens, loss, peak_mem_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(run_id, s.step, s.rank, s.seconds, s.tokens, s.loss, s.peak_mem_bytes) for s in steps])
+
+
+def _decode(row: sqlite3.Row) -> dict:
+    out = dict(row)
+    for key in _JSON_COLUMNS:
+        out[key] = json.loads(out[key])
+    return out
