@@ -1,0 +1,161 @@
+"""The XTuner backend: discovery, refusals, the generated mmengine config, and a real run."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from framework_bench import envs, launch, plugins, scenario
+from framework_bench.backend import BackendEnv, Job, Machine
+from framework_bench.worker_io import read_metrics
+
+CPU = Machine(gpus=0, cpu_count=2)
+H100x8 = Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80)
+
+
+@pytest.fixture(scope="module")
+def xtuner():
+    return plugins.get("xtuner")
+
+
+def ready_env(flavour: str, *extra: str) -> BackendEnv:
+    """An env as `envs.inspect` reports a finished one, with the distributions named installed."""
+    versions = {"torch": "2.13.0", "xtuner": "0.2.0", "mmengine": "0.10.6", **{d: "1" for d in extra}}
+    return BackendEnv(name="xtuner", path=Path("/nonexistent"), python=Path("/nonexistent/bin/python"),
+                      flavour=flavour, ready=True, versions=versions)
+
+
+def tiny(**fields) -> scenario.Scenario:
+    base = {"name": "tiny_variant", "model": {"preset": "tiny-llama"}, "context_length": 512,
+            "cluster": {"device": "cpu"}, "precision": "fp32", "activation_checkpointing": False}
+    return scenario.Scenario.model_validate({**base, **fields})
+
+
+def make_job(tmp_path: Path, scn: scenario.Scenario) -> Job:
+    data_dir = tmp_path / "packed"
+    (data_dir / "tokenizer").mkdir(parents=True)
+    (data_dir / "tokenizer" / "tokenizer_config.json").write_text("{}")
+    c = scn.cluster
+    return Job(backend="xtuner", scenario=scn, data_dir=data_dir, data_sha256="0" * 64, run_dir=tmp_path / "run",
+               device=c.device, nprocs=c.gpus_per_node, nnodes=c.nodes)
+
+
+def top_level(config: Path) -> dict:
+    """The config's top-level literal assignments (it holds imports and literals only)."""
+    tree = ast.parse(config.read_text())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = node.value
+    return out
+
+
+def call_kwargs(node: ast.expr) -> dict:
+    assert isinstance(node, ast.Call) and node.func.id == "dict", ast.dump(node)
+    return {k.arg: k.value for k in node.keywords}
+
+
+def test_discovered_through_entry_point(xtuner):
+    assert "xtuner" in plugins.backends()
+    info = xtuner.info
+    assert info.env.framework_package == "xtuner"
+    assert all(p.exists() for p in info.env.requirements.values())
+    assert "torch==2.13.0" in info.env.requirements["cpu"].read_text().splitlines()
+
+
+def test_sequence_parallel_on_cpu_is_unsupported(xtuner):
+    scn = tiny(cluster={"device": "cpu", "gpus_per_node": 2}, sequence_parallel=2)
+    # Even with the engines installed: XTuner's SP runs only through DeepSpeed on GPUs.
+    reason = xtuner.check(scn, CPU, ready_env("cpu", "flash_attn", "deepspeed"))
+    assert reason and "sequence_parallel 2" in reason and "GPU" in reason
+
+
+def test_silently_ignored_settings_are_refused_on_gpu(xtuner):
+    sp = tiny(cluster={"device": "cuda", "gpus_per_node": 8}, sequence_parallel=4, precision="bf16")
+    reason = xtuner.check(sp, H100x8, ready_env("cuda", "deepspeed"))
+    assert reason and "(flash_attn not installed" in reason
+    varlen = tiny(cluster={"device": "cuda"}, attention="varlen", precision="bf16")
+    assert "flash_attn" in xtuner.check(varlen, H100x8, ready_env("cuda", "deepspeed"))
+    zero = tiny(cluster={"device": "cuda", "gpus_per_node": 2}, zero_stage=2, precision="bf16")
+    assert "deepspeed" in xtuner.check(zero, H100x8, ready_env("cuda"))
+    assert xtuner.check(sp, H100x8, ready_env("cuda", "flash_attn", "deepspeed")) is None
+
+
+def test_other_refusals(xtuner):
+    assert "bf16" in xtuner.check(tiny(precision="bf16"), CPU, ready_env("cpu"))
+    assert "no" in xtuner.check(tiny(cluster={"device": "cuda"}, precision="bf16"), CPU, ready_env("cuda"))
+    assert "CPU flavour" in xtuner.check(tiny(cluster={"device": "cuda"}, precision="bf16"), H100x8, ready_env("cpu"))
+    not_made = envs.inspect("xtuner-that-was-never-made")
+    assert "not created" in xtuner.check(tiny(), CPU, not_made)
+    assert xtuner.check(tiny(), CPU, ready_env("cpu")) is None
+
+
+def test_published_yi34b_128k_config(xtuner, tmp_path):
+    scn = scenario.load("yi34b_128k")
+    job = make_job(tmp_path, scn)
+    plan = xtuner.plan(job, ready_env("cuda", "flash_attn", "deepspeed"))
+    config = plan.files["mmengine_config"]
+    values = top_level(config)
+    assert ast.literal_eval(values["sequence_parallel_size"]) == 8
+    assert ast.literal_eval(values["max_length"]) == 131072
+    assert ast.literal_eval(values["batch_size"]) == 1
+    assert ast.literal_eval(values["accumulative_counts"]) == scn.grad_accum
+    strategy = call_kwargs(values["strategy"])
+    ds = ast.literal_eval(strategy["config"])
+    assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] is True
+    assert ds["gradient_clipping"] == 1 and ds["train_micro_batch_size_per_gpu"] == 1
+    assert ast.literal_eval(values["runner_type"]) == "FlexibleRunner"
+    optimizer = call_kwargs(call_kwargs(values["optim_wrapper"])["optimizer"])
+    assert ast.literal_eval(optimizer["lr"]) == 2e-5 and ast.literal_eval(optimizer["betas"]) == (0.9, 0.999)
+    assert ast.literal_eval(call_kwargs(values["train_cfg"])["max_iters"]) == scn.steps.total * scn.grad_accum
+    model_cfg = json.loads((plan.files["model_dir"] / "config.json").read_text())
+    assert model_cfg["hidden_size"] == 7168 and model_cfg["num_key_value_heads"] == 8
+    # Several GPUs: the host wraps the worker in torchrun (mmengine's "pytorch" launcher).
+    argv = launch.argv_for(plan, job, "torchrun")
+    assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node" in argv
+    assert argv[-3:] == ["-m", "backends.xtuner.worker", str(job.job_file)]
+
+
+def _env_or_skip(xtuner) -> BackendEnv:
+    env = envs.inspect("xtuner", xtuner.info.env)
+    if not env.ready:
+        pytest.skip(f"xtuner env {env.problem}; `fbench env create xtuner` makes it (CI's setup does)")
+    return env
+
+
+def test_published_config_parses_in_mmengine(xtuner, tmp_path):
+    """mmengine's lazy-import mode rejects any call at parse time: parse it for real."""
+    env = _env_or_skip(xtuner)
+    job = make_job(tmp_path, scenario.load("yi34b_128k"))
+    config = xtuner.plan(job, env).files["mmengine_config"]
+    probe = ("import sys, json; from mmengine.config import Config; c = Config.fromfile(sys.argv[1]); "
+             "print(json.dumps([c.sequence_parallel_size, c.train_dataloader.batch_size, "
+             "c.strategy.config['zero_optimization']['stage'], c.train_cfg.max_iters]))")
+    out = subprocess.run([str(env.python), "-c", probe, str(config)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [8, 1, 3, 56]
+
+
+@pytest.mark.slow
+def test_tiny_cpu_trains_with_xtuner(xtuner, tmp_path):
+    from framework_bench import runner
+    from framework_bench.data.packing import pack
+
+    _env_or_skip(xtuner)
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    result = runner.run_one("xtuner", scn, data=data, root=tmp_path, machine=CPU)
+    assert result.status == "ok", result.reason
+    steps = read_metrics(result.run_dir)
+    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
+    assert all(s["tokens"] == scn.context_length for s in steps)
+    assert all(math.isfinite(s["loss"]) for s in steps)
+    assert result.data_sha256 == data.manifest["sha256"]
+    assert result.steps_measured == scn.steps.measured and result.tgs > 0
+    assert result.attention_used == "sdpa" and result.framework_version == "0.2.0"
+    assert result.framework_throughput["tokens_per_sec"] > 0
