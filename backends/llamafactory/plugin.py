@@ -1,0 +1,153 @@
+"""The LLaMA-Factory backend plugin (host side): what it supports, the files it generates,
+and how it reads a finished run back.
+
+Registered through the `fbench.backends` entry point (pyproject.toml). No torch or
+llamafactory import: the worker (`backends.llamafactory.worker`) runs in the backend's env.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from framework_bench import worker_io
+from framework_bench.backend import (
+    BackendEnv,
+    BackendInfo,
+    Capabilities,
+    EnvSpec,
+    Job,
+    LaunchPlan,
+    Machine,
+    StepMetric,
+    WorkerReport,
+)
+from framework_bench.hookspecs import hookimpl
+from framework_bench.scenario import Scenario
+
+from backends.llamafactory import run_files, train_args
+
+NAME = "llamafactory"
+HERE = Path(__file__).parent
+FLASH_ATTN = "flash-attn"
+
+
+@hookimpl
+def fbench_backend_info() -> BackendInfo:
+    return BackendInfo(
+        name=NAME,
+        framework="LLaMA-Factory",
+        description="LLaMA-Factory's SFT trainer (run_exp) on pre-tokenized packed rows; "
+        "sequence parallel through its v1 trainer (FSDP2 + Ulysses)",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
+        env=EnvSpec(
+            requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
+            framework_package="llamafactory",
+            post_install=["backends.llamafactory.env_fixups"],
+        ),
+    )
+
+
+@hookimpl
+def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+    if not env.ready:
+        return f"the llamafactory env is not ready: {env.problem}"
+    device = scenario.cluster.device
+    if device == "cuda" and machine.gpus == 0:
+        return "the scenario runs on CUDA GPUs and this machine has none"
+    if device == "cuda" and env.flavour != "cuda":
+        return "the llamafactory env is the CPU flavour; recreate it with --flavour cuda for a GPU scenario"
+    has_fa2 = env.has(FLASH_ATTN)
+    if scenario.sequence_parallel > 1:
+        missing = [what for what, ok in (("a CUDA GPU", device == "cuda" and machine.gpus > 0),
+                                         ("flash-attn (flash_attention_2)", has_fa2)) if not ok]
+        if missing:
+            return (f"sequence_parallel {scenario.sequence_parallel} runs on LLaMA-Factory's v1 trainer "
+                    f"(FSDP2, dist_config cp_mode ulysses), which needs {' and '.join(missing)}: missing here")
+    if scenario.sequence_parallel > 1 and scenario.attention == "varlen":
+        return ("varlen attention with sequence_parallel > 1 is not planned: LLaMA-Factory's v1 trainer "
+                "(the only one with sequence parallel) gets the packed rows with one attention span per row")
+    if scenario.attention == "varlen":
+        # Without flash-attn, neat_packing builds a dense 4-D block-diagonal mask and computes
+        # full attention: correct results, but not the varlen kernel the scenario measures.
+        missing = [what for what, ok in (("a CUDA GPU", device == "cuda"), ("flash-attn", has_fa2)) if not ok]
+        if missing:
+            return ("varlen attention (neat_packing) only uses a varlen kernel with flash-attn on a GPU "
+                    f"(else a dense 4-D mask): missing {' and '.join(missing)}")
+    if scenario.zero_stage > 0 and not env.has("deepspeed"):
+        return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the llamafactory env"
+    if scenario.zero_stage > 0 and device == "cpu":
+        return f"ZeRO stage {scenario.zero_stage} (DeepSpeed) is not run on CPU by this backend"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@hookimpl
+def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
+    files = train_args.write_run_files(job, flash_attn_installed=env.has(FLASH_ATTN))
+    extra_env: dict[str, str] = {}
+    if job.scenario.zero_stage > 0 and job.nprocs * job.nnodes == 1:
+        # LLaMA-Factory refuses DeepSpeed outside a distributed launch; one process started
+        # without torchrun becomes a world of one through the variables torchrun would set.
+        extra_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    return LaunchPlan(
+        python=env.python,
+        module="backends.llamafactory.worker",
+        args=[str(job.job_file)],
+        env=extra_env,
+        files={**files, "job": job.job_file},
+    )
+
+
+def framework_throughput(job: Job) -> dict[str, float]:
+    """LLaMA-Factory's own figures from `trainer_log.jsonl`, over the measured steps.
+
+    Its `throughput` is cumulative: tokens seen so far / seconds since training began,
+    warm-up included; `elapsed_time` is rounded to whole seconds. The precise elapsed time
+    at each logged step is therefore `total_tokens / throughput`, which gives the rate over
+    the measured window (after warm-up). Figures are rank 0's (it alone writes the log).
+    """
+    log = Path(job.run_dir) / run_files.OUTPUT_DIR / run_files.TRAINER_LOG
+    if not log.exists():
+        return {}
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    by_step = {r["current_steps"]: r for r in rows if r.get("throughput")}
+    warmup, last = job.scenario.steps.warmup, job.scenario.steps.total
+    if last not in by_step:
+        return {}
+    end = by_step[last]
+    out = {"throughput_cumulative": float(end["throughput"])}
+    start = {"total_tokens": 0, "throughput": None} if warmup == 0 else by_step.get(warmup)
+    if start is not None:
+        seconds = _elapsed(end) - (_elapsed(start) if start["throughput"] else 0.0)
+        if seconds > 0:
+            out["tokens_per_sec"] = (end["total_tokens"] - start["total_tokens"]) / seconds
+    return out
+
+
+def _elapsed(log_row: dict) -> float:
+    return log_row["total_tokens"] / log_row["throughput"]
+
+
+@hookimpl
+def fbench_read_report(job: Job) -> WorkerReport:
+    records = worker_io.read_metrics(job.run_dir)
+    worker = worker_io.read_worker_report(job.run_dir)
+    if not records and not worker:
+        raise FileNotFoundError(f"the llamafactory worker wrote no metrics in {job.run_dir}")
+    notes = list(worker.get("notes", []))
+    return WorkerReport(
+        steps=[StepMetric.model_validate(r) for r in records],
+        data_sha256=worker.get("data_sha256"),
+        framework_version=worker.get("framework_version"),
+        attention_used=worker.get("attention_used"),
+        framework_throughput=framework_throughput(job),
+        notes=notes,
+    )

@@ -1,0 +1,42 @@
+"""Where things live in a LLaMA-Factory run folder; shared by the plugin (host) and the worker.
+
+Stdlib only: imported on both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+TRAIN_ARGS = "llamafactory_train.json"      # v0 `run_exp` arguments (also runnable by `llamafactory-cli train`)
+TRAIN_ARGS_V1 = "llamafactory_v1_train.json"  # v1 trainer arguments (sequence parallel)
+DEEPSPEED = "deepspeed.json"
+MODEL_DIR = "model"                   # config.json + tokenizer files; no weights (random init)
+TOKENIZED_DIR = "tokenized"           # DatasetDict{"train"} written by the worker (v0)
+V1_DATA = "train.parquet"             # the same rows as one parquet file (v1 data engine)
+OUTPUT_DIR = "output"                 # LLaMA-Factory's output_dir: trainer_log.jsonl lands here
+TRAINER_LOG = "trainer_log.jsonl"
+WAIT_FOR_FILES_S = 900
+
+
+def uses_v1_trainer(sequence_parallel: int) -> bool:
+    """Only the v1 trainer (FSDP2) has sequence parallelism (Ulysses) in LLaMA-Factory 0.9.5."""
+    return sequence_parallel > 1
+
+
+def args_file(run_dir: Path, sequence_parallel: int) -> Path:
+    return Path(run_dir) / (TRAIN_ARGS_V1 if uses_v1_trainer(sequence_parallel) else TRAIN_ARGS)
+
+
+def is_local_main() -> bool:
+    """Local rank 0 writes the shared inputs (tokenized rows, weights); the other ranks wait."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT_FOR_FILES_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {path} (written by local rank 0)")
+        time.sleep(1)

@@ -1,0 +1,111 @@
+"""Per-step measurements written to the project's common metrics file (worker side).
+
+`StepRecorder` is trainer-neutral; `StepMetricsCallback` plugs it into the HF Trainer that
+LLaMA-Factory's `run_exp` drives (the v1 trainer has its own adapter in worker_v1.py).
+Tokens are counted from the batches the model really receives (a forward pre-hook on the
+top-level model), not derived from the scenario.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from framework_bench.worker_io import MetricsWriter
+
+FLASH_ATTENTION_2 = "flash_attention_2"
+
+
+class StepRecorder:
+    def __init__(self, run_dir: Path, device: str, require_flash_attn: bool):
+        self.writer = MetricsWriter(run_dir)
+        self.cuda = device == "cuda"
+        self.require_flash_attn = require_flash_attn
+        self.attention_used: str | None = None
+        self.param_dtype: str | None = None
+        self.notes: list[str] = []
+        self.steps_written = 0
+        self._step = 0
+        self._tokens = 0
+        self._started = 0.0
+        self._pending: dict | None = None
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Record what the model really runs with, and count the tokens it is fed."""
+        self.attention_used = getattr(model.config, "_attn_implementation", None)
+        self.param_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        if self.require_flash_attn and self.attention_used != FLASH_ATTENTION_2:
+            raise RuntimeError(f"the scenario needs {FLASH_ATTENTION_2} but LLaMA-Factory built the model "
+                               f"with {self.attention_used!r} (flash-attn missing or refused)")
+        model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
+
+    def _count_tokens(self, _module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self._tokens += ids.numel()
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def begin(self) -> None:
+        self._flush()
+        self._sync()
+        self._tokens = 0
+        self._started = time.perf_counter()
+
+    def end(self) -> None:
+        self._sync()
+        seconds = time.perf_counter() - self._started
+        self._step += 1
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        # Under sequence parallel the v1 trainer splits each row before the forward call, so
+        # the hook already counts this rank's shard only.
+        self._pending = {"step": self._step, "seconds": seconds, "tokens": self._tokens,
+                         "loss": None, "peak_mem_bytes": peak}
+
+    def loss(self, value: float) -> None:
+        """The logged loss arrives after the step ends; it completes the pending line."""
+        if self._pending is not None:
+            self._pending["loss"] = float(value)
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            self.writer.write(**self._pending)
+            self.steps_written += 1
+            self._pending = None
+
+    def close(self) -> None:
+        self._flush()
+        self.writer.close()
+
+
+class StepMetricsCallback(TrainerCallback):
+    """HF `TrainerCallback` for LLaMA-Factory's v0 trainer (`run_exp(args, callbacks=[...])`)."""
+
+    def __init__(self, recorder: StepRecorder):
+        self.recorder = recorder
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.recorder.attach(model)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.recorder.begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.recorder.end()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.recorder.loss(logs["loss"])
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.recorder.close()

@@ -1,0 +1,191 @@
+"""LLaMA-Factory's training arguments and DeepSpeed JSON, generated from a job (host side).
+
+No torch or llamafactory import here: the plugin runs in the host process. The worker
+reads the files written by `write_run_files` and hands them to LLaMA-Factory unchanged,
+so a run can be repeated by hand with `llamafactory-cli train <run_dir>/llamafactory_train.json`
+(once the worker has built the tokenized data).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from framework_bench.backend import Job
+from framework_bench.packed import TOKENIZER_DIR
+
+from backends.llamafactory import run_files
+
+# The optimizer settings every backend uses, so that only the framework differs.
+LEARNING_RATE = 2e-5
+ADAM_BETAS = (0.9, 0.999)
+WEIGHT_DECAY = 0.0
+MAX_GRAD_NORM = 1.0
+SEED = 42
+
+# LLaMA-Factory requires a dataset name even when `tokenized_path` already holds the data;
+# it is never looked up because the tokenized data exists when training starts.
+DUMMY_DATASET = "fbench_packed"
+
+
+def attention_request(job: Job, flash_attn_installed: bool) -> str:
+    """LLaMA-Factory's `flash_attn` value: fa2 where flash-attn is installed on a GPU, else sdpa.
+
+    Asking for fa2 explicitly (not `auto`) lets the worker detect LLaMA-Factory's silent
+    fallback to SDPA by comparing with the implementation the model really got.
+    """
+    return "fa2" if job.device == "cuda" and flash_attn_installed else "sdpa"
+
+
+def deepspeed_config(job: Job) -> dict:
+    """ZeRO stage from the scenario, with the batch figures written out (not "auto") so
+    transformers checks them against the training arguments."""
+    s = job.scenario
+    bf16 = job.device == "cuda" and s.precision == "bf16"
+    zero: dict = {
+        "stage": s.zero_stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 5e8,
+        "allgather_bucket_size": 5e8,
+    }
+    if s.zero_stage == 3:
+        zero |= {
+            "sub_group_size": 1e9,
+            "stage3_prefetch_bucket_size": 5e8,
+            "stage3_param_persistence_threshold": 1e6,
+            "stage3_max_live_parameters": 1e9,
+            "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": False,  # nothing is saved
+        }
+    return {
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        # HF Trainer has no sequence parallelism: every process is a data-parallel rank.
+        "train_batch_size": s.micro_batch * s.grad_accum * s.cluster.gpus,
+        "gradient_clipping": MAX_GRAD_NORM,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": False},
+        "zero_optimization": zero,
+    }
+
+
+def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
+    """`run_exp` arguments for LLaMA-Factory's (v0) SFT trainer on the pre-tokenized rows."""
+    s = job.scenario
+    run_dir = Path(job.run_dir)
+    args = {
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
+        "train_from_scratch": True,
+        "model_name_or_path": str(run_dir / run_files.MODEL_DIR),
+        "flash_attn": flash_attn,
+        "disable_gradient_checkpointing": not s.activation_checkpointing,
+        "dataset": DUMMY_DATASET,
+        "template": "default",
+        "tokenized_path": str(run_dir / run_files.TOKENIZED_DIR),
+        "cutoff_len": s.context_length,
+        # packed: an all-ones mask, attention crosses example boundaries (XTuner use_varlen_attn=False);
+        # varlen: segment ids in attention_mask, one attention block per example.
+        "packing": True,
+        "neat_packing": s.attention == "varlen",
+        # Keep the host's row order, as the other backends do.
+        "disable_shuffling": True,
+        "output_dir": str(run_dir / run_files.OUTPUT_DIR),
+        "overwrite_output_dir": True,
+        "per_device_train_batch_size": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        "max_steps": s.steps.total,
+        "optim": "adamw_torch",
+        "learning_rate": LEARNING_RATE,
+        "adam_beta1": ADAM_BETAS[0],
+        "adam_beta2": ADAM_BETAS[1],
+        "weight_decay": WEIGHT_DECAY,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        # bf16 mixed precision on GPU; fp32 on CPU (bf16 there is ~15x slower without AMX).
+        "bf16": job.device == "cuda" and s.precision == "bf16",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "dataloader_num_workers": 0,
+        "include_num_input_tokens_seen": True,
+        "seed": SEED,
+    }
+    if deepspeed_file is not None:
+        args["deepspeed"] = str(deepspeed_file)
+    return args
+
+
+def v1_train_args(job: Job) -> dict:
+    """Arguments for LLaMA-Factory's v1 trainer (FSDP2 + Ulysses sequence parallel).
+
+    The v1 model engine always loads weights (`from_pretrained`), so the worker first saves
+    a random-initialised model into the model folder. `reshard_after_forward` follows the
+    ZeRO stage: 3 shards parameters like ZeRO-3, below it FSDP2 keeps them gathered (ZeRO-2-like).
+    0.9.5 registers no optimizer plugin, so v1 trains with `torch.optim.AdamW(lr=...)`: the
+    same betas, but torch's default weight decay 0.01 instead of 0 (no effect on speed).
+    """
+    s = job.scenario
+    run_dir = Path(job.run_dir)
+    dp = s.data_parallel
+    return {
+        "model": str(run_dir / run_files.MODEL_DIR),
+        "template": "default",
+        "flash_attn": "flash_attention_2",  # Ulysses in 0.9.5 refuses anything else
+        "train_dataset": str(run_dir / run_files.V1_DATA),
+        "output_dir": str(run_dir / run_files.OUTPUT_DIR),
+        "micro_batch_size": s.micro_batch,
+        "global_batch_size": s.micro_batch * s.grad_accum * dp,
+        "cutoff_len": s.context_length,
+        "learning_rate": LEARNING_RATE,
+        "max_steps": s.steps.total,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "bf16": s.precision == "bf16",
+        "batching_workers": 0,
+        "enable_activation_checkpointing": s.activation_checkpointing,
+        "dist_config": {
+            "name": "fsdp2",
+            "cp_size": s.sequence_parallel,
+            "cp_mode": "ulysses",
+            "reshard_after_forward": s.zero_stage == 3,
+        },
+        "logging_steps": 1,
+        "seed": SEED,
+    }
+
+
+def write_model_dir(job: Job) -> Path:
+    """config.json from the scenario plus the packed data's tokenizer files: no weights."""
+    model_dir = Path(job.run_dir) / run_files.MODEL_DIR
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(job.hf_config, indent=2))
+    for f in (Path(job.data_dir) / TOKENIZER_DIR).iterdir():
+        if f.is_file():
+            shutil.copy2(f, model_dir / f.name)
+    return model_dir
+
+
+def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
+    """Write every generated file into the run folder; returns them by role."""
+    run_dir = Path(job.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files = {"model_dir": write_model_dir(job)}
+    s = job.scenario
+    target = run_files.args_file(run_dir, s.sequence_parallel)
+    if run_files.uses_v1_trainer(s.sequence_parallel):
+        args = v1_train_args(job)
+    else:
+        ds_file = None
+        if s.zero_stage > 0:
+            ds_file = run_dir / run_files.DEEPSPEED
+            ds_file.write_text(json.dumps(deepspeed_config(job), indent=2))
+            files["deepspeed"] = ds_file
+        args = train_args(job, attention_request(job, flash_attn_installed), ds_file)
+    target.write_text(json.dumps(args, indent=2))
+    files["train_args"] = target
+    return files

@@ -1,0 +1,123 @@
+"""The LLaMA-Factory worker: `python -m backends.llamafactory.worker RUN_DIR/job.json`.
+
+Runs inside the backend's own env. Checks the packed data is the one the host named,
+converts it to LLaMA-Factory's pre-tokenized format, trains with LLaMA-Factory's own
+entry point, and writes the common metrics file and the worker report. Any failure
+raises, so the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+from framework_bench import worker_io
+from framework_bench.packed import PackedRows
+
+from backends.llamafactory import run_files
+from backends.llamafactory.run_files import is_local_main, wait_for
+from backends.llamafactory.step_metrics import StepMetricsCallback, StepRecorder
+
+
+def verified_rows(job: dict) -> tuple[PackedRows, str]:
+    """The packed rows, after checking they hash to what the host recorded."""
+    packed = PackedRows(job["data_dir"])
+    sha = packed.sha256()
+    if sha != job["data_sha256"]:
+        raise SystemExit(f"packed data in {job['data_dir']} has sha256 {sha}, the host expected {job['data_sha256']}")
+    return packed, sha
+
+
+def position_ids(segments: np.ndarray) -> np.ndarray:
+    """Positions restarting at 0 at each document start (what LLaMA-Factory's own packing writes)."""
+    starts = np.flatnonzero(np.diff(segments, prepend=segments[0] - 1))
+    offsets = np.repeat(starts, np.diff(np.append(starts, len(segments))))
+    return np.arange(len(segments)) - offsets
+
+
+def columns(packed: PackedRows, varlen: bool) -> dict[str, list]:
+    """input_ids / attention_mask / labels per row; varlen adds segment ids and positions."""
+    ids = np.asarray(packed.input_ids)
+    cols = {"input_ids": ids.tolist(), "labels": np.asarray(packed.labels).tolist()}
+    if varlen:
+        # neat_packing: attention_mask holds the document number 1..k, and positions restart
+        # per document (flash-attn's varlen path finds the boundaries from them).
+        segs = [packed.segment_ids(r) for r in range(packed.rows)]
+        cols["attention_mask"] = [s.tolist() for s in segs]
+        cols["position_ids"] = [position_ids(s).tolist() for s in segs]
+    else:
+        # packed: all ones, attention crosses document boundaries (XTuner use_varlen_attn=False).
+        cols["attention_mask"] = np.ones_like(ids).tolist()
+    return cols
+
+
+def write_tokenized(packed: PackedRows, varlen: bool, target: Path) -> None:
+    """`DatasetDict{"train"}` saved where `tokenized_path` points; local rank 0 writes, others wait."""
+    if is_local_main():
+        from datasets import Dataset, DatasetDict
+
+        tmp = target.with_name(target.name + ".tmp")
+        DatasetDict({"train": Dataset.from_dict(columns(packed, varlen))}).save_to_disk(str(tmp))
+        tmp.rename(target)
+    else:
+        wait_for(target)
+
+
+def train_v0(job: dict, packed: PackedRows, recorder: StepRecorder) -> None:
+    """LLaMA-Factory's SFT trainer through its own entry point, `run_exp`."""
+    from llamafactory.train.tuner import run_exp
+    from transformers import Trainer
+
+    # LLaMA-Factory's SFT workflow calls `trainer.save_model()` after training whatever
+    # `save_strategy` says: for Llama2-7B under ZeRO-3 that is a full DeepSpeed checkpoint
+    # (~100 GB) written after the measured steps. The benchmark keeps no weights.
+    Trainer.save_model = lambda self, *args, **kwargs: None
+
+    run_dir = Path(job["run_dir"])
+    args = json.loads(run_files.args_file(run_dir, 1).read_text())
+    write_tokenized(packed, job["scenario"]["attention"] == "varlen", Path(args["tokenized_path"]))
+    run_exp(args, callbacks=[StepMetricsCallback(recorder)])
+
+
+def main(job_file: str) -> None:
+    job = worker_io.load_job(job_file)
+    scenario = job["scenario"]
+    run_dir = Path(job["run_dir"])
+    packed, sha = verified_rows(job)
+    sp = scenario["sequence_parallel"]
+    recorder = StepRecorder(
+        run_dir,
+        device=job["device"],
+        require_flash_attn=sp > 1 or scenario["attention"] == "varlen",
+    )
+    if run_files.uses_v1_trainer(sp):
+        from backends.llamafactory.worker_v1 import train_v1
+
+        train_v1(job, packed, recorder)
+    else:
+        train_v0(job, packed, recorder)
+    recorder.close()
+    expected = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
+    if recorder.steps_written != expected:
+        raise SystemExit(f"LLaMA-Factory ran {recorder.steps_written} optimizer steps, expected {expected}")
+    import transformers
+
+    worker_io.write_worker_report(
+        run_dir,
+        data_sha256=sha,
+        framework_version=version("llamafactory"),
+        transformers_version=transformers.__version__,
+        torch_version=version("torch"),
+        trainer="v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
+        attention_used=recorder.attention_used,
+        param_dtype=recorder.param_dtype,
+        notes=recorder.notes,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
