@@ -1,0 +1,187 @@
+"""The LLaMA-Factory backend: discovery, refusals, the generated arguments and DeepSpeed
+JSON for published scenarios, its own throughput log, and a real run of its trainer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from framework_bench import envs, plugins, scenario
+from framework_bench.backend import BackendEnv, Job, Machine
+from framework_bench.worker_io import read_metrics
+
+from backends.llamafactory import plugin as lf_plugin
+
+CPU = Machine(gpus=0, cpu_count=2)
+H100x8 = Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80)
+
+
+@pytest.fixture(scope="module")
+def llamafactory():
+    return plugins.get("llamafactory")
+
+
+def ready_env(flavour: str, *extra: str) -> BackendEnv:
+    """An env as `envs.inspect` reports a finished one, with the distributions named installed."""
+    versions = {"torch": "2.13.0", "llamafactory": "0.9.5", "transformers": "5.6.0", **{d: "1" for d in extra}}
+    return BackendEnv(name="llamafactory", path=Path("/nonexistent"), python=Path("/nonexistent/bin/python"),
+                      flavour=flavour, ready=True, versions=versions)
+
+
+def tiny(**fields) -> scenario.Scenario:
+    base = {"name": "tiny_variant", "model": {"preset": "tiny-llama"}, "context_length": 512,
+            "cluster": {"device": "cpu"}, "precision": "fp32", "activation_checkpointing": False}
+    return scenario.Scenario.model_validate({**base, **fields})
+
+
+def make_job(tmp_path: Path, scn: scenario.Scenario) -> Job:
+    data_dir = tmp_path / "packed"
+    (data_dir / "tokenizer").mkdir(parents=True)
+    (data_dir / "tokenizer" / "tokenizer.json").write_text("{}")
+    (data_dir / "tokenizer" / "tokenizer_config.json").write_text("{}")
+    c = scn.cluster
+    return Job(backend="llamafactory", scenario=scn, data_dir=data_dir, data_sha256="0" * 64,
+               run_dir=tmp_path / "run", device=c.device, nprocs=c.gpus_per_node, nnodes=c.nodes)
+
+
+def test_discovered_through_entry_point(llamafactory):
+    info = llamafactory.info
+    assert info.name == "llamafactory" and info.framework == "LLaMA-Factory"
+    assert info.capabilities.sequence_parallel and info.capabilities.zero_stages == [0, 1, 2, 3]
+    assert info.env.framework_package == "llamafactory"
+    assert info.env.post_install == ["backends.llamafactory.env_fixups"]
+    for flavour, path in info.env.requirements.items():
+        lines = path.read_text().splitlines()
+        assert "torch==2.13.0" in lines and "llamafactory==0.9.5" in lines, flavour
+    assert "deepspeed==" in info.env.requirements["cuda"].read_text()
+
+
+def test_sequence_parallel_on_cpu_is_unsupported(llamafactory):
+    scn = tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2})
+    reason = llamafactory.check(scn, CPU, ready_env("cpu"))
+    assert reason and "v1 trainer" in reason and "GPU" in reason and "flash-attn" in reason
+
+
+def test_sequence_parallel_on_gpu_needs_flash_attn(llamafactory):
+    scn = scenario.load("llama2_70b_32k")
+    reason = llamafactory.check(scn, H100x8, ready_env("cuda", "deepspeed"))
+    assert reason and "flash-attn" in reason and "GPU" not in reason
+    assert llamafactory.check(scn, H100x8, ready_env("cuda", "deepspeed", "flash-attn")) is None
+
+
+def test_other_refusals(llamafactory):
+    missing = BackendEnv(name="llamafactory", path=Path("/x"), python=Path("/x/bin/python"), problem="not created")
+    assert "not ready" in llamafactory.check(tiny(), CPU, missing)
+    assert "flash-attn" in llamafactory.check(tiny(attention="varlen"), CPU, ready_env("cpu"))
+    gpu_8k = scenario.load("llama2_7b_8k")
+    assert "has none" in llamafactory.check(gpu_8k, CPU, ready_env("cuda", "deepspeed"))
+    assert "deepspeed" in llamafactory.check(gpu_8k, H100x8, ready_env("cuda"))
+    assert "ZeRO" in llamafactory.check(tiny(zero_stage=2), CPU, ready_env("cpu", "deepspeed"))
+    assert llamafactory.check(tiny(), CPU, ready_env("cpu")) is None
+
+
+def test_published_llama2_7b_8k_arguments(llamafactory, tmp_path):
+    scn = scenario.load("llama2_7b_8k")
+    job = make_job(tmp_path, scn)
+    env = ready_env("cuda", "deepspeed")
+    assert llamafactory.check(scn, H100x8, env) is None
+    plan = llamafactory.plan(job, env)
+    assert plan.module == "backends.llamafactory.worker" and plan.args == [str(job.job_file)]
+    assert plan.python == env.python and plan.env == {}  # 8 processes: torchrun sets the ranks
+    args = json.loads(plan.files["train_args"].read_text())
+    run = job.run_dir
+    assert args == {
+        "stage": "sft", "do_train": True, "finetuning_type": "full", "train_from_scratch": True,
+        "model_name_or_path": str(run / "model"), "flash_attn": "sdpa", "disable_gradient_checkpointing": False,
+        "dataset": "fbench_packed", "template": "default", "tokenized_path": str(run / "tokenized"),
+        "cutoff_len": 8192, "packing": True, "neat_packing": False, "disable_shuffling": True,
+        "output_dir": str(run / "output"), "overwrite_output_dir": True,
+        "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "max_steps": 7,
+        "optim": "adamw_torch", "learning_rate": 2e-5, "adam_beta1": 0.9, "adam_beta2": 0.999,
+        "weight_decay": 0.0, "max_grad_norm": 1.0, "lr_scheduler_type": "constant", "warmup_steps": 0,
+        "bf16": True, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
+        "dataloader_num_workers": 0, "include_num_input_tokens_seen": True, "seed": 42,
+        "deepspeed": str(run / "deepspeed.json"),
+    }
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 8192 and config["hidden_size"] == 4096
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (run / "model").iterdir()}
+    assert not list((run / "model").glob("*.safetensors"))  # random init: no weights
+    with_fa2 = llamafactory.plan(job, ready_env("cuda", "deepspeed", "flash-attn"))
+    assert json.loads(with_fa2.files["train_args"].read_text())["flash_attn"] == "fa2"
+
+
+def test_deepspeed_json_for_zero3(llamafactory, tmp_path):
+    job = make_job(tmp_path, scenario.load("llama2_7b_8k"))
+    plan = llamafactory.plan(job, ready_env("cuda", "deepspeed"))
+    ds = json.loads(plan.files["deepspeed"].read_text())
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["gradient_accumulation_steps"] == 1
+    assert ds["train_batch_size"] == 8 and ds["gradient_clipping"] == 1.0
+    assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
+
+
+def test_zero_on_one_process_becomes_a_world_of_one(llamafactory, tmp_path):
+    scn = scenario.load("llama2_7b_8k").model_copy(update={"cluster": scenario.Cluster(gpus_per_node=1)})
+    plan = llamafactory.plan(make_job(tmp_path, scn), ready_env("cuda", "deepspeed"))
+    assert plan.env["WORLD_SIZE"] == "1" and plan.env["LOCAL_RANK"] == "0" and int(plan.env["MASTER_PORT"]) > 0
+
+
+def test_sequence_parallel_plans_the_v1_trainer(llamafactory, tmp_path):
+    scn = scenario.load("llama2_70b_32k")  # 4 nodes x 8 GPUs, SP 4, grad accum 4, ZeRO 3
+    job = make_job(tmp_path, scn)
+    plan = llamafactory.plan(job, ready_env("cuda", "deepspeed", "flash-attn"))
+    assert plan.files["train_args"].name == "llamafactory_v1_train.json" and "deepspeed" not in plan.files
+    args = json.loads(plan.files["train_args"].read_text())
+    assert args["dist_config"] == {"name": "fsdp2", "cp_size": 4, "cp_mode": "ulysses", "reshard_after_forward": True}
+    assert args["flash_attn"] == "flash_attention_2"
+    assert args["micro_batch_size"] == 1 and args["global_batch_size"] == 1 * 4 * 8  # DP = 32 / SP 4
+    assert args["cutoff_len"] == 32768 and args["max_steps"] == 7 and args["bf16"] is True
+    assert args["enable_activation_checkpointing"] is True
+    assert args["train_dataset"] == str(job.run_dir / "train.parquet")
+
+
+def test_framework_throughput_over_the_measured_steps(tmp_path):
+    job = make_job(tmp_path, tiny(steps={"warmup": 2, "measured": 3}))
+    log = job.run_dir / "output" / "trainer_log.jsonl"
+    log.parent.mkdir(parents=True)
+    # 512 tokens per step: 4 s for the first two steps, then 1 s each.
+    elapsed = {1: 2.0, 2: 4.0, 3: 5.0, 4: 6.0, 5: 7.0}
+    log.write_text("".join(json.dumps({"current_steps": s, "total_tokens": 512 * s, "elapsed_time": "0:00:0%d" % t,
+                                       "throughput": 512 * s / t}) + "\n" for s, t in elapsed.items()))
+    figures = lf_plugin.framework_throughput(job)
+    assert figures["tokens_per_sec"] == pytest.approx(512.0)
+    assert figures["throughput_cumulative"] == pytest.approx(512 * 5 / 7.0)
+
+
+def _env_or_skip(llamafactory) -> BackendEnv:
+    env = envs.inspect("llamafactory", llamafactory.info.env)
+    if not env.ready:
+        pytest.skip(f"llamafactory env {env.problem}; `fbench env create llamafactory` makes it (CI's setup does)")
+    return env
+
+
+@pytest.mark.slow
+def test_tiny_cpu_trains_with_llamafactory(llamafactory, tmp_path):
+    from framework_bench import runner
+    from framework_bench.data.packing import pack
+
+    _env_or_skip(llamafactory)
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    result = runner.run_one("llamafactory", scn, data=data, root=tmp_path, machine=CPU)
+    assert result.status == "ok", result.reason
+    steps = read_metrics(result.run_dir)
+    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
+    assert all(s["tokens"] == scn.context_length for s in steps)
+    assert all(math.isfinite(s["loss"]) for s in steps)
+    assert result.data_sha256 == data.manifest["sha256"]
+    assert result.steps_measured == scn.steps.measured and result.tgs > 0
+    assert result.attention_used == "sdpa" and result.framework_version == "0.9.5"
+    assert result.framework_throughput["tokens_per_sec"] > 0
+    worker = json.loads((result.run_dir / "worker.json").read_text())
+    assert worker["param_dtype"] == "float32" and worker["trainer"].startswith("v0")
+    assert not list((result.run_dir / "output").glob("*.safetensors"))  # the final save is skipped
