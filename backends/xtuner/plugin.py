@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 from framework_bench.backend import BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
 from framework_bench.hookspecs import hookimpl
@@ -51,10 +51,6 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
             return f"the scenario needs {scenario.cluster.gpus_per_node} GPUs per node; this machine has {machine.gpus}"
         if env.flavour != "cuda":
             return "the xtuner env is the CPU flavour (CPU torch build): create it with the cuda flavour"
-    elif scenario.precision == "bf16":
-        # Not emulated: casting the whole model to bf16 would be another setting than the
-        # GPU runs' bf16 autocast, and on a CPU without bf16 units it is ~15x slower.
-        return "bf16 runs through XTuner's AmpOptimWrapper, which refuses CPU; use precision fp32 on CPU"
     # Through the Runner, XTuner silently trains with SP 1 and plain causal attention when
     # these engines are missing (`xtuner train` asserts, the Runner does not): refuse.
     sp = scenario.sequence_parallel
@@ -76,6 +72,16 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
             return f"ZeRO stage {scenario.zero_stage} runs through DeepSpeed on CUDA GPUs only"
         if not env.has("deepspeed"):
             return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
+    if device == "cpu":
+        if scenario.cluster.gpus > 1:
+            # Tried: under torchrun, mmengine's "pytorch" launcher calls torch.cuda.set_device,
+            # which the CPU torch build lacks; every rank dies before training.
+            return (f"{scenario.cluster.gpus} CPU processes: XTuner's distributed launch (mmengine) "
+                    "needs CUDA devices, so CPU runs are single-process")
+        if scenario.precision == "bf16":
+            # Not emulated: casting the whole model to bf16 would be another setting than the
+            # GPU runs' bf16 autocast, and on a CPU without bf16 units it is ~15x slower.
+            return "bf16 runs through XTuner's AmpOptimWrapper, which refuses CPU; use precision fp32 on CPU"
     return None
 
 
@@ -99,7 +105,8 @@ def scalars_file(run_dir: Path) -> Path | None:
 
 
 def framework_throughput(job: Job) -> dict[str, float]:
-    """Means of XTuner's ThroughputHook figures over the measured iterations (warm-up skipped)."""
+    """XTuner's ThroughputHook figures over the measured iterations (warm-up skipped): means,
+    and medians to set beside the host's TGS, which is the median over steps."""
     path = scalars_file(job.run_dir)
     if path is None:
         return {}
@@ -111,6 +118,8 @@ def framework_throughput(job: Job) -> dict[str, float]:
     return {
         "tokens_per_sec": mean(r["tokens_per_sec"] for r in measured),
         "tflops": mean(r["tflops"] for r in measured),
+        "tokens_per_sec_median": median(r["tokens_per_sec"] for r in measured),
+        "tflops_median": median(r["tflops"] for r in measured),
         "iter_seconds": mean(r["time"] for r in measured),
         "iters": float(len(measured)),
     }
