@@ -1,0 +1,192 @@
+"""The plugin host: backends come only from the `fbench.backends` entry-point group.
+
+A throwaway third-party backend is "installed" the way pip would leave it: a
+`*.dist-info` folder with `entry_points.txt` on sys.path, next to its module.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from framework_bench import hookspecs, plugins, scenario
+from framework_bench.backend import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.cli import app
+
+FAKE_MODULE = '''
+"""A third-party fbench backend living in another package."""
+from pathlib import Path
+
+from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.hookspecs import hookimpl
+
+HERE = Path(__file__).resolve().parent
+calls = []
+
+
+@hookimpl
+def fbench_backend_info():
+    calls.append("info")
+    return BackendInfo(
+        name="{name}", framework="FakeFrame", description="a throwaway test backend",
+        capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=True, zero_stages=[0]),
+        env=EnvSpec(requirements={{"cpu": HERE / "fake-requirements.txt"}}, framework_package="fakeframe"),
+    )
+
+
+@hookimpl
+def fbench_check(scenario, machine, env):
+    calls.append("check")
+    if scenario.cluster.device != "cpu":
+        return f"{name} runs on CPU only; {{scenario.name}} wants {{scenario.cluster.device}}"
+    return None
+
+
+@hookimpl
+def fbench_plan(job, env):
+    calls.append("plan")
+    cfg = job.run_dir / "fake.cfg"
+    cfg.write_text(f"context={{job.scenario.context_length}}\\n")
+    return LaunchPlan(python=env.python, module="{name}_worker", args=["--job", str(job.job_file)],
+                      env={{"FAKE": "1"}}, files={{"config": cfg}})
+
+
+@hookimpl
+def fbench_read_report(job):
+    calls.append("read_report")
+    return WorkerReport(steps=[StepMetric(step=1, seconds=0.5, tokens=512, loss=9.0)],
+                        data_sha256=job.data_sha256, framework_version="0.0.1")
+'''
+
+
+def install_dist(site: Path, dist: str, entry_name: str, module: str, source: str) -> None:
+    """What `pip install` leaves behind for a package declaring one fbench backend."""
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{hookspecs.ENTRY_POINT_GROUP}]\n{entry_name} = {module}\n")
+    (site / f"{module}.py").write_text(source)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch, fbench_home):
+    """A fresh site dir on sys.path; modules imported from it are forgotten afterwards."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "load_errors", {})
+    before = set(sys.modules)
+    yield site
+    for name in set(sys.modules) - before:
+        if getattr(sys.modules[name], "__file__", None) and str(site) in sys.modules[name].__file__:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def fake(site):
+    install_dist(site, "fake_backend", "fake", "fake_backend_mod", textwrap.dedent(FAKE_MODULE.format(name="fake")))
+    (site / "fake-requirements.txt").write_text("fakeframe==0.0.1\n")
+    return site
+
+
+def test_bundled_backends_come_from_entry_points():
+    group = {ep.name: ep.value for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP)}
+    assert group.get("xtuner") == "backends.xtuner.plugin"
+    assert group.get("llamafactory") == "backends.llamafactory.plugin"
+    pm = plugins.manager()
+    registered = {name for name, _ in pm.list_name_plugin()}
+    assert {"xtuner", "llamafactory"} <= registered
+    # nothing registered by hand: every plugin is an entry point of the group
+    assert registered <= set(group)
+    found = plugins.backends(pm)
+    assert {"xtuner", "llamafactory"} <= set(found)
+    for name in ("xtuner", "llamafactory"):
+        assert found[name].info.name == name
+        assert pm.get_plugin(name).__name__ == group[name]
+
+
+def test_hookspecs_are_firstresult_and_documented():
+    for hook in ("fbench_backend_info", "fbench_check", "fbench_plan", "fbench_read_report"):
+        fn = getattr(hookspecs.TrainBackend, hook)
+        assert fn.__doc__ and len(fn.__doc__.split()) > 10, hook
+        assert getattr(fn, "fbench_spec")["firstresult"] is True, hook
+
+
+def test_third_party_backend_registered_through_entry_point(fake, tmp_path):
+    assert "fake" in {ep.name for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP)}
+    found = plugins.backends()
+    assert {"fake", "xtuner", "llamafactory"} <= set(found)
+    b = found["fake"]
+    mod = sys.modules["fake_backend_mod"]
+    assert mod.__file__ == str(fake / "fake_backend_mod.py")
+
+    info = b.info
+    assert (info.name, info.framework, info.env.framework_package) == ("fake", "FakeFrame", "fakeframe")
+    assert info.capabilities.cpu and not info.capabilities.gpu and info.capabilities.varlen
+
+    env = BackendEnv(name="fake", path=tmp_path / "env", python=tmp_path / "env/bin/python")
+    cpu, gpu = scenario.load("tiny_cpu"), scenario.load("yi34b_128k")
+    assert b.check(cpu, Machine(), env) is None
+    assert b.check(gpu, Machine(), env) == "fake runs on CPU only; yi34b_128k wants cuda"
+
+    job = Job(backend="fake", scenario=cpu, data_dir=tmp_path / "data", data_sha256="ab" * 32,
+              run_dir=tmp_path / "run", device="cpu")
+    job.write()
+    plan = b.plan(job, env)
+    assert isinstance(plan, LaunchPlan)
+    assert plan.module == "fake_worker" and plan.args == ["--job", str(job.job_file)] and plan.env == {"FAKE": "1"}
+    assert plan.files["config"].read_text() == "context=512\n"
+
+    report = b.read_report(job)
+    assert isinstance(report, WorkerReport)
+    assert report.data_sha256 == "ab" * 32 and report.steps[0].tokens == 512
+    assert mod.calls == ["info", "check", "check", "plan", "read_report"]
+
+    assert plugins.get("fake").info.name == "fake"
+    with pytest.raises(plugins.UnknownBackend, match="no backend named 'nope'"):
+        plugins.get("nope")
+
+
+def test_hooks_reach_only_their_own_backend(site):
+    """Two third-party backends: each Backend calls its own plugin's hooks, never the other's."""
+    for name in ("fake_a", "fake_b"):
+        install_dist(site, name, name, f"{name}_mod", textwrap.dedent(FAKE_MODULE.format(name=name)))
+    found = plugins.backends()
+    gpu = scenario.load("yi34b_128k")
+    env = BackendEnv(name="x", path=site, python=site / "python")
+    assert found["fake_a"].check(gpu, Machine(), env).startswith("fake_a runs")
+    assert found["fake_b"].check(gpu, Machine(), env).startswith("fake_b runs")
+    assert sys.modules["fake_a_mod"].calls.count("check") == 1
+    assert sys.modules["fake_b_mod"].calls.count("check") == 1
+
+
+def test_cli_backends_lists_third_party(fake):
+    result = CliRunner().invoke(app, ["backends"])
+    assert result.exit_code == 0, result.output
+    lines = [l for l in result.output.splitlines() if " fake " in f" {l} " or "│ fake" in l]
+    assert lines, result.output
+    out = result.output
+    for name in ("fake", "xtuner", "llamafactory"):
+        assert name in out
+    assert "not created" in " ".join(out.split())  # FBENCH_HOME is a fresh tmp dir: no envs yet
+
+
+def test_broken_plugin_reported_and_others_still_load(fake, site):
+    install_dist(site, "broken_backend", "broken", "broken_backend_mod",
+                 "raise RuntimeError('this backend is broken on purpose')\n")
+    install_dist(site, "missing_backend", "missing", "no_such_module_anywhere", "")
+    (site / "no_such_module_anywhere.py").unlink()
+    found = plugins.backends()
+    assert {"fake", "xtuner", "llamafactory"} <= set(found)
+    assert "broken" not in found and "missing" not in found
+    assert plugins.load_errors["broken"] == "RuntimeError: this backend is broken on purpose"
+    assert plugins.load_errors["missing"].startswith("ModuleNotFoundError")
+    result = CliRunner().invoke(app, ["backends"])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "broken" in flat and "failed to load" in flat and "Traceback" not in result.output
