@@ -4,7 +4,8 @@ Rows are the dicts `ResultStore.list()`/`latest_by_point()` return. matplotlib i
 inside the drawing functions only (so `fbench --help` stays fast), and figures are drawn
 on a bare `Figure` (Agg, no pyplot state). Each element a test or a reader may look for in
 the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-line-published`,
-`<metric>-failed-<backend>-<context>` with metric `tgs` or `tflops`.
+`<metric>-failed-<backend>-<context>` (the x of a point without a figure),
+`<metric>-status-<backend>-<context>-<status>` (its label), with metric `tgs` or `tflops`.
 """
 
 from __future__ import annotations
@@ -135,9 +136,12 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                                           markeredgewidth=2, color=colours[backend], linestyle="none")
                         marker.set_gid(f"{metric}-failed-{_slug(backend)}-{ctx_label(r['context_length'])}")
                         last = r["context_length"] == contexts[-1]  # write inwards so the text stays inside
-                        ax.annotate(r["status"], (r["context_length"], y), xycoords=bottom, xytext=(-7 if last else 7, 0),
-                                    textcoords="offset points", ha="right" if last else "left", va="center",
-                                    fontsize=8, color=colours[backend])
+                        text = ax.annotate(r["status"], (r["context_length"], y), xycoords=bottom,
+                                           xytext=(-7 if last else 7, 0), textcoords="offset points",
+                                           ha="right" if last else "left", va="center", fontsize=8,
+                                           color=colours[backend])
+                        # SVG text is drawn as paths, so the status is also spelled out in the gid.
+                        text.set_gid(f"{metric}-status-{_slug(backend)}-{ctx_label(r['context_length'])}-{r['status']}")
                 for label, pts in refs.items():
                     line, = ax.plot([p["context_length"] for p in pts], [p[metric] for p in pts], linestyle="--",
                                     marker="s", markersize=5, color="0.35", label=label)

@@ -1,0 +1,103 @@
+"""Charts drawn for real with matplotlib from rows of a real results store; checked through the SVG."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from framework_bench import plotting
+from framework_bench.metrics import RunResult
+from framework_bench.results import ResultStore
+from framework_bench.scenario import PROJECT_ROOT, load
+
+CPU_MANIFEST = {"hostname": "h", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0}
+
+
+def add(store, backend, name, status="ok", tgs=None):
+    r = RunResult(backend=backend, scenario=name, status=status, tgs=tgs, tgs_min=tgs, tgs_max=tgs,
+                  tflops=tgs and tgs * 1e-4, model_tflops=tgs and tgs * 9e-5, reason=None if tgs else "boom")
+    store.add(r, load(name), manifest_=CPU_MANIFEST)
+
+
+@pytest.fixture
+def rows(tmp_path):
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        for i, name in enumerate(("tiny_cpu", "tiny_cpu_1k", "tiny_cpu_2k")):
+            add(store, "xtuner", name, tgs=3000.0 / (i + 1))
+            add(store, "llamafactory", name, tgs=2500.0 / (i + 1))
+        add(store, "xtuner", "tiny_cpu_4k", "timeout")
+        add(store, "llamafactory", "tiny_cpu_4k", "oom")
+        add(store, "xtuner", "llama2_7b_8k", "unsupported")
+        return store.latest_by_point()
+
+
+def test_one_chart_per_model_with_every_backend_and_failure(rows, tmp_path):
+    out = tmp_path / "plots"
+    paths = plotting.plot_results(rows, out)
+    assert sorted(p.name for p in paths) == ["tgs_tflops_llama2-7b.png", "tgs_tflops_llama2-7b.svg",
+                                             "tgs_tflops_tiny-llama.png", "tgs_tflops_tiny-llama.svg"]
+    for p in paths:
+        assert p.stat().st_size > 20_000, p
+    svg = (out / "tgs_tflops_tiny-llama.svg").read_text()
+    for metric in ("tgs", "tflops"):
+        for backend in ("xtuner", "llamafactory"):
+            assert f'id="{metric}-line-{backend}"' in svg
+        assert f'id="{metric}-failed-xtuner-4k"' in svg and f'id="{metric}-status-xtuner-4k-timeout"' in svg
+        assert f'id="{metric}-failed-llamafactory-4k"' in svg and f'id="{metric}-status-llamafactory-4k-oom"' in svg
+    assert "line-published" not in svg  # the tiny model has no published figures
+
+    svg = (out / "tgs_tflops_llama2-7b.svg").read_text()
+    assert 'id="tgs-line-published"' in svg and 'id="tflops-line-published"' in svg
+    assert 'id="tgs-status-xtuner-8k-unsupported"' in svg
+
+
+def test_without_published_reference(rows, tmp_path):
+    paths = plotting.plot_results(rows, tmp_path, published=False)
+    svg = next(p for p in paths if p.name == "tgs_tflops_llama2-7b.svg").read_text()
+    assert "line-published" not in svg
+
+
+def test_a_backend_line_has_its_ok_points_only(rows, tmp_path):
+    """The ok points make the line (3 contexts); the 4k timeout is a separate marker, not a vertex."""
+    plotting.plot_results(rows, tmp_path)
+    svg = (tmp_path / "tgs_tflops_tiny-llama.svg").read_text()
+    group = re.search(r'<g id="tgs-line-xtuner">(.*?)</g>', svg, re.S).group(1)
+    path = re.search(r'<path d="([^"]*)"', group).group(1)
+    assert path.count("L") == 2  # M + 2 L = three vertices
+
+
+def test_published_chart_needs_no_runs(tmp_path):
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        assert store.list() == []
+        assert plotting.plot_results(store.latest_by_point(), tmp_path) == []
+    paths = plotting.plot_published(tmp_path / "out")
+    assert [p.name for p in paths] == ["published_xtuner_a100.png", "published_xtuner_a100.svg"]
+    assert paths[0].stat().st_size > 50_000
+    svg = paths[1].read_text()
+    for model in ("llama2-7b", "yi-34b-200k", "llama2-70b"):
+        assert f'id="tgs-line-{model}"' in svg and f'id="tflops-line-{model}"' in svg
+
+
+def test_the_committed_reference_picture_exists():
+    for ext in ("png", "svg"):
+        assert (PROJECT_ROOT / "plots" / f"published_xtuner_a100.{ext}").stat().st_size > 20_000
+
+
+def test_labels():
+    assert [plotting.ctx_label(n) for n in (512, 1024, 8192, 131072, 262144, 1048576, 1000)] == \
+        ["512", "1k", "8k", "128k", "256k", "1M", "1000"]
+    cpu = [{"gpus": 1, "device": "cpu", "manifest": CPU_MANIFEST}]
+    assert plotting.gpus_label(cpu) == "1 process (CPU)"
+    assert plotting.hardware(cpu) == "AMD EPYC CPU x 2, no GPU"
+    gpu = [{"gpus": g, "device": "cuda", "manifest": {"gpu": "NVIDIA H200", "gpu_count": 8}} for g in (8, 32)]
+    assert plotting.gpus_label(gpu) == "8/32 GPUs"
+    assert plotting.hardware(gpu) == "8 x NVIDIA H200"
+
+
+def test_importing_the_modules_does_not_import_matplotlib():
+    code = ("import sys, framework_bench.plotting, framework_bench.report, framework_bench.results; "
+            "assert 'matplotlib' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,64 @@
+"""The report pages from a real store and real charts: table values, embedded images, caveats."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from framework_bench import plotting
+from framework_bench.metrics import RunResult
+from framework_bench.report import write_report
+from framework_bench.results import ResultStore
+from framework_bench.scenario import load
+
+MANIFEST = {"hostname": "bench-host", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0,
+            "git_commit": "0123abc", "backend_env": {"flavour": "cpu", "versions": {"torch": "2.13.0+cpu"}}}
+
+
+@pytest.fixture
+def report(tmp_path):
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        store.add(RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", framework_version="0.2.0",
+                            tgs=2345.6, tgs_min=2100.0, tgs_max=2400.5, tflops=0.123, model_tflops=0.115,
+                            peak_mem_bytes=300 * 2**20, steps_measured=2, flags=["only 2 measured steps"]),
+                  load("tiny_cpu"), manifest_=MANIFEST)
+        store.add(RunResult(backend="llamafactory", scenario="tiny_cpu", status="failed",
+                            reason="Traceback ...\nRuntimeError: <script>alert(1)</script> went wrong"),
+                  load("tiny_cpu"), manifest_=MANIFEST)
+        store.add(RunResult(backend="xtuner", scenario="yi34b_8k", status="unsupported", reason="needs 32 GPUs"),
+                  load("yi34b_8k"), manifest_=MANIFEST)
+        rows = store.latest_by_point()
+    charts = plotting.plot_results(rows, tmp_path / "plots")
+    md, page = write_report(rows, tmp_path / "report", charts)
+    return md.read_text(), page.read_text(), charts
+
+
+def test_html_is_self_contained_with_the_charts_embedded(report):
+    _, page, charts = report
+    pngs = [c for c in charts if c.suffix == ".png"]
+    assert len(pngs) == 2
+    for png in pngs:
+        assert f"data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}" in page
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from elsewhere
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+@pytest.mark.parametrize("page_index", [0, 1])
+def test_table_values_and_caveats(report, page_index):
+    text = report[page_index]
+    for value in ("tiny_cpu", "tiny-llama", "512", "xtuner 0.2.0", "2,345.6 (2,100.0–2,400.5)", "0.123 / 0.115",
+                  "300 MiB", "failed", "unsupported", "485.1 TGS, 165.6 TFLOPs (A100-SXM4-80GB)",
+                  "only 2 measured steps", "went wrong", "needs 32 GPUs", "bench-host", "0123abc",
+                  "torch 2.13.0+cpu"):
+        assert value in text, value
+    for caveat in ("random weights", "CPU runs (tiny_cpu)", "6x for yi34b_8k", "1x for tiny_cpu",
+                   "Flagged rows", "over-counts grouped-query-attention", "yi-34b-200k (56 query / 8 KV heads)"):
+        assert caveat in text, caveat
+
+
+def test_markdown_links_the_charts_relatively(report):
+    md, _, _ = report
+    assert "![tgs_tflops_tiny-llama](../plots/tgs_tflops_tiny-llama.png)" in md
+    assert "| tiny_cpu | tiny-llama | 512 | 1 (CPU) | 1 | xtuner 0.2.0 | ok |" in md

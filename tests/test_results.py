@@ -1,0 +1,191 @@
+"""The results store on real SQLite files: round trip, transactions, filters, export, schema."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+
+import pytest
+
+from framework_bench import results
+from framework_bench.metrics import RunResult
+from framework_bench.results import ResultsError, ResultStore
+from framework_bench.scenario import Scenario, load
+from framework_bench.worker_io import MetricsWriter
+
+
+def write_steps(run_dir, ranks=2, steps=7):
+    for rank in range(ranks):
+        w = MetricsWriter(run_dir, rank)
+        for step in range(1, steps + 1):
+            w.write(step, 0.5 + 0.01 * step, 512, 10.0 - step * 0.1, 2**20 * (rank + 1))
+        w.close()
+
+
+def ok_result(run_dir=None, backend="xtuner", scenario="tiny_cpu", tgs=1000.0) -> RunResult:
+    return RunResult(backend=backend, scenario=scenario, status="ok", framework_version="0.2.0", tgs=tgs,
+                     tgs_min=tgs * 0.9, tgs_max=tgs * 1.1, tflops=0.2, model_tflops=0.19, steps_measured=5,
+                     step_seconds=0.5, peak_mem_bytes=2**21, final_loss=9.3, flags=["step spread 30%"],
+                     data_sha256="ab" * 32, attention_used="sdpa", framework_throughput={"tokens_per_sec": 990.0},
+                     run_dir=run_dir, wall_seconds=12.5)
+
+
+@pytest.fixture
+def store(fbench_home, tmp_path):
+    with ResultStore(tmp_path / "r.sqlite") as s:
+        yield s
+
+
+def test_default_db_lives_under_fbench_home(fbench_home):
+    assert results.default_db() == fbench_home / "results" / "results.sqlite"
+    with ResultStore() as s:
+        assert s.path.is_file()
+
+
+def test_round_trip_with_steps_and_manifest(store, fbench_home, tmp_path):
+    # A backend env record as `fbench env create` writes it: its versions go into the manifest.
+    env = fbench_home / "envs" / "xtuner"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    (env / "fbench-env.json").write_text(json.dumps(
+        {"flavour": "cpu", "versions": {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0"}}))
+    run_dir = tmp_path / "run"
+    write_steps(run_dir)
+    scenario = load("tiny_cpu")
+    result = ok_result(run_dir)
+
+    run_id = store.add(result, scenario)
+
+    assert result.result_id == run_id
+    got = store.get(run_id)
+    assert got["backend"] == "xtuner" and got["status"] == "ok" and got["tgs"] == 1000.0
+    assert got["context_length"] == 512 and got["model"] == "tiny-llama" and got["gpus"] == 1
+    assert got["device"] == "cpu" and got["sequence_parallel"] == 1
+    assert got["flags"] == ["step spread 30%"]
+    assert got["framework_throughput"] == {"tokens_per_sec": 990.0}
+    assert got["run_dir"] == str(run_dir) and got["data_sha256"] == "ab" * 32
+    assert Scenario.model_validate(got["scenario_json"]) == scenario
+    assert len(got["steps"]) == 14
+    assert [(s["step"], s["rank"]) for s in got["steps"][:3]] == [(1, 0), (1, 1), (2, 0)]
+    assert got["steps"][1]["peak_mem_bytes"] == 2 * 2**20 and got["steps"][0]["tokens"] == 512
+    m = got["manifest"]
+    assert m["hostname"] and m["cpu_count"] >= 1 and m["fbench_version"]
+    assert m["backend_env"]["versions"] == {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0"}
+    # A second connection (a later `fbench results show`) sees the same.
+    with ResultStore(store.path) as again:
+        assert again.get(run_id)["steps"] == got["steps"]
+
+
+def test_failed_run_without_run_folder_is_a_row(store):
+    scenario = load("llama2_7b_8k")
+    r = RunResult(backend="llamafactory", scenario=scenario.name, status="unsupported", reason="needs 8 GPUs")
+    run_id = store.add(r, scenario, manifest_={"hostname": "h"})
+    got = store.get(run_id)
+    assert got["status"] == "unsupported" and got["reason"] == "needs 8 GPUs" and got["tgs"] is None
+    assert got["steps"] == [] and got["manifest"] == {"hostname": "h"} and got["gpus"] == 8
+
+
+def test_cut_metrics_line_keeps_the_run_and_says_so(store, tmp_path):
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, ranks=1, steps=2)
+    with (run_dir / "metrics" / "rank0.jsonl").open("a") as fh:
+        fh.write('{"step": 3, "seco')  # the worker was killed mid-line
+    run_id = store.add(ok_result(run_dir).model_copy(update={"status": "timeout"}), load("tiny_cpu"))
+    got = store.get(run_id)
+    assert got["status"] == "timeout" and got["steps"] == []
+    assert any("unreadable" in f for f in got["flags"])
+
+
+def test_invalid_step_records_are_skipped_not_fatal(store, tmp_path):
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, ranks=1, steps=2)
+    with (run_dir / "metrics" / "rank0.jsonl").open("a") as fh:
+        fh.write(json.dumps({"step": 0, "seconds": 0, "tokens": 1, "loss": None, "peak_mem_bytes": None}) + "\n")
+    got = store.get(store.add(ok_result(run_dir), load("tiny_cpu")))
+    assert len(got["steps"]) == 2 and "1 invalid per-step records skipped" in got["flags"]
+
+
+def test_add_is_one_transaction(store, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    write_steps(run_dir)
+    real_insert = results._insert_steps
+
+    def insert_then_die(conn, run_id, steps):
+        real_insert(conn, run_id, steps)  # the run row and every step are written...
+        raise KeyboardInterrupt  # ...then Ctrl-C arrives before the commit
+
+    monkeypatch.setattr(results, "_insert_steps", insert_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        store.add(ok_result(run_dir), load("tiny_cpu"))
+    assert store.list() == []
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+        assert raw.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 0
+    monkeypatch.setattr(results, "_insert_steps", real_insert)
+    assert store.get(store.add(ok_result(run_dir), load("tiny_cpu")))["steps"]  # the store is still usable
+
+
+def test_step_rows_are_checked_by_the_database(store, tmp_path):
+    """Constraints are the last guard: a bad step row aborts the whole run, never half of it."""
+    run_id = store.add(ok_result(), load("tiny_cpu"), manifest_={})
+    with pytest.raises(sqlite3.IntegrityError):
+        with store.conn:
+            store.conn.execute("INSERT INTO steps (run_id, step, rank, seconds, tokens) VALUES (?, 1, 0, 0.0, 1)",
+                               (run_id,))
+    with pytest.raises(sqlite3.IntegrityError):
+        with store.conn:
+            store.conn.execute("INSERT INTO steps (run_id, step, rank, seconds, tokens) VALUES (999, 1, 0, 1.0, 1)")
+
+
+def test_list_filters_and_latest_by_point(store):
+    for name in ("tiny_cpu", "tiny_cpu_1k"):
+        for backend in ("xtuner", "llamafactory"):
+            store.add(ok_result(backend=backend, scenario=name), load(name), manifest_={})
+    newer = store.add(ok_result(backend="xtuner", scenario="tiny_cpu", tgs=2000.0), load("tiny_cpu"), manifest_={})
+    assert len(store.list()) == 5
+    assert {r["scenario"] for r in store.list(scenario_glob="tiny_cpu_*")} == {"tiny_cpu_1k"}
+    assert {r["backend"] for r in store.list(backend="llamafactory")} == {"llamafactory"}
+    latest = store.latest_by_point()
+    assert len(latest) == 4
+    assert [r["tgs"] for r in latest if r["backend"] == "xtuner" and r["scenario"] == "tiny_cpu"] == [2000.0]
+    assert newer in {r["id"] for r in latest}
+    assert [r["context_length"] for r in latest] == [512, 512, 1024, 1024]
+
+
+def test_export_csv_and_json_parse_back(store, tmp_path):
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, ranks=1, steps=3)
+    store.add(ok_result(run_dir), load("tiny_cpu"), manifest_={"hostname": "h"})
+    store.add(RunResult(backend="llamafactory", scenario="tiny_cpu", status="oom", reason="a, \"quoted\"\nreason"),
+              load("tiny_cpu"), manifest_={"hostname": "h"})
+
+    rows = list(csv.DictReader(io.StringIO(store.export("csv"))))
+    assert [r["status"] for r in rows] == ["ok", "oom"]
+    assert float(rows[0]["tgs"]) == 1000.0 and rows[1]["tgs"] == ""
+    assert rows[1]["reason"] == "a, \"quoted\"\nreason"
+    assert json.loads(rows[0]["flags"]) == ["step spread 30%"]
+    assert json.loads(rows[0]["scenario_json"])["name"] == "tiny_cpu"
+
+    runs = json.loads(store.export("json"))
+    assert [r["status"] for r in runs] == ["ok", "oom"]
+    assert len(runs[0]["steps"]) == 3 and runs[0]["manifest"] == {"hostname": "h"}
+    assert json.loads(store.export("json", backend="llamafactory"))[0]["reason"].endswith("reason")
+    with pytest.raises(ValueError, match="csv or json"):
+        store.export("xml")
+
+
+def test_schema_version_is_recorded_and_a_newer_one_refused(tmp_path):
+    path = tmp_path / "r.sqlite"
+    ResultStore(path).close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == results.SCHEMA_VERSION
+        raw.execute("PRAGMA user_version = 99")
+    with pytest.raises(ResultsError, match="schema version 99"):
+        ResultStore(path)
+
+
+def test_get_unknown_id(store):
+    with pytest.raises(ResultsError, match="no run with id 42"):
+        store.get(42)
