@@ -1,0 +1,188 @@
+"""The per-GPU memory fit-check against measured peaks and the published scenarios."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework_bench import memory
+from framework_bench.memory import GIB, estimate, gpu_memory_for
+from framework_bench.scenario import Scenario, load, load_all
+
+# Measured peaks, ../shared/notes/backend-facts.md: plain PyTorch on one H200, random-init
+# Llama2-7B, batch 1, bf16 autocast over fp32 parameters, gradient checkpointing, SDPA,
+# fused AdamW. The estimator reproduces both within 3.0%; the test allows 5%.
+H200_PEAKS_GIB = {8192: 102.0, 32768: 117.0}
+TOLERANCE = 0.05
+A100_80GB = "A100-SXM4-80GB"
+
+
+def make(**fields) -> Scenario:
+    base = dict(
+        name="t",
+        model={"preset": "llama2-7b"},
+        cluster={"nodes": 1, "gpus_per_node": 1, "device": "cuda"},
+        context_length=8192,
+        extend_positions=True,
+        zero_stage=0,
+        activation_checkpointing=True,
+        precision="bf16",
+    )
+    return Scenario.model_validate(base | fields)
+
+
+@pytest.mark.parametrize("ctx", sorted(H200_PEAKS_GIB))
+def test_reproduces_measured_h200_peaks(ctx):
+    e = estimate(make(context_length=ctx), gpu="NVIDIA H200")
+    measured = H200_PEAKS_GIB[ctx]
+    error = (e.total_gib - measured) / measured
+    print(f"\n{ctx} tokens: estimate {e.total_gib:.1f} GiB vs measured {measured} GiB: {error:+.1%} ({e.peak_phase} peak)")
+    assert e.scheme == "amp"  # autocast keeps fp32 parameters: 4 + 4 + 8 bytes/param
+    assert abs(error) <= TOLERANCE
+    assert e.fits is True
+
+
+def test_h200_peak_phases():
+    """8k peaks at the end of backward (all fp32 gradients); 32k at the loss (autocast's
+    bf16 weight cache + 32 fp32 layer inputs + logits)."""
+    assert estimate(make(context_length=8192)).peak_phase == "backward"
+    assert estimate(make(context_length=32768)).peak_phase == "forward"
+
+
+def test_adamw_bytes_per_param_on_one_gpu():
+    n = memory.parameter_count(make().arch)
+    assert 6.7e9 < n < 6.8e9  # Llama2-7B
+    amp = estimate(make())
+    ds = estimate(make(), scheme="deepspeed")
+    for e, per in ((amp, (4, 4, 8)), (ds, (2, 2, 12))):
+        got = (e.parameters_gib, e.gradients_gib, e.optimizer_states_gib)
+        assert got == pytest.approx(tuple(p * n / GIB for p in per), rel=1e-3)
+    # both 16 bytes/param in total
+    assert sum((amp.parameters_gib, amp.gradients_gib, amp.optimizer_states_gib)) == pytest.approx(
+        sum((ds.parameters_gib, ds.gradients_gib, ds.optimizer_states_gib)), rel=1e-3
+    )
+    assert amp.weight_cache_gib == pytest.approx(2 * n / GIB, rel=1e-3) and ds.weight_cache_gib == 0
+
+
+def test_llama2_70b_8k_needs_zero3_across_many_gpus():
+    one_gpu = make(model={"preset": "llama2-70b"}, context_length=8192)
+    assert estimate(one_gpu, gpu_memory_gib=80).fits is False
+    # even ZeRO-3 over one node of 8 does not: 16 bytes x 69B / 8 = 128 GiB of states
+    one_node = make(model={"preset": "llama2-70b"}, cluster={"nodes": 1, "gpus_per_node": 8}, zero_stage=3)
+    assert estimate(one_node, gpu_memory_gib=80).fits is False
+    published = load("llama2_70b_8k")
+    assert published.cluster.gpus == 32 and published.zero_stage == 3
+    e = estimate(published, gpu_memory_gib=80)
+    assert e.fits is True
+    assert e.total_gib < 70
+
+
+PUBLISHED = [s for s in load_all() if s.reference is not None]
+
+
+@pytest.mark.parametrize("framework", ["xtuner", "llamafactory"])
+@pytest.mark.parametrize("scenario", PUBLISHED, ids=lambda s: s.name)
+def test_every_published_scenario_fits_on_its_a100(scenario, framework):
+    assert scenario.reference.hardware == A100_80GB
+    e = estimate(scenario, gpu=scenario.reference.hardware, framework=framework)
+    print(f"\n{scenario.name} ({framework}): {e.summary()}")
+    assert e.gpu_memory_gib == 80.0
+    assert e.fits is True
+    assert e.scheme == "deepspeed"
+
+
+def test_published_scenarios_are_not_trivially_small():
+    """The check must have teeth: the longest rows use a good share of the 80 GB."""
+    totals = {s.name: estimate(s).total_gib for s in PUBLISHED}
+    assert len(totals) == 14
+    assert max(totals.values()) > 50
+    assert totals["yi34b_256k"] > totals["yi34b_128k"]
+
+
+def test_checkpointing_off_uses_more():
+    on = estimate(make(context_length=8192))
+    off = estimate(make(context_length=8192, activation_checkpointing=False))
+    assert off.stored_activations_gib > 10 * on.stored_activations_gib
+    assert off.activations_gib > on.activations_gib
+    assert off.total_gib > on.total_gib
+    for zero in (1, 3):
+        kw = dict(cluster={"nodes": 1, "gpus_per_node": 8}, zero_stage=zero)
+        assert estimate(make(activation_checkpointing=False, **kw)).total_gib > estimate(make(**kw)).total_gib
+
+
+def test_sequence_parallel_divides_activations():
+    kw = dict(cluster={"nodes": 1, "gpus_per_node": 8}, zero_stage=3, context_length=131072)
+    sp1 = estimate(make(sequence_parallel=1, **kw))
+    sp8 = estimate(make(sequence_parallel=8, **kw))
+    assert sp8.local_tokens == sp1.local_tokens // 8
+    assert sp8.stored_activations_gib == pytest.approx(sp1.stored_activations_gib / 8, rel=1e-3)
+    assert sp8.logits_gib == pytest.approx(sp1.logits_gib / 8, rel=1e-3)
+    assert sp8.layer_working_gib < sp1.layer_working_gib / 7
+    # the states are sharded over the whole world either way
+    assert sp8.sharding_group == sp1.sharding_group == 8
+    assert sp8.optimizer_states_gib == sp1.optimizer_states_gib
+    assert sp8.total_gib < sp1.total_gib
+
+
+def test_zero_stages_shrink_the_right_terms_in_order():
+    kw = dict(model={"preset": "llama2-70b"}, cluster={"nodes": 4, "gpus_per_node": 8})
+    e = {z: estimate(make(zero_stage=z, **kw), scheme="deepspeed") for z in (0, 1, 2, 3)}
+    n = memory.parameter_count(make(**kw).arch)
+    # stage 1 shards the optimizer states
+    assert e[1].optimizer_states_gib == pytest.approx(e[0].optimizer_states_gib / 32, rel=1e-3)
+    assert e[1].gradients_gib == e[0].gradients_gib and e[1].parameters_gib == e[0].parameters_gib
+    # stage 2 adds the gradients
+    assert e[2].gradients_gib == pytest.approx(e[1].gradients_gib / 32, rel=1e-3)
+    assert e[2].optimizer_states_gib == e[1].optimizer_states_gib and e[2].parameters_gib == e[1].parameters_gib
+    # stage 3 adds the parameters (and gathers one layer's worth at a time)
+    assert e[3].parameters_gib == pytest.approx(2 * n / 32 / GIB, rel=1e-3)
+    assert e[3].gradients_gib == e[2].gradients_gib and e[3].optimizer_states_gib == e[2].optimizer_states_gib
+    assert 0 < e[3].gathered_parameters_gib < e[2].parameters_gib / 10
+    assert e[0].total_gib > e[1].total_gib > e[2].total_gib > e[3].total_gib
+    # default scheme: no ZeRO means autocast over fp32 params, bigger still
+    assert estimate(make(zero_stage=0, **kw)).total_gib > e[0].total_gib
+
+
+@pytest.mark.parametrize("preset", ["llama2-7b", "llama2-70b", "yi-34b-200k"])
+@pytest.mark.parametrize("zero", [0, 3])
+def test_monotonic_in_context_length(preset, zero):
+    totals = [
+        estimate(make(model={"preset": preset}, cluster={"nodes": 4, "gpus_per_node": 8}, zero_stage=zero,
+                      context_length=2**k)).total_gib
+        for k in range(10, 21)
+    ]
+    assert all(a < b for a, b in zip(totals, totals[1:])), totals
+
+
+def test_per_token_per_layer_bytes():
+    arch = make().arch  # h 4096, kv 4096, i 11008
+    assert memory.layer_activation_bytes_per_token(arch, "deepspeed") == 22 * 4096 + 4 * 4096 + 8 * 11008
+    assert memory.layer_activation_bytes_per_token(arch, "amp") == 28 * 4096 + 4 * 4096 + 8 * 11008
+    gqa = make(model={"preset": "llama2-70b"}).arch  # kv = 8 x 128 = 1024
+    assert memory.layer_activation_bytes_per_token(gqa, "deepspeed") == 22 * 8192 + 4 * 1024 + 8 * 28672
+    # no s^2 term: per token it does not depend on the context length
+    a = estimate(make(context_length=8192, activation_checkpointing=False))
+    b = estimate(make(context_length=65536, activation_checkpointing=False))
+    assert b.stored_activations_gib == pytest.approx(8 * a.stored_activations_gib, rel=1e-6)
+
+
+def test_gpu_memory_lookup_and_fits():
+    assert gpu_memory_for("NVIDIA A100-SXM4-80GB") == 80.0
+    assert gpu_memory_for("NVIDIA H100 80GB HBM3") == pytest.approx(79.6)
+    assert gpu_memory_for("NVIDIA H200") == pytest.approx(140.4)
+    assert gpu_memory_for("NVIDIA A100-SXM4-40GB") == 40.0
+    assert gpu_memory_for("Tesla T4") is None and gpu_memory_for(None) is None
+    s = make()
+    unknown = estimate(s)
+    assert unknown.fits is None and unknown.gpu_memory_gib is None
+    assert "unknown" in unknown.summary()
+    assert estimate(s, gpu="NVIDIA A100-SXM4-80GB").fits is False  # 16 bytes x 6.7B > 80 GiB
+    assert estimate(s, gpu="A100-SXM4-80GB", gpu_memory_gib=200).fits is True  # a given figure wins
+    line = estimate(s, gpu_memory_gib=80).summary()
+    assert "\n" not in line and "does NOT fit" in line
+
+
+def test_tiny_cpu_scenarios_are_small():
+    for name in ("tiny_cpu", "tiny_cpu_4k"):
+        e = estimate(load(name))
+        assert e.scheme == "fp32"
+        assert e.total_gib < 3
