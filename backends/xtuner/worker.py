@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     import pyarrow as pa
 
     packed = PackedRows(job["data_dir"])
+    marker = out_dir / DATA_READY
+    if marker.exists() and marker.read_text() == job["data_sha256"]:
+        return marker.read_text(), packed.rows  # converted already (another node sharing run_dir)
     if packed.sha256() != job["data_sha256"]:
         raise RuntimeError(
             f"packed data in {job['data_dir']} has sha256 {packed.sha256()}, the job expects {job['data_sha256']}"
@@ -65,7 +69,13 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     if sha != job["data_sha256"]:
         raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
     (tmp / DATA_READY).write_text(sha)
-    tmp.replace(out_dir)
+    try:
+        tmp.replace(out_dir)
+    except OSError:
+        # Another node's local rank 0 won the race on a shared run folder; keep its copy.
+        if not marker.exists():
+            raise
+        shutil.rmtree(tmp)
     return sha, packed.rows
 
 
