@@ -21,7 +21,7 @@ err = Console(stderr=True)
 
 def fail(message: str, code: int = 1) -> None:
     for line in message.splitlines():
-        err.print(f"[red]error:[/red] {line}", highlight=False, markup=True)
+        err.print(f"[red]error:[/red] {line}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -71,6 +71,7 @@ def scenarios() -> None:
 
 def scenario_summary(s) -> dict:
     from framework_bench import flops
+    from framework_bench.memory import estimate
     recompute = s.activation_checkpointing
     xt = flops.xtuner_flops_per_token(s.arch, s.context_length, recompute)
     model = flops.model_flops_per_token(s.arch, s.context_length, recompute)
@@ -81,6 +82,7 @@ def scenario_summary(s) -> dict:
         "flops": {"xtuner_per_token": xt, "model_per_token": model},
         "scenario": s.model_dump(mode="json"),
         "model": s.arch.model_dump(),
+        "memory": estimate(s, gpu=s.reference.hardware if s.reference else None).model_dump(),
     }
     if s.reference:
         out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, xt)
@@ -107,6 +109,9 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     console.print(f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed")
     f = info["flops"]
     console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
+    from framework_bench.memory import estimate
+    console.print(f"memory     {estimate(s, gpu=s.reference.hardware if s.reference else None).summary()}",
+                  highlight=False)
     if s.reference:
         r = s.reference
         console.print(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
@@ -125,7 +130,7 @@ def validate(files: list[Path]) -> None:
         except scenario.ScenarioError as e:
             bad += 1
             for line in str(e).splitlines():
-                err.print(f"[red]error:[/red] {line}", highlight=False)
+                err.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
     if bad:
         raise typer.Exit(1)
 
@@ -212,6 +217,7 @@ def run(
     timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = None,
     launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; run nothing")] = False,
+    force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Run one backend on one scenario and report TGS / TFLOPs."""
@@ -225,7 +231,7 @@ def run(
         with console.status(f"{backend} on {s.name}: starting") as status:
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
-            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher)
+            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force)
     except _user_errors() as e:
         fail(str(e))
     if as_json:
@@ -274,6 +280,7 @@ def compare(
     out: Annotated[Path, typer.Option(help="folder for charts and the report")] = Path("plots"),
     launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
+    force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
@@ -311,7 +318,7 @@ def compare(
     with progress:
         try:
             results = compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
-                                       on_result=on_result, launcher=launcher)
+                                       on_result=on_result, launcher=launcher, force=force)
         except compare_.Interrupted as stop:
             results, interrupted = stop.args[0], True
         except KeyboardInterrupt:
@@ -345,7 +352,8 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
     machine = detect()
     for s in chosen:
         console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
-        console.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib).summary(), highlight=False)
+        target = s.reference.hardware if s.reference else None
+        console.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
         for name in backend_names:
             try:
                 d = runner.dry_run(name, s, launcher, machine)

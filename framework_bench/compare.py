@@ -48,6 +48,7 @@ def compare(
     on_step: runner.StepCallback = lambda done, total, secs: None,
     root: Path | None = None,
     launcher: launch.Launcher | None = None,
+    force: bool = False,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -59,7 +60,8 @@ def compare(
             on_start(name, s)
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
-            result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher)
+            result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
+                                    force=force)
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":

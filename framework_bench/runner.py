@@ -17,6 +17,7 @@ from framework_bench import envs, flops, launch, metrics, plugins
 from framework_bench.backend import Job, Machine
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.machine import detect
+from framework_bench.memory import estimate
 from framework_bench.metrics import RunResult
 from framework_bench.scenario import Scenario
 from framework_bench.worker_io import read_metrics
@@ -44,6 +45,14 @@ def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
     return None
 
 
+def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> str | None:
+    """Refuse before launch when the per-GPU memory estimate exceeds this machine's GPUs."""
+    if scenario.cluster.device != "cuda" or not machine.gpu_memory_gib:
+        return None
+    e = estimate(scenario, framework=framework, gpu_memory_gib=machine.gpu_memory_gib)
+    return None if e.fits else f"would not fit: {e.summary()}; --force runs it anyway"
+
+
 def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None) -> Job:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
@@ -61,10 +70,13 @@ def run_one(
     root: Path | None = None,
     machine: Machine | None = None,
     on_step: StepCallback = lambda done, total, secs: None,
+    force: bool = False,
 ) -> RunResult:
     backend = plugins.get(backend_name)
     machine = machine or detect()
     env, reason = check(backend, scenario, machine)
+    if reason is None and not force:
+        reason = memory_shortfall(scenario, machine, backend.info.framework)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package))
     if reason:
         return RunResult(**base, status="unsupported", reason=reason)
