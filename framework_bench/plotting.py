@@ -3,7 +3,8 @@
 Rows are the dicts `ResultStore.list()`/`latest_by_point()` return. matplotlib is imported
 inside the drawing functions only (so `fbench --help` stays fast), and figures are drawn
 on a bare `Figure` (Agg, no pyplot state). Each element a test or a reader may look for in
-the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-line-published`,
+the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-spread-<backend>` (min-max over
+steps), `<metric>-line-published`,
 `<metric>-failed-<backend>-<context>` (the x of a point without a figure),
 `<metric>-status-<backend>-<context>-<status>` (its label), with metric `tgs` or `tflops`.
 """
@@ -129,6 +130,15 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                     line, = ax.plot([r["context_length"] for r in ok], [r[metric] for r in ok], marker="o",
                                     color=colours[backend], label=backend, linewidth=2)
                     line.set_gid(f"{metric}-line-{_slug(backend)}")
+                    # The step-to-step spread (min-max of step TGS; TFLOPs scale with it) as a bar at each point.
+                    spread = [r for r in ok if r["tgs_min"] is not None and r["tgs_max"] is not None and r["tgs"]]
+                    if spread:
+                        dodge = 2 ** (0.03 * (i - (len(backends) - 1) / 2))  # backends' bars side by side
+                        bars = ax.vlines([r["context_length"] * dodge for r in spread],
+                                         [r[metric] * r["tgs_min"] / r["tgs"] for r in spread],
+                                         [r[metric] * r["tgs_max"] / r["tgs"] for r in spread],
+                                         color=colours[backend], alpha=0.5, linewidth=4)
+                        bars.set_gid(f"{metric}-spread-{_slug(backend)}")
                     # Points without a figure stay visible: an x at the foot of the axis, with the status.
                     y = 0.04 + 0.07 * i
                     for r in (r for r in brows if r not in ok):

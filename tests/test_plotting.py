@@ -17,7 +17,8 @@ CPU_MANIFEST = {"hostname": "h", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None,
 
 
 def add(store, backend, name, status="ok", tgs=None):
-    r = RunResult(backend=backend, scenario=name, status=status, tgs=tgs, tgs_min=tgs, tgs_max=tgs,
+    r = RunResult(backend=backend, scenario=name, status=status, tgs=tgs, tgs_min=tgs and tgs * 0.8,
+                  tgs_max=tgs and tgs * 1.1,
                   tflops=tgs and tgs * 1e-4, model_tflops=tgs and tgs * 9e-5, reason=None if tgs else "boom")
     store.add(r, load(name), manifest_=CPU_MANIFEST)
 
@@ -44,7 +45,7 @@ def test_one_chart_per_model_with_every_backend_and_failure(rows, tmp_path):
     svg = (out / "tgs_tflops_tiny-llama.svg").read_text()
     for metric in ("tgs", "tflops"):
         for backend in ("xtuner", "llamafactory"):
-            assert f'id="{metric}-line-{backend}"' in svg
+            assert f'id="{metric}-line-{backend}"' in svg and f'id="{metric}-spread-{backend}"' in svg
         assert f'id="{metric}-failed-xtuner-4k"' in svg and f'id="{metric}-status-xtuner-4k-timeout"' in svg
         assert f'id="{metric}-failed-llamafactory-4k"' in svg and f'id="{metric}-status-llamafactory-4k-oom"' in svg
     assert "line-published" not in svg  # the tiny model has no published figures
