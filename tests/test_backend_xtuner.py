@@ -122,6 +122,18 @@ def test_published_yi34b_128k_config(xtuner, tmp_path):
     assert argv[-3:] == ["-m", "backends.xtuner.worker", str(job.job_file)]
 
 
+def test_precision_picks_the_optim_wrapper(xtuner, tmp_path):
+    """bf16 autocast on one GPU without ZeRO; fp32 on CPU (AmpOptimWrapper refuses CPU)."""
+    gpu = make_job(tmp_path / "gpu", tiny(cluster={"device": "cuda"}, precision="bf16"))
+    wrapper = call_kwargs(top_level(xtuner.plan(gpu, ready_env("cuda")).files["mmengine_config"])["optim_wrapper"])
+    assert wrapper["type"].id == "AmpOptimWrapper" and ast.literal_eval(wrapper["dtype"]) == "bfloat16"
+    cpu = make_job(tmp_path / "cpu", tiny(grad_accum=4))
+    values = top_level(xtuner.plan(cpu, ready_env("cpu")).files["mmengine_config"])
+    wrapper = call_kwargs(values["optim_wrapper"])
+    assert wrapper["type"].id == "OptimWrapper" and ast.literal_eval(wrapper["accumulative_counts"]) == 4
+    assert "strategy" not in values
+
+
 def _env_or_skip(xtuner) -> BackendEnv:
     env = envs.inspect("xtuner", xtuner.info.env)
     if not env.ready:

@@ -83,26 +83,29 @@ def render(job: Job) -> str:
     gpu = job.device == "cuda"
     deepspeed = uses_deepspeed(job)
     varlen = s.attention == "varlen"
+    amp = gpu and s.precision == "bf16" and not deepspeed
+    hooks = ["ThroughputHook", "VarlenAttnArgsToMessageHubHook"] if varlen else ["ThroughputHook"]
     imports = [
         "from datasets import load_from_disk",
         "from mmengine.hooks import CheckpointHook, DistSamplerSeedHook, IterTimerHook, LoggerHook, ParamSchedulerHook",
-        "from mmengine.optim import AmpOptimWrapper, OptimWrapper",
         "from mmengine.runner import IterBasedTrainLoop",
         "from torch.optim import AdamW",
         "from xtuner.dataset.collate_fns import default_collate_fn",
-        "from xtuner.engine.hooks import ThroughputHook, VarlenAttnArgsToMessageHubHook",
+        f"from xtuner.engine.hooks import {', '.join(hooks)}",
         "from xtuner.model import SupervisedFinetune",
         "from xtuner.parallel.sequence import SequenceParallelSampler",
         "from backends.xtuner.model_builder import build_random_llm",
     ]
     if deepspeed:
         imports.append("from xtuner.engine import DeepSpeedStrategy")
+    else:
+        imports.append(f"from mmengine.optim import {'AmpOptimWrapper' if amp else 'OptimWrapper'}")
 
     optimizer = f"dict(type=AdamW, lr={LR!r}, betas={BETAS!r}, weight_decay={WEIGHT_DECAY!r})"
     if deepspeed:
         # What `xtuner train --deepspeed` substitutes for the config's optim_wrapper.
         optim_wrapper = f'dict(type="DeepSpeedOptimWrapper", optimizer={optimizer})'
-    elif gpu and s.precision == "bf16":
+    elif amp:
         optim_wrapper = (
             f"dict(type=AmpOptimWrapper, optimizer={optimizer}, "
             f"clip_grad=dict(max_norm={MAX_NORM!r}, error_if_nonfinite=False), "
@@ -115,9 +118,7 @@ def render(job: Job) -> str:
             f"accumulative_counts={s.grad_accum!r})"
         )
 
-    custom_hooks = ["dict(type=ThroughputHook)"]
-    if varlen:
-        custom_hooks.append("dict(type=VarlenAttnArgsToMessageHubHook)")
+    custom_hooks = ", ".join(f"dict(type={h})" for h in hooks)
 
     # The published configs load with 4 workers; on CPU they would take cores from the
     # trainer, and the rows are already tokenised, so the main process reads them.
@@ -171,7 +172,7 @@ def render(job: Job) -> str:
         "",
         f"train_cfg = dict(type=IterBasedTrainLoop, max_iters={max_iters(job)!r})",
         "",
-        f"custom_hooks = [{', '.join(custom_hooks)}]",
+        f"custom_hooks = [{custom_hooks}]",
         "default_hooks = dict(",
         "    timer=dict(type=IterTimerHook),",
         "    logger=dict(type=LoggerHook, log_metric_by_epoch=False, interval=1),",
