@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,21 @@ def _env_or_skip(llamafactory) -> BackendEnv:
     return env
 
 
+def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
+    """LLaMA-Factory's own v1 parser accepts the SP plan (training it needs GPUs and flash-attn)."""
+    env = _env_or_skip(llamafactory)
+    job = make_job(tmp_path, scenario.load("llama2_70b_32k"))
+    plan = llamafactory.plan(job, ready_env("cuda", "deepspeed", "flash-attn"))
+    probe = ("import json, sys; import backends.llamafactory.worker_v1; from llamafactory.v1.config import get_args; "
+             "m, d, t, _ = get_args(json.load(open(sys.argv[1]))); "
+             "print(json.dumps([str(m.flash_attn), dict(t.dist_config), t.global_batch_size, t.max_steps]))")
+    out = subprocess.run([str(env.python), "-c", probe, str(plan.files["train_args"])], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    flash_attn, dist, global_batch, max_steps = json.loads(out.stdout.strip().splitlines()[-1])
+    assert flash_attn == "flash_attention_2" and dist["cp_size"] == 4 and dist["cp_mode"] == "ulysses"
+    assert global_batch == 32 and max_steps == 7
+
+
 @pytest.mark.slow
 def test_tiny_cpu_trains_with_llamafactory(llamafactory, tmp_path):
     from framework_bench import runner
@@ -184,4 +200,5 @@ def test_tiny_cpu_trains_with_llamafactory(llamafactory, tmp_path):
     assert result.framework_throughput["tokens_per_sec"] > 0
     worker = json.loads((result.run_dir / "worker.json").read_text())
     assert worker["param_dtype"] == "float32" and worker["trainer"].startswith("v0")
+    assert worker["rows_converted"] == scn.rows_needed
     assert not list((result.run_dir / "output").glob("*.safetensors"))  # the final save is skipped

@@ -39,14 +39,21 @@ def position_ids(segments: np.ndarray) -> np.ndarray:
     return np.arange(len(segments)) - offsets
 
 
-def columns(packed: PackedRows, varlen: bool) -> dict[str, list]:
-    """input_ids / attention_mask / labels per row; varlen adds segment ids and positions."""
-    ids = np.asarray(packed.input_ids)
-    cols = {"input_ids": ids.tolist(), "labels": np.asarray(packed.labels).tolist()}
+def rows_consumed(scenario: dict) -> int:
+    """Rows the trainer reads in order (no shuffling) across the data-parallel ranks."""
+    data_parallel = scenario["cluster"]["gpus"] // scenario["sequence_parallel"]
+    steps = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
+    return steps * scenario["micro_batch"] * scenario["grad_accum"] * data_parallel
+
+
+def columns(packed: PackedRows, rows: int, varlen: bool) -> dict[str, list]:
+    """input_ids / attention_mask / labels for the first `rows` rows; varlen adds segment ids and positions."""
+    ids = np.asarray(packed.input_ids[:rows])
+    cols = {"input_ids": ids.tolist(), "labels": np.asarray(packed.labels[:rows]).tolist()}
     if varlen:
         # neat_packing: attention_mask holds the document number 1..k, and positions restart
         # per document (flash-attn's varlen path finds the boundaries from them).
-        segs = [packed.segment_ids(r) for r in range(packed.rows)]
+        segs = [packed.segment_ids(r) for r in range(rows)]
         cols["attention_mask"] = [s.tolist() for s in segs]
         cols["position_ids"] = [position_ids(s).tolist() for s in segs]
     else:
@@ -55,19 +62,23 @@ def columns(packed: PackedRows, varlen: bool) -> dict[str, list]:
     return cols
 
 
-def write_tokenized(packed: PackedRows, varlen: bool, target: Path) -> None:
-    """`DatasetDict{"train"}` saved where `tokenized_path` points; local rank 0 writes, others wait."""
+def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -> None:
+    """`DatasetDict{"train"}` saved where `tokenized_path` points; local rank 0 writes, others wait.
+
+    Only the rows the run consumes are converted: the whole stream (verified by its sha256)
+    can be far larger than a few steps need, and the conversion goes through Python lists.
+    """
     if is_local_main():
         from datasets import Dataset, DatasetDict
 
         tmp = target.with_name(target.name + ".tmp")
-        DatasetDict({"train": Dataset.from_dict(columns(packed, varlen))}).save_to_disk(str(tmp))
+        DatasetDict({"train": Dataset.from_dict(columns(packed, rows, varlen))}).save_to_disk(str(tmp))
         tmp.rename(target)
     else:
         wait_for(target)
 
 
-def train_v0(job: dict, packed: PackedRows, recorder: StepRecorder) -> None:
+def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -> None:
     """LLaMA-Factory's SFT trainer through its own entry point, `run_exp`."""
     from llamafactory.train.tuner import run_exp
     from transformers import Trainer
@@ -79,7 +90,7 @@ def train_v0(job: dict, packed: PackedRows, recorder: StepRecorder) -> None:
 
     run_dir = Path(job["run_dir"])
     args = json.loads(run_files.args_file(run_dir, 1).read_text())
-    write_tokenized(packed, job["scenario"]["attention"] == "varlen", Path(args["tokenized_path"]))
+    write_tokenized(packed, rows, job["scenario"]["attention"] == "varlen", Path(args["tokenized_path"]))
     run_exp(args, callbacks=[StepMetricsCallback(recorder)])
 
 
@@ -89,6 +100,7 @@ def main(job_file: str) -> None:
     run_dir = Path(job["run_dir"])
     packed, sha = verified_rows(job)
     sp = scenario["sequence_parallel"]
+    rows = min(packed.rows, rows_consumed(scenario))
     recorder = StepRecorder(
         run_dir,
         device=job["device"],
@@ -97,9 +109,9 @@ def main(job_file: str) -> None:
     if run_files.uses_v1_trainer(sp):
         from backends.llamafactory.worker_v1 import train_v1
 
-        train_v1(job, packed, recorder)
+        train_v1(job, packed, rows, recorder)
     else:
-        train_v0(job, packed, recorder)
+        train_v0(job, packed, rows, recorder)
     recorder.close()
     expected = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
     if recorder.steps_written != expected:
@@ -109,6 +121,7 @@ def main(job_file: str) -> None:
     worker_io.write_worker_report(
         run_dir,
         data_sha256=sha,
+        rows_converted=rows,
         framework_version=version("llamafactory"),
         transformers_version=transformers.__version__,
         torch_version=version("torch"),

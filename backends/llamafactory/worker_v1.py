@@ -18,13 +18,14 @@ from backends.llamafactory.run_files import is_local_main, wait_for
 from backends.llamafactory.step_metrics import StepRecorder
 
 
-def write_parquet(packed: PackedRows, target: Path) -> None:
-    """The packed rows as one parquet file (the v1 data engine reads local files)."""
+def write_parquet(packed: PackedRows, rows: int, target: Path) -> None:
+    """The first `rows` packed rows as one parquet file (the v1 data engine reads local files;
+    its sampler shuffles them, so the order differs from the v0 trainer's, the rows do not)."""
     if is_local_main():
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.table({"input_ids": packed.input_ids.tolist(), "labels": packed.labels.tolist()})
+        table = pa.table({"input_ids": packed.input_ids[:rows].tolist(), "labels": packed.labels[:rows].tolist()})
         tmp = target.with_name(target.name + ".tmp")
         pq.write_table(table, tmp)
         tmp.rename(target)
@@ -60,7 +61,7 @@ def pretokenized(samples: list[dict]) -> list[dict]:
     return out
 
 
-def train_v1(job: dict, packed: PackedRows, recorder: StepRecorder) -> None:
+def train_v1(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -> None:
     from llamafactory.v1.accelerator.interface import DistributedInterface
     from llamafactory.v1.config import get_args
     from llamafactory.v1.core.data_engine import DataEngine
@@ -85,7 +86,7 @@ def train_v1(job: dict, packed: PackedRows, recorder: StepRecorder) -> None:
     run_dir = Path(job["run_dir"])
     args = json.loads(run_files.args_file(run_dir, job["scenario"]["sequence_parallel"]).read_text())
     model_args, data_args, training_args, _ = get_args(args)
-    write_parquet(packed, Path(data_args.train_dataset))
+    write_parquet(packed, rows, Path(data_args.train_dataset))
     write_random_weights(Path(model_args.model))
     DistributedInterface(training_args.dist_config)
     model_engine = ModelEngine(model_args, is_train=True)
