@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,8 +15,13 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
 env_app = typer.Typer(no_args_is_help=True, help="Each backend's own virtual environment.")
 app.add_typer(env_app, name="env")
+results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite).")
+app.add_typer(results_app, name="results")
+DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
+OutOption = Annotated[Path, typer.Option("--out", help="folder for charts and the report")]
 
-console = Console()
+# Piped output keeps whole table rows readable instead of wrapping at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 
@@ -276,8 +282,8 @@ def compare(
     scenario: Annotated[list[str], typer.Option(help="scenario name, glob (e.g. 'tiny_cpu*') or file; repeatable")],
     backends_: Annotated[Optional[str], typer.Option("--backends", help="comma-separated (default: every installed)")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="seconds per run before it is stopped")] = None,
-    db: Annotated[Optional[Path], typer.Option(help="SQLite results file")] = None,
-    out: Annotated[Path, typer.Option(help="folder for charts and the report")] = Path("plots"),
+    db: DbOption = None,
+    out: OutOption = Path("plots"),
     launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
@@ -330,6 +336,11 @@ def compare(
     else:
         console.print(_results_table(results, by_name))
         console.print(f"results stored in {store.path}")
+    if results:
+        rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
+        charts, md, page = _charts_and_report(rows, out)
+        (err if as_json else console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
+                                            f"report: {md}, {page}", highlight=False)
     if interrupted:
         err.print("[yellow]interrupted: finished runs are stored[/yellow]")
         raise typer.Exit(130)
@@ -379,3 +390,92 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
                     console.print(f"  sbatch: {out.stdout.strip() or out.stderr.strip()}", highlight=False)
                 else:
                     console.print(f"  sbatch not found here: submit {d.files['sbatch']} on the cluster", highlight=False)
+
+
+def _store(db: Path | None):
+    from framework_bench.results import ResultsError, ResultStore
+    try:
+        return ResultStore(db)
+    except ResultsError as e:
+        fail(str(e))
+
+
+def _charts_and_report(rows: list[dict], out: Path):
+    from framework_bench.plotting import plot_results
+    from framework_bench.report import write_report
+    charts = plot_results(rows, out)
+    md, page = write_report(rows, out, [c for c in charts if c.suffix == ".png"])
+    return charts, md, page
+
+
+@results_app.command("list")
+def results_list(
+    scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
+    db: DbOption = None,
+) -> None:
+    """One line per stored run."""
+    store = _store(db)
+    t = Table("id", "created", "scenario", "backend", "version", "status", "TGS", "TFLOPs/GPU", "steps", "data sha256")
+    for r in store.list(scenario, backend):
+        t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
+                  r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"), str(r["steps_measured"] or 0),
+                  (r["data_sha256"] or "-")[:12])
+    console.print(t)
+
+
+@results_app.command("show")
+def results_show(run_id: int, db: DbOption = None) -> None:
+    """One run as JSON: figures, per-step metrics, scenario and environment manifest."""
+    from framework_bench.results import ResultsError
+    try:
+        print(json.dumps(_store(db).get(run_id), indent=2, default=str))
+    except ResultsError as e:
+        fail(str(e))
+
+
+@results_app.command("export")
+def results_export(
+    format: Annotated[str, typer.Option("--format", help="csv or json")] = "csv",
+    scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
+    db: DbOption = None,
+) -> None:
+    """Print every stored run as CSV or JSON."""
+    if format not in ("csv", "json"):
+        fail(f"--format {format!r}: use csv or json")
+    print(_store(db).export(format, scenario, backend), end="")
+
+
+@app.command()
+def plot(
+    published: Annotated[bool, typer.Option("--published", help="the published XTuner table alone (no runs needed)")] = False,
+    scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
+    db: DbOption = None,
+    out: OutOption = Path("plots"),
+) -> None:
+    """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
+    from framework_bench.plotting import plot_published, plot_results
+    if published:
+        paths = plot_published(out)
+    else:
+        rows = _store(db).latest_by_point(scenario)
+        if not rows:
+            fail("no stored runs to plot: run `fbench compare` first, or use --published")
+        paths = plot_results(rows, out)
+    for p in paths:
+        console.print(str(p), highlight=False)
+
+
+@app.command()
+def report(
+    scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
+    db: DbOption = None,
+    out: OutOption = Path("plots"),
+) -> None:
+    """Write report.md and a self-contained report.html from the stored runs."""
+    rows = _store(db).latest_by_point(scenario)
+    if not rows:
+        fail("no stored runs to report: run `fbench compare` first")
+    _, md, page = _charts_and_report(rows, out)
+    console.print(f"{md}\n{page}", highlight=False)

@@ -22,3 +22,19 @@ def fbench_home(tmp_path, monkeypatch) -> Path:
 def alpaca_dir() -> Path:
     assert (ALPACA_DIR / "alpaca_en_demo.json").is_file(), f"shared Alpaca data missing at {ALPACA_DIR}"
     return ALPACA_DIR
+
+
+def backend_env_or_skip(name: str):
+    """The ready env of backend `name`. Missing: skipped on a developer machine, but a
+    failure under CI, whose setup creates every env (a skip must never pass as a result)."""
+    import os
+
+    from framework_bench import envs, plugins
+
+    env = envs.inspect(name, plugins.get(name).info.env)
+    if not env.ready:
+        message = f"{name} env {env.problem}; `fbench env create {name}` makes it"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return env

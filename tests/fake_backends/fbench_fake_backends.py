@@ -1,0 +1,64 @@
+"""Throwaway backends for testing the host's handling of runs that end badly.
+
+They are registered through the `fbench.backends` entry-point group (see
+`register_through_entry_points`), exactly like a third-party backend. Their worker
+(`fbench_fake_worker`) does no training: it exists to end in each way a real worker can
+(ok, crash, hang, Ctrl-C), so the tests can check what the host records.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, WorkerReport, StepMetric
+from framework_bench.hookspecs import hookimpl
+from framework_bench.worker_io import read_metrics, read_worker_report
+
+HERE = Path(__file__).resolve().parent
+
+
+class FakeBackend:
+    def __init__(self, name: str, mode: str):
+        self.name, self.mode = name, mode
+
+    @hookimpl
+    def fbench_backend_info(self):
+        return BackendInfo(
+            name=self.name, framework="fake", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+            env=EnvSpec(requirements={"cpu": HERE / "requirements.txt"}, framework_package="pytest"),
+        )
+
+    @hookimpl
+    def fbench_check(self, scenario, machine, env):
+        return None if scenario.cluster.device == "cpu" else "the fake backend runs on CPU only"
+
+    @hookimpl
+    def fbench_plan(self, job, env):
+        return LaunchPlan(python=Path(sys.executable), module="fbench_fake_worker", args=[str(job.job_file), self.mode],
+                          env={"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+
+    @hookimpl
+    def fbench_read_report(self, job):
+        report = read_worker_report(job.run_dir)
+        return WorkerReport(steps=[StepMetric(**m) for m in read_metrics(job.run_dir)],
+                            data_sha256=report.get("data_sha256"), framework_version="0")
+
+
+ok = FakeBackend("fake_ok", "ok")
+crash = FakeBackend("fake_crash", "crash")
+hang = FakeBackend("fake_hang", "hang")
+interrupt = FakeBackend("fake_interrupt", "interrupt")
+
+ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
+                [("ok", ok), ("crash", crash), ("hang", hang), ("interrupt", interrupt)]}
+
+
+def register_through_entry_points(site: Path) -> None:
+    """Write a dist-info into `site` declaring the fake backends; put `site` on sys.path to install."""
+    info = site / "fbench_fake_backends-0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-fake-backends\nVersion: 0.0\n")
+    lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in ENTRY_POINTS.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,111 @@
+"""`fbench compare` with backends that end badly: every run is a stored row, and the
+rows of runs that finished survive a crash, a timeout or Ctrl-C of another.
+
+The fake backends are registered through the `fbench.backends` entry points, like any
+third-party backend; their worker writes real metrics files but trains nothing, so these
+tests check the host's bookkeeping, not a framework (tests/test_compare_real.py does that).
+"""
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from framework_bench import compare, scenario
+from framework_bench.cli import app
+from framework_bench.results import ResultStore
+
+FAKES = Path(__file__).parent / "fake_backends"
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch, fbench_home):
+    monkeypatch.syspath_prepend(str(FAKES))
+    import fbench_fake_backends
+
+    site = tmp_path / "site"
+    fbench_fake_backends.register_through_entry_points(site)
+    monkeypatch.syspath_prepend(str(site))
+    return fbench_fake_backends
+
+
+def _run(backends, tmp_path, **kw):
+    store = ResultStore(tmp_path / "results.sqlite")
+    tiny = scenario.load("tiny_cpu")
+    try:
+        results = compare.compare([tiny], backends, on_result=lambda r, s: store.add(r, s), **kw)
+    except compare.Interrupted as stop:
+        results = stop.args[0]
+    return results, store
+
+
+def test_a_crashing_backend_is_a_failed_row_and_the_other_survives(fakes, tmp_path):
+    results, store = _run(["fake_crash", "fake_ok"], tmp_path)
+    assert [r.status for r in results] == ["failed", "ok"]
+    assert "the fake trainer fell over" in results[0].reason
+    ok = results[1]
+    # 512 tokens in 0.5 s per step, warm-up excluded
+    assert ok.tgs == pytest.approx(1024.0) and ok.steps_measured == 5
+    rows = store.list()
+    assert [(r["backend"], r["status"]) for r in rows] == [("fake_crash", "failed"), ("fake_ok", "ok")]
+    assert store.get(rows[1]["id"])["steps"][0]["tokens"] == 512
+
+
+def test_a_hanging_backend_times_out(fakes, tmp_path):
+    results, store = _run(["fake_hang", "fake_ok"], tmp_path, timeout=3)
+    assert [r.status for r in results] == ["timeout", "ok"]
+    assert "timeout" in results[0].reason
+    assert [r["status"] for r in store.list()] == ["timeout", "ok"]
+
+
+def test_ctrl_c_keeps_the_finished_rows(fakes, tmp_path):
+    results, store = _run(["fake_ok", "fake_interrupt", "fake_ok"], tmp_path)
+    assert [r.status for r in results] == ["ok", "interrupted"]  # the third never started
+    assert [r["status"] for r in store.list()] == ["ok", "interrupted"]
+    # nothing half-written: every stored ok row has all its steps
+    conn = sqlite3.connect(store.path)
+    assert conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 7
+
+
+def test_cli_compare_json_table_and_charts(fakes, tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "plots"
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
+                                   "--db", str(db), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    records = json.loads(res.stdout)
+    assert {r["backend"]: r["status"] for r in records} == {"fake_ok": "ok", "fake_crash": "failed"}
+    for r in records:
+        assert {"backend", "scenario", "status", "tgs", "tflops", "mfu", "data_sha256", "result_id"} <= r.keys()
+        assert r["result_id"] is not None
+    assert (out / "report.html").stat().st_size > 1000
+    svg = next(out.glob("tgs_tflops_*.svg")).read_text()
+    assert "fake_ok" in svg and "failed" in svg
+
+
+def test_cli_compare_unknown_backend_is_one_clear_error(fakes, tmp_path):
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "nope",
+                                   "--db", str(tmp_path / "r.sqlite")])
+    assert res.exit_code == 1
+    assert "no backend named nope" in res.output and "Traceback" not in res.output
+
+
+def test_published_scenario_without_the_gpus_says_what_is_missing(fakes, tmp_path):
+    results, _ = _run_named(["yi34b_128k"], ["fake_ok"], tmp_path)
+    r = results[0]
+    assert r.status == "unsupported"
+    assert "needs 4 node(s) x 8 GPUs" in r.reason and "--dry-run" in r.reason
+
+
+def _run_named(names, backends, tmp_path):
+    store = ResultStore(tmp_path / "results.sqlite")
+    return compare.compare(compare.expand(names), backends, on_result=lambda r, s: store.add(r, s)), store
+
+
+def test_globs_expand_in_context_order():
+    names = [s.name for s in compare.expand(["tiny_cpu*"])]
+    assert names == ["tiny_cpu", "tiny_cpu_1k", "tiny_cpu_2k", "tiny_cpu_4k"]
+    with pytest.raises(scenario.ScenarioError):
+        compare.expand(["nothing_like_this*"])

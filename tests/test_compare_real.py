@@ -1,0 +1,43 @@
+"""End to end: both real trainers (XTuner, LLaMA-Factory) on the smallest CPU scenario,
+through `fbench compare`: two ok rows in SQLite on the same packed data, charts, report."""
+
+import json
+import math
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import backend_env_or_skip
+from framework_bench.cli import app
+
+
+@pytest.mark.slow
+def test_compare_both_real_backends_on_tiny_cpu(tmp_path, monkeypatch):
+    for name in ("xtuner", "llamafactory"):
+        backend_env_or_skip(name)
+    # Runs and packed data go to a private home; the envs stay where setup made them.
+    from framework_bench import envs
+    real_envs = envs.fbench_home() / "envs"
+    monkeypatch.setenv("FBENCH_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "envs").symlink_to(real_envs.resolve())
+    db, out = tmp_path / "results.sqlite", tmp_path / "plots"
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "xtuner,llamafactory",
+                                   "--db", str(db), "--out", str(out), "--json", "--timeout", "900"])
+    assert res.exit_code == 0, res.output
+    records = {r["backend"]: r for r in json.loads(res.stdout)}
+    assert set(records) == {"xtuner", "llamafactory"}
+    for r in records.values():
+        assert r["status"] == "ok", r["reason"]
+        assert r["steps_measured"] == 5 and r["tgs"] > 0 and math.isfinite(r["final_loss"])
+    assert records["xtuner"]["data_sha256"] == records["llamafactory"]["data_sha256"]
+
+    rows = sqlite3.connect(db).execute("SELECT backend, status, data_sha256 FROM runs").fetchall()
+    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("xtuner", "ok")]
+    assert len({r[2] for r in rows}) == 1
+    png = out / "tgs_tflops_tiny-llama.png"
+    assert png.stat().st_size > 10_000
+    svg = (out / "tgs_tflops_tiny-llama.svg").read_text()
+    assert "line-xtuner" in svg and "line-llamafactory" in svg
+    assert "tiny_cpu" in (out / "report.md").read_text()
