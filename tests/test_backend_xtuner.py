@@ -160,6 +160,21 @@ def test_published_config_parses_in_mmengine(xtuner, tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [8, 1, 3, 56]
 
 
+def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
+    from framework_bench.data.packing import pack
+
+    env = _env_or_skip(xtuner)
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    job = Job(backend="xtuner", scenario=scn, data_dir=data.dir, data_sha256="0" * 64, run_dir=tmp_path / "run",
+              device="cpu")
+    plan = xtuner.plan(job, env)
+    out = subprocess.run(launch.argv_for(plan, job, "local"), capture_output=True, text=True)
+    assert out.returncode != 0
+    assert f"has sha256 {data.sha256}, the job expects {'0' * 64}" in out.stderr
+    assert not read_metrics(job.run_dir)
+
+
 @pytest.mark.slow
 def test_tiny_cpu_trains_with_xtuner(xtuner, tmp_path):
     from framework_bench import runner

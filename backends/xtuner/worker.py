@@ -15,8 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import mmengine
 import numpy as np
 import torch
+import transformers
+import xtuner
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
@@ -128,7 +131,6 @@ class CommonMetrics(Hook):
     """
 
     def __init__(self, job: dict, start: StepStart):
-        self.job = job
         self.scenario = job["scenario"]
         self.device = job["device"]
         self.start = start
@@ -160,7 +162,7 @@ class CommonMetrics(Hook):
         self.seconds += time.perf_counter() - self.start.started
         # The batch holds whole rows: each rank of a sequence-parallel group trains 1/SP of them.
         self.tokens += data_batch["data"]["input_ids"].numel() // self.sp_size
-        self.losses.append(float(outputs["loss"]))
+        self.losses.append(outputs["loss"].detach().item())
         self.micro += 1
         if self.micro == self.scenario["grad_accum"]:
             step = (runner.iter + 1) // self.scenario["grad_accum"]
@@ -204,10 +206,6 @@ def main(job_file: str) -> None:
     runner.register_hook(start, priority="LOWEST")
     runner.register_hook(metrics, priority="HIGHEST")
     runner.train()
-
-    import mmengine
-    import transformers
-    import xtuner
 
     write_worker_report(
         run_dir,
