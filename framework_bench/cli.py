@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -27,7 +28,7 @@ err = Console(stderr=True)
 
 def fail(message: str, code: int = 1) -> None:
     for line in message.splitlines():
-        err.print(f"[red]error:[/red] {line}", highlight=False, markup=True, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

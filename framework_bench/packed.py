@@ -27,8 +27,9 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def sha256_of(input_ids: np.ndarray) -> str:
-    """The identity of a packed stream: sha256 of its token ids as little-endian int32."""
-    h = hashlib.sha256()
+    """The identity of a packed stream: sha256 of its shape (rows x context) and of its token
+    ids as little-endian int32; the same tokens cut into other rows are another stream."""
+    h = hashlib.sha256(f"{tuple(input_ids.shape)}".encode())
     flat = np.ascontiguousarray(input_ids, dtype="<i4").reshape(-1)
     step = 1 << 24  # hash in 64 MiB slices so a memory-mapped stream is never copied whole
     for i in range(0, flat.size, step):

@@ -179,9 +179,11 @@ def test_segment_ids_when_a_document_starts_the_row(tiny):
     assert rows.cu_seqlens(row)[0] == 0 and rows.cu_seqlens(row)[1] > 0
 
 
-def test_hash_is_sha256_of_int32_ids(tiny):
+def test_hash_is_sha256_of_shape_and_int32_ids(tiny):
     _, data, rows = tiny
-    raw = hashlib.sha256(np.ascontiguousarray(rows.input_ids, dtype="<i4").tobytes()).hexdigest()
+    h = hashlib.sha256(str(tuple(rows.input_ids.shape)).encode())
+    h.update(np.ascontiguousarray(rows.input_ids, dtype="<i4").tobytes())
+    raw = h.hexdigest()
     assert data.sha256 == rows.sha256() == packed.sha256_of(rows.input_ids) == raw
     assert json.loads((data.dir / packed.MANIFEST).read_text())["sha256"] == raw
 
@@ -214,9 +216,6 @@ def test_hash_changes_with_context_length(tiny, fbench_home):
     assert data.sha256 == packed.sha256_of(PackedRows(data.dir).input_ids)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "framework_bench/packed.py sha256_of hashes the flattened ids only: tiny_cpu (512) and the same "
-    "data cut at 1024 keep the same 1,671,168 tokens, so both get one sha256 although the rows differ"))
 def test_hash_distinguishes_row_length_with_same_tokens(tiny, fbench_home):
     s, first, _ = tiny
     other = scenario.Scenario.model_validate({**s.model_dump(), "context_length": 1024})

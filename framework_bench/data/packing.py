@@ -25,7 +25,7 @@ from framework_bench.data import alpaca, tokenizer as tokenizers_
 from framework_bench.envs import fbench_home
 from framework_bench.scenario import Scenario
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: sha256 covers the row shape
 _ENCODE_CHUNK = 1000
 
 
@@ -75,27 +75,32 @@ def repeats_needed(base_tokens: int, rows_needed: int, context_length: int, requ
     return max(requested, math.ceil(rows_needed * context_length / base_tokens))
 
 
+def _write_repeated(path: Path, flat: np.ndarray, shape: tuple[int, int]) -> None:
+    """Write an .npy file holding `flat` repeated and cut to `shape`, copy by copy, sequentially:
+    no output-sized array is ever built, and sequential writes beat a memory-mapped fill."""
+    total = shape[0] * shape[1]
+    with path.open("wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<i4", "fortran_order": False, "shape": shape})
+        for lo in range(0, total, flat.size):
+            flat[: min(flat.size, total - lo)].tofile(fh)
+
+
 def pack_stream(stream: Stream, context_length: int, repeat: int, out_dir: Path) -> dict:
     """Write `repeat` copies of the stream, cut into full rows, into `out_dir`. Returns counts."""
     base = stream.input_ids.size
     rows = repeat * base // context_length
     total = rows * context_length
-    ids_out = np.lib.format.open_memmap(out_dir / packed.INPUT_IDS, "w+", np.int32, (rows, context_length))
-    lab_out = np.lib.format.open_memmap(out_dir / packed.LABELS, "w+", np.int32, (rows, context_length))
-    flat_ids, flat_lab = ids_out.reshape(-1), lab_out.reshape(-1)
-    for k in range(math.ceil(total / base)):
-        lo, hi = k * base, min((k + 1) * base, total)
-        flat_ids[lo:hi] = stream.input_ids[: hi - lo]
-        flat_lab[lo:hi] = stream.labels[: hi - lo]
+    _write_repeated(out_dir / packed.INPUT_IDS, stream.input_ids.astype("<i4", copy=False), (rows, context_length))
+    _write_repeated(out_dir / packed.LABELS, stream.labels.astype("<i4", copy=False), (rows, context_length))
+    copies, rest = divmod(total, base)
+    trained = stream.labels != packed.IGNORE_INDEX
+    label_tokens = copies * int(np.count_nonzero(trained)) + int(np.count_nonzero(trained[:rest]))
     starts_one = np.concatenate([[0], np.cumsum(stream.doc_lengths)[:-1]])
-    copies = np.arange(math.ceil(total / base), dtype=np.int64)[:, None] * base
-    starts = (copies + starts_one[None, :]).reshape(-1)
+    offsets = np.arange(copies + (rest > 0), dtype=np.int64)[:, None] * base
+    starts = (offsets + starts_one[None, :]).reshape(-1)
     starts = starts[starts < total]
     np.save(out_dir / packed.DOC_STARTS, starts)
-    ids_out.flush()
-    lab_out.flush()
-    return {"rows": rows, "tokens": total, "documents": int(starts.size),
-            "label_tokens": int(np.count_nonzero(lab_out != packed.IGNORE_INDEX)),
+    return {"rows": rows, "tokens": total, "documents": int(starts.size), "label_tokens": label_tokens,
             "dropped_tail_tokens": repeat * base - total}
 
 
