@@ -12,9 +12,11 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,6 +38,7 @@ def torchrun_argv(plan: LaunchPlan, job: Job, endpoint: str = "127.0.0.1:29500",
 
 
 def argv_for(plan: LaunchPlan, job: Job, launcher: Launcher) -> list[str]:
+    """The one command that starts the run (for several nodes without slurm: see `node_argvs`)."""
     if launcher == "local":
         if job.nprocs * job.nnodes > 1:
             raise ValueError(f"{job.nprocs * job.nnodes} processes need --launcher torchrun")
@@ -43,6 +46,22 @@ def argv_for(plan: LaunchPlan, job: Job, launcher: Launcher) -> list[str]:
     if launcher == "slurm":
         return ["sbatch", str(sbatch_path(job))]
     return torchrun_argv(plan, job)
+
+
+def node_argvs(plan: LaunchPlan, job: Job, launcher: Launcher) -> list[list[str]]:
+    """The commands this machine starts: one per node, all meeting on a free loopback port.
+    Several nodes from one machine only test the multi-node rendezvous; clusters use `slurm`."""
+    if launcher != "torchrun":
+        return [argv_for(plan, job, launcher)]
+    endpoint = f"127.0.0.1:{free_port()}"
+    ranks = range(job.nnodes) if job.nnodes > 1 else [None]
+    return [torchrun_argv(plan, job, endpoint=endpoint, node_rank=n) for n in ranks]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def sbatch_path(job: Job) -> Path:
@@ -106,43 +125,63 @@ def tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def node_log(log_path: Path, node: int) -> Path:
+    return log_path if node == 0 else log_path.with_name(f"{log_path.stem}.node{node}{log_path.suffix}")
+
+
 def execute(
-    argv: list[str],
+    argvs: list[list[str]],
     env: dict[str, str],
     cwd: Path,
     log_path: Path,
     timeout: float | None = None,
     poll: Callable[[], None] = lambda: None,
 ) -> Outcome:
-    """Run `argv` in its own process group, output to `log_path`; call `poll` about twice a second."""
+    """Run each argv (one per node: several torchrun invocations meet at one rendezvous) in its
+    own process group, output to `log_path` (node i > 0: `<stem>.node<i>.log`). Calls `poll`
+    about twice a second. When one process fails, the others are stopped: they would hang."""
     started = time.monotonic()
-    with log_path.open("ab") as log:
-        log.write(f"$ {' '.join(argv)}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    logs = [node_log(log_path, i) for i in range(len(argvs))]
+    procs: list[subprocess.Popen] = []
+    first_bad: int | None = None
+    with ExitStack() as stack:
+        for argv, path in zip(argvs, logs):
+            log = stack.enter_context(path.open("ab"))
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         try:
-            while True:
-                try:
-                    rc = proc.wait(timeout=0.5)
+            while None in (codes := [p.poll() for p in procs]):
+                first_bad = next((i for i, rc in enumerate(codes) if rc not in (None, 0)), None)
+                if first_bad is not None:
                     break
-                except subprocess.TimeoutExpired:
-                    poll()
-                    if timeout is not None and time.monotonic() - started > timeout:
-                        _kill(proc)
-                        return Outcome("timeout", None, time.monotonic() - started,
-                                       tail(log_path) + f"\n[fbench] killed after the {timeout:g} s timeout")
+                time.sleep(0.5)
+                poll()
+                if timeout is not None and time.monotonic() - started > timeout:
+                    _kill_all(procs)
+                    return Outcome("timeout", None, time.monotonic() - started,
+                                   tail(log_path) + f"\n[fbench] killed after the {timeout:g} s timeout")
         except KeyboardInterrupt:
-            _kill(proc)
+            _kill_all(procs)
             return Outcome("interrupted", None, time.monotonic() - started, tail(log_path))
+        _kill_all(procs)
     poll()
     seconds = time.monotonic() - started
-    text = tail(log_path, 200)
-    if rc == 0:
-        return Outcome("ok", rc, seconds, tail(log_path))
+    if first_bad is None:
+        first_bad = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    if first_bad is None:
+        return Outcome("ok", 0, seconds, tail(log_path))
+    rc, path = procs[first_bad].returncode, logs[first_bad]
     # SIGKILL from the kernel's OOM killer shows up as -9; a CUDA OOM as its exception text.
-    oom = rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(m in text for m in OOM_MARKERS)
-    return Outcome("oom" if oom else "failed", rc, seconds, tail(log_path))
+    oom = rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(m in tail(path, 200) for m in OOM_MARKERS)
+    return Outcome("oom" if oom else "failed", rc, seconds, tail(path))
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            _kill(proc)
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -85,9 +85,9 @@ def run_one(
     job.write()
     plan = backend.plan(job, env)
     launcher = launcher or ("torchrun" if job.nprocs * job.nnodes > 1 else "local")
-    argv = launch.argv_for(plan, job, launcher)
+    argvs = launch.node_argvs(plan, job, launcher)
     (job.run_dir / "plan.json").write_text(json.dumps(
-        {"launcher": launcher, "argv": argv, "env": plan.env, "files": {k: str(v) for k, v in plan.files.items()}},
+        {"launcher": launcher, "argv": argvs, "env": plan.env, "files": {k: str(v) for k, v in plan.files.items()}},
         indent=2))
 
     total = scenario.steps.total
@@ -100,7 +100,7 @@ def run_one(
             seen[0] = done
             on_step(done, total, steps[-1]["seconds"] if steps else None)
 
-    outcome = launch.execute(argv, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+    outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
     result = RunResult(**base, status=outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
                        data_sha256=data.sha256)
     if outcome.status != "ok":

@@ -53,7 +53,7 @@ def test_sbatch_for_yi34b_128k(tmp_path):
 
 
 def _execute(tmp_path: Path, code: str, timeout=None) -> launch.Outcome:
-    return launch.execute([sys.executable, "-c", code], {}, tmp_path, tmp_path / "log", timeout)
+    return launch.execute([[sys.executable, "-c", code]], {}, tmp_path, tmp_path / "log", timeout)
 
 
 def test_execute_classifies_endings(tmp_path):
@@ -67,3 +67,21 @@ def test_execute_classifies_endings(tmp_path):
     assert killed.status == "oom"
     slow = _execute(tmp_path, "import time; time.sleep(30)", timeout=1)
     assert slow.status == "timeout" and slow.seconds < 20 and "timeout" in slow.log_tail
+
+
+def test_loopback_nodes_share_one_rendezvous(tmp_path):
+    job = _job("tiny_cpu", tmp_path).model_copy(update={"nnodes": 2, "nprocs": 1})
+    argvs = launch.node_argvs(PLAN, job, "torchrun")
+    assert len(argvs) == 2
+    endpoints = {a[a.index("--rdzv-endpoint") + 1] for a in argvs}
+    assert len(endpoints) == 1 and endpoints.pop().startswith("127.0.0.1:")
+    assert [a[a.index("--node-rank") + 1] for a in argvs] == ["0", "1"]
+
+
+def test_one_failing_node_stops_the_others(tmp_path):
+    argvs = [[sys.executable, "-c", "import time; time.sleep(60)"],
+             [sys.executable, "-c", "import sys; print('node 1 broke'); sys.exit(2)"]]
+    out = launch.execute(argvs, {}, tmp_path, tmp_path / "worker.log", timeout=30)
+    assert out.status == "failed" and out.returncode == 2 and out.seconds < 20
+    assert "node 1 broke" in out.log_tail
+    assert (tmp_path / "worker.node1.log").exists()
