@@ -9,6 +9,8 @@ raises, so the process exits non-zero.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -71,9 +73,16 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
     if is_local_main():
         from datasets import Dataset, DatasetDict
 
-        tmp = target.with_name(target.name + ".tmp")
+        # Per-process temporary name: "nodes" sharing one run folder (loopback multi-node, a
+        # shared filesystem) each write the same rows; the first rename wins, the rest are dropped.
+        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
         DatasetDict({"train": Dataset.from_dict(columns(packed, rows, varlen))}).save_to_disk(str(tmp))
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not target.exists():
+                raise
+            shutil.rmtree(tmp)
     else:
         wait_for(target)
 

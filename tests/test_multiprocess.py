@@ -1,0 +1,35 @@
+"""Data parallel over two CPU processes (gloo) through torchrun: one node x 2 processes,
+and 2 "nodes" x 1 process meeting at one rendezvous on 127.0.0.1. Real trainers."""
+
+import statistics
+
+import pytest
+
+from conftest import backend_env_or_skip
+from framework_bench import runner, scenario
+from framework_bench.worker_io import read_metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_2x1"])
+def test_llamafactory_two_processes(name):
+    backend_env_or_skip("llamafactory")
+    s = scenario.load(name)
+    r = runner.run_one("llamafactory", s, timeout=900)
+    assert r.status == "ok", r.reason
+    plan = (r.run_dir / "plan.json").read_text()
+    assert plan.count("torch.distributed.run") == s.cluster.nodes  # one torchrun per node
+    steps = read_metrics(r.run_dir)
+    by_rank = {rank: [m for m in steps if m["rank"] == rank] for rank in (0, 1)}
+    assert [len(v) for v in by_rank.values()] == [s.steps.total] * 2  # both ranks trained every step
+    assert all(m["tokens"] == s.context_length for m in steps)  # tokens of one rank, not the world
+    # TGS is per process: each step's tokens per rank over its slowest rank's time, median of measured steps
+    expected = statistics.median(
+        s.context_length / max(by_rank[0][i]["seconds"], by_rank[1][i]["seconds"])
+        for i in range(s.steps.warmup, s.steps.total))
+    assert r.tgs == pytest.approx(expected)
+
+
+def test_xtuner_refuses_several_cpu_processes():
+    r = runner.run_one("xtuner", scenario.load("multiproc_tiny_cpu_1x2"))
+    assert r.status == "unsupported" and "CUDA" in r.reason
