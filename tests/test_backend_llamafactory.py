@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from framework_bench import envs, plugins, scenario
+from conftest import backend_env_or_skip
+
+from framework_bench import plugins, scenario
 from framework_bench.backend import BackendEnv, Job, Machine
 from framework_bench.worker_io import read_metrics
 
@@ -159,21 +160,9 @@ def test_framework_throughput_over_the_measured_steps(tmp_path):
     assert figures["throughput_cumulative"] == pytest.approx(512 * 5 / 7.0)
 
 
-def _env_or_skip(llamafactory) -> BackendEnv:
-    """The ready env; missing, a skip on a developer machine but a failure under CI, whose
-    setup creates it (a skipped run must never pass for a result)."""
-    env = envs.inspect("llamafactory", llamafactory.info.env)
-    if not env.ready:
-        message = f"llamafactory env {env.problem}; `fbench env create llamafactory` makes it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return env
-
-
 def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     """LLaMA-Factory's own v1 parser accepts the SP plan (training it needs GPUs and flash-attn)."""
-    env = _env_or_skip(llamafactory)
+    env = backend_env_or_skip("llamafactory")
     job = make_job(tmp_path, scenario.load("llama2_70b_32k"))
     plan = llamafactory.plan(job, ready_env("cuda", "deepspeed", "flash-attn"))
     probe = ("import json, sys; import backends.llamafactory.worker_v1; from llamafactory.v1.config import get_args; "
@@ -191,7 +180,7 @@ def test_tiny_cpu_trains_with_llamafactory(llamafactory, tmp_path):
     from framework_bench import runner
     from framework_bench.data.packing import pack
 
-    _env_or_skip(llamafactory)
+    backend_env_or_skip("llamafactory")
     scn = scenario.load("tiny_cpu")
     data = pack(scn, progress=False, say=lambda msg: None)
     result = runner.run_one("llamafactory", scn, data=data, root=tmp_path, machine=CPU)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from conftest import backend_env_or_skip
 
 from framework_bench import envs, launch, plugins, scenario
 from framework_bench.backend import BackendEnv, Job, Machine
@@ -135,21 +136,9 @@ def test_precision_picks_the_optim_wrapper(xtuner, tmp_path):
     assert "strategy" not in values
 
 
-def _env_or_skip(xtuner) -> BackendEnv:
-    """The ready env; missing, a skip on a developer machine but a failure under CI, whose
-    setup creates it (a skipped run must never pass for a result)."""
-    env = envs.inspect("xtuner", xtuner.info.env)
-    if not env.ready:
-        message = f"xtuner env {env.problem}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return env
-
-
 def test_published_config_parses_in_mmengine(xtuner, tmp_path):
     """mmengine's lazy-import mode rejects any call at parse time: parse it for real."""
-    env = _env_or_skip(xtuner)
+    env = backend_env_or_skip("xtuner")
     job = make_job(tmp_path, scenario.load("yi34b_128k"))
     config = xtuner.plan(job, env).files["mmengine_config"]
     probe = ("import sys, json; from mmengine.config import Config; c = Config.fromfile(sys.argv[1]); "
@@ -163,7 +152,7 @@ def test_published_config_parses_in_mmengine(xtuner, tmp_path):
 def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
     from framework_bench.data.packing import pack
 
-    env = _env_or_skip(xtuner)
+    env = backend_env_or_skip("xtuner")
     scn = scenario.load("tiny_cpu")
     data = pack(scn, progress=False, say=lambda msg: None)
     job = Job(backend="xtuner", scenario=scn, data_dir=data.dir, data_sha256="0" * 64, run_dir=tmp_path / "run",
@@ -180,7 +169,7 @@ def test_tiny_cpu_trains_with_xtuner(xtuner, tmp_path):
     from framework_bench import runner
     from framework_bench.data.packing import pack
 
-    _env_or_skip(xtuner)
+    backend_env_or_skip("xtuner")
     scn = scenario.load("tiny_cpu")
     data = pack(scn, progress=False, say=lambda msg: None)
     result = runner.run_one("xtuner", scn, data=data, root=tmp_path, machine=CPU)

@@ -8,7 +8,6 @@ tests check the host's bookkeeping, not a framework (tests/test_compare_real.py 
 
 import json
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
