@@ -8,7 +8,6 @@ llamafactory import: the worker (`backends.llamafactory.worker`) runs in the bac
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 from framework_bench import worker_io
@@ -24,6 +23,7 @@ from framework_bench.backend import (
     WorkerReport,
 )
 from framework_bench.hookspecs import hookimpl
+from framework_bench.launch import free_port
 from framework_bench.scenario import Scenario
 
 from backends.llamafactory import run_files, train_args
@@ -82,12 +82,6 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @hookimpl
 def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
     files = train_args.write_run_files(job, flash_attn_installed=env.has(FLASH_ATTN))
@@ -96,7 +90,7 @@ def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
         # LLaMA-Factory refuses DeepSpeed outside a distributed launch; one process started
         # without torchrun becomes a world of one through the variables torchrun would set.
         extra_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     return LaunchPlan(
         python=env.python,
         module="backends.llamafactory.worker",
