@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 METRICS_DIR = "metrics"
@@ -68,3 +69,15 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def read_worker_report(run_dir: str | Path) -> dict:
     path = Path(run_dir) / WORKER_REPORT
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Move a finished folder into place atomically. Nodes sharing one run folder (loopback
+    multi-node, a shared filesystem) each build the same folder: the first rename wins, and
+    the others drop their identical copy."""
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.exists():
+            raise
+        shutil.rmtree(tmp)

@@ -10,17 +10,15 @@ from pathlib import Path
 
 import pytest
 
+import backend_helpers as helpers
+from backend_helpers import CPU, H100x8, tiny
 from conftest import backend_env_or_skip
 
 from framework_bench import plugins, scenario
-from framework_bench.backend import BackendEnv, Job, Machine
+from framework_bench.backend import BackendEnv, Job
 from framework_bench.worker_io import read_metrics
 
 from backends.llamafactory import plugin as lf_plugin
-
-CPU = Machine(gpus=0, cpu_count=2)
-H100x8 = Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80)
-
 
 @pytest.fixture(scope="module")
 def llamafactory():
@@ -28,26 +26,11 @@ def llamafactory():
 
 
 def ready_env(flavour: str, *extra: str) -> BackendEnv:
-    """An env as `envs.inspect` reports a finished one, with the distributions named installed."""
-    versions = {"torch": "2.13.0", "llamafactory": "0.9.5", "transformers": "5.6.0", **{d: "1" for d in extra}}
-    return BackendEnv(name="llamafactory", path=Path("/nonexistent"), python=Path("/nonexistent/bin/python"),
-                      flavour=flavour, ready=True, versions=versions)
-
-
-def tiny(**fields) -> scenario.Scenario:
-    base = {"name": "tiny_variant", "model": {"preset": "tiny-llama"}, "context_length": 512,
-            "cluster": {"device": "cpu"}, "precision": "fp32", "activation_checkpointing": False}
-    return scenario.Scenario.model_validate({**base, **fields})
+    return helpers.ready_env("llamafactory", {"llamafactory": "0.9.5", "transformers": "5.6.0"}, flavour, *extra)
 
 
 def make_job(tmp_path: Path, scn: scenario.Scenario) -> Job:
-    data_dir = tmp_path / "packed"
-    (data_dir / "tokenizer").mkdir(parents=True)
-    (data_dir / "tokenizer" / "tokenizer.json").write_text("{}")
-    (data_dir / "tokenizer" / "tokenizer_config.json").write_text("{}")
-    c = scn.cluster
-    return Job(backend="llamafactory", scenario=scn, data_dir=data_dir, data_sha256="0" * 64,
-               run_dir=tmp_path / "run", device=c.device, nprocs=c.gpus_per_node, nnodes=c.nodes)
+    return helpers.make_job("llamafactory", tmp_path, scn)
 
 
 def test_discovered_through_entry_point(llamafactory):

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import backend_helpers as helpers
+from backend_helpers import CPU, H100x8, tiny
 from conftest import backend_env_or_skip
 
 from framework_bench import envs, launch, plugins, scenario
-from framework_bench.backend import BackendEnv, Job, Machine
+from framework_bench.backend import BackendEnv, Job
 from framework_bench.worker_io import read_metrics
-
-CPU = Machine(gpus=0, cpu_count=2)
-H100x8 = Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80)
-
 
 @pytest.fixture(scope="module")
 def xtuner():
@@ -26,25 +24,11 @@ def xtuner():
 
 
 def ready_env(flavour: str, *extra: str) -> BackendEnv:
-    """An env as `envs.inspect` reports a finished one, with the distributions named installed."""
-    versions = {"torch": "2.13.0", "xtuner": "0.2.0", "mmengine": "0.10.6", **{d: "1" for d in extra}}
-    return BackendEnv(name="xtuner", path=Path("/nonexistent"), python=Path("/nonexistent/bin/python"),
-                      flavour=flavour, ready=True, versions=versions)
-
-
-def tiny(**fields) -> scenario.Scenario:
-    base = {"name": "tiny_variant", "model": {"preset": "tiny-llama"}, "context_length": 512,
-            "cluster": {"device": "cpu"}, "precision": "fp32", "activation_checkpointing": False}
-    return scenario.Scenario.model_validate({**base, **fields})
+    return helpers.ready_env("xtuner", {"xtuner": "0.2.0", "mmengine": "0.10.6"}, flavour, *extra)
 
 
 def make_job(tmp_path: Path, scn: scenario.Scenario) -> Job:
-    data_dir = tmp_path / "packed"
-    (data_dir / "tokenizer").mkdir(parents=True)
-    (data_dir / "tokenizer" / "tokenizer_config.json").write_text("{}")
-    c = scn.cluster
-    return Job(backend="xtuner", scenario=scn, data_dir=data_dir, data_sha256="0" * 64, run_dir=tmp_path / "run",
-               device=c.device, nprocs=c.gpus_per_node, nnodes=c.nodes)
+    return helpers.make_job("xtuner", tmp_path, scn)
 
 
 def top_level(config: Path) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -73,16 +72,9 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
     if is_local_main():
         from datasets import Dataset, DatasetDict
 
-        # Per-process temporary name: "nodes" sharing one run folder (loopback multi-node, a
-        # shared filesystem) each write the same rows; the first rename wins, the rest are dropped.
-        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")  # per process: see publish_dir
         DatasetDict({"train": Dataset.from_dict(columns(packed, rows, varlen))}).save_to_disk(str(tmp))
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not target.exists():
-                raise
-            shutil.rmtree(tmp)
+        worker_io.publish_dir(tmp, target)
     else:
         wait_for(target)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from mmengine.runner import Runner
 
 from backends.xtuner import run_layout
 from framework_bench.packed import PackedRows, sha256_of
-from framework_bench.worker_io import MetricsWriter, load_job, write_worker_report
+from framework_bench.worker_io import MetricsWriter, load_job, publish_dir, write_worker_report
 
 DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
 DATA_WAIT_SECONDS = 1800
@@ -72,13 +71,7 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     if sha != job["data_sha256"]:
         raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
     (tmp / DATA_READY).write_text(sha)
-    try:
-        tmp.replace(out_dir)
-    except OSError:
-        # Another node's local rank 0 won the race on a shared run folder; keep its copy.
-        if not marker.exists():
-            raise
-        shutil.rmtree(tmp)
+    publish_dir(tmp, out_dir)
     return sha, packed.rows
 
 
