@@ -271,7 +271,7 @@ def _results_table(results, scenarios_by_name) -> Table:
         colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
         ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
-        notes = "; ".join(r.flags) if r.status == "ok" else (r.reason or "").splitlines()[0][:80] if r.reason else ""
+        notes = "; ".join(r.flags) if r.status == "ok" else "see below"
         t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,
                   _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
                   mem, ref, notes)
@@ -336,6 +336,13 @@ def compare(
         print(json.dumps([_result_dict(r) for r in results], indent=2))
     else:
         console.print(_results_table(results, by_name))
+        for r in results:
+            if r.status != "ok":
+                lines = (r.reason or "").splitlines()
+                console.print(f"[yellow]{r.scenario} / {r.backend}: {r.status}[/yellow]: {escape(lines[0] if lines else '')}",
+                              highlight=False)
+                for line in lines[1:][-8:]:
+                    console.print(f"    {line}", highlight=False, markup=False)
         console.print(f"results stored in {store.path}")
     if results:
         rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
@@ -368,7 +375,7 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
         console.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
         for name in backend_names:
             try:
-                d = runner.dry_run(name, s, launcher, machine)
+                d = runner.dry_run(name, s, launcher, machine, pack_data=submit)
             except _user_errors() as e:
                 fail(str(e))
             console.print(f"[bold]{name}[/bold] via {d.launcher}: "
@@ -379,8 +386,10 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
                 console.print(f"  env:  {k}={v}", highlight=False, markup=False)
             for role, path in d.files.items():
                 console.print(f"  file ({role}): {path}", highlight=False, markup=False)
-                text = path.read_text() if path.exists() else ""
-                lines = text.splitlines()
+                if path.is_dir():
+                    lines = [f"{p.name}" for p in sorted(path.iterdir())]
+                else:
+                    lines = path.read_text().splitlines() if path.exists() else []
                 for line in lines[:40]:
                     console.print(f"    | {line}", highlight=False, markup=False)
                 if len(lines) > 40:

@@ -15,7 +15,9 @@ from pydantic import BaseModel, Field
 
 from framework_bench import envs, flops, launch, metrics, plugins
 from framework_bench.backend import Job, Machine
+from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
+from framework_bench.packed import TOKENIZER_DIR
 from framework_bench.machine import detect
 from framework_bench.memory import estimate
 from framework_bench.metrics import RunResult
@@ -39,9 +41,11 @@ def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
     """Why this machine cannot host the scenario's processes (any backend), or None."""
     c = scenario.cluster
     if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
-        have = f"{machine.gpus} x {machine.gpu_name}" if machine.gpus else "no GPU"
-        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all); this machine has {have}: "
-                "see `fbench compare --dry-run` for the plans")
+        have = f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib} GiB)" if machine.gpus else "no GPU"
+        need = estimate(scenario, gpu=scenario.reference.hardware if scenario.reference else None).total_gib
+        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.0f} GiB each by the "
+                f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
+                "them with --launcher slurm")
     return None
 
 
@@ -147,12 +151,15 @@ class DryRun(BaseModel):
 
 
 def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
-            machine: Machine | None = None, root: Path | None = None) -> DryRun:
+            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False) -> DryRun:
+    """Plan without launching. Without `pack_data` no rows are packed (a 1M-token scenario's
+    stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
     env, reason = check(backend, scenario, machine)
-    data = PackedData(packed_dir(scenario), {"sha256": "(computed when packed)"})
-    job = make_job(backend_name, scenario, data, machine, root or runs_root() / "dry-run")
+    root = root or runs_root() / "dry-run"
+    data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
+    job = make_job(backend_name, scenario, data, machine, root)
     job.write()
     plan = backend.plan(job, env)
     launcher = launcher or ("torchrun" if job.nprocs * job.nnodes > 1 else "local")
@@ -161,3 +168,10 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
         files["sbatch"] = launch.write_sbatch(plan, job)
     return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason,
                   argv=launch.argv_for(plan, job, launcher), env=plan.env, files=files, run_dir=job.run_dir)
+
+
+def _unpacked(scenario: Scenario, root: Path) -> PackedData:
+    directory = root / f"unpacked-{packed_dir(scenario).name}"
+    tokenizer.save_for_transformers(tokenizer.load(scenario.dataset.tokenizer), directory / TOKENIZER_DIR,
+                                    scenario.context_length)
+    return PackedData(directory, {"sha256": "(not packed in a dry run)"})

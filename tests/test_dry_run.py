@@ -1,0 +1,42 @@
+"""--dry-run: every published scenario gets a complete plan from both backends, without
+packing or launching anything, on a machine that has none of the GPUs they need."""
+
+import pytest
+from typer.testing import CliRunner
+
+from framework_bench import runner, scenario
+from framework_bench.backend import Machine
+from framework_bench.cli import app
+
+PUBLISHED = [s.name for s in scenario.load_all() if s.reference]
+NO_GPU = Machine(gpus=0, cpu_count=2)
+
+
+@pytest.mark.parametrize("backend", ["xtuner", "llamafactory"])
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_dry_run_plans_every_published_scenario(name, backend, fbench_home):
+    s = scenario.load(name)
+    d = runner.dry_run(backend, s, "slurm", NO_GPU)
+    assert d.check and f"{s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} GPUs" in d.check
+    sbatch = d.files["sbatch"].read_text()
+    assert f"#SBATCH --nodes={s.cluster.nodes}" in sbatch and f"--nproc-per-node {s.cluster.gpus_per_node}" in sbatch
+    assert f"backends.{backend}.worker" in sbatch
+    assert all(p.exists() for p in d.files.values())
+    assert not any(fbench_home.glob("data/*/input_ids.npy"))  # nothing was packed
+
+
+def test_cli_dry_run_slurm_for_yi34b_128k(fbench_home):
+    res = CliRunner().invoke(app, ["compare", "--scenario", "yi34b_128k", "--dry-run", "--launcher", "slurm"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    for backend in ("xtuner", "llamafactory"):
+        assert f"{backend} via slurm" in out
+    assert out.count("#SBATCH --nodes=4") == 2 and "fits in 80.0 GiB" in out
+    assert "sequence_parallel_size" in out  # the generated XTuner config's key contents are shown
+
+
+def test_without_dry_run_it_says_what_is_missing(fbench_home, tmp_path):
+    res = CliRunner().invoke(app, ["run", "--backend", "xtuner", "--scenario", "yi34b_128k"])
+    assert res.exit_code == 0 and "unsupported" in res.stdout
+    assert "needs 4 node(s) x 8 GPUs" in res.stdout and "--launcher slurm" in res.stdout
+    assert "Traceback" not in res.output
