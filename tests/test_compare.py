@@ -7,6 +7,7 @@ tests check the host's bookkeeping, not a framework (tests/test_compare_real.py 
 """
 
 import json
+import signal
 import sqlite3
 from pathlib import Path
 
@@ -61,7 +62,13 @@ def test_a_hanging_backend_times_out(fakes, tmp_path):
 
 
 def test_ctrl_c_keeps_the_finished_rows(fakes, tmp_path):
-    results, store = _run(["fake_ok", "fake_interrupt", "fake_ok"], tmp_path)
+    # A shell that starts the tests in the background ignores SIGINT; restore Python's own
+    # handler so the fake worker's SIGINT arrives as the KeyboardInterrupt Ctrl-C would raise.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        results, store = _run(["fake_ok", "fake_interrupt", "fake_ok"], tmp_path, timeout=120)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [r.status for r in results] == ["ok", "interrupted"]  # the third never started
     assert [r["status"] for r in store.list()] == ["ok", "interrupted"]
     # nothing half-written: every stored ok row has all its steps

@@ -14,10 +14,10 @@ if mode == "crash":
     print("Traceback (most recent call last):\nRuntimeError: the fake trainer fell over", file=sys.stderr)
     sys.exit(1)
 if mode == "hang":
-    time.sleep(600)
+    time.sleep(120)
 if mode == "interrupt":
     os.kill(os.getppid(), signal.SIGINT)  # as if the user pressed Ctrl-C in the host
-    time.sleep(600)
+    time.sleep(120)
 rows = PackedRows(job["data_dir"])
 writer = MetricsWriter(job["run_dir"])
 steps = job["scenario"]["steps"]
