@@ -225,22 +225,25 @@ def run(
     launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; run nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
+    db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
-    """Run one backend on one scenario and report TGS / TFLOPs."""
+    """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
     s = _load(scenario)
     _check_launcher(launcher)
     if dry_run or launcher == "slurm":
         _plan_only([backend], [s], launcher, submit=not dry_run)
         return
+    store = _store(db)
     try:
-        with console.status(f"{backend} on {s.name}: starting") as status:
+        with err.status(f"{backend} on {s.name}: starting") as status:
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
             r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force)
     except _user_errors() as e:
         fail(str(e))
+    store.add(r, s)
     if as_json:
         print(json.dumps(_result_dict(r), indent=2))
     else:
@@ -258,6 +261,7 @@ def run(
         console.print(f"data sha256 {r.data_sha256}")
         if r.run_dir:
             console.print(f"run folder {r.run_dir}")
+        console.print(f"stored as result {r.result_id} in {store.path}")
     if r.status not in ("ok", "unsupported"):
         raise typer.Exit(1)
 
