@@ -32,3 +32,29 @@ def make_job(backend: str, tmp_path: Path, scn: scenario.Scenario) -> Job:
     c = scn.cluster
     return Job(backend=backend, scenario=scn, data_dir=data_dir, data_sha256="0" * 64,
                run_dir=tmp_path / "run", device=c.device, nprocs=c.gpus_per_node, nnodes=c.nodes)
+
+
+def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str):
+    """Train `tiny_cpu` with the backend's real trainer and check what every backend must
+    deliver: a metrics line per step, tokens per step = context length, finite loss, the
+    host's packed data (same sha256), figures over the measured steps, the framework's own
+    throughput. Returns (scenario, result) for backend-specific checks."""
+    import math
+
+    from framework_bench import runner
+    from framework_bench.data.packing import pack
+    from framework_bench.worker_io import read_metrics
+
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    result = runner.run_one(backend, scn, data=data, root=tmp_path, machine=CPU)
+    assert result.status == "ok", result.reason
+    steps = read_metrics(result.run_dir)
+    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
+    assert all(s["tokens"] == scn.context_length for s in steps)
+    assert all(math.isfinite(s["loss"]) for s in steps)
+    assert result.data_sha256 == data.manifest["sha256"]
+    assert result.steps_measured == scn.steps.measured and result.tgs > 0
+    assert result.attention_used == "sdpa" and result.framework_version == framework_version
+    assert result.framework_throughput["tokens_per_sec"] > 0
+    return scn, result

@@ -4,7 +4,6 @@ JSON for published scenarios, its own throughput log, and a real run of its trai
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from conftest import backend_env_or_skip
 
 from framework_bench import plugins, scenario
 from framework_bench.backend import BackendEnv, Job
-from framework_bench.worker_io import read_metrics
 
 from backends.llamafactory import plugin as lf_plugin
 
@@ -160,22 +158,8 @@ def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
 
 @pytest.mark.slow
 def test_tiny_cpu_trains_with_llamafactory(llamafactory, tmp_path):
-    from framework_bench import runner
-    from framework_bench.data.packing import pack
-
     backend_env_or_skip("llamafactory")
-    scn = scenario.load("tiny_cpu")
-    data = pack(scn, progress=False, say=lambda msg: None)
-    result = runner.run_one("llamafactory", scn, data=data, root=tmp_path, machine=CPU)
-    assert result.status == "ok", result.reason
-    steps = read_metrics(result.run_dir)
-    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
-    assert all(s["tokens"] == scn.context_length for s in steps)
-    assert all(math.isfinite(s["loss"]) for s in steps)
-    assert result.data_sha256 == data.manifest["sha256"]
-    assert result.steps_measured == scn.steps.measured and result.tgs > 0
-    assert result.attention_used == "sdpa" and result.framework_version == "0.9.5"
-    assert result.framework_throughput["tokens_per_sec"] > 0
+    scn, result = helpers.train_tiny_cpu("llamafactory", tmp_path, "0.9.5")
     worker = json.loads((result.run_dir / "worker.json").read_text())
     assert worker["param_dtype"] == "float32" and worker["trainer"].startswith("v0")
     assert worker["rows_converted"] == scn.rows_needed

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import subprocess
 from pathlib import Path
 
@@ -150,19 +149,11 @@ def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
 
 @pytest.mark.slow
 def test_tiny_cpu_trains_with_xtuner(xtuner, tmp_path):
-    from framework_bench import runner
-    from framework_bench.data.packing import pack
-
     backend_env_or_skip("xtuner")
-    scn = scenario.load("tiny_cpu")
-    data = pack(scn, progress=False, say=lambda msg: None)
-    result = runner.run_one("xtuner", scn, data=data, root=tmp_path, machine=CPU)
-    assert result.status == "ok", result.reason
-    steps = read_metrics(result.run_dir)
-    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
-    assert all(s["tokens"] == scn.context_length for s in steps)
-    assert all(math.isfinite(s["loss"]) for s in steps)
-    assert result.data_sha256 == data.manifest["sha256"]
-    assert result.steps_measured == scn.steps.measured and result.tgs > 0
-    assert result.attention_used == "sdpa" and result.framework_version == "0.2.0"
-    assert result.framework_throughput["tokens_per_sec"] > 0
+    scn, result = helpers.train_tiny_cpu("xtuner", tmp_path, "0.2.0")
+    # XTuner's own ThroughputHook log is kept, and agrees with the host's figure: a token
+    # miscount (x2, /SP) on either side would be far outside this band.
+    own = result.framework_throughput
+    assert own["iters"] == scn.steps.measured
+    assert 0.75 < result.tgs / own["tokens_per_sec_median"] < 1.33
+    assert 0.75 < result.tflops / own["tflops_median"] < 1.33
