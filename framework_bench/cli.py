@@ -89,7 +89,7 @@ def scenario_summary(s) -> dict:
         "flops": {"xtuner_per_token": xt, "model_per_token": model},
         "scenario": s.model_dump(mode="json"),
         "model": s.arch.model_dump(),
-        "memory": estimate(s, gpu=s.reference.hardware if s.reference else None).model_dump(),
+        "memory": estimate(s, gpu=s.reference.hardware if s.reference else None),
     }
     if s.reference:
         out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, xt)
@@ -103,7 +103,7 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     s = _load(name)
     info = scenario_summary(s)
     if as_json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps({**info, "memory": info["memory"].model_dump()}, indent=2))
         return
     console.print(f"[bold]{s.name}[/bold]  {s.description}")
     a = s.arch
@@ -116,8 +116,7 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     console.print(f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed")
     f = info["flops"]
     console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
-    from framework_bench.memory import estimate
-    console.print(f"memory     {estimate(s, gpu=s.reference.hardware if s.reference else None).summary()}",
+    console.print(f"memory     {info['memory'].summary()}",
                   highlight=False)
     if s.reference:
         r = s.reference

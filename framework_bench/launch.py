@@ -28,13 +28,20 @@ RDZV_PORT = 29500
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "torch.OutOfMemoryError", "Cannot allocate memory")
 
 
-def torchrun_argv(plan: LaunchPlan, job: Job, endpoint: str = "127.0.0.1:29500", node_rank: int | None = None) -> list[str]:
+def torchrun_argv(plan: LaunchPlan, job: Job, endpoint: str = f"127.0.0.1:{RDZV_PORT}",
+                  node_rank: int | None = None, rdzv_id: str | None = None) -> list[str]:
     argv = [str(plan.python), "-m", "torch.distributed.run",
             "--nnodes", str(job.nnodes), "--nproc-per-node", str(job.nprocs),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
     if node_rank is not None:
         argv += ["--node-rank", str(node_rank)]
+    if rdzv_id is not None:
+        argv += ["--rdzv-id", rdzv_id]
     return argv + ["-m", plan.module, *plan.args]
+
+
+def default_launcher(job: Job) -> Launcher:
+    return "torchrun" if job.nprocs * job.nnodes > 1 else "local"
 
 
 def argv_for(plan: LaunchPlan, job: Job, launcher: Launcher) -> list[str]:
@@ -71,10 +78,8 @@ def sbatch_path(job: Job) -> Path:
 def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00") -> str:
     """A submit-ready sbatch script: one srun task per node, each running torchrun over that
     node's GPUs; the rendezvous endpoint is the allocation's first host."""
-    torchrun = torchrun_argv(plan, job, endpoint="@ENDPOINT@")
-    cut = torchrun.index("-m", 1 + torchrun.index("c10d"))  # launcher options end where the worker starts
-    torchrun[cut:cut] = ["--rdzv-id", "@JOBID@"]
-    command = shlex.join(torchrun)
+    # Placeholders survive quoting, then become shell expansions the allocation fills in.
+    command = shlex.join(torchrun_argv(plan, job, endpoint="@ENDPOINT@", rdzv_id="@JOBID@"))
     command = command.replace("@ENDPOINT@", f'"$head_node:{RDZV_PORT}"').replace("@JOBID@", '"$SLURM_JOB_ID"')
     lines = [
         "#!/bin/bash",

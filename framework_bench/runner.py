@@ -88,7 +88,7 @@ def run_one(
     job = make_job(backend_name, scenario, data, machine, root)
     job.write()
     plan = backend.plan(job, env)
-    launcher = launcher or ("torchrun" if job.nprocs * job.nnodes > 1 else "local")
+    launcher = launcher or launch.default_launcher(job)
     argvs = launch.node_argvs(plan, job, launcher)
     (job.run_dir / "plan.json").write_text(json.dumps(
         {"launcher": launcher, "argv": argvs, "env": plan.env, "files": {k: str(v) for k, v in plan.files.items()}},
@@ -162,7 +162,7 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     job = make_job(backend_name, scenario, data, machine, root)
     job.write()
     plan = backend.plan(job, env)
-    launcher = launcher or ("torchrun" if job.nprocs * job.nnodes > 1 else "local")
+    launcher = launcher or launch.default_launcher(job)
     files = {"job": job.job_file, **plan.files}
     if launcher == "slurm":
         files["sbatch"] = launch.write_sbatch(plan, job)

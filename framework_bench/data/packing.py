@@ -3,8 +3,8 @@
 The stream is: for each record, <s> prompt response </s>, concatenated; labels are -100
 over <s> and the prompt. The stream is repeated when the run needs more tokens than the
 dataset holds, then cut into full rows (the tail that does not fill a row is dropped).
-All work after tokenization is vectorised numpy, written straight into memory-mapped
-output files, so memory stays proportional to the output.
+All work after tokenization is vectorised numpy, written copy by copy into the output
+files, so no output-sized array is ever held in memory.
 """
 
 from __future__ import annotations
