@@ -194,7 +194,8 @@ def env_create(
         if name not in found:
             fail(f"no backend named {name!r}; installed: {', '.join(found)}")
         try:
-            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False))
+            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False),
+                        packages=(found[name].package,))
         except envs.EnvError as e:
             fail(str(e))
 

@@ -11,6 +11,7 @@ and how long creation took. Creating again with unchanged requirements does noth
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -92,11 +93,14 @@ def create(
     spec: EnvSpec,
     flavour: Flavour | None = None,
     say: Callable[[str], None] = lambda msg: None,
+    packages: tuple[str, ...] = (),
 ) -> BackendEnv:
-    """Create (or reuse) the env of backend `name`; idempotent."""
+    """Create (or reuse) the env of backend `name`; idempotent. `packages` are the plugin's
+    top-level import packages its worker needs (besides `framework_bench`)."""
     flavour = flavour or default_flavour()
     current = inspect(name, spec)
     if current.ready and current.flavour == flavour:
+        _link_packages(current.python, ("framework_bench", *packages))
         say(f"{name}: ready at {current.path} (nothing to do)")
         return current
     path = env_path(name)
@@ -113,11 +117,7 @@ def create(
         # pip, not uv: only pip sees the local CPU torch build this machine offers.
         _run([str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
               "-r", str(spec.requirements[flavour])], log)
-        # Workers import `framework_bench.worker_io`/`packed` and `backends.*` from the host's
-        # source tree. A .pth *appends* that path, so the env's own packages always win.
-        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-        Path(purelib, PTH_NAME).write_text(str(PROJECT_ROOT) + "\n")
+        _link_packages(python, ("framework_bench", *packages))
         for module in spec.post_install:
             say(f"{name}: post-install {module}")
             _run([str(python), "-m", module, flavour], log, cwd=path)
@@ -134,6 +134,24 @@ def create(
     (path / RECORD).write_text(json.dumps(record, indent=2))
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
+
+
+def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
+    """Make the host's `framework_bench` and the plugin's own package importable by the
+    worker: a .pth in the env lists the folders holding them. A .pth *appends* to sys.path,
+    so the env's own packages always win. Rewritten on every create, so it follows the
+    checkout the host runs from."""
+    roots = []
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise EnvError(f"cannot find the package {package!r} to make it importable in the env")
+        root = str(Path(next(iter(spec.submodule_search_locations))).parent)
+        if root not in roots:
+            roots.append(root)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, PTH_NAME).write_text("".join(r + "\n" for r in roots))
 
 
 def size_bytes(path: Path) -> int:

@@ -6,6 +6,7 @@ exactly as a third-party package would register one.
 
 from __future__ import annotations
 
+import types
 from functools import cached_property
 from importlib.metadata import entry_points
 
@@ -34,6 +35,13 @@ class Backend:
     @cached_property
     def info(self) -> BackendInfo:
         return self._call("fbench_backend_info")
+
+    @property
+    def package(self) -> str:
+        """The plugin's top-level import package (its worker module lives under it)."""
+        plugin = self._plugin
+        module = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+        return module.split(".")[0]
 
     @property
     def name(self) -> str:

@@ -16,7 +16,7 @@ from conftest import backend_env_or_skip
 from framework_bench import plugins, scenario
 from framework_bench.backend import BackendEnv, Job
 
-from backends.llamafactory import plugin as lf_plugin
+from fbench_llamafactory import plugin as lf_plugin
 
 @pytest.fixture(scope="module")
 def llamafactory():
@@ -36,7 +36,7 @@ def test_discovered_through_entry_point(llamafactory):
     assert info.name == "llamafactory" and info.framework == "LLaMA-Factory"
     assert info.capabilities.sequence_parallel and info.capabilities.zero_stages == [0, 1, 2, 3]
     assert info.env.framework_package == "llamafactory"
-    assert info.env.post_install == ["backends.llamafactory.env_fixups"]
+    assert info.env.post_install == ["fbench_llamafactory.env_fixups"]
     for flavour, path in info.env.requirements.items():
         lines = path.read_text().splitlines()
         assert "torch==2.13.0" in lines and "llamafactory==0.9.5" in lines, flavour
@@ -73,7 +73,7 @@ def test_published_llama2_7b_8k_arguments(llamafactory, tmp_path):
     env = ready_env("cuda", "deepspeed")
     assert llamafactory.check(scn, H100x8, env) is None
     plan = llamafactory.plan(job, env)
-    assert plan.module == "backends.llamafactory.worker" and plan.args == [str(job.job_file)]
+    assert plan.module == "fbench_llamafactory.worker" and plan.args == [str(job.job_file)]
     assert plan.python == env.python and plan.env == {}  # 8 processes: torchrun sets the ranks
     args = json.loads(plan.files["train_args"].read_text())
     run = job.run_dir
@@ -146,7 +146,7 @@ def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     env = backend_env_or_skip("llamafactory")
     job = make_job(tmp_path, scenario.load("llama2_70b_32k"))
     plan = llamafactory.plan(job, ready_env("cuda", "deepspeed", "flash-attn"))
-    probe = ("import json, sys; import backends.llamafactory.worker_v1; from llamafactory.v1.config import get_args; "
+    probe = ("import json, sys; import fbench_llamafactory.worker_v1; from llamafactory.v1.config import get_args; "
              "m, d, t, _ = get_args(json.load(open(sys.argv[1]))); "
              "print(json.dumps([str(m.flash_attn), dict(t.dist_config), t.global_batch_size, t.max_steps]))")
     out = subprocess.run([str(env.python), "-c", probe, str(plan.files["train_args"])], capture_output=True, text=True)

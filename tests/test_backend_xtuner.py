@@ -104,7 +104,7 @@ def test_published_yi34b_128k_config(xtuner, tmp_path):
     # Several GPUs: the host wraps the worker in torchrun (mmengine's "pytorch" launcher).
     argv = launch.argv_for(plan, job, "torchrun")
     assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node" in argv
-    assert argv[-3:] == ["-m", "backends.xtuner.worker", str(job.job_file)]
+    assert argv[-3:] == ["-m", "fbench_xtuner.worker", str(job.job_file)]
 
 
 def test_precision_picks_the_optim_wrapper(xtuner, tmp_path):

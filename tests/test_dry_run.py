@@ -20,7 +20,7 @@ def test_dry_run_plans_every_published_scenario(name, backend, fbench_home):
     assert d.check and f"{s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} GPUs" in d.check
     sbatch = d.files["sbatch"].read_text()
     assert f"#SBATCH --nodes={s.cluster.nodes}" in sbatch and f"--nproc-per-node {s.cluster.gpus_per_node}" in sbatch
-    assert f"backends.{backend}.worker" in sbatch
+    assert f"fbench_{backend}.worker" in sbatch
     assert all(p.exists() for p in d.files.values())
     assert not any(fbench_home.glob("data/*/input_ids.npy"))  # nothing was packed
 

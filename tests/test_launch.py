@@ -14,7 +14,7 @@ def _job(name: str, tmp_path: Path) -> Job:
                nnodes=s.cluster.nodes)
 
 
-PLAN = LaunchPlan(python=Path("/envs/xtuner/bin/python"), module="backends.xtuner.worker",
+PLAN = LaunchPlan(python=Path("/envs/xtuner/bin/python"), module="fbench_xtuner.worker",
                   args=["/run/job.json"], env={"NCCL_DEBUG": "WARN", "DS_CONFIG": "/run/ds config.json"})
 
 
@@ -24,7 +24,7 @@ def test_torchrun_argv_wraps_the_worker_module(tmp_path):
     assert argv[argv.index("--nnodes") + 1] == "1"
     assert argv[argv.index("--nproc-per-node") + 1] == "8"
     assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
-    assert argv[-3:] == ["-m", "backends.xtuner.worker", "/run/job.json"]
+    assert argv[-3:] == ["-m", "fbench_xtuner.worker", "/run/job.json"]
 
 
 def test_local_launcher_refuses_several_processes(tmp_path):
@@ -47,7 +47,7 @@ def test_sbatch_for_yi34b_128k(tmp_path):
     assert len(srun) == 1 and "--nodes=4 --ntasks-per-node=1" in srun[0]
     assert "--nnodes 4 --nproc-per-node 8" in srun[0]
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
-    assert '--rdzv-endpoint "$head_node:29500" --rdzv-id "$SLURM_JOB_ID" -m backends.xtuner.worker' in srun[0]
+    assert '--rdzv-endpoint "$head_node:29500" --rdzv-id "$SLURM_JOB_ID" -m fbench_xtuner.worker' in srun[0]
     # the plan's environment goes into the script, quoted
     assert "export DS_CONFIG='/run/ds config.json'" in text
 

@@ -96,8 +96,8 @@ def fake(site):
 
 def test_bundled_backends_come_from_entry_points():
     group = {ep.name: ep.value for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP)}
-    assert group.get("xtuner") == "backends.xtuner.plugin"
-    assert group.get("llamafactory") == "backends.llamafactory.plugin"
+    assert group.get("xtuner") == "fbench_xtuner.plugin"
+    assert group.get("llamafactory") == "fbench_llamafactory.plugin"
     pm = plugins.manager()
     registered = {name for name, _ in pm.list_name_plugin()}
     assert {"xtuner", "llamafactory"} <= registered

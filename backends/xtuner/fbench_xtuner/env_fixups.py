@@ -1,4 +1,4 @@
-"""Post-install fixes for the XTuner env, run by the host as `python -m backends.xtuner.env_fixups FLAVOUR`.
+"""Post-install fixes for the XTuner env, run by the host as `python -m fbench_xtuner.env_fixups FLAVOUR`.
 
 CPU flavour only. PyPI's torchvision 0.28.0 (the only release pinned to torch 2.13) is a
 CUDA build: on the CPU torch its C++ ops fail to load, and `import torchvision` then

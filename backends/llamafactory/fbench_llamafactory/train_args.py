@@ -15,7 +15,7 @@ from pathlib import Path
 from framework_bench.backend import Job
 from framework_bench.packed import TOKENIZER_DIR
 
-from backends.llamafactory import run_files
+from fbench_llamafactory import run_files
 
 # The optimizer settings every backend uses, so that only the framework differs.
 LEARNING_RATE = 2e-5

@@ -2,7 +2,7 @@
 and how it reads a finished run back.
 
 Registered through the `fbench.backends` entry point (pyproject.toml). No torch or
-llamafactory import: the worker (`backends.llamafactory.worker`) runs in the backend's env.
+llamafactory import: the worker (`fbench_llamafactory.worker`) runs in the backend's env.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from framework_bench.hookspecs import hookimpl
 from framework_bench.launch import free_port
 from framework_bench.scenario import Scenario
 
-from backends.llamafactory import run_files, train_args
+from fbench_llamafactory import run_files, train_args
 
 NAME = "llamafactory"
 HERE = Path(__file__).parent
@@ -44,7 +44,7 @@ def fbench_backend_info() -> BackendInfo:
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="llamafactory",
-            post_install=["backends.llamafactory.env_fixups"],
+            post_install=["fbench_llamafactory.env_fixups"],
         ),
     )
 
@@ -93,7 +93,7 @@ def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     return LaunchPlan(
         python=env.python,
-        module="backends.llamafactory.worker",
+        module="fbench_llamafactory.worker",
         args=[str(job.job_file)],
         env=extra_env,
         files={**files, "job": job.job_file},

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from framework_bench.packed import IGNORE_INDEX, PackedRows
 
-from backends.llamafactory import run_files
-from backends.llamafactory.run_files import is_local_main, wait_for
-from backends.llamafactory.step_metrics import StepRecorder
+from fbench_llamafactory import run_files
+from fbench_llamafactory.run_files import is_local_main, wait_for
+from fbench_llamafactory.step_metrics import StepRecorder
 
 
 def write_parquet(packed: PackedRows, rows: int, target: Path) -> None:

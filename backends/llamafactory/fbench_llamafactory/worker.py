@@ -1,4 +1,4 @@
-"""The LLaMA-Factory worker: `python -m backends.llamafactory.worker RUN_DIR/job.json`.
+"""The LLaMA-Factory worker: `python -m fbench_llamafactory.worker RUN_DIR/job.json`.
 
 Runs inside the backend's own env. Checks the packed data is the one the host named,
 converts it to LLaMA-Factory's pre-tokenized format, trains with LLaMA-Factory's own
@@ -19,9 +19,9 @@ import numpy as np
 from framework_bench import worker_io
 from framework_bench.packed import PackedRows
 
-from backends.llamafactory import run_files
-from backends.llamafactory.run_files import is_local_main, wait_for
-from backends.llamafactory.step_metrics import StepMetricsCallback, StepRecorder
+from fbench_llamafactory import run_files
+from fbench_llamafactory.run_files import is_local_main, wait_for
+from fbench_llamafactory.step_metrics import StepMetricsCallback, StepRecorder
 
 
 def verified_rows(job: dict) -> tuple[PackedRows, str]:
@@ -108,7 +108,7 @@ def main(job_file: str) -> None:
         require_flash_attn=sp > 1 or scenario["attention"] == "varlen",
     )
     if run_files.uses_v1_trainer(sp):
-        from backends.llamafactory.worker_v1 import train_v1
+        from fbench_llamafactory.worker_v1 import train_v1
 
         train_v1(job, packed, rows, recorder)
     else:

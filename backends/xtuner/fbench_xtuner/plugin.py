@@ -14,10 +14,10 @@ from framework_bench.hookspecs import hookimpl
 from framework_bench.scenario import Scenario
 from framework_bench.worker_io import read_metrics, read_worker_report
 
-from backends.xtuner import mmengine_config, run_layout
+from fbench_xtuner import mmengine_config, run_layout
 
 HERE = Path(__file__).resolve().parent
-WORKER_MODULE = "backends.xtuner.worker"
+WORKER_MODULE = "fbench_xtuner.worker"
 
 
 @hookimpl
@@ -30,7 +30,7 @@ def fbench_backend_info() -> BackendInfo:
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="xtuner",
-            post_install=["backends.xtuner.env_fixups"],
+            post_install=["fbench_xtuner.env_fixups"],
         ),
     )
 

@@ -1,4 +1,4 @@
-"""The XTuner worker: `python -m backends.xtuner.worker RUN_DIR/job.json`, run with the xtuner env's Python.
+"""The XTuner worker: `python -m fbench_xtuner.worker RUN_DIR/job.json`, run with the xtuner env's Python.
 
 It converts the host's packed rows into the dataset the generated config loads, trains
 with XTuner's own mmengine Runner, and writes the project's common metrics file (one line
@@ -25,7 +25,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from backends.xtuner import run_layout
+from fbench_xtuner import run_layout
 from framework_bench.packed import PackedRows, sha256_of
 from framework_bench.worker_io import MetricsWriter, load_job, publish_dir, write_worker_report
 

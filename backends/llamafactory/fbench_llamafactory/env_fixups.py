@@ -1,5 +1,5 @@
 """Post-install fixes for the CPU flavour of the LLaMA-Factory env; run by the host as
-`python -m backends.llamafactory.env_fixups FLAVOUR` with the env's Python, after pip.
+`python -m fbench_llamafactory.env_fixups FLAVOUR` with the env's Python, after pip.
 
 Why: llamafactory 0.9.5 requires torchvision and torchaudio, and PyPI's builds pinned to
 torch 2.13.0 are CUDA builds whose native ops cannot load next to the CPU torch:
