@@ -123,7 +123,8 @@ class StepMetric(BaseModel):
     seconds: float = Field(gt=0, description="wall time of the step, device-synchronised on GPU")
     tokens: int = Field(ge=0, description="tokens processed by this rank in this step")
     loss: float | None = None
-    peak_mem_bytes: int | None = None
+    peak_mem_bytes: int | None = Field(None, description="peak allocated over the step (max RSS on CPU)")
+    peak_reserved_bytes: int | None = Field(None, description="peak reserved by the allocator over the step (CUDA)")
     rank: int = 0
 
 

@@ -4,7 +4,7 @@ Stdlib + numpy only: this module is imported by workers inside each backend's ow
 environment (made importable there by the `.pth` file `framework_bench/envs.py` writes).
 
 Common metrics file, one per rank: `RUN_DIR/metrics/rank<R>.jsonl`, one JSON object per
-optimizer step: {"step", "seconds", "tokens", "loss", "peak_mem_bytes", "rank"}.
+optimizer step: {"step", "seconds", "tokens", "loss", "peak_mem_bytes", "peak_reserved_bytes", "rank"}.
 `seconds` is the step's wall time (after a device synchronise on GPU); `tokens` counts
 tokens this rank processed in the step (its sequence-parallel shard only).
 """
@@ -39,9 +39,10 @@ class MetricsWriter:
         self.path = directory / f"rank{self.rank}.jsonl"
         self._fh = self.path.open("a", buffering=1)
 
-    def write(self, step: int, seconds: float, tokens: int, loss: float | None, peak_mem_bytes: int | None) -> None:
+    def write(self, step: int, seconds: float, tokens: int, loss: float | None, peak_mem_bytes: int | None,
+              peak_reserved_bytes: int | None = None) -> None:
         rec = {"step": step, "seconds": seconds, "tokens": tokens, "loss": loss,
-               "peak_mem_bytes": peak_mem_bytes, "rank": self.rank}
+               "peak_mem_bytes": peak_mem_bytes, "peak_reserved_bytes": peak_reserved_bytes, "rank": self.rank}
         self._fh.write(json.dumps(rec) + "\n")
 
     def close(self) -> None:

@@ -14,14 +14,10 @@ from pathlib import Path
 
 from framework_bench.backend import Job
 from framework_bench.packed import TOKENIZER_DIR
+from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
 from fbench_llamafactory import run_files
 
-# The optimizer settings every backend uses, so that only the framework differs.
-LEARNING_RATE = 2e-5
-ADAM_BETAS = (0.9, 0.999)
-WEIGHT_DECAY = 0.0
-MAX_GRAD_NORM = 1.0
 SEED = 42
 
 # LLaMA-Factory requires a dataset name even when `tokenized_path` already holds the data;

@@ -28,12 +28,9 @@ from pathlib import Path
 from fbench_xtuner.run_layout import CONFIG_NAME, DATA_DIR, MODEL_DIR, WORK_DIR
 from framework_bench.backend import Job
 from framework_bench.packed import TOKENIZER_DIR
+from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
-# Published benchmark values (see the module docstring).
-LR = 2e-5
-BETAS = (0.9, 0.999)
-WEIGHT_DECAY = 0
-MAX_NORM = 1
+# The published configs' values, which are also fbench's shared ones (framework_bench.worker.hparams).
 SEED = 1024
 
 
@@ -57,7 +54,7 @@ def deepspeed_config(job: Job) -> dict:
     return {
         "gradient_accumulation_steps": s.grad_accum,
         "train_micro_batch_size_per_gpu": s.micro_batch,
-        "gradient_clipping": MAX_NORM,
+        "gradient_clipping": MAX_GRAD_NORM,
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "zero_optimization": zero,
@@ -101,20 +98,20 @@ def render(job: Job) -> str:
     else:
         imports.append(f"from mmengine.optim import {'AmpOptimWrapper' if amp else 'OptimWrapper'}")
 
-    optimizer = f"dict(type=AdamW, lr={LR!r}, betas={BETAS!r}, weight_decay={WEIGHT_DECAY!r})"
+    optimizer = f"dict(type=AdamW, lr={LEARNING_RATE!r}, betas={ADAM_BETAS!r}, weight_decay={WEIGHT_DECAY!r})"
     if deepspeed:
         # What `xtuner train --deepspeed` substitutes for the config's optim_wrapper.
         optim_wrapper = f'dict(type="DeepSpeedOptimWrapper", optimizer={optimizer})'
     elif amp:
         optim_wrapper = (
             f"dict(type=AmpOptimWrapper, optimizer={optimizer}, "
-            f"clip_grad=dict(max_norm={MAX_NORM!r}, error_if_nonfinite=False), "
+            f"clip_grad=dict(max_norm={MAX_GRAD_NORM!r}, error_if_nonfinite=False), "
             f"accumulative_counts={s.grad_accum!r}, dtype='bfloat16')"
         )
     else:
         optim_wrapper = (
             f"dict(type=OptimWrapper, optimizer={optimizer}, "
-            f"clip_grad=dict(max_norm={MAX_NORM!r}, error_if_nonfinite=False), "
+            f"clip_grad=dict(max_norm={MAX_GRAD_NORM!r}, error_if_nonfinite=False), "
             f"accumulative_counts={s.grad_accum!r})"
         )
 
@@ -134,7 +131,7 @@ def render(job: Job) -> str:
         f"max_length = {s.context_length!r}",
         f"batch_size = {s.micro_batch!r}  # per device",
         f"accumulative_counts = {s.grad_accum!r}",
-        f"max_norm = {MAX_NORM!r}",
+        f"max_norm = {MAX_GRAD_NORM!r}",
         "",
         "model = dict(",
         "    type=SupervisedFinetune,",

@@ -1,0 +1,9 @@
+"""The optimizer settings every backend uses, so that only the framework differs."""
+
+from __future__ import annotations
+
+LEARNING_RATE = 2e-5
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.0
+MAX_GRAD_NORM = 1.0

@@ -1,0 +1,96 @@
+"""The step timer: one common-metrics line per optimizer step, timed and measured alike
+for every backend.
+
+Timing contract (also in `framework_bench/hookspecs.py`): a step's `seconds` run from a
+device synchronise before its first micro-batch's forward to a device synchronise after its
+optimizer update. A backend whose trainer loads data between micro-batches may pause the
+timer around it (`pause()` ... `resume()`): the seconds then cover the micro-batches' compute
+and the update, never data loading. `tokens` counts the tokens this rank's model received in
+the step (its sequence-parallel shard only). Peak memory is a window over the step: the
+device's peak counters are reset when the step starts and read when it ends (max allocated
+and max reserved on CUDA; on CPU the process's max RSS, which cannot be reset).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+from framework_bench.worker.dist import sync
+from framework_bench.worker_io import MetricsWriter
+
+
+class PeakMemory:
+    """Peak memory over a window (one optimizer step)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+
+    def reset(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+
+    def read(self) -> tuple[int, int | None]:
+        """(peak allocated, peak reserved) in bytes since the last reset; reserved is None on CPU."""
+        if self.cuda:
+            import torch
+
+            return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None  # Linux reports KiB
+
+
+class StepTimer:
+    """Times optimizer steps and writes the common metrics file (`metrics/rank<R>.jsonl`)."""
+
+    def __init__(self, run_dir: str | Path, device: str, rank: int | None = None):
+        self.device = device
+        self.writer = MetricsWriter(run_dir, rank)
+        self.memory = PeakMemory(device)
+        self.steps_written = 0
+        self._seconds = 0.0
+        self._tokens = 0
+        self._started: float | None = None
+        self._open = False
+
+    def begin(self) -> None:
+        """Start a new optimizer step (resets the peak-memory window)."""
+        sync(self.device)
+        self.memory.reset()
+        self._seconds, self._tokens, self._open = 0.0, 0, True
+        self._started = time.perf_counter()
+
+    def pause(self) -> None:
+        """Stop the clock inside a step (before work that is not the step's: data loading)."""
+        sync(self.device)
+        if self._started is not None:
+            self._seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def resume(self) -> None:
+        """Start the clock again inside the current step; begins a step if none is open."""
+        if not self._open:
+            self.begin()
+            return
+        sync(self.device)
+        self._started = time.perf_counter()
+
+    def add_tokens(self, n: int) -> None:
+        self._tokens += int(n)
+
+    def end(self, step: int, loss: float | None, tokens: int | None = None) -> dict:
+        """Close the step and write its line; `tokens` overrides the count from `add_tokens`."""
+        self.pause()
+        allocated, reserved = self.memory.read()
+        record = dict(step=step, seconds=self._seconds, tokens=self._tokens if tokens is None else int(tokens),
+                      loss=None if loss is None else float(loss), peak_mem_bytes=allocated,
+                      peak_reserved_bytes=reserved)
+        self.writer.write(**record)
+        self.steps_written += 1
+        self._open = False
+        return record
+
+    def close(self) -> None:
+        self.writer.close()
