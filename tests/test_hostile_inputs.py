@@ -280,3 +280,20 @@ def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home)
     result = cli("run", "--backend", "xtuner", "--scenario", str(f), "--db", str(tmp_path / "r.sqlite"))
     assert result.exit_code == 0 and "unsupported" in result.stdout and "CPU cores" in result.stdout
     assert "Traceback" not in result.output
+
+
+# 7. A damaged env record
+
+@pytest.mark.parametrize("record", ["{not json", "[]", '{"flavour": "gpu", "versions": {}, "requirements_sha256": "x"}',
+                                    '{"flavour": "cpu"}'])
+def test_a_corrupt_env_record_is_a_broken_env_not_a_traceback(fbench_home, tmp_path, record):
+    env = fbench_home / "envs" / "xtuner"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    (env / "fbench-env.json").write_text(record)
+    for command in (["env", "list"], ["backends"]):
+        result = cli(*command)
+        assert result.exit_code == 0 and "Traceback" not in result.output
+        assert "broken" in result.output and "unreadable" in result.output
+    result = cli("run", "--backend", "xtuner", "--scenario", "tiny_cpu", "--db", str(tmp_path / "r.sqlite"))
+    assert result.exit_code == 1 and "failed" in result.stdout and "fbench env create xtuner" in result.stdout
