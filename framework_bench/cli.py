@@ -466,8 +466,8 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
                 fail(str(e))
             plans.append(d.model_dump(mode="json"))
             show.print(f"[bold]{name}[/bold] via {d.launcher}: "
-                          + ("[green]checks pass on this machine[/green]" if d.check is None
-                             else f"[yellow]not runnable here: {escape(d.check)}[/yellow]"), highlight=False)
+                       + ("[green]checks pass on this machine[/green]" if d.check is None
+                          else f"[yellow]not runnable here: {escape(d.check)}[/yellow]"), highlight=False)
             show.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
             for k, v in sorted(d.env.items()):
                 show.print(f"  env:  {k}={v}", highlight=False, markup=False)
