@@ -65,7 +65,8 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
         return env
     try:
         record = json.loads(record_file.read_text())
-        env.flavour, env.versions, made_from = record["flavour"], dict(record["versions"]), record["requirements_sha256"]
+        env.flavour, env.versions = record["flavour"], dict(record["versions"])
+        made_from = record.get("requirements_sha256")
         if env.flavour not in ("cpu", "cuda"):
             raise ValueError(env.flavour)
     except (OSError, ValueError, KeyError, TypeError) as e:  # a damaged record: remade, never a traceback

@@ -152,13 +152,14 @@ def execute(
     procs: list[subprocess.Popen] = []
     first_bad: int | None = None
     with ExitStack() as stack:
-        for argv, path in zip(argvs, logs):
-            log = stack.enter_context(path.open("ab"))
-            log.write(f"$ {' '.join(argv)}\n".encode())
-            log.flush()
-            procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-        try:
+        try:  # starting too: an interrupt between two nodes' starts must stop the first
+            for argv, path in zip(argvs, logs):
+                log = stack.enter_context(path.open("ab"))
+                log.write(f"$ {' '.join(argv)}\n".encode())
+                log.flush()
+                procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
             while None in (codes := [p.poll() for p in procs]):
                 first_bad = next((i for i, rc in enumerate(codes) if rc not in (None, 0)), None)
                 if first_bad is not None:
