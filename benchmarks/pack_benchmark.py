@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-ALPACA = ROOT.parent / "shared" / "data" / "alpaca"
+ALPACA = Path(os.environ.get("FBENCH_DATA") or ROOT.parent / "shared" / "data" / "alpaca")  # the demo files
 SOURCES = [ALPACA / "alpaca_en_demo.json", ALPACA / "alpaca_zh_demo.json"]
 STREAM = "stream.npz"
 IGNORE_INDEX = -100

@@ -37,8 +37,58 @@ def _user_errors():
     from framework_bench.data.alpaca import DataError
     from framework_bench.envs import EnvError
     from framework_bench.plugins import UnknownBackend
+    from framework_bench.results import ResultsError
     from framework_bench.scenario import ScenarioError
-    return (ScenarioError, UnknownBackend, DataError, EnvError)
+    return (ScenarioError, UnknownBackend, DataError, EnvError, ResultsError)
+
+
+# Exit codes (README, "Exit codes"): 0 every run ok or unsupported; 1 a user error, or any run
+# failed / oom / timeout; 130 interrupted (Ctrl-C, SIGTERM, SIGHUP), finished runs stored.
+EXIT_INTERRUPTED = 130
+
+
+def _exit_code(results) -> int:
+    if any(r.status == "interrupted" for r in results):
+        return EXIT_INTERRUPTED
+    return 1 if any(r.status not in ("ok", "unsupported") for r in results) else 0
+
+
+def _check_timeout(timeout: float | None) -> None:
+    import math
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout {timeout}: give a number of seconds above 0")
+
+
+def _check_local(launcher: str | None, chosen: list) -> None:
+    for s in chosen:
+        if launcher == "local" and s.cluster.gpus > 1:
+            fail(f"{s.name} runs {s.cluster.gpus} processes; --launcher local runs one: use torchrun (the default)")
+
+
+def _writable_folder(path: Path, what: str) -> None:
+    """Fail now, before any training, if `path` cannot take files."""
+    import tempfile
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".fbench-write-check-"):
+            pass
+    except OSError as e:
+        fail(f"cannot write to the {what} folder {path}: {e.strerror or e}")
+
+
+def _preflight(store, out: Path | None = None) -> None:
+    """Everything a run writes, checked writable before launching anything."""
+    from framework_bench.data.packing import cache_root
+    from framework_bench.results import ResultsError
+    from framework_bench.runner import runs_root
+    try:
+        store.check_writable()
+    except ResultsError as e:
+        fail(str(e))
+    _writable_folder(runs_root(), "run")
+    _writable_folder(cache_root(), "packed-data cache")
+    if out is not None:
+        _writable_folder(out, "--out")
 
 
 def _load(name: str):
@@ -69,7 +119,7 @@ def scenarios() -> None:
         try:
             s = scenario.load_file(p)
         except scenario.ScenarioError as e:
-            t.add_row(p.stem, f"[red]invalid: {str(e).splitlines()[0]}[/red]", "", "", "", "", "", "")
+            t.add_row(escape(p.stem), f"[red]invalid: {escape(str(e).splitlines()[0])}[/red]", "", "", "", "", "", "")
             continue
         t.add_row(s.name, s.model.preset or "inline", s.cluster.device, str(s.cluster.gpus), _ctx(s.context_length),
                   str(s.sequence_parallel), str(s.zero_stage), _fmt(s.reference.tgs if s.reference else None))
@@ -105,7 +155,7 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     if as_json:
         print(json.dumps({**info, "memory": info["memory"].model_dump()}, indent=2))
         return
-    console.print(f"[bold]{s.name}[/bold]  {s.description}")
+    console.print(f"[bold]{s.name}[/bold]  {escape(s.description)}")
     a = s.arch
     console.print(f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
                   f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}")
@@ -132,11 +182,11 @@ def validate(files: list[Path]) -> None:
     for f in files:
         try:
             scenario.load_file(f)
-            console.print(f"[green]ok[/green] {f}")
+            console.print(f"[green]ok[/green] {escape(str(f))}", highlight=False)
         except scenario.ScenarioError as e:
             bad += 1
             for line in str(e).splitlines():
-                err.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+                err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
     if bad:
         raise typer.Exit(1)
 
@@ -152,13 +202,18 @@ def schema() -> None:
 def pack_cmd(name: str) -> None:
     """Build (or reuse) the packed data of a scenario; print rows, tokens, documents, sha256."""
     from framework_bench.data.packing import pack
+    from framework_bench.interrupts import stop_signals_interrupt
     s = _load(name)
     try:
-        data = pack(s, say=lambda msg: console.print(f"[yellow]{msg}[/yellow]"))
+        with stop_signals_interrupt():
+            data = pack(s, say=lambda msg: console.print(f"[yellow]{escape(msg)}[/yellow]", highlight=False))
     except _user_errors() as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: nothing was kept of the unfinished packing[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED)
     m = data.manifest
-    console.print(f"{'reused' if data.cached else 'packed'} {data.dir}")
+    console.print(f"{'reused' if data.cached else 'packed'} {data.dir}", highlight=False, markup=False)
     console.print(f"rows {m['rows']:,} x {m['context_length']:,} = {m['tokens']:,} tokens, "
                   f"{m['documents']:,} documents (dataset repeated {m['repeat']}x), {m['seconds']:.2f} s to pack")
     console.print(f"sha256 {m['sha256']}")
@@ -230,20 +285,27 @@ def run(
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
+    from framework_bench.interrupts import held, stop_signals_interrupt
     s = _load(scenario)
     _check_launcher(launcher)
+    _check_timeout(timeout)
+    _check_local(launcher, [s])
     if dry_run or launcher == "slurm":
-        _plan_only([backend], [s], launcher, submit=not dry_run)
+        _plan_only([backend], [s], launcher, submit=not dry_run, as_json=as_json)
         return
     store = _store(db)
+    _preflight(store)
     try:
-        with err.status(f"{backend} on {s.name}: starting") as status:
+        with stop_signals_interrupt(), err.status(f"{backend} on {escape(s.name)}: starting") as status:
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
             r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force)
+            with held():  # the row is stored even if a second signal comes now
+                store.add(r, s)
     except _user_errors() as e:
         fail(str(e))
-    store.add(r, s)
+    except KeyboardInterrupt:  # after the run was stored: the signal came while storing
+        raise typer.Exit(EXIT_INTERRUPTED)
     if as_json:
         print(json.dumps(_result_dict(r), indent=2))
     else:
@@ -261,9 +323,9 @@ def run(
         console.print(f"data sha256 {r.data_sha256}")
         if r.run_dir:
             console.print(f"run folder {r.run_dir}")
-        console.print(f"stored as result {r.result_id} in {store.path}")
-    if r.status not in ("ok", "unsupported"):
-        raise typer.Exit(1)
+        console.print(f"stored as result {r.result_id} in {store.path}", highlight=False, markup=False)
+    if code := _exit_code([r]):
+        raise typer.Exit(code)
 
 
 def _results_table(results, scenarios_by_name) -> Table:
@@ -298,19 +360,23 @@ def compare(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from framework_bench import compare as compare_, plugins
-    from framework_bench.results import ResultStore, default_db
+    from framework_bench.interrupts import held, stop_signals_interrupt
 
     _check_launcher(launcher)
+    _check_timeout(timeout)
     try:
         chosen = compare_.expand(scenario)
-        names = backends_.split(",") if backends_ else list(plugins.backends())
+        names = _backend_names(backends_) if backends_ is not None else list(plugins.backends())
     except _user_errors() as e:
         fail(str(e))
+    _check_local(launcher, chosen)
     if dry_run or launcher == "slurm":
-        _plan_only(names, chosen, launcher, submit=not dry_run)
+        _plan_only(names, chosen, launcher, submit=not dry_run, as_json=as_json)
         return
-    store = ResultStore(db or default_db())
+    store = _store(db)
+    _preflight(store, out)
     by_name = {s.name: s for s in chosen}
+    done: list = []  # every stored run, whatever ends the compare
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
     tasks: dict = {}
@@ -322,20 +388,22 @@ def compare(
         progress.update(tasks["current"], completed=done, note=f"step {secs:.2f} s" if secs else "")
 
     def on_result(r, s) -> None:
-        r.result_id = store.add(r, s)
+        with held():  # a second Ctrl-C now must not lose this run's row
+            r.result_id = store.add(r, s)
+            done.append(r)
         progress.update(tasks["current"], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
 
     interrupted = False
     with progress:
         try:
-            results = compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
-                                       on_result=on_result, launcher=launcher, force=force)
-        except compare_.Interrupted as stop:
-            results, interrupted = stop.args[0], True
-        except KeyboardInterrupt:
-            results, interrupted = [], True
+            with stop_signals_interrupt():
+                compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
+                                 on_result=on_result, launcher=launcher, force=force)
+        except (compare_.Interrupted, KeyboardInterrupt):
+            interrupted = True
         except _user_errors() as e:
             fail(str(e))
+    results = done
     if as_json:
         print(json.dumps([_result_dict(r) for r in results], indent=2))
     else:
@@ -352,10 +420,20 @@ def compare(
         rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
         charts, md, page = _charts_and_report(rows, out)
         (err if as_json else console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
-                                            f"report: {md}, {page}", highlight=False)
+                                            f"report: {md}, {page}", highlight=False, markup=False)
     if interrupted:
         err.print("[yellow]interrupted: finished runs are stored[/yellow]")
-        raise typer.Exit(130)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if code := _exit_code(results):
+        raise typer.Exit(code)
+
+
+def _backend_names(option: str) -> list[str]:
+    """`--backends a, b`: stripped, each once, in order; an empty name is a mistake."""
+    names = [n.strip() for n in option.split(",")]
+    if not all(names):
+        fail(f"--backends {option!r}: give backend names separated by commas (see `fbench backends`)")
+    return list(dict.fromkeys(names))
 
 
 def _check_launcher(launcher: str | None) -> None:
@@ -363,8 +441,10 @@ def _check_launcher(launcher: str | None) -> None:
         fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
 
 
-def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool) -> None:
-    """--dry-run (print every plan) and --launcher slurm (write, and submit where sbatch exists)."""
+def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool,
+               as_json: bool = False) -> None:
+    """--dry-run (print every plan) and --launcher slurm (write, and submit where sbatch exists);
+    with --json, one JSON list of the plans on stdout and nothing else there."""
     import shlex
     import subprocess
 
@@ -373,37 +453,44 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
     from framework_bench.machine import detect
 
     machine = detect()
+    show = err if as_json else console  # with --json, stdout holds the JSON alone
+    plans = []
     for s in chosen:
-        console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
         target = s.reference.hardware if s.reference else None
-        console.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
+        show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
         for name in backend_names:
             try:
                 d = runner.dry_run(name, s, launcher, machine, pack_data=submit)
             except _user_errors() as e:
                 fail(str(e))
-            console.print(f"[bold]{name}[/bold] via {d.launcher}: "
-                          + ("[green]checks pass on this machine[/green]" if d.check is None
-                             else f"[yellow]not runnable here: {d.check}[/yellow]"), highlight=False)
-            console.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
+            plans.append(d.model_dump(mode="json"))
+            show.print(f"[bold]{name}[/bold] via {d.launcher}: "
+                       + ("[green]checks pass on this machine[/green]" if d.check is None
+                          else f"[yellow]not runnable here: {escape(d.check)}[/yellow]"), highlight=False)
+            show.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
             for k, v in sorted(d.env.items()):
-                console.print(f"  env:  {k}={v}", highlight=False, markup=False)
+                show.print(f"  env:  {k}={v}", highlight=False, markup=False)
             for role, path in d.files.items():
-                console.print(f"  file ({role}): {path}", highlight=False, markup=False)
+                show.print(f"  file ({role}): {path}", highlight=False, markup=False)
                 if path.is_dir():
                     lines = [f"{p.name}" for p in sorted(path.iterdir())]
                 else:
                     lines = path.read_text().splitlines() if path.exists() else []
                 for line in lines[:40]:
-                    console.print(f"    | {line}", highlight=False, markup=False)
+                    show.print(f"    | {line}", highlight=False, markup=False)
                 if len(lines) > 40:
-                    console.print(f"    | ... ({len(lines) - 40} more lines)", highlight=False, markup=False)
+                    show.print(f"    | ... ({len(lines) - 40} more lines)", highlight=False, markup=False)
             if d.launcher == "slurm" and submit:
                 if launch.sbatch_available():
                     out = subprocess.run(d.argv, capture_output=True, text=True)
-                    console.print(f"  sbatch: {out.stdout.strip() or out.stderr.strip()}", highlight=False)
+                    plans[-1]["sbatch"] = out.stdout.strip() or out.stderr.strip()
+                    show.print(f"  sbatch: {plans[-1]['sbatch']}", highlight=False, markup=False)
                 else:
-                    console.print(f"  sbatch not found here: submit {d.files['sbatch']} on the cluster", highlight=False)
+                    show.print(f"  sbatch not found here: submit {d.files['sbatch']} on the cluster",
+                               highlight=False, markup=False)
+    if as_json:
+        print(json.dumps(plans, indent=2))
 
 
 def _store(db: Path | None):
@@ -470,6 +557,7 @@ def plot(
 ) -> None:
     """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
     from framework_bench.plotting import plot_published, plot_results
+    _writable_folder(out, "--out")
     if published:
         paths = plot_published(out)
     else:
@@ -491,5 +579,6 @@ def report(
     rows = _store(db).latest_by_point(scenario)
     if not rows:
         fail("no stored runs to report: run `fbench compare` first")
+    _writable_folder(out, "--out")
     _, md, page = _charts_and_report(rows, out)
     console.print(f"{md}\n{page}", highlight=False)

@@ -16,7 +16,8 @@ from framework_bench.scenario import Scenario, ScenarioError
 
 
 def expand(patterns: list[str]) -> list[Scenario]:
-    """Scenario names, globs over the names in scenarios/ (`tiny_cpu*`), or file paths; in order, no repeats."""
+    """Scenario names, globs over the names in scenarios/ (`tiny_cpu*`), or file paths; in order, no
+    repeats. Two different files with one name are refused: their runs would share one name."""
     names = [p.stem for p in scenarios_.scenario_paths()]
     chosen: list[str] = []
     for pattern in patterns:
@@ -27,11 +28,14 @@ def expand(patterns: list[str]) -> list[Scenario]:
             chosen += hits
         else:
             chosen.append(pattern)
-    seen: dict[str, Scenario] = {}
+    seen: dict[str, tuple[Path, Scenario]] = {}
     for name in chosen:
+        path = scenarios_.source_path(name)
         s = scenarios_.load(name)
-        seen.setdefault(s.name, s)
-    return sorted(seen.values(), key=lambda s: (s.model.preset or "", s.context_length))
+        if s.name in seen and seen[s.name][0] != path:
+            raise ScenarioError(f"two scenarios named {s.name!r}: {seen[s.name][0]} and {path}; rename one")
+        seen.setdefault(s.name, (path, s))
+    return sorted((s for _, s in seen.values()), key=lambda s: (s.model.preset or "", s.context_length))
 
 
 class Interrupted(Exception):

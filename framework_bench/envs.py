@@ -63,12 +63,19 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
     if not record_file.exists():
         env.problem = "not created (run `fbench env create %s`)" % name
         return env
-    record = json.loads(record_file.read_text())
-    env.flavour = record["flavour"]
-    env.versions = record["versions"]
+    try:
+        record = json.loads(record_file.read_text())
+        env.flavour, env.versions = record["flavour"], dict(record["versions"])
+        made_from = record.get("requirements_sha256")
+        if env.flavour not in ("cpu", "cuda"):
+            raise ValueError(env.flavour)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a damaged record: remade, never a traceback
+        env.flavour, env.versions = None, {}
+        env.problem = f"broken: its record {record_file} is unreadable ({type(e).__name__}; run `fbench env create {name}`)"
+        return env
     if not env.python.exists():
         env.problem = "broken: its Python is missing"
-    elif spec is not None and record["requirements_sha256"] != _requirements_hash(spec, env.flavour):
+    elif spec is not None and made_from != _requirements_hash(spec, env.flavour):
         env.problem = "stale: requirements changed since it was made (run `fbench env create %s`)" % name
     else:
         env.ready = True

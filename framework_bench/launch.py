@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from framework_bench import interrupts
 from framework_bench.backend import Job, LaunchPlan
 
 Launcher = Literal["local", "torchrun", "slurm"]
@@ -146,17 +147,19 @@ def execute(
     own process group, output to `log_path` (node i > 0: `<stem>.node<i>.log`). Calls `poll`
     about twice a second. When one process fails, the others are stopped: they would hang."""
     started = time.monotonic()
+    oom_kills_before = kernel_oom_kills()
     logs = [node_log(log_path, i) for i in range(len(argvs))]
     procs: list[subprocess.Popen] = []
     first_bad: int | None = None
     with ExitStack() as stack:
-        for argv, path in zip(argvs, logs):
-            log = stack.enter_context(path.open("ab"))
-            log.write(f"$ {' '.join(argv)}\n".encode())
-            log.flush()
-            procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-        try:
+        try:  # starting too: an interrupt between two nodes' starts must stop the first
+            for argv, path in zip(argvs, logs):
+                log = stack.enter_context(path.open("ab"))
+                log.write(f"$ {' '.join(argv)}\n".encode())
+                log.flush()
+                procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
             while None in (codes := [p.poll() for p in procs]):
                 first_bad = next((i for i, rc in enumerate(codes) if rc not in (None, 0)), None)
                 if first_bad is not None:
@@ -167,8 +170,9 @@ def execute(
                     _kill_all(procs)
                     return Outcome("timeout", None, time.monotonic() - started,
                                    tail(log_path) + f"\n[fbench] killed after the {timeout:g} s timeout")
-        except KeyboardInterrupt:
-            _kill_all(procs)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where the CLI maps them so
+            with interrupts.held(reraise=False):  # a second Ctrl-C must not orphan the workers
+                _kill_all(procs)
             return Outcome("interrupted", None, time.monotonic() - started, tail(log_path))
         _kill_all(procs)
     poll()
@@ -178,9 +182,46 @@ def execute(
     if first_bad is None:
         return Outcome("ok", 0, seconds, tail(log_path))
     rc, path = procs[first_bad].returncode, logs[first_bad]
-    # SIGKILL from the kernel's OOM killer shows up as -9; a CUDA OOM as its exception text.
-    oom = rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(m in tail(path, 200) for m in OOM_MARKERS)
-    return Outcome("oom" if oom else "failed", rc, seconds, tail(path))
+    # An OOM needs evidence: its message in any rank's log (every node's whole log: the rank
+    # that ran out may not be the last to write), or a kill by the kernel's OOM killer in
+    # this cgroup. A SIGKILL alone may be anyone's.
+    marker = next((m for m in OOM_MARKERS if any(_log_contains(log, m) for log in logs)), None)
+    kernel = kernel_oom_kills()
+    killed_by_oom = kernel is not None and oom_kills_before is not None and kernel > oom_kills_before
+    note = ""
+    if marker is None and killed_by_oom:
+        note = "\n[fbench] the kernel's OOM killer stopped a process of this run (cgroup memory.events)"
+    elif marker is None and rc is not None and rc < 0:
+        note = f"\n[fbench] killed by {signal.Signals(-rc).name}, with no sign of running out of memory"
+    status = "oom" if marker or killed_by_oom else "failed"
+    return Outcome(status, rc, seconds, tail(path) + note)
+
+
+def _log_contains(path: Path, needle: str) -> bool:
+    """Whether `needle` occurs anywhere in the file, read in 1 MiB pieces that overlap."""
+    pattern, keep = needle.encode(), len(needle.encode()) - 1
+    try:
+        with path.open("rb") as fh:
+            previous = b""
+            while chunk := fh.read(1 << 20):
+                if pattern in previous + chunk:
+                    return True
+                previous = chunk[-keep:] if keep else b""
+    except OSError:
+        return False
+    return False
+
+
+def kernel_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's cgroup (v2), or
+    None where that is not readable."""
+    try:
+        line = next(l for l in Path("/proc/self/cgroup").read_text().splitlines() if l.startswith("0::"))
+        events = Path("/sys/fs/cgroup", line[3:].lstrip("/"), "memory.events").read_text()
+    except (OSError, StopIteration):
+        return None
+    counts = dict(l.split() for l in events.splitlines() if len(l.split()) == 2)
+    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
 
 
 def _kill_all(procs: list[subprocess.Popen]) -> None:

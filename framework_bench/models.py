@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+
+Int = Annotated[int, Strict()]  # no booleans or floats where a count belongs
 
 
 class ModelArch(BaseModel):
@@ -13,14 +15,14 @@ class ModelArch(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     architecture: Literal["llama"] = "llama"
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    rope_theta: float = Field(gt=0)
-    max_position_embeddings: int = Field(gt=0)
+    hidden_size: Int = Field(gt=0)
+    num_hidden_layers: Int = Field(gt=0)
+    num_attention_heads: Int = Field(gt=0)
+    num_key_value_heads: Int = Field(gt=0)
+    intermediate_size: Int = Field(gt=0)
+    vocab_size: Int = Field(gt=0)
+    rope_theta: Annotated[float, Strict()] = Field(gt=0)
+    max_position_embeddings: Int = Field(gt=0)
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "ModelArch":

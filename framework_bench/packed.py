@@ -3,7 +3,8 @@
 Stdlib + numpy only: workers import this inside each backend's own environment.
 
 A packed folder holds:
-  manifest.json    context_length, rows, tokens, documents, sha256, tokenizer, sources...
+  manifest.json    context_length, rows, tokens, documents, sha256, tokenizer, sources,
+                   files (every other file's size and sha256, checked when the cache is reused)
   input_ids.npy    int32 [rows, context_length]
   labels.npy       int32 [rows, context_length]; -100 where no loss is taken (prompts)
   doc_starts.npy   int64 [documents]; offsets of document starts in the flattened rows
@@ -26,14 +27,38 @@ DOC_STARTS = "doc_starts.npy"
 TOKENIZER_DIR = "tokenizer"
 
 
-def sha256_of(input_ids: np.ndarray) -> str:
-    """The identity of a packed stream: sha256 of its shape (rows x context) and of its token
-    ids as little-endian int32; the same tokens cut into other rows are another stream."""
-    h = hashlib.sha256(f"{tuple(input_ids.shape)}".encode())
-    flat = np.ascontiguousarray(input_ids, dtype="<i4").reshape(-1)
-    step = 1 << 24  # hash in 64 MiB slices so a memory-mapped stream is never copied whole
+def _update(h, array: np.ndarray, dtype: str) -> None:
+    """Feed `array` (its shape, then its values as `dtype`) to `h`, in 64 MiB slices so a
+    memory-mapped array is never copied whole."""
+    h.update(f"{tuple(array.shape)}".encode())
+    flat = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
+    step = (64 << 20) // flat.itemsize
     for i in range(0, flat.size, step):
         h.update(flat[i : i + step].tobytes())
+
+
+def sha256_of(array: np.ndarray) -> str:
+    """sha256 of one int32 array: its shape, then its values as little-endian int32."""
+    h = hashlib.sha256()
+    _update(h, array, "<i4")
+    return h.hexdigest()
+
+
+def stream_sha256(input_ids: np.ndarray, labels: np.ndarray, doc_starts: np.ndarray) -> str:
+    """The identity of a packed stream: every array a worker reads, with its shape (the same
+    tokens cut into other rows, or with other labels or document boundaries, are another stream)."""
+    h = hashlib.sha256()
+    _update(h, input_ids, "<i4")
+    _update(h, labels, "<i4")
+    _update(h, doc_starts, "<i8")
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(16 << 20):
+            h.update(chunk)
     return h.hexdigest()
 
 
@@ -60,7 +85,7 @@ class PackedRows:
         return self.dir / TOKENIZER_DIR
 
     def sha256(self) -> str:
-        return sha256_of(self.input_ids)
+        return stream_sha256(self.input_ids, self.labels, self.doc_starts)
 
     def segment_ids(self, row: int) -> np.ndarray:
         """Document number within the row, 1..k, for each position (varlen attention masks)."""

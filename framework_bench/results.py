@@ -30,6 +30,9 @@ from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
 SCHEMA_VERSION = 1
+# SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
+# into a new file or one that carries it (or, from before it was set, holds fbench's tables).
+APPLICATION_ID = 0x66626E63
 
 # Migrations by the version they lead to: migration i takes a database at version i to i + 1.
 _MIGRATIONS = [
@@ -160,11 +163,34 @@ class ResultStore:
 
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path is not None else default_db()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=30)
+        if self.path.is_dir():
+            raise ResultsError(f"{self.path} is a folder, not a results file: give a file path with --db")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(self.path, timeout=30)
+        except (OSError, sqlite3.Error) as e:
+            raise ResultsError(f"cannot open the results file {self.path}: {e}") from None
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        try:
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+            bad = self.conn.execute("PRAGMA quick_check").fetchone()[0]
+        except sqlite3.Error as e:  # not a database, a truncated one, unreadable
+            self.conn.close()
+            raise ResultsError(f"{self.path} is not a usable results file ({e}): give another --db") from None
+        if bad != "ok":
+            self.conn.close()
+            raise ResultsError(f"{self.path} is damaged ({bad}): give another --db")
+
+    def check_writable(self) -> None:
+        """Raise ResultsError unless a run's row could be written now (checked before launching,
+        so an unwritable store is not found only after the training)."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self.conn.rollback()
+        except sqlite3.Error as e:
+            raise ResultsError(f"cannot write to the results file {self.path}: {e}") from None
 
     def __enter__(self) -> "ResultStore":
         return self
@@ -176,13 +202,36 @@ class ResultStore:
         self.conn.close()
 
     def _migrate(self) -> None:
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise ResultsError(f"{self.path} has schema version {version}; this fbench knows up to "
-                               f"{SCHEMA_VERSION}: use a newer fbench or another --db")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            # executescript commits on its own, so the version bump rides in the same script.
-            self.conn.executescript(f"BEGIN; {_MIGRATIONS[target - 1]} PRAGMA user_version = {target}; COMMIT;")
+        if self._state() == (APPLICATION_ID, SCHEMA_VERSION):
+            return  # the common case, without taking the write lock
+        # The write lock first, then a fresh look: of several processes opening a new store at
+        # once, one creates the tables and the others find them made.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            app, version = self._state()
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            ours = app == APPLICATION_ID or (app == 0 and version >= 1 and {"runs", "steps"} <= tables)
+            if not ours and (app or version or tables):
+                held = ", ".join(sorted(tables)) or "no tables"
+                raise ResultsError(f"{self.path} belongs to another application (application id {app}, {held}): "
+                                   "fbench will not write into it; give another --db")
+            if version > SCHEMA_VERSION:
+                raise ResultsError(f"{self.path} has schema version {version}; this fbench knows up to "
+                                   f"{SCHEMA_VERSION}: use a newer fbench or another --db")
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[target - 1].split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {target}")
+            self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
+
+    def _state(self) -> tuple[int, int]:
+        return (self.conn.execute("PRAGMA application_id").fetchone()[0],
+                self.conn.execute("PRAGMA user_version").fetchone()[0])
 
     def add(self, result: RunResult, scenario: Scenario, manifest_: dict | None = None) -> int:
         """Record one run with its steps (one transaction); sets and returns `result.result_id`."""
@@ -228,6 +277,8 @@ class ResultStore:
 
     def get(self, run_id: int) -> dict:
         """One run with its steps (ordered by step, then rank) and its manifest."""
+        if not -(2**63) <= run_id < 2**63:  # beyond SQLite's integers: no such run
+            raise ResultsError(f"no run with id {run_id} in {self.path}")
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise ResultsError(f"no run with id {run_id} in {self.path}")

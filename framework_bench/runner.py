@@ -46,6 +46,9 @@ def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
         return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.0f} GiB each by the "
                 f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
                 "them with --launcher slurm")
+    if c.device == "cpu" and c.gpus > (machine.cpu_count or 1):
+        return (f"needs {c.gpus} worker processes ({c.nodes} node(s) x {c.gpus_per_node}), all on this machine, "
+                f"which has {machine.cpu_count} CPU cores")
     return None
 
 
@@ -83,8 +86,13 @@ def run_one(
         reason = memory_shortfall(scenario, machine, backend.info.framework)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package))
     if reason:
-        return RunResult(**base, status="unsupported", reason=reason)
-    data = data or pack(scenario, progress=False, say=lambda msg: None)
+        # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run.
+        setup = not env.ready and machine_shortfall(scenario, machine) is None
+        return RunResult(**base, status="failed" if setup else "unsupported", reason=reason)
+    try:
+        data = data or pack(scenario, progress=False, say=lambda msg: None)
+    except KeyboardInterrupt:
+        return RunResult(**base, status="interrupted", reason="interrupted while packing the data")
     job = make_job(backend_name, scenario, data, machine, root)
     job.write()
     plan = backend.plan(job, env)

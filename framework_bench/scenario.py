@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError,
+                      field_validator, model_validator)
 
+from framework_bench.data.catalog import DATASETS, DEFAULT_DATASET
 from framework_bench.models import PRESETS, ModelArch
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +33,16 @@ def parse_length(value: object) -> object:
     return value
 
 
-Length = Annotated[int, BeforeValidator(parse_length), Field(gt=0)]
+def _whole(value: object) -> object:
+    """YAML's `true` or `2.0` where an integer belongs is a mistake, never 1 or 2."""
+    if isinstance(value, (bool, float)):
+        raise ValueError(f"{value!r} is not an integer")
+    return value
+
+
+# Strict: no booleans, floats or numeric strings where a count belongs.
+Int = Annotated[int, Strict()]
+Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0)]
 
 
 class _Strict(BaseModel):
@@ -57,9 +68,9 @@ class ModelSpec(_Strict):
 
 
 class Cluster(_Strict):
-    nodes: int = Field(1, gt=0)
-    gpus_per_node: int = Field(1, gt=0, description="processes per node; on CPU, worker processes")
-    gpus: int | None = Field(None, gt=0, description="total; optional, must equal nodes x gpus_per_node")
+    nodes: Int = Field(1, gt=0)
+    gpus_per_node: Int = Field(1, gt=0, description="processes per node; on CPU, worker processes")
+    gpus: Int | None = Field(None, gt=0, description="total; optional, must equal nodes x gpus_per_node")
     device: Literal["cpu", "cuda"] = "cuda"
 
     @model_validator(mode="after")
@@ -74,8 +85,8 @@ class Cluster(_Strict):
 
 
 class Steps(_Strict):
-    warmup: int = Field(2, ge=0)
-    measured: int = Field(5, gt=0)
+    warmup: Int = Field(2, ge=0)
+    measured: Int = Field(5, gt=0)
 
     @property
     def total(self) -> int:
@@ -101,6 +112,8 @@ class DataSource(_Strict):
     path: str | None = None
     hub: str | None = None
     split: str = "train"
+    columns: dict[str, str] = Field(default_factory=dict,
+                                    description="record field -> this source's column, e.g. output: output_zh")
 
     @model_validator(mode="after")
     def _one(self) -> "DataSource":
@@ -110,22 +123,35 @@ class DataSource(_Strict):
 
 
 class Dataset(_Strict):
-    sources: list[DataSource] = Field(
-        default_factory=lambda: [
-            DataSource(path="../shared/data/alpaca/alpaca_en_demo.json"),
-            DataSource(path="../shared/data/alpaca/alpaca_zh_demo.json"),
-        ],
-        min_length=1,
-    )
-    repeat: int = Field(1, gt=0, description="at least this many copies; raised when the steps need more tokens")
+    """A named dataset fbench knows how to fetch, or your own sources (files or hub ids)."""
+
+    name: str | None = Field(None, description=f"one of {', '.join(DATASETS)} (default {DEFAULT_DATASET}); "
+                                                "fetched into FBENCH_DATA or fbench's cache")
+    sources: list[DataSource] | None = Field(None, min_length=1, description="your own Alpaca files or hub ids")
+    repeat: Int = Field(1, gt=0, description="at least this many copies; raised when the steps need more tokens")
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is not None and v not in DATASETS:
+            raise ValueError(f"unknown dataset {v!r}; known: {', '.join(DATASETS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "Dataset":
+        if self.name is not None and self.sources is not None:
+            raise ValueError("give a dataset name or sources, not both")
+        if self.sources is None:
+            self.name = self.name or DEFAULT_DATASET
+        return self
 
 
 class Reference(_Strict):
     """A published figure for this scenario, to draw and compare against."""
 
-    tgs: float = Field(gt=0)
-    tflops: float = Field(gt=0)
+    tgs: Annotated[float, Strict()] = Field(gt=0)
+    tflops: Annotated[float, Strict()] = Field(gt=0)
     hardware: str
     framework: str = "xtuner"
     source: str = ""
@@ -137,16 +163,16 @@ class Scenario(_Strict):
     model: ModelSpec
     cluster: Cluster = Field(default_factory=Cluster)
     context_length: Length = Field(description="packed row length, in tokens")
-    sequence_parallel: int = Field(1, gt=0)
-    micro_batch: int = Field(1, gt=0)
-    grad_accum: int = Field(1, gt=0)
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    activation_checkpointing: bool = True
+    sequence_parallel: Int = Field(1, gt=0)
+    micro_batch: Int = Field(1, gt=0)
+    grad_accum: Int = Field(1, gt=0)
+    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_whole)] = 0
+    activation_checkpointing: StrictBool = True
     precision: Literal["bf16", "fp32"] = "bf16"
     attention: Literal["packed", "varlen"] = Field(
         "packed", description="packed: attention may cross example boundaries (as published); varlen: per example"
     )
-    extend_positions: bool = Field(False, description="allow context_length > max_position_embeddings")
+    extend_positions: StrictBool = Field(False, description="allow context_length > max_position_embeddings")
     steps: Steps = Field(default_factory=Steps)
     dataset: Dataset = Field(default_factory=Dataset)
     reference: Reference | None = None
@@ -206,9 +232,13 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 
 def load_file(path: Path) -> Scenario:
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ScenarioError(f"{path}: cannot read: {e}") from None
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: cannot read: not YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: a scenario file must hold a mapping")
     raw.setdefault("name", path.stem)
@@ -223,7 +253,7 @@ def load_file(path: Path) -> Scenario:
 
 def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
     """Relative data/tokenizer paths are relative to the project root, so any cwd works."""
-    for src in scenario.dataset.sources:
+    for src in scenario.dataset.sources or []:
         if src.path is not None and not Path(src.path).is_absolute():
             src.path = str((base / src.path).resolve())
     tok = scenario.dataset.tokenizer
@@ -236,16 +266,21 @@ def scenario_paths(directory: Path = SCENARIO_DIR) -> list[Path]:
     return sorted(directory.glob("*.yaml"))
 
 
-def load(name_or_path: str, directory: Path = SCENARIO_DIR) -> Scenario:
-    """A scenario by name (from `scenarios/`) or by file path."""
+def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
+    """The file `load(name_or_path)` reads, resolved."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
-        return load_file(p)
+        return p.resolve()
     candidate = directory / f"{name_or_path}.yaml"
     if not candidate.exists():
         known = ", ".join(p.stem for p in scenario_paths(directory))
         raise ScenarioError(f"no scenario named {name_or_path!r}; known: {known}")
-    return load_file(candidate)
+    return candidate.resolve()
+
+
+def load(name_or_path: str, directory: Path = SCENARIO_DIR) -> Scenario:
+    """A scenario by name (from `scenarios/`) or by file path."""
+    return load_file(source_path(name_or_path, directory))
 
 
 def load_all(directory: Path = SCENARIO_DIR) -> list[Scenario]:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-# The shared Alpaca files the CPU scenarios pack (../shared/data/alpaca from the repo root).
-ALPACA_DIR = Path(__file__).resolve().parents[1].parent / "shared/data/alpaca"
+# The Alpaca files of the dataset `alpaca-enzh-demo` the CPU scenarios pack: the copies in
+# ../shared/data/alpaca beside the repository (FBENCH_DATA, unless the caller set it already),
+# so the tests never download them.
+ALPACA_DIR = Path(os.environ.get("FBENCH_DATA") or Path(__file__).resolve().parents[1].parent / "shared/data/alpaca")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fbench_data():
+    """FBENCH_DATA for the whole session (a test that needs it unset uses monkeypatch.delenv)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FBENCH_DATA", str(ALPACA_DIR))
+        yield ALPACA_DIR
 
 
 @pytest.fixture

@@ -53,7 +53,8 @@ def test_sbatch_for_yi34b_128k(tmp_path):
 
 
 def _execute(tmp_path: Path, code: str, timeout=None) -> launch.Outcome:
-    return launch.execute([[sys.executable, "-c", code]], {}, tmp_path, tmp_path / "log", timeout)
+    log = tmp_path / f"log{len(list(tmp_path.glob('log*')))}"  # one log per run: a run is judged on its own
+    return launch.execute([[sys.executable, "-c", code]], {}, tmp_path, log, timeout)
 
 
 def test_execute_classifies_endings(tmp_path):
@@ -64,7 +65,7 @@ def test_execute_classifies_endings(tmp_path):
     oom = _execute(tmp_path, "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')")
     assert oom.status == "oom" and "CUDA out of memory" in oom.log_tail
     killed = _execute(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    assert killed.status == "oom"
+    assert killed.status == "failed" and killed.returncode == -9  # a SIGKILL alone is no evidence of an OOM
     slow = _execute(tmp_path, "import time; time.sleep(30)", timeout=1)
     assert slow.status == "timeout" and slow.seconds < 20 and "timeout" in slow.log_tail
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from framework_bench import packed, scenario
-from framework_bench.data import alpaca, packing, tokenizer
+from framework_bench.data import alpaca, catalog, packing, tokenizer
 from framework_bench.packed import IGNORE_INDEX, PackedRows
 from framework_bench.scenario import Scenario
 
@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def records(tiny):
     s = tiny[0]
-    return [r for src in s.dataset.sources for r in alpaca.load_source(src)[0]]
+    return [r for src in catalog.sources(s.dataset) for r in alpaca.load_source(src)[0]]
 
 
 @pytest.fixture(scope="module")
@@ -179,12 +179,16 @@ def test_segment_ids_when_a_document_starts_the_row(tiny):
     assert rows.cu_seqlens(row)[0] == 0 and rows.cu_seqlens(row)[1] > 0
 
 
-def test_hash_is_sha256_of_shape_and_int32_ids(tiny):
+def test_hash_covers_shapes_ids_labels_and_doc_starts(tiny):
     _, data, rows = tiny
     h = hashlib.sha256(str(tuple(rows.input_ids.shape)).encode())
     h.update(np.ascontiguousarray(rows.input_ids, dtype="<i4").tobytes())
+    h.update(str(tuple(rows.labels.shape)).encode())
+    h.update(np.ascontiguousarray(rows.labels, dtype="<i4").tobytes())
+    h.update(str(tuple(rows.doc_starts.shape)).encode())
+    h.update(np.ascontiguousarray(rows.doc_starts, dtype="<i8").tobytes())
     raw = h.hexdigest()
-    assert data.sha256 == rows.sha256() == packed.sha256_of(rows.input_ids) == raw
+    assert data.sha256 == rows.sha256() == packed.stream_sha256(rows.input_ids, rows.labels, rows.doc_starts) == raw
     assert json.loads((data.dir / packed.MANIFEST).read_text())["sha256"] == raw
 
 
@@ -213,7 +217,7 @@ def test_hash_changes_with_context_length(tiny, fbench_home):
     assert data.manifest["context_length"] == 1000
     assert data.sha256 != first.sha256
     assert data.dir != first.dir
-    assert data.sha256 == packed.sha256_of(PackedRows(data.dir).input_ids)
+    assert data.sha256 == PackedRows(data.dir).sha256()
 
 
 def test_hash_distinguishes_row_length_with_same_tokens(tiny, fbench_home):

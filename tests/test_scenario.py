@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from framework_bench import scenario
+from framework_bench.data import catalog
 from framework_bench.cli import app
 from framework_bench.scenario import ScenarioError, load_file
 
@@ -185,8 +186,8 @@ def test_load_by_name_and_unknown_name():
         scenario.load("nope")
 
 
-def test_relative_data_paths_resolve_to_shared_alpaca(alpaca_dir):
+def test_cpu_scenarios_name_their_dataset_and_it_resolves_to_fbench_data(fbench_data):
     s = scenario.load("tiny_cpu")
-    paths = [src.path for src in s.dataset.sources]
-    # resolved, like the scenario's own paths (../shared may be a link to the real folder)
-    assert paths == [str((alpaca_dir / f).resolve()) for f in ("alpaca_en_demo.json", "alpaca_zh_demo.json")]
+    assert s.dataset.name == "alpaca-enzh-demo" and s.dataset.sources is None
+    paths = [src.path for src in catalog.sources(s.dataset)]
+    assert paths == [str(fbench_data / f) for f in ("alpaca_en_demo.json", "alpaca_zh_demo.json")]

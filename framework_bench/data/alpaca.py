@@ -33,25 +33,55 @@ def format_record(rec: dict) -> tuple[str, str]:
 
 def load_source(src: DataSource) -> tuple[list[dict], str]:
     """The records of one source and a fingerprint of its content (for the packing cache key)."""
+    where = src.path or src.hub
     if src.path is not None:
         path = Path(src.path)
         try:
             raw = path.read_bytes()
         except OSError as e:
             raise DataError(f"cannot read Alpaca file {path}: {e.strerror}") from None
-        text = raw.decode("utf-8")
-        records = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+        try:
+            text = raw.decode("utf-8")
+            records = (json.loads(text) if text.lstrip().startswith("[")
+                       else [json.loads(line) for line in text.splitlines() if line.strip()])
+        except ValueError as e:  # not UTF-8, or not JSON (a truncated file, random bytes)
+            raise DataError(f"{path} is not an Alpaca JSON file (a list of records, or one record per line): "
+                            f"{e}") from None
         fingerprint = hashlib.sha256(raw).hexdigest()
     else:
         try:
             import datasets  # only for hub ids: needs a network, and `pip install datasets`
         except ImportError:
             raise DataError(f"loading {src.hub!r} from the hub needs `pip install datasets` and a network") from None
-        ds = datasets.load_dataset(src.hub, split=src.split)
+        try:
+            ds = datasets.load_dataset(src.hub, split=src.split)
+        except Exception as e:  # offline, unknown id, no access: the hub's reasons are many
+            raise DataError(f"cannot load {src.hub!r} from the hub: {str(e).splitlines()[0] if str(e) else e!r}") from None
         records = [dict(r) for r in ds]
         fingerprint = f"hub:{src.hub}:{src.split}:{ds._fingerprint}"
+    if src.columns and isinstance(records, list):
+        records = [{**rec, **{f: rec.get(c) for f, c in src.columns.items()}} if isinstance(rec, dict) else rec
+                   for rec in records]
+        fingerprint += f":columns={json.dumps(src.columns, sort_keys=True)}"
+    check_records(records, where)
+    return records, fingerprint
+
+
+_FIELDS = ("instruction", "input", "output")
+
+
+def check_records(records: object, where: str) -> None:
+    """Alpaca records: a non-empty list of mappings with text `instruction` and `output` (and
+    text or null `input`); anything else would pack garbage or crash the tokenizer."""
+    if not isinstance(records, list) or not records:
+        raise DataError(f"{where}: expected a non-empty list of Alpaca records")
     for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: record {i} is {type(rec).__name__}, not a mapping with instruction/output")
         missing = {"instruction", "output"} - rec.keys()
         if missing:
-            raise DataError(f"{src.path or src.hub}: record {i} lacks {', '.join(sorted(missing))}")
-    return records, fingerprint
+            raise DataError(f"{where}: record {i} lacks {', '.join(sorted(missing))}")
+        for key in _FIELDS:
+            value = rec.get(key)
+            if not isinstance(value, str) and not (key == "input" and value is None):
+                raise DataError(f"{where}: record {i}: {key} is {type(value).__name__}, not text")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +23,12 @@ import numpy as np
 from rich.progress import Progress
 
 from framework_bench import packed
-from framework_bench.data import alpaca, tokenizer as tokenizers_
+from framework_bench.data import alpaca, catalog, tokenizer as tokenizers_
 from framework_bench.envs import fbench_home
 from framework_bench.scenario import Scenario
 
-FORMAT_VERSION = 2  # 2: sha256 covers the row shape
+FORMAT_VERSION = 3  # 2: sha256 covers the row shape; 3: and labels and document starts; files listed
+FREE_SPACE_MARGIN = 1 << 30  # left free after packing, for the run folders and the store
 _ENCODE_CHUNK = 1000
 
 
@@ -108,37 +111,47 @@ def cache_root() -> Path:
     return fbench_home() / "data"
 
 
-def _inputs(scenario: Scenario):
-    """The tokenizer, the records and the cache key: everything the packed output depends on."""
+def _inputs(scenario: Scenario, progress: bool = True):
+    """The tokenizer, the sources with their records, and the cache key: everything the packed
+    output depends on, and the vocabulary its ids were checked against."""
     ds = scenario.dataset
     tok = tokenizers_.load(ds.tokenizer)
-    sources = [alpaca.load_source(s) for s in ds.sources]
+    srcs = catalog.sources(ds, progress)
+    sources = [alpaca.load_source(s) for s in srcs]
     key_inputs = {
         "format": FORMAT_VERSION,
         "template": alpaca.TEMPLATE_NAME,
         "sources": [fp for _, fp in sources],
         "tokenizer": tokenizers_.fingerprint(tok),
+        "vocab_size": scenario.arch.vocab_size,
         "context_length": scenario.context_length,
         "rows_needed": scenario.rows_needed,
         "repeat": ds.repeat,
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True).encode()).hexdigest()[:20]
-    return tok, sources, key_inputs, key
+    return tok, list(zip(srcs, sources)), key_inputs, key
 
 
 def packed_dir(scenario: Scenario) -> Path:
     """Where `pack(scenario)` puts (or finds) its output, without packing anything."""
-    return cache_root() / _inputs(scenario)[3]
+    return cache_root() / _inputs(scenario, progress=False)[3]
 
 
 def pack(scenario: Scenario, progress: bool = True, say=print) -> PackedData:
-    """Build (or reuse) the packed data of `scenario`; identical inputs give the same folder and sha256."""
+    """Build (or reuse) the packed data of `scenario`; identical inputs give the same folder and sha256.
+    A cached folder is reused only when every file it lists has its recorded size and sha256
+    (hashing takes seconds per GB, small beside any run); a damaged one is packed again."""
     ds = scenario.dataset
-    tok, sources, key_inputs, key = _inputs(scenario)
-    records = [r for recs, _ in sources for r in recs]
+    tok, sources, key_inputs, key = _inputs(scenario, progress)
+    records = [r for _, (recs, _) in sources for r in recs]
     out = cache_root() / key
-    if (out / packed.MANIFEST).exists():
-        return PackedData(out, json.loads((out / packed.MANIFEST).read_text()), cached=True)
+    _sweep_abandoned(cache_root())
+    if out.exists():
+        manifest, problem = verified_manifest(out)
+        if problem is None:
+            return PackedData(out, manifest, cached=True)
+        say(f"cached packed data {out} is damaged ({problem}): packing it again")
+        _remove(out)
 
     started = time.monotonic()
     with Progress(disable=not progress, transient=True) as bar:
@@ -149,37 +162,120 @@ def pack(scenario: Scenario, progress: bool = True, say=print) -> PackedData:
             f"tokenizer produces id {int(stream.input_ids.max())} >= the model's vocab_size {vocab}"
         )
     repeat = repeats_needed(stream.input_ids.size, scenario.rows_needed, scenario.context_length, ds.repeat)
+    _check_free_space(out.parent, stream, repeat, scenario.context_length)
     if repeat > ds.repeat:
         say(f"dataset holds {stream.input_ids.size:,} tokens: repeated {repeat}x to fill "
             f"{scenario.rows_needed} rows of {scenario.context_length:,}")
-    tmp = out.with_name(out.name + f".tmp{time.monotonic_ns()}")
+    tmp = out.with_name(f"{out.name}.tmp-{_owner()}-{time.monotonic_ns()}")
     tmp.mkdir(parents=True)
     try:
         counts = pack_stream(stream, scenario.context_length, repeat, tmp)
         tokenizers_.save_for_transformers(tok, tmp / packed.TOKENIZER_DIR, scenario.context_length)
+        arrays = [np.load(tmp / name, mmap_mode="r") for name in (packed.INPUT_IDS, packed.LABELS, packed.DOC_STARTS)]
         manifest = {
             "format": FORMAT_VERSION,
             "context_length": scenario.context_length,
             **counts,
-            "sha256": packed.sha256_of(np.load(tmp / packed.INPUT_IDS, mmap_mode="r")),
+            "sha256": packed.stream_sha256(*arrays),
             "base_documents": len(records),
             "base_tokens": int(stream.input_ids.size),
             "repeat": repeat,
             "repeat_requested": ds.repeat,
             "template": alpaca.TEMPLATE_NAME,
+            "dataset": ds.name,
             "tokenizer": {**ds.tokenizer.model_dump(), "vocab_size": tok.get_vocab_size(),
                           "sha256": key_inputs["tokenizer"]},
-            "sources": [{**s.model_dump(exclude_none=True), "records": len(recs), "fingerprint": fp}
-                        for s, (recs, fp) in zip(ds.sources, sources)],
+            "model_vocab_size": vocab,
+            "sources": [{**s.model_dump(exclude_none=True, exclude_defaults=True), "records": len(recs),
+                         "fingerprint": fp} for s, (recs, fp) in sources],
             "cache_key": key,
+            "files": _describe_files(tmp),
             "seconds": round(time.monotonic() - started, 3),
         }
+        del arrays
         (tmp / packed.MANIFEST).write_text(json.dumps(manifest, indent=2))
         try:
             tmp.rename(out)  # atomic: a crash never leaves a half-written cache entry
         except OSError:  # another process finished the same entry first
             shutil.rmtree(tmp)
-    except BaseException:
+    except BaseException:  # Ctrl-C, and SIGTERM/SIGHUP (the CLI raises them as KeyboardInterrupt)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PackedData(out, json.loads((out / packed.MANIFEST).read_text()))
+
+
+def _describe_files(directory: Path) -> dict[str, dict]:
+    """Every file but the manifest: its size and sha256, checked when the folder is reused."""
+    return {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": packed.file_sha256(p)}
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != packed.MANIFEST}
+
+
+def verified_manifest(directory: Path) -> tuple[dict | None, str | None]:
+    """(manifest, None) when every listed file has its recorded size, then its sha256;
+    (None, what is wrong) otherwise. Sizes first: a truncated file costs no hashing."""
+    try:
+        manifest = json.loads((directory / packed.MANIFEST).read_text())
+        files = {name: (int(f["bytes"]), str(f["sha256"])) for name, f in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return None, f"no readable manifest: {type(e).__name__}: {e}"
+    for name, (size, _) in files.items():
+        path = directory / name
+        if not path.is_file():
+            return None, f"{name} is missing"
+        if path.stat().st_size != size:
+            return None, f"{name} has {path.stat().st_size:,} bytes, not {size:,}"
+    for name, (_, digest) in files.items():
+        if packed.file_sha256(directory / name) != digest:
+            return None, f"{name} does not match its sha256"
+    return manifest, None
+
+
+def _check_free_space(folder: Path, stream: Stream, repeat: int, context_length: int) -> None:
+    """Refuse before writing anything when the packed files would not fit on the disk."""
+    tokens = repeat * stream.input_ids.size
+    need = 2 * 4 * tokens + 8 * repeat * stream.doc_lengths.size  # ids + labels (int32), starts (int64)
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if need + FREE_SPACE_MARGIN > free:
+        raise alpaca.DataError(
+            f"packing {tokens:,} tokens (rows of {context_length:,}, dataset repeated {repeat}x) needs "
+            f"{need / 2**30:,.1f} GiB in {folder}, which has {free / 2**30:,.1f} GiB free: free some space "
+            "or set FBENCH_HOME to a larger disk")
+
+
+def _owner() -> str:
+    """Names a temporary folder after its writer (host and pid), so a later pack can tell
+    the leftovers of a killed writer from another live writer's work."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _sweep_abandoned(root: Path) -> None:
+    """Remove temporary and damaged folders left by packers of this host that no longer run
+    (killed with SIGKILL, or the machine went down)."""
+    host = socket.gethostname()
+    for d in root.glob("*.tmp-*"):
+        _, _, owner = d.name.partition(".tmp-")
+        owner_host, _, rest = owner.rpartition("-")  # rest: the monotonic ns
+        h, _, pid = owner_host.rpartition("-")
+        if h == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(directory: Path) -> None:
+    """Move a damaged folder aside, then delete it: readers that hold it open keep their files."""
+    aside = directory.with_name(f"{directory.name}.tmp-{_owner()}-{time.monotonic_ns()}")
+    try:
+        directory.rename(aside)
+    except FileNotFoundError:  # another process removed it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)

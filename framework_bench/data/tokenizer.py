@@ -25,12 +25,28 @@ def builtin_bytes() -> Tokenizer:
 
 
 def load(spec: TokenizerSpec) -> Tokenizer:
+    from framework_bench.data.alpaca import DataError
+
     if spec.kind == "builtin-bytes":
         return builtin_bytes()
     if spec.kind == "path":
         p = Path(spec.name)
-        return Tokenizer.from_file(str(p / "tokenizer.json" if p.is_dir() else p))
-    return Tokenizer.from_pretrained(spec.name)  # needs a network
+        file = p / "tokenizer.json" if p.is_dir() else p
+        if not file.is_file():
+            raise DataError(f"tokenizer: no tokenizer.json at {file}")
+        try:
+            return Tokenizer.from_file(str(file))
+        except Exception as e:  # the tokenizers library raises its own Exception subclasses
+            raise DataError(f"tokenizer: cannot load {file}: {_first_line(e)}") from None
+    try:
+        return Tokenizer.from_pretrained(spec.name)  # needs a network
+    except Exception as e:
+        raise DataError(f"tokenizer: cannot fetch {spec.name!r} from the hub (offline? use kind: path with a "
+                        f"local tokenizer.json): {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def fingerprint(tok: Tokenizer) -> str:

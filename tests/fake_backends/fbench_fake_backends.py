@@ -50,9 +50,10 @@ ok = FakeBackend("fake_ok", "ok")
 crash = FakeBackend("fake_crash", "crash")
 hang = FakeBackend("fake_hang", "hang")
 interrupt = FakeBackend("fake_interrupt", "interrupt")
+stubborn = FakeBackend("fake_stubborn", "stubborn")
 
 ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
-                [("ok", ok), ("crash", crash), ("hang", hang), ("interrupt", interrupt)]}
+                [("ok", ok), ("crash", crash), ("hang", hang), ("interrupt", interrupt), ("stubborn", stubborn)]}
 
 
 def register_through_entry_points(site: Path) -> None:

@@ -18,6 +18,11 @@ if mode == "hang":
 if mode == "interrupt":
     os.kill(os.getppid(), signal.SIGINT)  # as if the user pressed Ctrl-C in the host
     time.sleep(120)
+if mode == "stubborn":  # slow to stop: ignores SIGTERM, so the host waits before its SIGKILL
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(120)
 rows = PackedRows(job["data_dir"])
 writer = MetricsWriter(job["run_dir"])
 steps = job["scenario"]["steps"]

@@ -26,7 +26,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from fbench_xtuner import run_layout
-from framework_bench.packed import PackedRows, sha256_of
+from framework_bench.packed import PackedRows, stream_sha256
 from framework_bench.worker_io import MetricsWriter, load_job, publish_dir, write_worker_report
 
 DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
@@ -36,8 +36,8 @@ DATA_WAIT_SECONDS = 1800
 def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     """Write the packed rows as a HF dataset (`input_ids`, `labels`; -100 = no loss) for `load_from_disk`.
 
-    Verifies that the rows are the stream the host hashed and returns the sha256 of the
-    token ids read back from the written dataset, i.e. of what XTuner will load.
+    Verifies that the rows are the stream the host hashed and returns the stream sha256 of
+    the token ids and labels read back from the written dataset, i.e. of what XTuner will load.
     """
     import datasets
     import pyarrow as pa
@@ -66,8 +66,8 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
     datasets.Dataset(pa.table(columns)).save_to_disk(str(tmp))
 
-    written = datasets.load_from_disk(str(tmp)).with_format("numpy")["input_ids"]
-    sha = sha256_of(np.asarray(written))
+    written = datasets.load_from_disk(str(tmp)).with_format("numpy")
+    sha = stream_sha256(np.asarray(written["input_ids"]), np.asarray(written["labels"]), packed.doc_starts)
     if sha != job["data_sha256"]:
         raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
     (tmp / DATA_READY).write_text(sha)

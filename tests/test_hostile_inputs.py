@@ -1,0 +1,299 @@
+"""Hostile but realistic input: every mistake is one clear line and exit 1, never a
+traceback, never a silently wrong answer, never fbench's tables in another program's file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from framework_bench import scenario
+from framework_bench.cli import app
+from framework_bench.data import alpaca
+from framework_bench.metrics import RunResult
+from framework_bench.results import SCHEMA_VERSION, ResultStore
+from framework_bench.scenario import DataSource, ScenarioError
+
+TINY = scenario.SCENARIO_DIR / "tiny_cpu.yaml"
+
+
+def one_error(result, *needles: str) -> str:
+    """The run ended with exit 1 and exactly one `error:` line on stderr holding every needle."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+# 7. Unreadable scenario files and data
+
+def test_a_non_utf8_scenario_file(tmp_path, monkeypatch):
+    bad = tmp_path / "latin.yaml"
+    bad.write_bytes("description: caf\xe9\n".encode("latin-1") + TINY.read_bytes())
+    for command in (["validate", str(bad)], ["show", str(bad)]):
+        one_error(cli(*command), "not UTF-8")
+    monkeypatch.setattr(scenario, "SCENARIO_DIR", tmp_path)
+    monkeypatch.setattr(scenario.scenario_paths, "__defaults__", (tmp_path,))
+    result = cli("scenarios")
+    assert result.exit_code == 0 and "invalid" in result.output and "UTF-8" in result.output
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b'[{"instruction": "a", "input": "", "out', "not an Alpaca JSON file"),
+    (b"[1, 2, 3]", "record 0 is int"),
+    (b'[{"instruction": 5, "input": "", "output": "x"}]', "instruction is int"),
+    (b'[{"instruction": "a", "input": "", "output": null}]', "output is NoneType"),
+    (b"[]", "non-empty list"),
+    (bytes(range(256)) * 4, "not an Alpaca JSON file"),
+])
+def test_bad_alpaca_files(tmp_path, fbench_home, content, needle):
+    data = tmp_path / "alpaca.json"
+    data.write_bytes(content)
+    with pytest.raises(alpaca.DataError, match=needle.replace("(", r"\(")):
+        alpaca.load_source(DataSource(path=str(data)))
+    s = tmp_path / "bad_data.yaml"
+    s.write_text(f"model: {{preset: tiny-llama}}\ncluster: {{device: cpu}}\ncontext_length: 512\n"
+                 f"dataset: {{sources: [{{path: {data}}}]}}\n")
+    one_error(cli("pack", str(s)), str(data))
+
+
+def test_a_null_input_is_an_empty_input(tmp_path):
+    data = tmp_path / "alpaca.json"
+    data.write_text('[{"instruction": "a", "input": null, "output": "b"}]')
+    records, _ = alpaca.load_source(DataSource(path=str(data)))
+    assert "### Input" not in alpaca.format_record(records[0])[0]
+
+
+def test_tokenizer_path_that_does_not_exist(tmp_path, fbench_home):
+    s = tmp_path / "tok.yaml"
+    s.write_text(TINY.read_text().replace("kind: builtin-bytes", f"kind: path\n    name: {tmp_path / 'nowhere'}"))
+    one_error(cli("pack", str(s)), "no tokenizer.json")
+    (tmp_path / "garbage.json").write_text("not json")
+    s.write_text(TINY.read_text().replace("kind: builtin-bytes", f"kind: path\n    name: {tmp_path / 'garbage.json'}"))
+    one_error(cli("pack", str(s)), "cannot load")
+
+
+# 7, 10. Results files that fbench cannot or must not use
+
+def _bad_dbs(tmp_path: Path) -> dict[str, Path]:
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    noise = tmp_path / "noise.sqlite"
+    noise.write_bytes(os.urandom(8192))
+    good = tmp_path / "good.sqlite"
+    with ResultStore(good) as store:
+        for _ in range(30):
+            store.add(RunResult(backend="x", scenario="tiny_cpu", status="failed", reason="r" * 2000),
+                      scenario.load("tiny_cpu"), manifest_={})
+    truncated = tmp_path / "truncated.sqlite"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    newer = tmp_path / "newer.sqlite"
+    newer.write_bytes(good.read_bytes())
+    with sqlite3.connect(newer) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    foreign = tmp_path / "other_app.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE contacts (name TEXT)")
+        conn.execute("PRAGMA user_version = 7")
+    return {"folder": folder, "noise": noise, "truncated": truncated, "newer": newer, "foreign": foreign}
+
+
+@pytest.mark.parametrize("command", [
+    ["results", "list"], ["results", "show", "1"], ["results", "export"], ["plot"], ["report"],
+    ["run", "--backend", "xtuner", "--scenario", "tiny_cpu"], ["compare", "--scenario", "tiny_cpu"],
+])
+def test_unusable_results_files_are_one_line_on_every_command(tmp_path, fbench_home, command):
+    for kind, db in _bad_dbs(tmp_path).items():
+        before = db.read_bytes() if db.is_file() else None
+        line = one_error(cli(*command, "--db", str(db)), str(db))
+        assert {"folder": "folder", "noise": "not a usable", "truncated": "results file", "newer": "schema version",
+                "foreign": "another application"}[kind] in line, (kind, line)
+        if before is not None:
+            assert db.read_bytes() == before, f"{kind}: fbench wrote into a file it refused"
+
+
+def test_a_foreign_database_is_left_untouched(tmp_path):
+    foreign = _bad_dbs(tmp_path)["foreign"]
+    with pytest.raises(Exception, match="another application"):
+        ResultStore(foreign)
+    with sqlite3.connect(foreign) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["contacts"]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+
+
+def test_an_empty_file_and_a_store_from_before_the_application_id_are_ours(tmp_path):
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    ResultStore(empty).close()
+    legacy = tmp_path / "legacy.sqlite"
+    with ResultStore(legacy):
+        pass
+    with sqlite3.connect(legacy) as conn:
+        conn.execute("PRAGMA application_id = 0")  # what fbench wrote before it stamped its files
+    with ResultStore(legacy) as store:
+        assert store.list() == []
+
+
+def test_a_fresh_store_opened_by_several_processes_at_once(tmp_path):
+    db = tmp_path / "new.sqlite"
+    code = ("import sys; from framework_bench.results import ResultStore; ResultStore(sys.argv[1]).close(); "
+            "print('ok')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [e for _, e in outs]
+    with ResultStore(db) as store:
+        assert store.list() == []
+
+
+def test_results_show_with_a_huge_id(tmp_path):
+    one_error(cli("results", "show", str(10**30), "--db", str(tmp_path / "r.sqlite")), "no run with id")
+
+
+# 3. Unwritable outputs found before anything runs
+
+def test_unwritable_out_and_store_are_found_before_launching(tmp_path, fbench_home):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    one_error(cli("compare", "--scenario", "tiny_cpu", "--backends", "xtuner", "--db", str(tmp_path / "r.sqlite"),
+                  "--out", str(blocker / "plots")), "--out folder")
+    one_error(cli("run", "--backend", "xtuner", "--scenario", "tiny_cpu", "--db", str(blocker / "r.sqlite")),
+              "cannot open the results file")
+    assert not (fbench_home / "runs").exists() or not any((fbench_home / "runs").iterdir())
+    one_error(cli("plot", "--published", "--out", str(blocker / "plots")), "--out folder")
+
+
+# 8. User strings are never read as rich markup
+
+def test_brackets_in_names_and_messages_are_printed_as_written(tmp_path):
+    bad = tmp_path / "Bad-Name.yaml"
+    bad.write_text(TINY.read_text())
+    result = cli("validate", str(bad))
+    assert result.exit_code == 1 and "^[a-z0-9_]+$" in result.stderr
+    odd = tmp_path / "m[" / "red]x.yaml"  # the path reads m[/red]x.yaml
+    odd.parent.mkdir()
+    odd.write_text("model: {preset: nope}\n")
+    result = cli("validate", str(odd))
+    assert result.exit_code == 1 and "m[/red]x.yaml" in result.stderr and "Traceback" not in result.output
+    fine = tmp_path / "m_x.yaml"
+    fine.write_text(TINY.read_text().replace("description:", "description: '[bold]not bold[/bold]'\n#"))
+    result = cli("show", str(fine))
+    assert result.exit_code == 0 and "[bold]not bold[/bold]" in result.stdout
+
+
+# 9. Numbers are strict
+
+@pytest.mark.parametrize("field, value", [
+    ("context_length", "true"), ("context_length", "512.0"), ("micro_batch", "true"), ("grad_accum", "2.0"),
+    ("sequence_parallel", "'1'"), ("zero_stage", "true"), ("zero_stage", "1.0"), ("activation_checkpointing", "1"),
+])
+def test_no_booleans_or_floats_where_integers_belong(tmp_path, field, value):
+    text = "\n".join(l for l in TINY.read_text().splitlines() if not l.startswith(f"{field}:"))
+    f = tmp_path / "strict.yaml"
+    f.write_text(text + f"\n{field}: {value}\n")
+    with pytest.raises(ScenarioError, match=field):
+        scenario.load_file(f)
+
+
+@pytest.mark.parametrize("where", ["cluster: {device: cpu, gpus_per_node: true}", "steps: {warmup: 1, measured: 2.0}",
+                                   "model: {preset: tiny-llama, config: {hidden_size: 256.0}}",
+                                   "dataset: {name: alpaca-enzh-demo, repeat: true}"])
+def test_nested_numbers_are_strict_too(tmp_path, where):
+    key = where.split(":")[0]
+    kept = []
+    skipping = False
+    for line in TINY.read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            skipping = True
+            continue
+        if skipping and line.startswith(" "):
+            continue
+        skipping = False
+        kept.append(line)
+    f = tmp_path / "strict.yaml"
+    f.write_text("\n".join(kept) + "\n" + where + "\n")
+    with pytest.raises(ScenarioError):
+        scenario.load_file(f)
+
+
+# 11. One name, two files
+
+def test_two_scenario_files_with_one_name_are_refused(tmp_path, fbench_home):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        (tmp_path / d / "tiny_cpu.yaml").write_text(TINY.read_text())
+    line = one_error(cli("compare", "--scenario", str(tmp_path / "a" / "tiny_cpu.yaml"), "--scenario",
+                         str(tmp_path / "b" / "tiny_cpu.yaml"), "--db", str(tmp_path / "r.sqlite")),
+                     "two scenarios named 'tiny_cpu'")
+    assert str(tmp_path / "a" / "tiny_cpu.yaml") in line and str(tmp_path / "b" / "tiny_cpu.yaml") in line
+    one_error(cli("compare", "--scenario", "tiny_cpu", "--scenario", str(tmp_path / "a" / "tiny_cpu.yaml"),
+                  "--dry-run"), "two scenarios named")
+
+
+# 13. CLI edges
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
+def test_timeouts_must_be_positive_and_finite(tmp_path, timeout):
+    for command in (["run", "--backend", "xtuner", "--scenario", "tiny_cpu"], ["compare", "--scenario", "tiny_cpu"]):
+        one_error(cli(*command, "--timeout", timeout, "--db", str(tmp_path / "r.sqlite")), "--timeout")
+
+
+@pytest.mark.parametrize("option", ["", ",", "xtuner,,llamafactory", " , "])
+def test_empty_backend_names_are_refused(tmp_path, option):
+    one_error(cli("compare", "--scenario", "tiny_cpu", "--backends", option, "--dry-run"), "--backends")
+
+
+def test_backend_names_are_stripped_and_run_once(fbench_home):
+    result = cli("compare", "--scenario", "tiny_cpu", "--backends", " xtuner , xtuner,llamafactory", "--dry-run",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)  # --json: stdout is the JSON alone
+    assert [p["backend"] for p in plans] == ["xtuner", "llamafactory"]
+    assert {"argv", "env", "files", "launcher", "check"} <= plans[0].keys()
+
+
+def test_local_launcher_with_several_processes_is_one_error(tmp_path):
+    for command in (["run", "--backend", "xtuner", "--scenario", "multiproc_tiny_cpu_1x2"],
+                    ["compare", "--scenario", "multiproc_tiny_cpu_1x2"]):
+        one_error(cli(*command, "--launcher", "local", "--db", str(tmp_path / "r.sqlite")), "--launcher local")
+
+
+def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home):
+    f = tmp_path / "many.yaml"
+    f.write_text(TINY.read_text().replace("gpus_per_node: 1", f"gpus_per_node: {10**12}"))
+    result = cli("run", "--backend", "xtuner", "--scenario", str(f), "--db", str(tmp_path / "r.sqlite"))
+    assert result.exit_code == 0 and "unsupported" in result.stdout and "CPU cores" in result.stdout
+    assert "Traceback" not in result.output
+
+
+# 7. A damaged env record
+
+@pytest.mark.parametrize("record", ["{not json", "[]", '{"flavour": "gpu", "versions": {}, "requirements_sha256": "x"}',
+                                    '{"flavour": "cpu"}'])
+def test_a_corrupt_env_record_is_a_broken_env_not_a_traceback(fbench_home, tmp_path, record):
+    env = fbench_home / "envs" / "xtuner"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    (env / "fbench-env.json").write_text(record)
+    for command in (["env", "list"], ["backends"]):
+        result = cli(*command)
+        assert result.exit_code == 0 and "Traceback" not in result.output
+        assert "broken" in result.output and "unreadable" in result.output
+    result = cli("run", "--backend", "xtuner", "--scenario", "tiny_cpu", "--db", str(tmp_path / "r.sqlite"))
+    assert result.exit_code == 1 and "failed" in result.stdout and "fbench env create xtuner" in result.stdout

@@ -1,0 +1,180 @@
+"""SIGTERM, SIGHUP and a second Ctrl-C: the worker's whole process group stops, the run is a
+stored `interrupted` row, the exit code is 130; and how a run's end is classified (exit codes,
+OOM only with evidence). The fake backends' worker trains nothing (see test_compare.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from framework_bench import launch
+from framework_bench.cli import app
+from framework_bench.results import ResultStore
+
+FAKES = Path(__file__).parent / "fake_backends"
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch, fbench_home):
+    monkeypatch.syspath_prepend(str(FAKES))
+    import fbench_fake_backends
+
+    site = tmp_path / "site"
+    fbench_fake_backends.register_through_entry_points(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")]))
+    return fbench_home
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line holds `text` (a worker's job file lies under FBENCH_HOME)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+def start_fbench(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_worker(home: Path, proc: subprocess.Popen, mode: str) -> None:
+    deadline = time.monotonic() + 120
+    while not any("fbench_fake_worker" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                  and mode in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                  for p in processes_mentioning(str(home))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_run_stops_the_worker_and_stores_the_run(fakes, tmp_path, sig):
+    db = tmp_path / "r.sqlite"
+    proc = start_fbench("run", "--backend", "fake_hang", "--scenario", "tiny_cpu", "--db", str(db))
+    wait_for_worker(fakes, proc, "hang")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    assert processes_mentioning(str(fakes)) == []  # the worker did not train on
+    with ResultStore(db) as store:
+        assert [r["status"] for r in store.list()] == ["interrupted"]
+
+
+def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, tmp_path):
+    db = tmp_path / "r.sqlite"
+    proc = start_fbench("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_hang,fake_ok",
+                        "--db", str(db), "--out", str(tmp_path / "plots"))
+    wait_for_worker(fakes, proc, "hang")
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert processes_mentioning(str(fakes)) == []
+    with ResultStore(db) as store:
+        assert [(r["backend"], r["status"]) for r in store.list()] == [("fake_ok", "ok"), ("fake_hang", "interrupted")]
+    assert "fake_ok" in out and "interrupted" in out  # the table of what finished
+
+
+def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, tmp_path):
+    """The stubborn worker ignores SIGTERM, so stopping it takes the host's 10 s grace; a
+    second Ctrl-C in that time must neither orphan it nor lose its row or the table."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = None
+
+    def second_ctrl_c():
+        nonlocal timer
+        # once the first Ctrl-C has arrived (the worker sent it) and the host is stopping the worker
+        timer = threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+
+    db = tmp_path / "r.sqlite"
+    watcher = threading.Thread(target=lambda: (wait_for_stubborn(fakes), second_ctrl_c()), daemon=True)
+    watcher.start()
+    try:
+        res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_stubborn",
+                                       "--db", str(db), "--out", str(tmp_path / "plots")])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if timer:
+            timer.cancel()
+    assert res.exit_code == 130, res.output
+    with ResultStore(db) as store:
+        assert [(r["backend"], r["status"]) for r in store.list()] == [("fake_ok", "ok"),
+                                                                          ("fake_stubborn", "interrupted")]
+    assert "fake_ok" in res.stdout and "fake_stubborn" in res.stdout
+    assert processes_mentioning(str(fakes)) == []
+
+
+def wait_for_stubborn(home: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any("stubborn" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+               for p in processes_mentioning(str(home))):
+            return
+        time.sleep(0.1)
+
+
+# 12. Exit codes
+
+def test_exit_codes_of_run(fakes, tmp_path):
+    db = ["--db", str(tmp_path / "r.sqlite")]
+    assert CliRunner().invoke(app, ["run", "--backend", "fake_ok", "--scenario", "tiny_cpu", *db]).exit_code == 0
+    crashed = CliRunner().invoke(app, ["run", "--backend", "fake_crash", "--scenario", "tiny_cpu", *db])
+    assert crashed.exit_code == 1 and "failed" in crashed.stdout
+    published = CliRunner().invoke(app, ["run", "--backend", "fake_ok", "--scenario", "yi34b_128k", *db])
+    assert published.exit_code == 0 and "unsupported" in published.stdout
+
+
+def test_a_missing_env_is_a_failed_run_not_unsupported(fbench_home, tmp_path):
+    """No env made (an empty FBENCH_HOME): the run cannot start; that is a setup to finish."""
+    res = CliRunner().invoke(app, ["run", "--backend", "xtuner", "--scenario", "tiny_cpu",
+                                   "--db", str(tmp_path / "r.sqlite")])
+    assert res.exit_code == 1, res.output
+    assert "failed" in res.stdout and "fbench env create xtuner" in res.stdout
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "xtuner",
+                                   "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 1, res.output
+
+
+# 12. OOM only with evidence
+
+def _execute(tmp_path: Path, *codes: str) -> launch.Outcome:
+    return launch.execute([[sys.executable, "-c", c] for c in codes], {}, tmp_path, tmp_path / "worker.log", 60)
+
+
+def test_sigkill_without_evidence_is_failed_not_oom(tmp_path):
+    out = _execute(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert out.status == "failed" and out.returncode == -signal.SIGKILL
+    assert "killed by SIGKILL, with no sign of running out of memory" in out.log_tail
+
+
+def test_an_oom_message_far_above_the_tail_is_found(tmp_path):
+    code = ("import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB', flush=True); "
+            "[print(f'cleanup line {i}') for i in range(5000)]; sys.exit(1)")
+    out = _execute(tmp_path, code)
+    assert out.status == "oom" and "CUDA out of memory" not in out.log_tail  # only the whole log had it
+
+
+def test_an_oom_on_another_node_counts(tmp_path):
+    node0 = "import sys, time; time.sleep(1); print('rank 0: peer gone'); sys.exit(1)"
+    node1 = "import time; print('CUDA out of memory. Tried to allocate 1.00 GiB', flush=True); time.sleep(60)"
+    out = _execute(tmp_path, node0, node1)
+    assert out.status == "oom" and "peer gone" in out.log_tail
