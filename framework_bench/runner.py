@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, plugins
+from framework_bench import envs, flops, launch, metrics, plugins, verify
 from framework_bench.backend import Job, Machine
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
@@ -57,11 +57,13 @@ def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> st
     return None if e.fits else f"would not fit: {e.summary()}; --force runs it anyway"
 
 
-def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None) -> Job:
+def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
+             settings_mode: str = "matched") -> Job:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
-               device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes)
+               device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
+               settings_mode=settings_mode)
 
 
 def run_one(
@@ -75,17 +77,19 @@ def run_one(
     machine: Machine | None = None,
     on_step: StepCallback = lambda done, total, secs: None,
     force: bool = False,
+    settings_mode: str = "matched",
 ) -> RunResult:
     backend = plugins.get(backend_name)
     machine = machine or detect()
     env, reason = check(backend, scenario, machine)
     if reason is None and not force:
         reason = memory_shortfall(scenario, machine, backend.info.framework)
-    base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package))
+    base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
+                settings_mode=settings_mode)
     if reason:
         return RunResult(**base, status="unsupported", reason=reason)
     data = data or pack(scenario, progress=False, say=lambda msg: None)
-    job = make_job(backend_name, scenario, data, machine, root)
+    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
     job.write()
     plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)
@@ -122,14 +126,25 @@ def run_one(
     result.framework_version = report.framework_version or result.framework_version
     result.framework_throughput = report.framework_throughput
     if report.data_sha256 != data.sha256:
-        result.status = "failed"
+        result.status = "invalid"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {data.sha256}"
     figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(machine.gpu_name))
     result = result.model_copy(update=figures)
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
+    _verify(result, scenario, report, data)
     _save(result)
     return result
+
+
+def _verify(result: RunResult, scenario: Scenario, report, data: PackedData) -> None:
+    """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`."""
+    result.settings = dict(report.settings or {})
+    result.checks = verify.verify(scenario, report, data.dir, result.tgs)
+    reason, flags = verify.verdict(result.checks)
+    result.flags += flags
+    if reason and result.status == "ok":
+        result.status, result.reason = "invalid", reason
 
 
 def _save(result: RunResult) -> None:
