@@ -26,13 +26,13 @@ def installed(distribution: str) -> str | None:
 
 
 def inner_optimizer(optimizer):
-    """The torch optimizer inside framework wrappers (mmengine OptimWrapper, accelerate's
+    """The torch optimizer inside framework wrappers (mmengine's OptimWrapper, accelerate's
     AcceleratedOptimizer, DeepSpeed's ZeRO optimizers all keep it as `.optimizer`)."""
-    import torch
-
-    seen = 0
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer") and seen < 5:
-        optimizer, seen = optimizer.optimizer, seen + 1
+    for _ in range(5):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or not hasattr(inner, "param_groups"):
+            break
+        optimizer = inner
     return optimizer
 
 
