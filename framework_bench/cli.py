@@ -20,6 +20,9 @@ results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite)
 app.add_typer(results_app, name="results")
 DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
 OutOption = Annotated[Path, typer.Option("--out", help="folder for charts and the report")]
+SettingsOption = Annotated[str, typer.Option(
+    "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
+                       "native: each as its own docs and examples configure it")]
 
 # Piped output keeps whole table rows readable instead of wrapping at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -227,20 +230,23 @@ def run(
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    settings: SettingsOption = "matched",
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
     s = _load(scenario)
     _check_launcher(launcher)
+    _check_settings(settings)
     if dry_run or launcher == "slurm":
-        _plan_only([backend], [s], launcher, submit=not dry_run)
+        _plan_only([backend], [s], launcher, submit=not dry_run, settings=settings)
         return
     store = _store(db)
     try:
         with err.status(f"{backend} on {s.name}: starting") as status:
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
-            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force)
+            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force,
+                               settings_mode=settings)
     except _user_errors() as e:
         fail(str(e))
     store.add(r, s)
@@ -258,7 +264,8 @@ def run(
                 console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
         if r.reason:
             console.print(r.reason, highlight=False, markup=False)
-        console.print(f"data sha256 {r.data_sha256}")
+        _print_checks(r.checks)
+        console.print(f"data sha256 {r.data_sha256}; {r.settings_mode} settings")
         if r.run_dir:
             console.print(f"run folder {r.run_dir}")
         console.print(f"stored as result {r.result_id} in {store.path}")
@@ -293,6 +300,7 @@ def compare(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
+    settings: SettingsOption = "matched",
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -301,13 +309,14 @@ def compare(
     from framework_bench.results import ResultStore, default_db
 
     _check_launcher(launcher)
+    _check_settings(settings)
     try:
         chosen = compare_.expand(scenario)
         names = backends_.split(",") if backends_ else list(plugins.backends())
     except _user_errors() as e:
         fail(str(e))
     if dry_run or launcher == "slurm":
-        _plan_only(names, chosen, launcher, submit=not dry_run)
+        _plan_only(names, chosen, launcher, submit=not dry_run, settings=settings)
         return
     store = ResultStore(db or default_db())
     by_name = {s.name: s for s in chosen}
@@ -329,7 +338,7 @@ def compare(
     with progress:
         try:
             results = compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
-                                       on_result=on_result, launcher=launcher, force=force)
+                                       on_result=on_result, launcher=launcher, force=force, settings_mode=settings)
         except compare_.Interrupted as stop:
             results, interrupted = stop.args[0], True
         except KeyboardInterrupt:
@@ -347,9 +356,10 @@ def compare(
                               highlight=False)
                 for line in lines[1:][-8:]:
                     console.print(f"    {line}", highlight=False, markup=False)
+        _print_differences([_result_dict(r) for r in results], settings)
         console.print(f"results stored in {store.path}")
     if results:
-        rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
+        rows = [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
         charts, md, page = _charts_and_report(rows, out)
         (err if as_json else console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False)
@@ -358,12 +368,39 @@ def compare(
         raise typer.Exit(130)
 
 
+def _check_settings(mode: str) -> None:
+    from framework_bench.compare import SETTINGS_MODES
+    if mode not in SETTINGS_MODES:
+        fail(f"--settings {mode!r}: use {' or '.join(SETTINGS_MODES)}")
+
+
+def _print_checks(checks) -> None:
+    colours = {"pass": "green", "fail": "red", "unverified": "yellow"}
+    for c in checks:
+        console.print(f"  [{colours[c.status]}]{c.status:10}[/{colours[c.status]}] {c.name:10} {escape(c.detail)}",
+                      highlight=False)
+
+
+def _print_differences(records: list[dict], mode: str) -> None:
+    """One line per setting that differs between the backends of a scenario."""
+    from framework_bench.compare import setting_differences
+    for name, diffs in setting_differences(records).items():
+        console.print(f"[bold]{escape(name)}[/bold]: {len(diffs)} setting(s) differ between backends "
+                      f"({mode} settings)" if diffs else f"[bold]{escape(name)}[/bold]: same settings on every backend",
+                      highlight=False)
+        for key, values, speed in diffs:
+            shown = ", ".join(f"{b} {v}" for b, v in values.items())
+            console.print(("  [yellow]speed[/yellow] " if speed else "        ") + escape(f"{key}: {shown}"),
+                          highlight=False)
+
+
 def _check_launcher(launcher: str | None) -> None:
     if launcher not in (None, "local", "torchrun", "slurm"):
         fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
 
 
-def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool) -> None:
+def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool,
+               settings: str = "matched") -> None:
     """--dry-run (print every plan) and --launcher slurm (write, and submit where sbatch exists)."""
     import shlex
     import subprocess
@@ -379,7 +416,7 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
         console.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
         for name in backend_names:
             try:
-                d = runner.dry_run(name, s, launcher, machine, pack_data=submit)
+                d = runner.dry_run(name, s, launcher, machine, pack_data=submit, settings_mode=settings)
             except _user_errors() as e:
                 fail(str(e))
             console.print(f"[bold]{name}[/bold] via {d.launcher}: "
@@ -467,15 +504,17 @@ def plot(
     scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
     db: DbOption = None,
     out: OutOption = Path("plots"),
+    settings: SettingsOption = "matched",
 ) -> None:
     """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
     from framework_bench.plotting import plot_published, plot_results
     if published:
         paths = plot_published(out)
     else:
-        rows = _store(db).latest_by_point(scenario)
+        _check_settings(settings)
+        rows = _store(db).latest_by_point(scenario, settings_mode=settings)
         if not rows:
-            fail("no stored runs to plot: run `fbench compare` first, or use --published")
+            fail(f"no stored runs with {settings} settings to plot: run `fbench compare` first, or use --published")
         paths = plot_results(rows, out)
     for p in paths:
         console.print(str(p), highlight=False)
@@ -486,10 +525,12 @@ def report(
     scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
     db: DbOption = None,
     out: OutOption = Path("plots"),
+    settings: SettingsOption = "matched",
 ) -> None:
     """Write report.md and a self-contained report.html from the stored runs."""
-    rows = _store(db).latest_by_point(scenario)
+    _check_settings(settings)
+    rows = _store(db).latest_by_point(scenario, settings_mode=settings)
     if not rows:
-        fail("no stored runs to report: run `fbench compare` first")
+        fail(f"no stored runs with {settings} settings to report: run `fbench compare` first")
     _, md, page = _charts_and_report(rows, out)
     console.print(f"{md}\n{page}", highlight=False)

@@ -166,7 +166,8 @@ class DryRun(BaseModel):
 
 
 def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
-            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False) -> DryRun:
+            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False,
+            settings_mode: str = "matched") -> DryRun:
     """Plan without launching. Without `pack_data` no rows are packed (a 1M-token scenario's
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
@@ -174,7 +175,7 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     env, reason = check(backend, scenario, machine)
     root = root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
-    job = make_job(backend_name, scenario, data, machine, root)
+    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
     job.write()
     plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)

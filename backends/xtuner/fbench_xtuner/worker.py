@@ -190,7 +190,7 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
         **model,
         "autocast_dtype": str(wrapper.cast_dtype).removeprefix("torch.") if amp else
         ("bfloat16" if ds and (ds.get("bf16") or {}).get("enabled") else None),
-        "loss_scaler": type(wrapper.loss_scaler).__name__ if amp else "none",
+        "loss_scaler": type(wrapper.loss_scaler).__name__ if amp and wrapper.loss_scaler.is_enabled() else "none",
         **capture.precision_recipe(model["param_dtype"], ds),
         **capture.zero_settings(ds),
         **capture.dataloader_settings(runner.train_dataloader),
