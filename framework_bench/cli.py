@@ -185,6 +185,32 @@ def backends() -> None:
     console.print(t)
 
 
+@app.command("check-backend")
+def check_backend(
+    name: Annotated[str, typer.Argument(help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(help="scenario to run it on")] = "tiny_cpu",
+    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = 900,
+    settings: SettingsOption = "matched",
+) -> None:
+    """Run a backend through a small scenario and every host verification; exit 1 on any failure."""
+    from framework_bench import testing
+    _check_settings(settings)
+    try:
+        with err.status(f"{name} on {scenario}: running"):
+            report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
+    except _user_errors() as e:
+        fail(str(e))
+    t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
+    for p in report.points:
+        colour = "green" if p.status == "pass" else "red"
+        t.add_row(p.name, f"[{colour}]{p.status}[/{colour}]", escape(p.detail))
+    console.print(t)
+    if report.result.run_dir:
+        console.print(f"run folder {report.result.run_dir}", highlight=False)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
 @env_app.command("create")
 def env_create(
     names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,

@@ -171,7 +171,10 @@ def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
 @pytest.mark.slow
 def test_tiny_cpu_trains_with_llamafactory(llamafactory, tmp_path):
     backend_env_or_skip("llamafactory")
-    scn, result = helpers.train_tiny_cpu("llamafactory", tmp_path, "0.9.5")
+    # native settings, as LLaMA-Factory's examples run (the matched run is in test_compare_real.py)
+    scn, result = helpers.train_tiny_cpu("llamafactory", tmp_path, "0.9.5", settings_mode="native")
+    assert result.settings["optimizer_impl"] == "fused"  # transformers' default optimizer, read off the optimizer
+    assert result.settings["seed"] == 42 and result.settings["pin_memory"] is True
     worker = json.loads((result.run_dir / "worker.json").read_text())
     assert worker["param_dtype"] == "float32" and worker["trainer"].startswith("v0")
     assert worker["rows_converted"] == scn.rows_needed

@@ -39,7 +39,7 @@ def test_an_honest_backend_passes_every_check(fakes, tmp_path):
     assert result.status == "ok", result.reason
     assert {n: c.status for n, c in checks.items()} == {n: "pass" for n in
                                                          ("tokens", "steps", "rows", "throughput", "parameters", "settings")}
-    assert result.settings["trainer"] == "fake-loop" and not result.flags
+    assert result.settings["trainer"] == "fake-loop-ok" and not result.flags
     with ResultStore(tmp_path / "r.sqlite") as store:
         row = store.get(store.add(result, scenario.load("tiny_cpu")))
     assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 6
@@ -91,3 +91,44 @@ def test_expected_parameter_count_of_the_published_models():
     assert verify.expected_param_count(PRESETS["llama2-7b"]) == 6_738_415_616
     assert verify.expected_param_count(PRESETS["llama2-70b"]) == 68_976_648_192
     assert verify.expected_param_count(PRESETS["yi-34b-200k"]) == 34_388_917_248
+
+
+def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path):
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+
+    ok = CliRunner().invoke(app, ["check-backend", "fake_ok"])
+    assert ok.exit_code == 0, ok.output
+    verdicts = {cells[1].strip(): cells[2].strip() for line in ok.output.splitlines()
+                if len(cells := line.split("│")) > 3}
+    assert verdicts == {p: "pass" for p in ("run", "tokens", "steps", "rows", "throughput", "parameters", "settings")}
+    liar = CliRunner().invoke(app, ["check-backend", "fake_double_tokens"])
+    assert liar.exit_code == 1
+    assert "fail" in liar.output and "reports 1024 tokens" in liar.output
+
+
+def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path):
+    from framework_bench import testing
+
+    report = testing.assert_conforms("fake_ok", tmp_path)
+    assert report.passed and [p.name for p in report.points][0] == "run"
+    with pytest.raises(AssertionError, match="rows: step 1 fed 1 row"):
+        testing.assert_conforms("fake_wrong_rows", tmp_path)
+    crashed = testing.check_backend("fake_crash", tmp_path)
+    assert not crashed.passed and crashed.points[0].detail.startswith("status failed")
+
+
+def test_compare_names_each_setting_that_differs_and_the_invalid_run(fakes, tmp_path):
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_double_tokens",
+                                   "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    assert "tiny_cpu: 1 setting(s) differ between backends (matched settings)" in res.output
+    assert "speed trainer: fake_double_tokens fake-loop-double_tokens, fake_ok fake-loop-ok" in res.output
+    assert "fake_double_tokens: invalid" in res.output and "tokens check failed" in res.output
+    report = (tmp_path / "plots" / "report.md").read_text()
+    assert "| ⚠ trainer | fake-loop-double_tokens | fake-loop-ok |" in report

@@ -54,5 +54,5 @@ for step in range(1, steps["warmup"] + steps["measured"] + 1):
     writer.write(step, 0.5, ctx * (2 if mode == "double_tokens" else 1), 10.0 / step, None)
 params = param_count(job["hf_config"]) - (job["hf_config"]["hidden_size"] if mode == "wrong_model" else 0)
 write_worker_report(job["run_dir"], data_sha256=sha, param_count=params, settings={
-    "trainer": "fake-loop", "optimizer": "torch.optim.AdamW", "optimizer_impl": "for-loop", "param_dtype": "float32",
+    "trainer": f"fake-loop-{mode}", "optimizer": "torch.optim.AdamW", "optimizer_impl": "for-loop", "param_dtype": "float32",
     "attention": "none", "activation_checkpointing": False, "zero_stage": 0})
