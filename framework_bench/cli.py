@@ -493,10 +493,11 @@ def results_list(
 ) -> None:
     """One line per stored run."""
     store = _store(db)
-    t = Table("id", "created", "scenario", "backend", "version", "status", "TGS", "TFLOPs/GPU", "steps", "data sha256")
+    t = Table("id", "created", "scenario", "backend", "version", "settings", "status", "TGS", "TFLOPs/GPU", "steps",
+              "data sha256")
     for r in store.list(scenario, backend):
         t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
-                  r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"), str(r["steps_measured"] or 0),
+                  r["settings_mode"], r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"), str(r["steps_measured"] or 0),
                   (r["data_sha256"] or "-")[:12])
     console.print(t)
 

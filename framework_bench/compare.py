@@ -53,7 +53,8 @@ def setting_differences(records: list[dict]) -> dict[str, list[tuple[str, dict[s
     for name, per_backend in by_scenario.items():
         if len(per_backend) < 2:
             continue
-        keys = sorted({k for s in per_backend.values() for k in s} - {"settings_mode"})
+        # a key one backend does not record is unknown there, not a difference
+        keys = sorted(set.intersection(*(set(s) for s in per_backend.values())) - {"settings_mode"})
         diffs = []
         for key in keys:
             values = {b: s.get(key) for b, s in sorted(per_backend.items())}

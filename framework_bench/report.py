@@ -176,7 +176,8 @@ def settings_sections(rows: list[dict]) -> list[Block]:
         table = []
         for key in keys:
             values = [r["settings"].get(key) for r in runs]
-            differs = len({repr(v) for v in values}) > 1
+            # a key one backend does not record is unknown there ("-"), not a difference
+            differs = all(key in r["settings"] for r in runs) and len({repr(v) for v in values}) > 1
             mark = (SPEED_MARK if key in SPEED_RELEVANT else OTHER_MARK) if differs else ""
             table.append((0 if mark == SPEED_MARK else 1 if mark else 2, mark + key,
                           ["-" if v is None else str(v) for v in values]))

@@ -103,7 +103,7 @@ def effective_settings(args, model, optimizer, loader, job: dict) -> dict:
         **capture.dataloader_settings(loader),
         "seed": args.seed,
         "compile": bool(args.torch_compile),
-        "ddp_find_unused_parameters": args.ddp_find_unused_parameters,
+        "ddp_find_unused_parameters": args.ddp_find_unused_parameters if args.world_size > 1 else None,
         # counting tokens seen all-gathers and syncs every micro-batch, inside the step
         "token_count_sync": str(args.include_num_input_tokens_seen) not in ("no", "False"),
         **capture.versions(),

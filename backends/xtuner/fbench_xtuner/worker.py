@@ -197,6 +197,7 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
         "sequence_parallel": sp_size,
         "seed": runner.seed,
         "compile": bool(getattr(runner, "_compile", False)),
+        "ddp_find_unused_parameters": getattr(runner.model, "find_unused_parameters", None),  # DDP-wrapped only
         **capture.versions(),
     }
 
