@@ -162,7 +162,7 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                 ax.legend(loc="best", fontsize=8, framealpha=0.9)
             modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in mrows}))
             fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
-                         f"{modes} settings", fontsize=12)
+                         f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
             paths += _save(fig, Path(out_dir), f"tgs_tflops_{_slug(model)}")
     return paths
 
