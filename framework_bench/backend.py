@@ -89,6 +89,9 @@ class Job(BaseModel):
     device: Literal["cpu", "cuda"]
     nprocs: int = Field(1, description="processes per node the launcher starts")
     nnodes: int = 1
+    settings_mode: Literal["matched", "native"] = Field(
+        "matched", description="matched: both frameworks configured alike where both allow; native: as each "
+                               "framework's own docs and examples configure it")
 
     @computed_field
     @property
@@ -139,3 +142,9 @@ class WorkerReport(BaseModel):
         default_factory=dict, description="the framework's own figures (e.g. tokens_per_sec), mean over measured steps"
     )
     notes: list[str] = Field(default_factory=list)
+    # Claims the host verifies (framework_bench/verify.py); None when a plugin does not report them.
+    settings: dict[str, str | int | float | bool | None] | None = Field(
+        None, description="the settings in effect, read from the live objects (framework_bench/worker/settings.py)")
+    param_count: int | None = Field(None, description="parameters of the model the framework built")
+    consumed_rows: dict[int, dict[int, list[str]]] | None = Field(
+        None, description="{rank: {step: row fingerprints}} fed to the trainer (framework_bench/worker/rows.py)")

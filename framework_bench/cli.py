@@ -20,6 +20,9 @@ results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite)
 app.add_typer(results_app, name="results")
 DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
 OutOption = Annotated[Path, typer.Option("--out", help="folder for charts and the report")]
+SettingsOption = Annotated[str, typer.Option(
+    "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
+                       "native: each as its own docs and examples configure it")]
 
 # Piped output keeps whole table rows readable instead of wrapping at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -237,6 +240,32 @@ def backends() -> None:
     console.print(t)
 
 
+@app.command("check-backend")
+def check_backend(
+    name: Annotated[str, typer.Argument(help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(help="scenario to run it on")] = "tiny_cpu",
+    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = 900,
+    settings: SettingsOption = "matched",
+) -> None:
+    """Run a backend through a small scenario and every host verification; exit 1 on any failure."""
+    from framework_bench import testing
+    _check_settings(settings)
+    try:
+        with err.status(f"{name} on {scenario}: running"):
+            report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
+    except _user_errors() as e:
+        fail(str(e))
+    t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
+    for p in report.points:
+        colour = "green" if p.status == "pass" else "red"
+        t.add_row(p.name, f"[{colour}]{p.status}[/{colour}]", escape(p.detail))
+    console.print(t)
+    if report.result.run_dir:
+        console.print(f"run folder {report.result.run_dir}", highlight=False)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
 @env_app.command("create")
 def env_create(
     names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,
@@ -282,6 +311,7 @@ def run(
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    settings: SettingsOption = "matched",
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
@@ -289,9 +319,10 @@ def run(
     s = _load(scenario)
     _check_launcher(launcher)
     _check_timeout(timeout)
+    _check_settings(settings)
     _check_local(launcher, [s])
     if dry_run or launcher == "slurm":
-        _plan_only([backend], [s], launcher, submit=not dry_run, as_json=as_json)
+        _plan_only([backend], [s], launcher, submit=not dry_run, as_json=as_json, settings=settings)
         return
     store = _store(db)
     _preflight(store)
@@ -299,7 +330,8 @@ def run(
         with stop_signals_interrupt(), err.status(f"{backend} on {escape(s.name)}: starting") as status:
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
-            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force)
+            r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force,
+                              settings_mode=settings)
             with held():  # the row is stored even if a second signal comes now
                 store.add(r, s)
     except _user_errors() as e:
@@ -320,7 +352,8 @@ def run(
                 console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
         if r.reason:
             console.print(r.reason, highlight=False, markup=False)
-        console.print(f"data sha256 {r.data_sha256}")
+        _print_checks(r.checks)
+        console.print(f"data sha256 {r.data_sha256}; {r.settings_mode} settings")
         if r.run_dir:
             console.print(f"run folder {r.run_dir}")
         console.print(f"stored as result {r.result_id} in {store.path}", highlight=False, markup=False)
@@ -355,6 +388,7 @@ def compare(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
+    settings: SettingsOption = "matched",
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -364,6 +398,7 @@ def compare(
 
     _check_launcher(launcher)
     _check_timeout(timeout)
+    _check_settings(settings)
     try:
         chosen = compare_.expand(scenario)
         names = _backend_names(backends_) if backends_ is not None else list(plugins.backends())
@@ -371,7 +406,7 @@ def compare(
         fail(str(e))
     _check_local(launcher, chosen)
     if dry_run or launcher == "slurm":
-        _plan_only(names, chosen, launcher, submit=not dry_run, as_json=as_json)
+        _plan_only(names, chosen, launcher, submit=not dry_run, as_json=as_json, settings=settings)
         return
     store = _store(db)
     _preflight(store, out)
@@ -398,7 +433,7 @@ def compare(
         try:
             with stop_signals_interrupt():
                 compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
-                                 on_result=on_result, launcher=launcher, force=force)
+                                 on_result=on_result, launcher=launcher, force=force, settings_mode=settings)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
         except _user_errors() as e:
@@ -415,9 +450,10 @@ def compare(
                               highlight=False)
                 for line in lines[1:][-8:]:
                     console.print(f"    {line}", highlight=False, markup=False)
+        _print_differences([_result_dict(r) for r in results], settings)
         console.print(f"results stored in {store.path}")
     if results:
-        rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
+        rows = [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
         charts, md, page = _charts_and_report(rows, out)
         (err if as_json else console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
@@ -436,13 +472,39 @@ def _backend_names(option: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _check_settings(mode: str) -> None:
+    from framework_bench.compare import SETTINGS_MODES
+    if mode not in SETTINGS_MODES:
+        fail(f"--settings {mode!r}: use {' or '.join(SETTINGS_MODES)}")
+
+
+def _print_checks(checks) -> None:
+    colours = {"pass": "green", "fail": "red", "unverified": "yellow"}
+    for c in checks:
+        console.print(f"  [{colours[c.status]}]{c.status:10}[/{colours[c.status]}] {c.name:10} {escape(c.detail)}",
+                      highlight=False)
+
+
+def _print_differences(records: list[dict], mode: str) -> None:
+    """One line per setting that differs between the backends of a scenario."""
+    from framework_bench.compare import setting_differences
+    for name, diffs in setting_differences(records).items():
+        console.print(f"[bold]{escape(name)}[/bold]: {len(diffs)} setting(s) differ between backends "
+                      f"({mode} settings)" if diffs else f"[bold]{escape(name)}[/bold]: same settings on every backend",
+                      highlight=False)
+        for key, values, speed in diffs:
+            shown = ", ".join(f"{b} {v}" for b, v in values.items())
+            console.print(("  [yellow]speed[/yellow] " if speed else "        ") + escape(f"{key}: {shown}"),
+                          highlight=False)
+
+
 def _check_launcher(launcher: str | None) -> None:
     if launcher not in (None, "local", "torchrun", "slurm"):
         fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
 
 
 def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool,
-               as_json: bool = False) -> None:
+               as_json: bool = False, settings: str = "matched") -> None:
     """--dry-run (print every plan) and --launcher slurm (write, and submit where sbatch exists);
     with --json, one JSON list of the plans on stdout and nothing else there."""
     import shlex
@@ -461,7 +523,7 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
         show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
         for name in backend_names:
             try:
-                d = runner.dry_run(name, s, launcher, machine, pack_data=submit)
+                d = runner.dry_run(name, s, launcher, machine, pack_data=submit, settings_mode=settings)
             except _user_errors() as e:
                 fail(str(e))
             plans.append(d.model_dump(mode="json"))
@@ -517,10 +579,11 @@ def results_list(
 ) -> None:
     """One line per stored run."""
     store = _store(db)
-    t = Table("id", "created", "scenario", "backend", "version", "status", "TGS", "TFLOPs/GPU", "steps", "data sha256")
+    t = Table("id", "created", "scenario", "backend", "version", "settings", "status", "TGS", "TFLOPs/GPU", "steps",
+              "data sha256")
     for r in store.list(scenario, backend):
         t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
-                  r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"), str(r["steps_measured"] or 0),
+                  r["settings_mode"], r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"), str(r["steps_measured"] or 0),
                   (r["data_sha256"] or "-")[:12])
     console.print(t)
 
@@ -554,6 +617,7 @@ def plot(
     scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
     db: DbOption = None,
     out: OutOption = Path("plots"),
+    settings: SettingsOption = "matched",
 ) -> None:
     """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
     from framework_bench.plotting import plot_published, plot_results
@@ -561,9 +625,10 @@ def plot(
     if published:
         paths = plot_published(out)
     else:
-        rows = _store(db).latest_by_point(scenario)
+        _check_settings(settings)
+        rows = _store(db).latest_by_point(scenario, settings_mode=settings)
         if not rows:
-            fail("no stored runs to plot: run `fbench compare` first, or use --published")
+            fail(f"no stored runs with {settings} settings to plot: run `fbench compare` first, or use --published")
         paths = plot_results(rows, out)
     for p in paths:
         console.print(str(p), highlight=False)
@@ -574,11 +639,13 @@ def report(
     scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
     db: DbOption = None,
     out: OutOption = Path("plots"),
+    settings: SettingsOption = "matched",
 ) -> None:
     """Write report.md and a self-contained report.html from the stored runs."""
-    rows = _store(db).latest_by_point(scenario)
+    _check_settings(settings)
+    rows = _store(db).latest_by_point(scenario, settings_mode=settings)
     if not rows:
-        fail("no stored runs to report: run `fbench compare` first")
+        fail(f"no stored runs with {settings} settings to report: run `fbench compare` first")
     _writable_folder(out, "--out")
     _, md, page = _charts_and_report(rows, out)
     console.print(f"{md}\n{page}", highlight=False)

@@ -14,6 +14,55 @@ from framework_bench import launch, plugins, runner, scenario as scenarios_
 from framework_bench.metrics import RunResult
 from framework_bench.scenario import Scenario, ScenarioError
 
+SETTINGS_MODES = ("matched", "native")
+# Settings that change a step's time (highlighted where backends differ); the rest
+# (seed, learning rate, library versions...) are shown but do not move TGS.
+SPEED_RELEVANT = frozenset({
+    "trainer", "optimizer", "optimizer_impl", "grad_clip", "param_dtype", "autocast_dtype", "loss_scaler",
+    "grad_reduce_dtype", "master_weights", "attention", "attention_kv_repeat", "activation_checkpointing",
+    "checkpointing_reentrant", "zero_stage", "zero_reduce_bucket_size", "zero_allgather_bucket_size",
+    "zero_overlap_comm", "zero_contiguous_gradients", "zero_stage3_prefetch_bucket_size",
+    "zero_stage3_param_persistence_threshold", "zero_stage3_max_live_parameters", "deepspeed_version",
+    "flash_attn_version", "sequence_parallel", "compile", "ddp_find_unused_parameters", "token_count_sync",
+    "torch_version",
+})
+# What matched mode cannot align because it lives inside a framework's own code (fairness
+# audit rows); named in the report beside the recorded settings.
+NOT_ALIGNED = (
+    "XTuner without DeepSpeed clips gradients through mmengine, which reads the norm back to the host "
+    "(float(grad_norm)) every step; the HF Trainer does it only under DeepSpeed.",
+    "XTuner computes the loss over a shifted contiguous fp32 copy of the logits; the HF Trainer's loss "
+    "does not copy.",
+    "Each framework's transformers pin (4.48 vs 5.6) decides whether SDPA repeats grouped K/V heads "
+    "(attention_kv_repeat) and the default checkpointing variant.",
+    "DeepSpeed versions follow each framework's requirements (deepspeed_version).",
+    "Sequence-parallel rows: LLaMA-Factory has sequence parallelism only in its v1 trainer (FSDP2 + Ulysses), "
+    "XTuner only through DeepSpeed ZeRO + its Ulysses; the trainers differ.",
+    "Rows are fed in the host's order on both sides (no shuffling): the host checks each step's rows.",
+)
+
+
+def setting_differences(records: list[dict]) -> dict[str, list[tuple[str, dict[str, object], bool]]]:
+    """Per scenario, each setting whose value differs between backends: (key, {backend: value},
+    speed-relevant). `records` are run records (RunResult dumps or store rows) with `settings`."""
+    by_scenario: dict[str, dict[str, dict]] = {}
+    for r in records:
+        if r.get("settings"):
+            by_scenario.setdefault(r["scenario"], {})[r["backend"]] = r["settings"]
+    out: dict[str, list[tuple[str, dict[str, object], bool]]] = {}
+    for name, per_backend in by_scenario.items():
+        if len(per_backend) < 2:
+            continue
+        # a key one backend does not record is unknown there, not a difference
+        keys = sorted(set.intersection(*(set(s) for s in per_backend.values())) - {"settings_mode"})
+        diffs = []
+        for key in keys:
+            values = {b: s.get(key) for b, s in sorted(per_backend.items())}
+            if len({repr(v) for v in values.values()}) > 1:
+                diffs.append((key, values, key in SPEED_RELEVANT))
+        out[name] = sorted(diffs, key=lambda d: (not d[2], d[0]))
+    return out
+
 
 def expand(patterns: list[str]) -> list[Scenario]:
     """Scenario names, globs over the names in scenarios/ (`tiny_cpu*`), or file paths; in order, no
@@ -53,6 +102,7 @@ def compare(
     root: Path | None = None,
     launcher: launch.Launcher | None = None,
     force: bool = False,
+    settings_mode: str = "matched",
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -65,7 +115,7 @@ def compare(
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
             result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
-                                    force=force)
+                                    force=force, settings_mode=settings_mode)
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":

@@ -67,4 +67,11 @@ class TrainBackend:
         sha256 of the data the worker trained on, and the framework's own throughput
         figures for comparison. Raise `FileNotFoundError` if the worker wrote nothing.
         TGS and TFLOPs are computed by the host, never here.
+
+        The host verifies the claims (framework_bench/verify.py): also return the `settings`
+        in effect (SDK: framework_bench/worker/settings.py), the built model's `param_count`
+        and the `consumed_rows` (SDK: framework_bench/worker/rows.py, `read_consumed`). The
+        framework's own figure goes in `framework_throughput` as `tokens_per_sec_median`
+        (per step), `tokens_per_sec` (measured steps) or `tokens_per_sec_whole_run`, per GPU.
+        A report without them runs, flagged "unverified"; a wrong one is stored `invalid`.
         """

@@ -17,8 +17,10 @@ from pydantic import BaseModel, Field
 from framework_bench import flops
 from framework_bench.backend import StepMetric
 from framework_bench.scenario import Scenario
+from framework_bench.verify import Check
 
-Status = Literal["ok", "failed", "oom", "timeout", "unsupported", "interrupted"]
+# invalid: the run finished but a claim of its worker did not hold (framework_bench/verify.py)
+Status = Literal["ok", "failed", "oom", "timeout", "unsupported", "interrupted", "invalid"]
 
 MIN_MEASURED_STEPS = 3
 MAX_SPREAD = 0.25  # (max - min) / median of step TGS above which the figure is flagged
@@ -47,6 +49,10 @@ class RunResult(BaseModel):
     run_dir: Path | None = None
     wall_seconds: float | None = None
     result_id: int | None = None
+    settings_mode: str = "matched"
+    settings: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict, description="the settings in effect, as the worker read them from the live objects")
+    checks: list[Check] = Field(default_factory=list, description="the host's verification of the worker's claims")
 
 
 def per_step(steps: list[StepMetric]) -> list[tuple[int, float, float]]:

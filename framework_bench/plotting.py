@@ -160,7 +160,9 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                 ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)  # headroom keeps the legend off the lines
                 ax.set_ylabel(ylabel)
                 ax.legend(loc="best", fontsize=8, framealpha=0.9)
-            fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}", fontsize=12)
+            modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in mrows}))
+            fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
+                         f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
             paths += _save(fig, Path(out_dir), f"tgs_tflops_{_slug(model)}")
     return paths
 

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench import flops
+from framework_bench.compare import NOT_ALIGNED, SPEED_RELEVANT
 from framework_bench.plotting import ctx_label, hardware
 from framework_bench.scenario import Scenario
 
 REASON_LINES = 6  # of a failed run's error tail, enough to see the cause without the whole log
+SPEED_MARK, OTHER_MARK = "⚠ ", "≠ "  # settings rows that differ between backends (speed-relevant / not)
 
 
 @dataclass
@@ -144,11 +146,69 @@ def caveats(rows: list[dict]) -> list[str]:
     return out
 
 
+def verification(rows: list[dict]) -> Block | None:
+    """The host's checks of each run's claims (framework_bench/verify.py), with the throughput
+    agreement spelled out: the framework's own figure against the host's."""
+    checked = [r for r in rows if r.get("checks")]
+    if not checked:
+        return None
+    names = [c["name"] for c in checked[0]["checks"]]
+    body = []
+    for r in checked:
+        by_name = {c["name"]: c for c in r["checks"]}
+        cells = [by_name[n]["status"] if n in by_name else "-" for n in names]
+        throughput = by_name.get("throughput", {}).get("detail", "-")
+        body.append([r["scenario"], r["backend"], r["status"], *cells, throughput])
+    return Block("table", header=["scenario", "backend", "status", *names, "framework vs host throughput"], rows=body)
+
+
+def settings_sections(rows: list[dict]) -> list[Block]:
+    """Per scenario, the settings each backend really ran with, side by side; rows that differ
+    are marked, speed-relevant ones first and highlighted."""
+    out = []
+    by_scenario: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("settings"):
+            by_scenario.setdefault(r["scenario"], []).append(r)
+    for name, runs in sorted(by_scenario.items()):
+        backends = [r["backend"] for r in runs]
+        keys = sorted({k for r in runs for k in r["settings"]} - {"settings_mode"})
+        table = []
+        for key in keys:
+            values = [r["settings"].get(key) for r in runs]
+            # a key one backend does not record is unknown there ("-"), not a difference
+            differs = all(key in r["settings"] for r in runs) and len({repr(v) for v in values}) > 1
+            mark = (SPEED_MARK if key in SPEED_RELEVANT else OTHER_MARK) if differs else ""
+            table.append((0 if mark == SPEED_MARK else 1 if mark else 2, mark + key,
+                          ["-" if v is None else str(v) for v in values]))
+        table.sort(key=lambda t: t[0])
+        modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in runs}))
+        out += [Block("p", f"{name} ({modes} settings): {SPEED_MARK.strip()} differs and can move TGS, "
+                           f"{OTHER_MARK.strip()} differs without a known effect on speed."),
+                Block("table", header=["setting", *backends], rows=[[k, *v] for _, k, v in table])]
+    return out
+
+
 def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
+    modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in rows})) or "matched"
     out = [Block("h1", "fbench report"),
-           Block("p", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M %Z')}. TGS is tokens per second "
-                      "per GPU, the median of the measured steps (warm-up excluded), with the min–max over steps.")]
+           Block("p", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS is "
+                      "tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
+                      "min–max over steps.")]
     out += [Block("h2", "Results"), scenario_table(rows)]
+    checks = verification(rows)
+    if checks:
+        out += [Block("h2", "Host verification"),
+                Block("p", "What the host checked of each worker's claims: tokens per step, every step present, the "
+                           "rows consumed against the packed stream, the parameter count, the settings recorded "
+                           "(a failure makes the run invalid), and the framework's own throughput against the "
+                           "host's (flagged beyond 10 %)."), checks]
+    settings = settings_sections(rows)
+    if settings:
+        out += [Block("h2", "Settings in effect"), *settings]
+        if "matched" in modes:
+            out += [Block("p", "Not aligned by matched settings (inside the frameworks' own code):"),
+                    Block("list", items=list(NOT_ALIGNED))]
     pngs = [c for c in charts if c.suffix == ".png"]
     if pngs:
         out.append(Block("h2", "Charts"))
@@ -192,7 +252,8 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
 th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:left;vertical-align:top}
 th{background:#f3f3f3}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
-pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:0.85em}"""
+pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:0.85em}
+tr.speed td{background:#fff3cd;font-weight:600}"""
 
 
 def to_html(items: list[Block]) -> str:
@@ -204,7 +265,8 @@ def to_html(items: list[Block]) -> str:
             parts.append(f"<{b.kind}>{e(b.text)}</{b.kind}>")
         elif b.kind == "table":
             parts.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.header) + "</tr></thead><tbody>")
-            parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in b.rows]
+            parts += [("<tr class=\"speed\">" if row and row[0].startswith(SPEED_MARK) else "<tr>")
+                      + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in b.rows]
             parts.append("</tbody></table>")
         elif b.kind == "list":
             parts.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")

@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
 # into a new file or one that carries it (or, from before it was set, holds fbench's tables).
 APPLICATION_ID = 0x66626E63
@@ -77,10 +77,16 @@ _MIGRATIONS = [
     );
     CREATE INDEX steps_run ON steps (run_id);
     """,
+    # 2: the settings in effect (read by the worker), the settings mode, the host's checks (#11).
+    """
+    ALTER TABLE runs ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE runs ADD COLUMN settings_mode TEXT NOT NULL DEFAULT 'matched';
+    ALTER TABLE runs ADD COLUMN checks TEXT NOT NULL DEFAULT '[]';
+    """,
 ]
 
 # Columns holding JSON text, decoded when rows are read back.
-_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest")
+_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks")
 
 # Distributions of a backend env worth naming in the manifest (those that exist are kept).
 _ENV_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets",
@@ -254,6 +260,9 @@ class ResultStore:
                                                 "data_sha256", "attention_used", "wall_seconds")},
             "flags": json.dumps(result.flags + notes),
             "framework_throughput": json.dumps(result.framework_throughput),
+            "settings": json.dumps(result.settings),
+            "settings_mode": result.settings_mode,
+            "checks": json.dumps([c.model_dump() for c in result.checks]),
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
         }
@@ -288,10 +297,14 @@ class ResultStore:
             "ORDER BY step, rank", (run_id,))]
         return out
 
-    def latest_by_point(self, scenario_glob: str | None = None, backend: str | None = None) -> list[dict]:
-        """The newest run of each backend x scenario (whatever its status): what charts and reports show."""
+    def latest_by_point(self, scenario_glob: str | None = None, backend: str | None = None,
+                        settings_mode: str | None = None) -> list[dict]:
+        """The newest run of each backend x scenario (whatever its status): what charts and reports show;
+        `settings_mode` keeps one mode's runs (matched and native runs are never mixed in one chart)."""
         latest: dict[tuple[str, str], dict] = {}
         for r in self.list(scenario_glob, backend):
+            if settings_mode is not None and r["settings_mode"] != settings_mode:
+                continue
             latest[(r["backend"], r["scenario"])] = r  # ordered by id: later runs replace earlier ones
         return sorted(latest.values(), key=lambda r: (r["model"], r["context_length"], r["scenario"], r["backend"]))
 

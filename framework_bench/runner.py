@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, plugins
+from framework_bench import envs, flops, launch, metrics, plugins, verify
 from framework_bench.backend import Job, Machine
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
@@ -60,11 +60,13 @@ def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> st
     return None if e.fits else f"would not fit: {e.summary()}; --force runs it anyway"
 
 
-def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None) -> Job:
+def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
+             settings_mode: str = "matched") -> Job:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
-               device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes)
+               device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
+               settings_mode=settings_mode)
 
 
 def run_one(
@@ -78,13 +80,15 @@ def run_one(
     machine: Machine | None = None,
     on_step: StepCallback = lambda done, total, secs: None,
     force: bool = False,
+    settings_mode: str = "matched",
 ) -> RunResult:
     backend = plugins.get(backend_name)
     machine = machine or detect()
     env, reason = check(backend, scenario, machine)
     if reason is None and not force:
         reason = memory_shortfall(scenario, machine, backend.info.framework)
-    base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package))
+    base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
+                settings_mode=settings_mode)
     if reason:
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run.
         setup = not env.ready and machine_shortfall(scenario, machine) is None
@@ -93,7 +97,7 @@ def run_one(
         data = data or pack(scenario, progress=False, say=lambda msg: None)
     except KeyboardInterrupt:
         return RunResult(**base, status="interrupted", reason="interrupted while packing the data")
-    job = make_job(backend_name, scenario, data, machine, root)
+    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
     job.write()
     plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)
@@ -130,14 +134,25 @@ def run_one(
     result.framework_version = report.framework_version or result.framework_version
     result.framework_throughput = report.framework_throughput
     if report.data_sha256 != data.sha256:
-        result.status = "failed"
+        result.status = "invalid"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {data.sha256}"
     figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(machine.gpu_name))
     result = result.model_copy(update=figures)
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
+    _verify(result, scenario, report, data)
     _save(result)
     return result
+
+
+def _verify(result: RunResult, scenario: Scenario, report, data: PackedData) -> None:
+    """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`."""
+    result.settings = dict(report.settings or {})
+    result.checks = verify.verify(scenario, report, data.dir, result.tgs)
+    reason, flags = verify.verdict(result.checks)
+    result.flags += flags
+    if reason and result.status == "ok":
+        result.status, result.reason = "invalid", reason
 
 
 def _save(result: RunResult) -> None:
@@ -159,7 +174,8 @@ class DryRun(BaseModel):
 
 
 def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
-            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False) -> DryRun:
+            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False,
+            settings_mode: str = "matched") -> DryRun:
     """Plan without launching. Without `pack_data` no rows are packed (a 1M-token scenario's
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
@@ -167,7 +183,7 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     env, reason = check(backend, scenario, machine)
     root = root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
-    job = make_job(backend_name, scenario, data, machine, root)
+    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
     job.write()
     plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)

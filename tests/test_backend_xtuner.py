@@ -119,6 +119,35 @@ def test_precision_picks_the_optim_wrapper(xtuner, tmp_path):
     assert "strategy" not in values
 
 
+def test_settings_modes_pick_the_precision_recipe(xtuner, tmp_path):
+    """matched: bf16 autocast without a loss scaler over fp32 weights (as the HF Trainer runs
+    bf16); native: the published AmpOptimWrapper's dynamic GradScaler, XTuner's weight dtype."""
+    scn = tiny(cluster={"device": "cuda"}, precision="bf16")
+    configs = {}
+    for mode in ("matched", "native"):
+        job = make_job(tmp_path / mode, scn).model_copy(update={"settings_mode": mode})
+        configs[mode] = top_level(xtuner.plan(job, ready_env("cuda", "flash_attn")).files["mmengine_config"])
+    matched, native = (call_kwargs(configs[m]["optim_wrapper"]) for m in ("matched", "native"))
+    loss_scale = call_kwargs(matched["loss_scale"])
+    assert list(loss_scale) == ["enabled"] and ast.literal_eval(loss_scale["enabled"]) is False
+    assert "loss_scale" not in native  # mmengine's default: 'dynamic'
+    llms = {m: call_kwargs(call_kwargs(configs[m]["model"])["llm"]) for m in configs}
+    assert ast.literal_eval(llms["matched"]["keep_fp32_weights"]) is True
+    assert ast.literal_eval(llms["native"]["keep_fp32_weights"]) is False
+
+
+def test_matched_builder_keeps_fp32_weights_when_xtuner_asks_for_bf16(xtuner, tmp_path):
+    env = backend_env_or_skip("xtuner")
+    job = make_job(tmp_path, tiny())
+    model_dir = xtuner.plan(job, env).files["model_dir"]
+    probe = ("import sys, torch; from fbench_xtuner.model_builder import build_random_llm; "
+             "print(*[next(build_random_llm(sys.argv[1], keep_fp32_weights=k, torch_dtype=torch.bfloat16)"
+             ".parameters()).dtype for k in (True, False)])")
+    out = subprocess.run([str(env.python), "-c", probe, str(model_dir)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["torch.float32", "torch.bfloat16"]
+
+
 def test_published_config_parses_in_mmengine(xtuner, tmp_path):
     """mmengine's lazy-import mode rejects any call at parse time: parse it for real."""
     env = backend_env_or_skip("xtuner")

@@ -1,5 +1,6 @@
 """End to end: both real trainers (XTuner, LLaMA-Factory) on the smallest CPU scenario,
-through `fbench compare`: two ok rows in SQLite on the same packed data, charts, report."""
+through `fbench compare`: two ok rows in SQLite on the same packed data, charts, report,
+each run's settings as its worker read them, and matched mode's equalities in those."""
 
 import json
 import math
@@ -10,6 +11,13 @@ from typer.testing import CliRunner
 
 from conftest import backend_env_or_skip
 from framework_bench.cli import app
+
+
+# What matched mode aligns (fairness audit rows 2, 3, 5, 7, 8, 9, 13, 15, 17, 19, 20 on CPU).
+MATCHED_EQUAL = ("optimizer", "optimizer_impl", "lr", "betas", "eps", "weight_decay", "grad_clip", "param_dtype",
+                 "autocast_dtype", "loss_scaler", "grad_reduce_dtype", "master_weights", "attention",
+                 "activation_checkpointing", "checkpointing_reentrant", "zero_stage", "dataloader_workers",
+                 "pin_memory", "shuffle", "seed", "compile")
 
 
 @pytest.mark.slow
@@ -32,6 +40,14 @@ def test_compare_both_real_backends_on_tiny_cpu(tmp_path, monkeypatch):
         assert r["status"] == "ok", r["reason"]
         assert r["steps_measured"] == 5 and r["tgs"] > 0 and math.isfinite(r["final_loss"])
     assert records["xtuner"]["data_sha256"] == records["llamafactory"]["data_sha256"]
+
+    # Matched settings, asserted from what each worker read off its live objects.
+    xt, lf = records["xtuner"]["settings"], records["llamafactory"]["settings"]
+    for key in MATCHED_EQUAL:
+        assert xt[key] == lf[key], (key, xt[key], lf[key])
+    assert xt["trainer"] == "mmengine-runner" and lf["trainer"] == "hf-trainer"
+    assert lf["token_count_sync"] is False  # fbench adds no sync on one side
+    assert all(r["settings_mode"] == "matched" for r in records.values())
 
     rows = sqlite3.connect(db).execute("SELECT backend, status, data_sha256 FROM runs").fetchall()
     assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("xtuner", "ok")]

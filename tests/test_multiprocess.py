@@ -23,6 +23,10 @@ def test_llamafactory_two_processes(name):
     by_rank = {rank: [m for m in steps if m["rank"] == rank] for rank in (0, 1)}
     assert [len(v) for v in by_rank.values()] == [s.steps.total] * 2  # both ranks trained every step
     assert all(m["tokens"] == s.context_length for m in steps)  # tokens of one rank, not the world
+    # the host's checks hold on both ranks: each step's two rows, in the stream's order, split across the ranks
+    checks = {c.name: c for c in r.checks}
+    assert all(checks[n].status == "pass" for n in ("tokens", "steps", "rows", "parameters", "settings")), checks
+    assert checks["steps"].detail.endswith("on each of 2 rank(s)") and checks["rows"].detail.startswith("rows 0..13")
     # TGS is per process: each step's tokens per rank over its slowest rank's time, median of measured steps
     expected = statistics.median(
         s.context_length / max(by_rank[0][i]["seconds"], by_rank[1][i]["seconds"])

@@ -43,6 +43,7 @@ def test_one_chart_per_model_with_every_backend_and_failure(rows, tmp_path):
     for p in paths:
         assert p.stat().st_size > 20_000, p
     svg = (out / "tgs_tflops_tiny-llama.svg").read_text()
+    assert 'id="settings-matched"' in svg  # the title says which settings mode the chart shows
     for metric in ("tgs", "tflops"):
         for backend in ("xtuner", "llamafactory"):
             assert f'id="{metric}-line-{backend}"' in svg and f'id="{metric}-spread-{backend}"' in svg

@@ -62,3 +62,30 @@ def test_markdown_links_the_charts_relatively(report):
     md, _, _ = report
     assert "![tgs_tflops_tiny-llama](../plots/tgs_tflops_tiny-llama.png)" in md
     assert "| tiny_cpu | tiny-llama | 512 | 1 (CPU) | 1 | xtuner 0.2.0 | ok |" in md
+
+
+def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
+    from framework_bench.compare import setting_differences
+    from framework_bench.verify import Check
+
+    base = {"trainer": "t", "optimizer": "torch.optim.adamw.AdamW", "optimizer_impl": "foreach", "seed": 1,
+            "param_dtype": "float32", "attention": "sdpa", "activation_checkpointing": False, "zero_stage": 0}
+    runs = [RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", settings={**base, "trainer": "mmengine-runner"},
+                      checks=[Check(name="throughput", status="pass", detail="framework 99 vs host 100 (-1.0%)")]),
+            RunResult(backend="llamafactory", scenario="tiny_cpu", status="ok",
+                      settings={**base, "trainer": "hf-trainer", "optimizer_impl": "fused", "seed": 42})]
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        for r in runs:
+            store.add(r, load("tiny_cpu"), manifest_=MANIFEST)
+        rows = store.latest_by_point(settings_mode="matched")
+    diffs = setting_differences(rows)["tiny_cpu"]
+    assert [(key, speed) for key, _, speed in diffs] == [("optimizer_impl", True), ("trainer", True), ("seed", False)]
+    assert diffs[0][1] == {"llamafactory": "fused", "xtuner": "foreach"}
+    md, page = write_report(rows, tmp_path / "report", [])
+    text = md.read_text()
+    assert "## Settings in effect" in text and "tiny_cpu (matched settings)" in text
+    assert "| ⚠ optimizer_impl | fused | foreach |" in text and "| ≠ seed | 42 | 1 |" in text
+    assert "| attention | sdpa | sdpa |" in text  # equal: shown, not marked
+    assert "framework 99 vs host 100 (-1.0%)" in text and "## Host verification" in text
+    assert "Not aligned by matched settings" in text
+    assert '<tr class="speed"><td>⚠ optimizer_impl</td>' in page.read_text()

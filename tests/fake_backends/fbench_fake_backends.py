@@ -3,7 +3,9 @@
 They are registered through the `fbench.backends` entry-point group (see
 `register_through_entry_points`), exactly like a third-party backend. Their worker
 (`fbench_fake_worker`) does no training: it exists to end in each way a real worker can
-(ok, crash, hang, Ctrl-C), so the tests can check what the host records.
+(ok, crash, hang, Ctrl-C), or to tell one lie the host must catch (an echoed sha256, doubled
+tokens, missing steps, the wrong rows, the wrong model size), so the tests can check what the
+host records.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, WorkerReport, StepMetric
 from framework_bench.hookspecs import hookimpl
+from framework_bench.worker.rows import read_consumed
 from framework_bench.worker_io import read_metrics, read_worker_report
 
 HERE = Path(__file__).resolve().parent
@@ -42,8 +45,12 @@ class FakeBackend:
     @hookimpl
     def fbench_read_report(self, job):
         report = read_worker_report(job.run_dir)
-        return WorkerReport(steps=[StepMetric(**m) for m in read_metrics(job.run_dir)],
-                            data_sha256=report.get("data_sha256"), framework_version="0")
+        steps = [StepMetric(**m) for m in read_metrics(job.run_dir)]
+        # The fake's "own" figure: its fixed step time, as a framework's log would give it.
+        own = {"tokens_per_sec_median": job.scenario.context_length / 0.5} if steps else {}
+        return WorkerReport(steps=steps, data_sha256=report.get("data_sha256"), framework_version="0",
+                            framework_throughput=own, settings=report.get("settings"),
+                            param_count=report.get("param_count"), consumed_rows=read_consumed(job.run_dir))
 
 
 ok = FakeBackend("fake_ok", "ok")
@@ -51,9 +58,16 @@ crash = FakeBackend("fake_crash", "crash")
 hang = FakeBackend("fake_hang", "hang")
 interrupt = FakeBackend("fake_interrupt", "interrupt")
 stubborn = FakeBackend("fake_stubborn", "stubborn")
+LIARS = ("echo_sha", "double_tokens", "missing_steps", "wrong_rows", "wrong_model")
+echo_sha = FakeBackend("fake_echo_sha", "echo_sha")
+double_tokens = FakeBackend("fake_double_tokens", "double_tokens")
+missing_steps = FakeBackend("fake_missing_steps", "missing_steps")
+wrong_rows = FakeBackend("fake_wrong_rows", "wrong_rows")
+wrong_model = FakeBackend("fake_wrong_model", "wrong_model")
 
 ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
                 [("ok", ok), ("crash", crash), ("hang", hang), ("interrupt", interrupt), ("stubborn", stubborn)]}
+ENTRY_POINTS |= {f"fake_{mode}": f"fbench_fake_backends:{mode}" for mode in LIARS}
 
 
 def register_through_entry_points(site: Path) -> None:

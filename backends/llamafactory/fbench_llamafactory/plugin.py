@@ -23,6 +23,7 @@ from framework_bench.backend import (
     WorkerReport,
 )
 from framework_bench.hookspecs import hookimpl
+from framework_bench.worker.rows import read_consumed
 from framework_bench.launch import free_port
 from framework_bench.scenario import Scenario
 
@@ -101,33 +102,22 @@ def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
 
 
 def framework_throughput(job: Job) -> dict[str, float]:
-    """LLaMA-Factory's own figures from `trainer_log.jsonl`, over the measured steps.
-
-    Its `throughput` is cumulative: tokens seen so far / seconds since training began,
-    warm-up included; `elapsed_time` is rounded to whole seconds. The precise elapsed time
-    at each logged step is therefore `total_tokens / throughput`, which gives the rate over
-    the measured window (after warm-up). Figures are rank 0's (it alone writes the log).
+    """The HF Trainer's own figure under LLaMA-Factory: `train_results.json` in output_dir
+    (written by LLaMA-Factory's SFT workflow) holds `train_runtime`, the seconds of the whole
+    training loop, warm-up included. Tokens per GPU over that run / that runtime is its rate
+    per GPU, which the host compares with its own whole-run figure (framework_bench/verify.py).
+    Its per-step log has no token rate unless `include_num_input_tokens_seen` adds a sync to
+    every micro-batch, which fbench no longer asks for.
     """
-    log = Path(job.run_dir) / run_files.OUTPUT_DIR / run_files.TRAINER_LOG
-    if not log.exists():
+    path = Path(job.run_dir) / run_files.OUTPUT_DIR / run_files.TRAIN_RESULTS
+    if not path.exists():
         return {}
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    by_step = {r["current_steps"]: r for r in rows if r.get("throughput")}
-    warmup, last = job.scenario.steps.warmup, job.scenario.steps.total
-    if last not in by_step:
+    runtime = float(json.loads(path.read_text()).get("train_runtime") or 0)
+    if runtime <= 0:
         return {}
-    end = by_step[last]
-    out = {"throughput_cumulative": float(end["throughput"])}
-    start = {"total_tokens": 0, "throughput": None} if warmup == 0 else by_step.get(warmup)
-    if start is not None:
-        seconds = _elapsed(end) - (_elapsed(start) if start["throughput"] else 0.0)
-        if seconds > 0:
-            out["tokens_per_sec"] = (end["total_tokens"] - start["total_tokens"]) / seconds
-    return out
-
-
-def _elapsed(log_row: dict) -> float:
-    return log_row["total_tokens"] / log_row["throughput"]
+    s = job.scenario
+    tokens_per_gpu = s.steps.total * s.micro_batch * s.grad_accum * s.context_length // s.sequence_parallel
+    return {"tokens_per_sec_whole_run": tokens_per_gpu / runtime, "train_runtime": runtime}
 
 
 @hookimpl
@@ -144,4 +134,7 @@ def fbench_read_report(job: Job) -> WorkerReport:
         attention_used=worker.get("attention_used"),
         framework_throughput=framework_throughput(job),
         notes=notes,
+        settings=worker.get("settings"),
+        param_count=worker.get("param_count"),
+        consumed_rows=read_consumed(job.run_dir),
     )

@@ -16,7 +16,7 @@ MODEL_DIR = "model"                   # config.json + tokenizer files; no weight
 TOKENIZED_DIR = "tokenized"           # DatasetDict{"train"} written by the worker (v0)
 V1_DATA = "train.parquet"             # the same rows as one parquet file (v1 data engine)
 OUTPUT_DIR = "output"                 # LLaMA-Factory's output_dir: trainer_log.jsonl lands here
-TRAINER_LOG = "trainer_log.jsonl"
+TRAIN_RESULTS = "train_results.json"  # the HF Trainer's end-of-training metrics (train_runtime)
 WAIT_FOR_FILES_S = 900
 
 

@@ -18,7 +18,8 @@ from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_N
 
 from fbench_llamafactory import run_files
 
-SEED = 42
+SEED = 42  # LLaMA-Factory's (the HF Trainer's) default: native mode
+MATCHED_SEED = 1024  # XTuner's published configs' seed: matched mode (no effect on speed; aligned anyway)
 
 # LLaMA-Factory requires a dataset name even when `tokenized_path` already holds the data;
 # it is never looked up because the tokenized data exists when training starts.
@@ -36,25 +37,27 @@ def attention_request(job: Job, flash_attn_installed: bool) -> str:
 
 def deepspeed_config(job: Job) -> dict:
     """ZeRO stage from the scenario, with the batch figures written out (not "auto") so
-    transformers checks them against the training arguments."""
+    transformers checks them against the training arguments.
+
+    matched: XTuner's own deepspeed_zero{1,2,3}.json (stage, overlap_comm) with DeepSpeed's
+    defaults for every bucket and prefetch size, so both frameworks run the same ZeRO config.
+    native: LLaMA-Factory's examples/deepspeed/ds_z{2,3}_config.json (stage 1 from the stage-2
+    file), whose "auto" sizes transformers fills from the model's hidden size.
+    """
     s = job.scenario
     bf16 = job.device == "cuda" and s.precision == "bf16"
-    zero: dict = {
-        "stage": s.zero_stage,
-        "overlap_comm": True,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": 5e8,
-        "allgather_bucket_size": 5e8,
-    }
-    if s.zero_stage == 3:
-        zero |= {
-            "sub_group_size": 1e9,
-            "stage3_prefetch_bucket_size": 5e8,
-            "stage3_param_persistence_threshold": 1e6,
-            "stage3_max_live_parameters": 1e9,
-            "stage3_max_reuse_distance": 1e9,
-            "stage3_gather_16bit_weights_on_model_save": False,  # nothing is saved
-        }
+    if job.settings_mode == "matched":
+        zero: dict = {"stage": s.zero_stage, "overlap_comm": True}
+    elif s.zero_stage == 3:
+        zero = {"stage": 3, "overlap_comm": False, "contiguous_gradients": True, "sub_group_size": 1e9,
+                "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+                "stage3_max_reuse_distance": 1e9,
+                "stage3_gather_16bit_weights_on_model_save": False}  # nothing is saved
+    else:
+        zero = {"stage": s.zero_stage, "allgather_partitions": True, "allgather_bucket_size": 5e8,
+                "overlap_comm": False, "reduce_scatter": True, "reduce_bucket_size": 5e8,
+                "contiguous_gradients": True, "round_robin_gradients": True}
     return {
         "train_micro_batch_size_per_gpu": s.micro_batch,
         "gradient_accumulation_steps": s.grad_accum,
@@ -66,6 +69,25 @@ def deepspeed_config(job: Job) -> dict:
         "fp16": {"enabled": False},
         "zero_optimization": zero,
     }
+
+
+def mode_args(job: Job) -> dict:
+    """What differs between the settings modes (framework_bench: --settings).
+
+    matched, aligned with the XTuner backend: torch AdamW with torch's own implementation
+    choice (`adamw_torch`: foreach on GPU, as XTuner's unflagged AdamW), DDP without the
+    unused-parameter search (XTuner's mmengine DDP), the data loader's worker count and
+    pinned memory as XTuner's published configs (4 workers on GPU, no pinning), XTuner's seed.
+    native, as LLaMA-Factory's examples run: transformers' default optimizer (fused AdamW),
+    its default DDP and data-loader settings and seed; 4 loader workers on GPU (the examples' value).
+    Both: no token counting (`include_num_input_tokens_seen`, an all-gather and a host sync
+    per micro-batch that fbench once added to this side only; the host counts tokens itself).
+    """
+    workers = 4 if job.device == "cuda" else 0  # on CPU the workers would take the trainer's cores
+    if job.settings_mode == "native":
+        return {"dataloader_num_workers": workers, "seed": SEED}
+    return {"optim": "adamw_torch", "ddp_find_unused_parameters": False, "dataloader_num_workers": workers,
+            "dataloader_pin_memory": False, "seed": MATCHED_SEED}
 
 
 def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
@@ -95,7 +117,6 @@ def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
         "per_device_train_batch_size": s.micro_batch,
         "gradient_accumulation_steps": s.grad_accum,
         "max_steps": s.steps.total,
-        "optim": "adamw_torch",
         "learning_rate": LEARNING_RATE,
         "adam_beta1": ADAM_BETAS[0],
         "adam_beta2": ADAM_BETAS[1],
@@ -108,9 +129,7 @@ def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
         "logging_steps": 1,
         "save_strategy": "no",
         "report_to": "none",
-        "dataloader_num_workers": 0,
-        "include_num_input_tokens_seen": True,
-        "seed": SEED,
+        **mode_args(job),
     }
     if deepspeed_file is not None:
         args["deepspeed"] = str(deepspeed_file)

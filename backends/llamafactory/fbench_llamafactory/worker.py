@@ -18,6 +18,8 @@ import numpy as np
 
 from framework_bench import worker_io
 from framework_bench.packed import PackedRows
+from framework_bench.worker import settings as capture
+from framework_bench.worker.rows import ConsumedRows
 
 from fbench_llamafactory import run_files
 from fbench_llamafactory.run_files import is_local_main, wait_for
@@ -79,7 +81,72 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
         wait_for(target)
 
 
-def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -> None:
+def effective_settings(args, model, optimizer, loader, job: dict) -> dict:
+    """What the HF Trainer under LLaMA-Factory really trains with, read from the live objects."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState()
+    ds = state.deepspeed_plugin.deepspeed_config if state.deepspeed_plugin is not None else None
+    model_part = capture.model_settings(model)
+    mixed = str(state.mixed_precision)  # accelerate autocasts to it; DeepSpeed casts the weights instead
+    scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16 only)
+    return {
+        "trainer": "hf-trainer+deepspeed" if ds else "hf-trainer",
+        "settings_mode": job.get("settings_mode", "matched"),
+        **capture.optimizer_settings(optimizer),
+        "grad_clip": args.max_grad_norm,
+        **model_part,
+        "autocast_dtype": None if ds else {"bf16": "bfloat16", "fp16": "float16"}.get(mixed),
+        "loss_scaler": type(scaler).__name__ if scaler is not None else "none",
+        **capture.precision_recipe(model_part["param_dtype"], ds),
+        **capture.zero_settings(ds),
+        **capture.dataloader_settings(loader),
+        "seed": args.seed,
+        "compile": bool(args.torch_compile),
+        "ddp_find_unused_parameters": args.ddp_find_unused_parameters if args.world_size > 1 else None,
+        # counting tokens seen all-gathers and syncs every micro-batch, inside the step
+        "token_count_sync": str(args.include_num_input_tokens_seen) not in ("no", "False"),
+        **capture.versions(),
+    }
+
+
+class Claims:
+    """Records what the host verifies (framework_bench/verify.py): the rows the model was fed
+    (kept by a forward pre-hook, read back after the step's clock has stopped, so no device
+    sync lands inside a step), the settings in effect and the parameter count."""
+
+    def __init__(self, job: dict):
+        from transformers import TrainerCallback
+
+        claims = self
+
+        class Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):
+                claims.settings = effective_settings(args, model, optimizer, train_dataloader, job)
+                claims.param_count = capture.param_count(model)
+                model.register_forward_pre_hook(claims.keep, with_kwargs=True)
+
+            def on_step_end(self, args, state, control, **kw):
+                for ids, labels in claims.fed:
+                    claims.rows.add(ids, labels)
+                claims.fed = []
+                claims.rows.end_step(state.global_step)
+
+            def on_train_end(self, args, state, control, **kw):
+                claims.rows.close()
+
+        self.callback = Callback()
+        self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
+        self.fed: list = []
+        self.settings: dict = {}
+        self.param_count: int | None = None
+
+    def keep(self, module, args, kwargs) -> None:
+        if module.training and "input_ids" in kwargs and "labels" in kwargs:
+            self.fed.append((kwargs["input_ids"], kwargs["labels"]))
+
+
+def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, claims: Claims) -> None:
     """LLaMA-Factory's SFT trainer through its own entry point, `run_exp`."""
     from llamafactory.train.tuner import run_exp
     from transformers import Trainer
@@ -92,7 +159,7 @@ def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -
     run_dir = Path(job["run_dir"])
     args = json.loads(run_files.args_file(run_dir, 1).read_text())
     write_tokenized(packed, rows, job["scenario"]["attention"] == "varlen", Path(args["tokenized_path"]))
-    run_exp(args, callbacks=[StepMetricsCallback(recorder)])
+    run_exp(args, callbacks=[StepMetricsCallback(recorder), claims.callback])
 
 
 def main(job_file: str) -> None:
@@ -107,12 +174,14 @@ def main(job_file: str) -> None:
         device=job["device"],
         require_flash_attn=sp > 1 or scenario["attention"] == "varlen",
     )
+    claims = None
     if run_files.uses_v1_trainer(sp):
         from fbench_llamafactory.worker_v1 import train_v1
 
         train_v1(job, packed, rows, recorder)
     else:
-        train_v0(job, packed, rows, recorder)
+        claims = Claims(job)
+        train_v0(job, packed, rows, recorder, claims)
     recorder.close()
     expected = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
     if recorder.steps_written != expected:
@@ -130,6 +199,8 @@ def main(job_file: str) -> None:
         attention_used=recorder.attention_used,
         param_dtype=recorder.param_dtype,
         notes=recorder.notes,
+        settings=claims.settings if claims else None,
+        param_count=claims.param_count if claims else None,
     )
 
 

@@ -14,6 +14,13 @@ no checkpoints. What differs, and why:
     DeepSpeed runs; fp32 `OptimWrapper` on CPU (AmpOptimWrapper refuses CPU);
   - DeepSpeed: the strategy `xtuner train --deepspeed deepspeed_zeroN` would build,
     written out, since the worker uses the Runner directly (`xtuner train` drops exit codes).
+Settings modes (`fbench ... --settings`, in `job.settings_mode`):
+  - native: as the published configs run: AmpOptimWrapper with its dynamic GradScaler, and
+    bf16 weights (Adam states too) wherever XTuner picks flash-attn (xtuner/model/sft.py);
+  - matched (default), aligned with the LLaMA-Factory backend's HF Trainer: bf16 autocast with
+    no loss scaler (`loss_scale=dict(enabled=False)`: a disabled GradScaler, as accelerate
+    runs bf16) over fp32 weights (the builder keeps fp32 whatever XTuner asks).
+  Rows stay in the host's order in both modes (the host checks what each step consumed).
 
 mmengine parses a config with imports in lazy-import mode, where nothing may be called
 at parse time: the file holds imports and literals only (values written with repr()).
@@ -81,6 +88,7 @@ def render(job: Job) -> str:
     deepspeed = uses_deepspeed(job)
     varlen = s.attention == "varlen"
     amp = gpu and s.precision == "bf16" and not deepspeed
+    matched = job.settings_mode == "matched"
     hooks = ["ThroughputHook", "VarlenAttnArgsToMessageHubHook"] if varlen else ["ThroughputHook"]
     imports = [
         "from datasets import load_from_disk",
@@ -106,7 +114,8 @@ def render(job: Job) -> str:
         optim_wrapper = (
             f"dict(type=AmpOptimWrapper, optimizer={optimizer}, "
             f"clip_grad=dict(max_norm={MAX_GRAD_NORM!r}, error_if_nonfinite=False), "
-            f"accumulative_counts={s.grad_accum!r}, dtype='bfloat16')"
+            f"accumulative_counts={s.grad_accum!r}, dtype='bfloat16'"
+            + (", loss_scale=dict(enabled=False))" if matched else ")")
         )
     else:
         optim_wrapper = (
@@ -138,7 +147,7 @@ def render(job: Job) -> str:
         "    use_varlen_attn=use_varlen_attn,",
         f"    use_activation_checkpointing={s.activation_checkpointing!r},",
         "    llm=dict(type=build_random_llm, pretrained_model_name_or_path=pretrained_model_name_or_path,",
-        "             trust_remote_code=True),",
+        f"             trust_remote_code=True, keep_fp32_weights={matched!r}),",
         ")",
         "",
         "train_dataloader = dict(",

@@ -11,6 +11,11 @@ from __future__ import annotations
 from transformers import AutoConfig, AutoModelForCausalLM
 
 
-def build_random_llm(pretrained_model_name_or_path: str, trust_remote_code: bool = False, **kwargs):
+def build_random_llm(pretrained_model_name_or_path: str, trust_remote_code: bool = False,
+                     keep_fp32_weights: bool = False, **kwargs):
+    """`keep_fp32_weights` (matched settings): ignore the bf16 `torch_dtype` XTuner adds when it
+    picks flash-attn, so the weights stay fp32 under bf16 autocast as on the other backend."""
+    if keep_fp32_weights:
+        kwargs.pop("torch_dtype", None)
     config = AutoConfig.from_pretrained(pretrained_model_name_or_path, trust_remote_code=trust_remote_code)
     return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, **kwargs)

@@ -12,6 +12,7 @@ from statistics import mean, median
 from framework_bench.backend import BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
 from framework_bench.hookspecs import hookimpl
 from framework_bench.scenario import Scenario
+from framework_bench.worker.rows import read_consumed
 from framework_bench.worker_io import read_metrics, read_worker_report
 
 from fbench_xtuner import mmengine_config, run_layout
@@ -137,4 +138,7 @@ def fbench_read_report(job: Job) -> WorkerReport:
         framework_version=worker.get("framework_version"),
         attention_used=worker.get("attention_used"),
         framework_throughput=framework_throughput(job),
+        settings=worker.get("settings"),
+        param_count=worker.get("param_count"),
+        consumed_rows=read_consumed(job.run_dir),
     )

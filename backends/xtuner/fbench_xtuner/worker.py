@@ -27,6 +27,8 @@ from mmengine.runner import Runner
 
 from fbench_xtuner import run_layout
 from framework_bench.packed import PackedRows, stream_sha256
+from framework_bench.worker import settings as capture
+from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker_io import MetricsWriter, load_job, publish_dir, write_worker_report
 
 DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
@@ -167,6 +169,65 @@ class CommonMetrics(Hook):
         self.writer.close()
 
 
+def effective_settings(runner, job: dict, sp_size: int) -> dict:
+    """What XTuner really trains with, read from the objects the Runner built."""
+    from mmengine.optim import AmpOptimWrapper
+
+    llm = _unwrap(runner.model).llm
+    wrapper = runner.optim_wrapper
+    strategy = getattr(runner, "strategy", None)
+    ds = getattr(strategy, "config", None) if type(strategy).__name__ == "DeepSpeedStrategy" else None
+    amp = isinstance(wrapper, AmpOptimWrapper)
+    model = capture.model_settings(llm)
+    if model["attention"] == "flash_attention_2" and model["attention_kv_repeat"]:
+        model["attention_kv_repeat"] = "repeated (XTuner's dispatched flash-attn forward)"
+    clip = ds.get("gradient_clipping") if ds else (wrapper.clip_grad_kwargs or {}).get("max_norm")
+    return {
+        "trainer": "mmengine-flexible+deepspeed" if ds else "mmengine-runner",
+        "settings_mode": job.get("settings_mode", "matched"),
+        **capture.optimizer_settings(wrapper),
+        "grad_clip": clip,
+        **model,
+        "autocast_dtype": str(wrapper.cast_dtype).removeprefix("torch.") if amp else
+        ("bfloat16" if ds and (ds.get("bf16") or {}).get("enabled") else None),
+        "loss_scaler": type(wrapper.loss_scaler).__name__ if amp and wrapper.loss_scaler.is_enabled() else "none",
+        **capture.precision_recipe(model["param_dtype"], ds),
+        **capture.zero_settings(ds),
+        **capture.dataloader_settings(runner.train_dataloader),
+        "sequence_parallel": sp_size,
+        "seed": runner.seed,
+        "compile": bool(getattr(runner, "_compile", False)),
+        "ddp_find_unused_parameters": getattr(runner.model, "find_unused_parameters", None),  # DDP-wrapped only
+        **capture.versions(),
+    }
+
+
+class Claims(Hook):
+    """Records what the host verifies (framework_bench/verify.py): the rows fed in each
+    optimizer step, read from the data batch (whole rows, before any SP split), the settings
+    in effect and the parameter count. Runs after CommonMetrics has closed the step's clock."""
+
+    def __init__(self, job: dict, metrics: CommonMetrics):
+        self.job, self.metrics = job, metrics
+        self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
+        self.micro = 0
+        self.settings: dict = {}
+        self.param_count: int | None = None
+
+    def before_train(self, runner) -> None:
+        self.settings = effective_settings(runner, self.job, self.metrics.sp_size)
+        self.param_count = capture.param_count(_unwrap(runner.model).llm)
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.rows.add(data_batch["data"]["input_ids"], data_batch["data"]["labels"])
+        self.micro += 1
+        if self.micro % self.job["scenario"]["grad_accum"] == 0:
+            self.rows.end_step(self.micro // self.job["scenario"]["grad_accum"])
+
+    def after_train(self, runner) -> None:
+        self.rows.close()
+
+
 def build_runner(cfg: Config) -> Runner:
     """As `xtuner train` does: DeepSpeed configs name the FlexibleRunner."""
     if "runner_type" in cfg:
@@ -198,6 +259,8 @@ def main(job_file: str) -> None:
     metrics = CommonMetrics(job, start)
     runner.register_hook(start, priority="LOWEST")
     runner.register_hook(metrics, priority="HIGHEST")
+    claims = Claims(job, metrics)
+    runner.register_hook(claims, priority="NORMAL")
     runner.train()
 
     write_worker_report(
@@ -212,6 +275,8 @@ def main(job_file: str) -> None:
         mmengine_version=mmengine.__version__,
         torch_version=torch.__version__,
         work_dir=str(runner.log_dir),
+        settings=claims.settings,
+        param_count=claims.param_count,
     )
 
 

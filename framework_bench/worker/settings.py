@@ -1,0 +1,157 @@
+"""Settings capture: what is really in effect, read from the live objects a framework built.
+
+A worker calls these after its framework has built the model, the optimizer and the data
+loader, merges their flat dicts with what only it can know (trainer, precision recipe, seed)
+and writes the result as `settings` in its worker report; the host stores it with the run
+and shows the differences between backends (issue #11). Values are str / int / float /
+bool / None, so the dict is one flat JSON object. Keys every worker must fill are in
+`framework_bench.verify.REQUIRED_SETTINGS`.
+
+Stdlib at import; torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib.metadata import PackageNotFoundError, version
+
+Value = str | int | float | bool | None
+
+
+def installed(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def inner_optimizer(optimizer):
+    """The torch optimizer inside framework wrappers (mmengine's OptimWrapper, accelerate's
+    AcceleratedOptimizer, DeepSpeed's ZeRO optimizers all keep it as `.optimizer`)."""
+    for _ in range(5):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or not hasattr(inner, "param_groups"):
+            break
+        optimizer = inner
+    return optimizer
+
+
+def optimizer_settings(optimizer) -> dict[str, Value]:
+    """Class, implementation (fused / foreach / for-loop, as torch resolves an unset flag for
+    these parameters) and hyper-parameters of the first parameter group."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    inner = inner_optimizer(optimizer)
+    group = inner.param_groups[0]
+    fused, foreach = group.get("fused"), group.get("foreach")
+    if fused is None and foreach is None:
+        params = [p for g in inner.param_groups for p in g["params"]]
+        fused, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    betas = group.get("betas")
+    return {
+        "optimizer": f"{type(inner).__module__}.{type(inner).__qualname__}",
+        "optimizer_impl": "fused" if fused else "foreach" if foreach else "for-loop",
+        "lr": group.get("lr"),
+        "betas": None if betas is None else ",".join(str(float(b)) for b in betas),
+        "eps": group.get("eps"),
+        "weight_decay": group.get("weight_decay"),
+    }
+
+
+def param_count(model) -> int:
+    """Parameters of the whole model, also when ZeRO-3 has partitioned them (`ds_numel`)."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
+
+
+def _use_reentrant(fn, depth: int = 4) -> bool | None:
+    """`use_reentrant` of a checkpoint function: a partial of torch's checkpoint, possibly
+    inside a framework's wrapper closure (LLaMA-Factory wraps it once)."""
+    if isinstance(fn, functools.partial) and "use_reentrant" in fn.keywords:
+        return bool(fn.keywords["use_reentrant"])
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:
+            continue
+        if depth and callable(inner):
+            found = _use_reentrant(inner, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def model_settings(model) -> dict[str, Value]:
+    """Parameter dtype, attention implementation bound in the layers, whether K/V heads are
+    repeated to the query heads (GQA), activation checkpointing and its variant."""
+    config = model.config
+    attention = getattr(config, "_attn_implementation", None)
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+    checkpoint_fn = getattr(layers[0], "_gradient_checkpointing_func", None) if layers else None
+    return {
+        "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "attention": attention,
+        "attention_kv_repeat": None if kv == heads else kv_repeat(attention),
+        "activation_checkpointing": bool(layers),
+        "checkpointing_reentrant": _use_reentrant(checkpoint_fn) if checkpoint_fn else None,
+    }
+
+
+def kv_repeat(attention: str | None) -> str:
+    """How this env's transformers feeds grouped K/V heads to the kernel (packed rows: no mask)."""
+    if attention == "sdpa":
+        try:
+            from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
+        except ImportError:
+            return "repeated (repeat_kv)"
+        import torch
+
+        native = use_gqa_in_sdpa(None, torch.empty(0))
+        return "native (sdpa enable_gqa)" if native else "repeated (repeat_kv)"
+    if attention == "flash_attention_2":
+        return "native (flash-attn)"
+    return "repeated (repeat_kv)"
+
+
+def zero_settings(ds_config: dict | None) -> dict[str, Value]:
+    """ZeRO stage and the bucket / prefetch sizes of a DeepSpeed config as the engine got it."""
+    zero = (ds_config or {}).get("zero_optimization", {}) if ds_config else {}
+    out: dict[str, Value] = {"zero_stage": int(zero.get("stage", 0)) if ds_config else 0,
+                             "deepspeed_version": installed("deepspeed") if ds_config else None}
+    for key in ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
+                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters"):
+        if key in zero:
+            value = zero[key]
+            out[f"zero_{key}"] = value if isinstance(value, (bool, str)) or value is None else float(value)
+    return out
+
+
+def precision_recipe(param_dtype: str, ds_config: dict | None) -> dict[str, Value]:
+    """Gradient reduce dtype and master weights, as DeepSpeed or plain data parallel do them:
+    DeepSpeed reduces in `communication_data_type` (else the dtype of its low-precision
+    weights) and keeps fp32 master weights in its optimizer; without it gradients are
+    reduced in the weights' dtype and there are no master weights."""
+    if ds_config:
+        low = "bfloat16" if (ds_config.get("bf16") or {}).get("enabled") else \
+            "float16" if (ds_config.get("fp16") or {}).get("enabled") else None
+        return {"grad_reduce_dtype": ds_config.get("communication_data_type") or low or param_dtype,
+                "master_weights": "float32 (DeepSpeed)" if low else "none"}
+    return {"grad_reduce_dtype": param_dtype, "master_weights": "none"}
+
+
+def dataloader_settings(loader) -> dict[str, Value]:
+    """Workers, pinned memory and whether the sampler shuffles."""
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None) or sampler
+    shuffle = getattr(inner, "shuffle", None)
+    if shuffle is None and inner is not None:
+        shuffle = "Random" in type(inner).__name__
+    return {"dataloader_workers": getattr(loader, "num_workers", None),
+            "pin_memory": getattr(loader, "pin_memory", None),
+            "shuffle": shuffle}
+
+
+def versions() -> dict[str, Value]:
+    return {"torch_version": installed("torch"), "transformers_version": installed("transformers"),
+            "flash_attn_version": installed("flash-attn") or installed("flash_attn")}
