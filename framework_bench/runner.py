@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, plugins
+from framework_bench import envs, flops, launch, metrics, plugins, verdicts
 from framework_bench.backend import Job, Machine
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
@@ -32,21 +32,14 @@ def runs_root() -> Path:
 
 
 def check(backend: plugins.Backend, scenario: Scenario, machine: Machine):
-    """(env, reason): reason is None when the backend can run the scenario here."""
-    env = envs.inspect(backend.name, backend.info.env)
-    return env, machine_shortfall(scenario, machine) or backend.check(scenario, machine, env)
+    """(env, reason): reason is None when the backend can run the scenario here. The reason
+    names every refusal side by side (this machine, the env, the backend's own check,
+    memory): see `framework_bench/verdicts.py`."""
+    env, verdict = verdicts.judge(backend, scenario, machine, force=True)  # memory: `memory_shortfall`
+    return env, verdict.reason
 
 
-def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
-    """Why this machine cannot host the scenario's processes (any backend), or None."""
-    c = scenario.cluster
-    if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
-        have = f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib} GiB)" if machine.gpus else "no GPU"
-        need = estimate(scenario, gpu=scenario.reference.hardware if scenario.reference else None).total_gib
-        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.0f} GiB each by the "
-                f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
-                "them with --launcher slurm")
-    return None
+machine_shortfall = verdicts.machine_shortfall
 
 
 def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> str | None:
@@ -144,6 +137,7 @@ class DryRun(BaseModel):
     scenario: str
     launcher: str
     check: str | None = Field(description="why it would be refused on this machine; None if it would run")
+    verdict: verdicts.Verdict | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
     argv: list[str]
     env: dict[str, str]
     files: dict[str, Path]
@@ -156,7 +150,8 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    env, reason = check(backend, scenario, machine)
+    env, verdict = verdicts.judge(backend, scenario, machine)
+    reason = verdict.reason
     root = root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
     job = make_job(backend_name, scenario, data, machine, root)
@@ -166,7 +161,7 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     files = {"job": job.job_file, **plan.files}
     if launcher == "slurm":
         files["sbatch"] = launch.write_sbatch(plan, job)
-    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason,
+    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict,
                   argv=launch.argv_for(plan, job, launcher), env=plan.env, files=files, run_dir=job.run_dir)
 
 
