@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Migrations by the version they lead to: migration i takes a database at version i to i + 1.
 _MIGRATIONS = [
@@ -73,6 +73,11 @@ _MIGRATIONS = [
         peak_mem_bytes INTEGER
     );
     CREATE INDEX steps_run ON steps (run_id);
+    """,
+    # 2: what one measured step was (optimizer step or micro-iteration) and the tokens measured
+    """
+    ALTER TABLE runs ADD COLUMN step_unit TEXT NOT NULL DEFAULT 'optimizer';
+    ALTER TABLE runs ADD COLUMN tokens_measured INTEGER;
     """,
 ]
 
@@ -202,7 +207,8 @@ class ResultStore:
             "reason": result.reason,
             **{k: getattr(result, k) for k in ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu",
                                                 "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
-                                                "data_sha256", "attention_used", "wall_seconds")},
+                                                "data_sha256", "attention_used", "wall_seconds",
+                                                "step_unit", "tokens_measured")},
             "flags": json.dumps(result.flags + notes),
             "framework_throughput": json.dumps(result.framework_throughput),
             "run_dir": str(result.run_dir) if result.run_dir else None,

@@ -21,6 +21,7 @@ from framework_bench.packed import TOKENIZER_DIR
 from framework_bench.machine import detect
 from framework_bench.memory import estimate
 from framework_bench.metrics import RunResult
+from framework_bench.sbatch import SbatchOptions, TimeEstimate, estimate_time
 from framework_bench.scenario import Scenario
 from framework_bench.worker_io import read_metrics
 
@@ -98,8 +99,16 @@ def run_one(
             on_step(done, total, steps[-1]["seconds"] if steps else None)
 
     outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+    return finish(backend, job, outcome, base, machine.gpu_name)
+
+
+def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: dict,
+           gpu_name: str | None) -> RunResult:
+    """The result of a launched run once it ended (here, or as a SLURM job): read the
+    worker's report back, check the data it trained on, compute the figures, save it."""
+    scenario = job.scenario
     result = RunResult(**base, status=outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
-                       data_sha256=data.sha256)
+                       data_sha256=job.data_sha256)
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
         _save(result)
@@ -114,10 +123,10 @@ def run_one(
     result.attention_used = report.attention_used
     result.framework_version = report.framework_version or result.framework_version
     result.framework_throughput = report.framework_throughput
-    if report.data_sha256 != data.sha256:
+    if report.data_sha256 != job.data_sha256:
         result.status = "failed"
-        result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {data.sha256}"
-    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(machine.gpu_name))
+        result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"
+    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name))
     result = result.model_copy(update=figures)
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
@@ -138,6 +147,7 @@ class DryRun(BaseModel):
     launcher: str
     check: str | None = Field(description="why it would be refused on this machine; None if it would run")
     verdict: verdicts.Verdict | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
+    time: TimeEstimate | None = Field(None, description="the SLURM time limit estimate (slurm launcher)")
     argv: list[str]
     env: dict[str, str]
     files: dict[str, Path]
@@ -145,7 +155,8 @@ class DryRun(BaseModel):
 
 
 def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
-            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False) -> DryRun:
+            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False,
+            sbatch_options: SbatchOptions | None = None) -> DryRun:
     """Plan without launching. Without `pack_data` no rows are packed (a 1M-token scenario's
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
@@ -159,9 +170,13 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)
     files = {"job": job.job_file, **plan.files}
+    time_ = None
     if launcher == "slurm":
-        files["sbatch"] = launch.write_sbatch(plan, job)
-    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict,
+        opts = sbatch_options or SbatchOptions()
+        time_ = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
+        files["sbatch"] = launch.write_sbatch(plan, job, opts.time_limit or time_.limit, opts.cpus_per_task,
+                                              tuple(opts.extra))
+    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict, time=time_,
                   argv=launch.argv_for(plan, job, launcher), env=plan.env, files=files, run_dir=job.run_dir)
 
 

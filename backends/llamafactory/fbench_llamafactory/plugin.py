@@ -51,11 +51,14 @@ def fbench_backend_info() -> BackendInfo:
 
 @hookimpl
 def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-    if not env.ready:
-        return f"the llamafactory env is not ready: {env.problem}"
-    # Structural: no env or machine lifts it, so it is named before what is missing here.
+    # Structural: no env or machine lifts them, so they are named before what is missing here.
+    if scenario.steps.unit == "micro":
+        return ("steps.unit micro is not planned for LLaMA-Factory: its trainers count optimizer steps "
+                "(max_steps) and report per optimizer step only")
     if (kv_reason := train_args.v1_kv_head_refusal(scenario)) is not None:
         return kv_reason
+    if not env.ready:
+        return f"the llamafactory env is not ready: {env.problem}"
     device = scenario.cluster.device
     if device == "cuda" and machine.gpus == 0:
         return "the scenario runs on CUDA GPUs and this machine has none"

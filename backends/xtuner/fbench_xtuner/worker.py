@@ -157,8 +157,10 @@ class CommonMetrics(Hook):
         self.tokens += data_batch["data"]["input_ids"].numel() // self.sp_size
         self.losses.append(outputs["loss"].detach().item())
         self.micro += 1
-        if self.micro == self.scenario["grad_accum"]:
-            step = (runner.iter + 1) // self.scenario["grad_accum"]
+        # `steps.unit: micro`: every iteration is a step (the update lands in every grad_accum-th)
+        per_step = 1 if self.scenario["steps"].get("unit") == "micro" else self.scenario["grad_accum"]
+        if self.micro == per_step:
+            step = (runner.iter + 1) // per_step
             self.writer.write(step, self.seconds, self.tokens, sum(self.losses) / len(self.losses),
                               _peak_mem_bytes(self.device))
             self._reset()
