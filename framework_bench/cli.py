@@ -398,6 +398,12 @@ def _sbatch_options(time_limit: str | None, cpus_per_task: int | None, sbatch_ar
     return options
 
 
+def _time_line(estimate, options) -> str:
+    if options.time_limit:
+        return f"  time: --time={options.time_limit} (given; the estimate was {estimate.summary()})"
+    return f"  time: {estimate.summary()}"
+
+
 def _print_verdict(name: str, launcher: str, verdict) -> None:
     """Every refusal on its own line: this machine, the env, the backend's check, memory."""
     if verdict.reason is None:
@@ -433,8 +439,7 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, opt
                 fail(str(e))
             _print_verdict(name, d.launcher, d.verdict)
             if d.time is not None:
-                console.print(f"  time: {d.time.summary()}" + (f" (--time {options.time_limit} given)"
-                                                               if options.time_limit else ""), highlight=False, markup=False)
+                console.print(_time_line(d.time, options), highlight=False, markup=False)
             console.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
             for k, v in sorted(d.env.items()):
                 console.print(f"  env:  {k}={v}", highlight=False, markup=False)
@@ -471,8 +476,7 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
                 results.append(p.result)
                 console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
                 continue
-            console.print(f"  time: {p.time.summary()}" + (f" (--time {options.time_limit} given)"
-                                                           if options.time_limit else ""), highlight=False, markup=False)
+            console.print(_time_line(p.time, options), highlight=False, markup=False)
             console.print(f"  sbatch: {p.sbatch}", highlight=False, markup=False)
             if p.note:
                 console.print(f"  [yellow]{escape(p.note)}[/yellow]", highlight=False)
