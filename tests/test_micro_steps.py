@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 import backend_helpers as helpers
-from backend_helpers import CPU, H100x8, tiny
+from backend_helpers import CPU, tiny
 from conftest import backend_env_or_skip
 
 from framework_bench import plugins, runner
