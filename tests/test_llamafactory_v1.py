@@ -85,3 +85,50 @@ def test_one_writer_when_two_nodes_share_a_run_folder(tmp_path):
     assert not list(tmp_path.glob("train.parquet.tmp.*"))  # published by rename
     # a later process finds it published and writes nothing
     assert run_files.publish_once(target, lambda tmp: pytest.fail("wrote twice")) is False
+
+
+def test_v1_model_engine_builds_from_config_rank0_in_host_memory_others_on_meta(llamafactory, tmp_path):
+    """In the llamafactory env: LLaMA-Factory's own `get_args` + `DistributedInterface`, and
+    the worker's model engine on a tiny config (sdpa: the CPU has no flash-attn). Rank 0
+    gets random fp32 weights in host memory, any other rank meta tensors; both tagged with
+    the init mode LLaMA-Factory's FSDP2 plugin reads. No weight file exists to load."""
+    import subprocess
+
+    from conftest import backend_env_or_skip
+    env = backend_env_or_skip("llamafactory")
+    from framework_bench import runner
+    from framework_bench.backend import Machine
+    s = helpers.tiny(name="tiny_v1", sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2})
+    data = runner._unpacked(s, tmp_path)  # the real tokenizer files, no packed rows
+    job = runner.make_job("llamafactory", s, data, Machine(), tmp_path)
+    job.write()
+    plan = llamafactory.plan(job, _env())
+    model_dir = plan.files["model_dir"]
+    args = json.loads(plan.files["train_args"].read_text())
+    args["flash_attn"] = "sdpa"
+    args["dist_config"] = None  # one process: no device mesh
+    probe = """
+import json, sys
+import torch
+from llamafactory.v1.accelerator.interface import DistributedInterface
+from llamafactory.v1.config import get_args
+from fbench_llamafactory.worker_v1 import config_model_engine
+model_args, *_ = get_args(json.loads(sys.argv[1]))
+DistributedInterface(None)
+out = {}
+for rank in (0, 1):
+    DistributedInterface.get_rank = lambda self, dim=None, rank=rank: rank
+    model = config_model_engine()(model_args, is_train=True).model
+    devices = sorted({p.device.type for p in model.parameters()})
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    std = float(model.model.layers[0].mlp.up_proj.weight.std()) if devices == ["cpu"] else None
+    out[rank] = [devices, dtypes, model._init_mode, std]
+print(json.dumps(out))
+"""
+    proc = subprocess.run([str(env.python), "-c", probe, json.dumps(args)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["0"][:3] == [["cpu"], ["torch.float32"], "init_on_rank0"]
+    assert 0.01 < out["0"][3] < 0.04  # random init (initializer_range 0.02), not zeros or garbage
+    assert out["1"][:3] == [["meta"], ["torch.float32"], "init_on_rank0"]
+    assert not [p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin")]
