@@ -113,14 +113,17 @@ def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus
         f"cd {shlex.quote(str(job.run_dir))}",
         *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "set +e  # from here on, every ending leaves its exit status in the run folder",
         "# fbench assumes a filesystem shared by every node: check the paths on each node first.",
         f"{srun} bash -c 'for p in \"$@\"; do [ -e \"$p\" ] || {{ echo \"fbench: $p is missing on $(hostname): "
         "the run folder, the packed data and the backend env must be on a filesystem every node shares, at the "
         "same path\"; exit 3; }; done' fbench-shared-paths " + shlex.join(shared),
-        f"# One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
-        "set +e",
-        f"{srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
         "status=$?",
+        f"# One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
+        "if [ $status -eq 0 ]; then",
+        f"  {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
+        "  status=$?",
+        "fi",
         f"echo $status > {SBATCH_EXIT_FILE}",
         "exit $status",
     ]

@@ -43,7 +43,7 @@ def test_sbatch_for_yi34b_128k(tmp_path):
     assert "#SBATCH --nodes=4" in text
     assert "#SBATCH --gpus-per-node=8" in text
     assert "#SBATCH --ntasks-per-node=1" in text
-    srun = [l for l in text.splitlines() if l.startswith("srun ") and "torch.distributed.run" in l]
+    srun = [l.strip() for l in text.splitlines() if l.strip().startswith("srun ") and "torch.distributed.run" in l]
     assert len(srun) == 1 and "--nodes=4 --ntasks-per-node=1" in srun[0]
     assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun[0]  # the node's CPUs, not srun's one per task
     check = [l for l in text.splitlines() if l.startswith("srun ") and "fbench-shared-paths" in l]

@@ -169,3 +169,49 @@ def test_xtuner_through_slurm_with_wait(cluster, tmp_path):
     assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0
     assert (tmp_path / "plots" / "report.md").exists()
     assert json.loads((Path(row["run_dir"]) / "slurm.json").read_text())["result_id"] == row["id"]
+
+
+def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_path):
+    """A node that cannot see the env's Python (not on a shared filesystem) stops the job
+    before any worker starts, says which path on which host, and leaves its exit status."""
+    import os
+    import subprocess
+
+    from framework_bench import launch
+    from framework_bench.backend import Job, LaunchPlan
+    s = scenario.load("tiny_cpu")
+    job = Job(backend="fake_ok", scenario=s, data_dir=tmp_path, data_sha256="0" * 64, run_dir=tmp_path / "run",
+              device="cpu")
+    job.run_dir.mkdir()
+    plan = LaunchPlan(python=tmp_path / "not-shared" / "bin" / "python", module="fbench_fake_worker")
+    script = launch.write_sbatch(plan, job)
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_ON_NODE": "2"}
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 3
+    assert f"fbench: {plan.python} is missing on" in proc.stdout and "shares, at the same path" in proc.stdout
+    assert (job.run_dir / launch.SBATCH_EXIT_FILE).read_text().strip() == "3"
+
+
+def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkeypatch):
+    """Clusters without sacct data: the exit status the batch script leaves, or SLURM's own
+    words in the job output when it killed the job."""
+    import os
+
+    from framework_bench import launch, slurm
+    quiet = tmp_path / "bin"
+    quiet.mkdir()
+    for name in ("squeue", "sacct"):  # the job is gone from the queue; no accounting kept
+        (quiet / name).write_text("#!/bin/sh\nexit 0\n")
+        (quiet / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{quiet}:{os.environ['PATH']}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sub = slurm.Submission(job_id="42", backend="fake_ok", scenario="tiny_cpu", run_dir=run_dir,
+                           submitted_at="now", time_limit="00:11:00")
+    assert slurm.job_state(sub).state == "UNKNOWN"  # nothing to go by yet: still waiting
+    (run_dir / "slurm-42.out").write_text("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-30 DUE TO TIME LIMIT ***\n")
+    assert slurm.job_state(sub).state == "TIMEOUT"
+    (run_dir / launch.SBATCH_EXIT_FILE).write_text("0\n")
+    assert slurm.job_state(sub) == slurm.JobState(state="COMPLETED", exit_code=0)
+    (run_dir / launch.SBATCH_EXIT_FILE).write_text("1\n")
+    assert slurm.job_state(sub).state == "FAILED"
