@@ -37,6 +37,10 @@ Precision schemes, because they differ in where the 16 bytes per parameter live:
   divided by the world; bf16 compute (param_dtype bf16), so bf16 activations; gathered bf16
   weights: the whole model between forward and backward when parameters are not
   resharded after forward (ZeRO < 3), else the layer in use and the prefetched next one.
+  Its sequence-parallel loss (`sequence_parallel_loss`) upcasts the bf16 logits with
+  `.float()` and runs cross-entropy on that view (no further copy): 2 + 4 + 4 bytes per
+  token per vocabulary entry, as `logits_bytes` counts for every scheme. Weights are built
+  on global rank 0 in host memory and scattered (`init_on_rank0`): no full copy on a GPU.
 
 Framework names: the backends' `BackendInfo.framework` ("XTuner", "LLaMA-Factory") or
 their backend names ("xtuner", "llamafactory"); `framework_key` folds both to one key.
