@@ -40,9 +40,6 @@ def check(backend: plugins.Backend, scenario: Scenario, machine: Machine):
     return env, verdict.reason
 
 
-machine_shortfall = verdicts.machine_shortfall
-
-
 def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> str | None:
     """Refuse before launch when the per-GPU memory estimate exceeds this machine's GPUs."""
     if scenario.cluster.device != "cuda" or not machine.gpu_memory_gib:
