@@ -127,6 +127,9 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
     console.print(f"memory     {info['memory'].summary()}",
                   highlight=False)
+    from framework_bench.sbatch import estimate_time
+    console.print(f"slurm      {estimate_time(s, s.reference.hardware if s.reference else None).summary()}",
+                  highlight=False, markup=False)
     if s.reference:
         r = s.reference
         console.print(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
