@@ -71,8 +71,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SBATCH_FILE = "submit.sbatch"
+
+
 def sbatch_path(job: Job) -> Path:
-    return job.run_dir / "submit.sbatch"
+    return job.run_dir / SBATCH_FILE
 
 
 SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters without accounting (sacct)

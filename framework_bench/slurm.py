@@ -207,14 +207,30 @@ def steps_done(sub: Submission) -> int:
 
 
 def pending(root: Path | None = None) -> list[Submission]:
-    """Submitted runs not yet stored, oldest first."""
+    """Submitted runs not yet stored, oldest first; a script submitted by hand (where this
+    machine had no sbatch) is found by the `slurm-<job id>.out` its job wrote."""
     root = root or runner.runs_root()
     found = []
-    for path in sorted(root.glob(f"*/{SUBMISSION}")):
-        sub = Submission.load(path.parent)
+    for script in sorted(root.glob(f"*/{launch.SBATCH_FILE}")):
+        run_dir = script.parent
+        if (run_dir / SUBMISSION).exists():
+            sub = Submission.load(run_dir)
+        elif outputs := sorted(run_dir.glob("slurm-*.out")):
+            sub = _hand_submitted(run_dir, outputs[-1], script)
+            sub.save()
+        else:
+            continue
         if sub.result_id is None:
             found.append(sub)
     return found
+
+
+def _hand_submitted(run_dir: Path, output: Path, script: Path) -> Submission:
+    job = Job.model_validate_json((run_dir / "job.json").read_text())
+    limit = next((line.split("=", 1)[1] for line in script.read_text().splitlines()
+                  if line.startswith("#SBATCH --time=")), "?")
+    return Submission(job_id=output.stem.removeprefix("slurm-"), backend=job.backend, scenario=job.scenario.name,
+                      run_dir=run_dir, submitted_at="(by hand)", time_limit=limit)
 
 
 def collect(subs: list[Submission], store, scenario_of: Callable[[Submission], Scenario],

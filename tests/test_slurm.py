@@ -215,3 +215,27 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     assert slurm.job_state(sub) == slurm.JobState(state="COMPLETED", exit_code=0)
     (run_dir / launch.SBATCH_EXIT_FILE).write_text("1\n")
     assert slurm.job_state(sub).state == "FAILED"
+
+
+def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, monkeypatch):
+    """Where this machine has no sbatch, the script is written for submitting on the
+    cluster; `results collect` then finds the job by the output it wrote."""
+    import os
+    import subprocess
+
+    db = tmp_path / "results.sqlite"
+    monkeypatch.setenv("PATH", os.environ["PATH"].replace(f"{STANDINS}:", ""))  # no sbatch here
+    res = _invoke("run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--db", str(db))
+    script = re.search(r"sbatch: (\S+submit\.sbatch)", res.stdout).group(1)
+    assert "sbatch not found here" in " ".join(res.stdout.split())
+    assert "no submitted runs" in _invoke("results", "collect", "--db", str(db)).stdout
+    # ... submitted by hand, on "the cluster" (the stand-ins again)
+    monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
+    subprocess.run([str(STANDINS / "sbatch"), script], check=True, capture_output=True)
+    deadline = time.monotonic() + 120
+    while not list(Path(script).parent.glob("slurm-*.out")):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    _collect_until_done(db)
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "ok" and row["steps"] == 7
