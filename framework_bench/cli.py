@@ -23,6 +23,15 @@ OutOption = Annotated[Path, typer.Option("--out", help="folder for charts and th
 SettingsOption = Annotated[str, typer.Option(
     "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
                        "native: each as its own docs and examples configure it")]
+TimeOption = Annotated[Optional[str], typer.Option(
+    "--time", help="slurm: the job's time limit, [D-]HH:MM:SS (default: estimated from the scenario, shown in the plan)")]
+CpusOption = Annotated[Optional[int], typer.Option(
+    "--cpus-per-task", min=1, help="slurm: CPUs for each node's task (default: all of the node's, the job is exclusive)")]
+SbatchArgOption = Annotated[Optional[list[str]], typer.Option(
+    "--sbatch-arg", help="slurm: one more sbatch option, e.g. --sbatch-arg=--partition=gpu; repeatable")]
+WaitOption = Annotated[bool, typer.Option(
+    "--wait", help="slurm: wait for the jobs, storing each run when its job ends")]
+PollOption = Annotated[float, typer.Option("--poll", min=0.1, help="slurm: seconds between queue checks")]
 
 # Piped output keeps whole table rows readable instead of wrapping at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -171,6 +180,9 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
     console.print(f"memory     {info['memory'].summary()}",
                   highlight=False)
+    from framework_bench.sbatch import estimate_time
+    console.print(f"slurm      {estimate_time(s, s.reference.hardware if s.reference else None).summary()}",
+                  highlight=False, markup=False)
     if s.reference:
         r = s.reference
         console.print(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
@@ -312,6 +324,11 @@ def run(
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     settings: SettingsOption = "matched",
+    time_limit: TimeOption = None,
+    cpus_per_task: CpusOption = None,
+    sbatch_arg: SbatchArgOption = None,
+    wait: WaitOption = False,
+    poll: PollOption = 30.0,
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
@@ -321,8 +338,12 @@ def run(
     _check_timeout(timeout)
     _check_settings(settings)
     _check_local(launcher, [s])
-    if dry_run or launcher == "slurm":
-        _plan_only([backend], [s], launcher, submit=not dry_run, as_json=as_json, settings=settings)
+    options = _sbatch_options(time_limit, cpus_per_task, sbatch_arg)
+    if dry_run:
+        _plan_only([backend], [s], launcher, options, as_json=as_json, settings=settings)
+        return
+    if launcher == "slurm":
+        _submit_slurm([backend], [s], options, wait=wait, poll=poll, db=db, out=None, force=force, settings=settings)
         return
     store = _store(db)
     _preflight(store)
@@ -389,6 +410,11 @@ def compare(
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
     settings: SettingsOption = "matched",
+    time_limit: TimeOption = None,
+    cpus_per_task: CpusOption = None,
+    sbatch_arg: SbatchArgOption = None,
+    wait: WaitOption = False,
+    poll: PollOption = 30.0,
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -405,8 +431,12 @@ def compare(
     except _user_errors() as e:
         fail(str(e))
     _check_local(launcher, chosen)
-    if dry_run or launcher == "slurm":
-        _plan_only(names, chosen, launcher, submit=not dry_run, as_json=as_json, settings=settings)
+    options = _sbatch_options(time_limit, cpus_per_task, sbatch_arg)
+    if dry_run:
+        _plan_only(names, chosen, launcher, options, as_json=as_json, settings=settings)
+        return
+    if launcher == "slurm":
+        _submit_slurm(names, chosen, options, wait=wait, poll=poll, db=db, out=out, force=force, settings=settings)
         return
     store = _store(db)
     _preflight(store, out)
@@ -503,14 +533,42 @@ def _check_launcher(launcher: str | None) -> None:
         fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
 
 
-def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, submit: bool,
-               as_json: bool = False, settings: str = "matched") -> None:
-    """--dry-run (print every plan) and --launcher slurm (write, and submit where sbatch exists);
-    with --json, one JSON list of the plans on stdout and nothing else there."""
-    import shlex
-    import subprocess
+def _sbatch_options(time_limit: str | None, cpus_per_task: int | None, sbatch_arg: list[str] | None):
+    from framework_bench.sbatch import SbatchOptions, check_options
+    options = SbatchOptions(time_limit=time_limit, cpus_per_task=cpus_per_task, extra=sbatch_arg or [])
+    if problem := check_options(options):
+        fail(problem)
+    return options
 
-    from framework_bench import launch, runner
+
+def _time_line(estimate, options) -> str:
+    if options.time_limit:
+        return f"  time: --time={options.time_limit} (given; the estimate was {estimate.summary()})"
+    return f"  time: {estimate.summary()}"
+
+
+def _print_verdict(name: str, launcher: str, verdict, show=console) -> None:
+    """Every refusal on its own line: this machine, the env, the backend's check, memory."""
+    if verdict.reason is None:
+        head = "[green]checks pass on this machine[/green]"
+    elif verdict.refused_by_backend:
+        head = "[red]refused[/red]"
+    else:
+        head = "[yellow]not runnable on this machine[/yellow]; the backend's checks pass for the scenario's nodes"
+    show.print(f"[bold]{escape(name)}[/bold] via {launcher}: {head}", highlight=False)
+    for label, text in (("this machine", verdict.machine), (f"{name} env", verdict.env), (name, verdict.check),
+                        ("memory", verdict.memory)):
+        if text:
+            show.print(f"  {label}: {text}", highlight=False, markup=False)
+
+
+def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, options, as_json: bool = False,
+               settings: str = "matched") -> None:
+    """--dry-run: print every plan, with every verdict side by side; nothing is launched or
+    submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
+    import shlex
+
+    from framework_bench import runner
     from framework_bench.memory import estimate
     from framework_bench.machine import detect
 
@@ -523,13 +581,13 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
         show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
         for name in backend_names:
             try:
-                d = runner.dry_run(name, s, launcher, machine, pack_data=submit, settings_mode=settings)
+                d = runner.dry_run(name, s, launcher, machine, settings_mode=settings, sbatch_options=options)
             except _user_errors() as e:
                 fail(str(e))
             plans.append(d.model_dump(mode="json"))
-            show.print(f"[bold]{name}[/bold] via {d.launcher}: "
-                       + ("[green]checks pass on this machine[/green]" if d.check is None
-                          else f"[yellow]not runnable here: {escape(d.check)}[/yellow]"), highlight=False)
+            _print_verdict(name, d.launcher, d.verdict, show)
+            if d.time is not None:
+                show.print(_time_line(d.time, options), highlight=False, markup=False)
             show.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
             for k, v in sorted(d.env.items()):
                 show.print(f"  env:  {k}={v}", highlight=False, markup=False)
@@ -543,16 +601,91 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
                     show.print(f"    | {line}", highlight=False, markup=False)
                 if len(lines) > 40:
                     show.print(f"    | ... ({len(lines) - 40} more lines)", highlight=False, markup=False)
-            if d.launcher == "slurm" and submit:
-                if launch.sbatch_available():
-                    out = subprocess.run(d.argv, capture_output=True, text=True)
-                    plans[-1]["sbatch"] = out.stdout.strip() or out.stderr.strip()
-                    show.print(f"  sbatch: {plans[-1]['sbatch']}", highlight=False, markup=False)
-                else:
-                    show.print(f"  sbatch not found here: submit {d.files['sbatch']} on the cluster",
-                               highlight=False, markup=False)
     if as_json:
         print(json.dumps(plans, indent=2))
+
+
+def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool, poll: float, db: Path | None,
+                  out: Path | None, force: bool, settings: str = "matched") -> None:
+    """--launcher slurm: judge, write and submit each run (never for a backend that refused);
+    refusals are stored at once, submitted runs when their jobs end (--wait, or `results collect`)."""
+    from framework_bench import slurm
+    store = _store(db)
+    by_name = {s.name: s for s in chosen}
+    results, submitted = [], []
+    for s in chosen:
+        console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        for name in backend_names:
+            try:
+                p = slurm.plan_and_submit(name, s, options, force=force, settings_mode=settings)
+            except _user_errors() as e:
+                fail(str(e))
+            _print_verdict(name, "slurm", p.verdict)
+            if p.result is not None:
+                store.add(p.result, s)
+                results.append(p.result)
+                console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
+                continue
+            console.print(_time_line(p.time, options), highlight=False, markup=False)
+            console.print(f"  sbatch: {p.sbatch}", highlight=False, markup=False)
+            if p.note:
+                console.print(f"  [yellow]{escape(p.note)}[/yellow]", highlight=False)
+            if p.submission:
+                console.print(f"  submitted: SLURM job {p.submission.job_id}", highlight=False)
+                submitted.append(p.submission)
+    if not wait:
+        if submitted:
+            console.print("`fbench results collect` stores each run once its job has ended (or use --wait)")
+        return
+    results += _wait_for_jobs(submitted, store, poll)
+    console.print(_results_table(results, by_name))
+    for r in results:
+        if r.status != "ok":
+            lines = (r.reason or "").splitlines()
+            console.print(f"[yellow]{r.scenario} / {r.backend}: {r.status}[/yellow]: {escape(lines[0] if lines else '')}",
+                          highlight=False)
+            for line in lines[1:][-8:]:
+                console.print(f"    {line}", highlight=False, markup=False)
+    console.print(f"results stored in {store.path}")
+    if out is not None and results:
+        rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
+        charts, md, page = _charts_and_report(rows, out)
+        console.print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; report: {md}, {page}",
+                      highlight=False)
+
+
+def _wait_for_jobs(subs: list, store, poll: float) -> list:
+    """Poll the queue until every job has ended, storing each run as its job ends."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from framework_bench import slurm
+    results = []
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=err, transient=False)
+    tasks = {sub.job_id: progress.add_task(f"job {sub.job_id} · {sub.backend} · {sub.scenario}",
+                                           total=slurm.scenario_of(sub).steps.total, note="submitted") for sub in subs}
+
+    def on_result(r, sub) -> None:
+        results.append(r)
+        progress.update(tasks[sub.job_id], completed=slurm.steps_done(sub),
+                        note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else "") + f" · stored as {r.result_id}")
+
+    waiting = subs
+    with progress:
+        try:
+            while waiting:
+                still = slurm.collect(waiting, store, slurm.scenario_of, on_result)
+                for sub, state in still:
+                    progress.update(tasks[sub.job_id], completed=slurm.steps_done(sub), note=state.state.lower())
+                waiting = [sub for sub, _ in still]
+                if waiting:
+                    time.sleep(poll)
+        except KeyboardInterrupt:
+            err.print(f"[yellow]stopped waiting: {len(waiting)} job(s) still queued or running; "
+                      "`fbench results collect` stores them when they end[/yellow]")
+    return results
 
 
 def _store(db: Path | None):
@@ -583,7 +716,8 @@ def results_list(
               "data sha256")
     for r in store.list(scenario, backend):
         t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
-                  r["settings_mode"], r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"), str(r["steps_measured"] or 0),
+                  r["settings_mode"], r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"),
+                  f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
                   (r["data_sha256"] or "-")[:12])
     console.print(t)
 
@@ -609,6 +743,38 @@ def results_export(
     if format not in ("csv", "json"):
         fail(f"--format {format!r}: use csv or json")
     print(_store(db).export(format, scenario, backend), end="")
+
+
+@results_app.command("collect")
+def results_collect(
+    db: DbOption = None,
+    wait: WaitOption = False,
+    poll: PollOption = 30.0,
+) -> None:
+    """Store every submitted SLURM run whose job has ended; list the ones still queued or running."""
+    from framework_bench import slurm
+    subs = slurm.pending()
+    if not subs:
+        console.print("no submitted runs waiting to be collected")
+        return
+    store = _store(db)
+    if wait:
+        results = _wait_for_jobs(subs, store, poll)
+        still = []
+    else:
+        results = []
+        still = slurm.collect(subs, store, slurm.scenario_of, lambda r, sub: results.append(r))
+    for r in results:
+        colour = "green" if r.status == "ok" else "red"
+        console.print(f"[{colour}]{r.status}[/{colour}] {escape(r.backend)} on {escape(r.scenario)}: stored as result "
+                      f"{r.result_id}" + (f", TGS {r.tgs:,.1f} over {r.steps_measured} measured steps" if r.tgs else ""),
+                      highlight=False)
+        if r.status != "ok" and r.reason:
+            for line in r.reason.splitlines()[-8:]:
+                console.print(f"    {line}", highlight=False, markup=False)
+    for sub, state in still:
+        console.print(f"[yellow]{state.state.lower()}[/yellow] SLURM job {sub.job_id}: {escape(sub.backend)} on "
+                      f"{escape(sub.scenario)}, {slurm.steps_done(sub)} steps so far ({sub.run_dir})", highlight=False)
 
 
 @app.command()

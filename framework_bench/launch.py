@@ -72,39 +72,72 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SBATCH_FILE = "submit.sbatch"
+
+
 def sbatch_path(job: Job) -> Path:
-    return job.run_dir / "submit.sbatch"
+    return job.run_dir / SBATCH_FILE
 
 
-def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00") -> str:
+SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters without accounting (sacct)
+
+
+def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
+                  extra: tuple[str, ...] = ()) -> str:
     """A submit-ready sbatch script: one srun task per node, each running torchrun over that
-    node's GPUs; the rendezvous endpoint is the allocation's first host."""
-    # Placeholders survive quoting, then become shell expansions the allocation fills in.
-    command = shlex.join(torchrun_argv(plan, job, endpoint="@ENDPOINT@", rdzv_id="@JOBID@"))
-    command = command.replace("@ENDPOINT@", f'"$head_node:{RDZV_PORT}"').replace("@JOBID@", '"$SLURM_JOB_ID"')
+    node's GPUs (a one-process run starts the worker itself); the rendezvous endpoint is the
+    allocation's first host. `extra` lines (`--partition=...`) become `#SBATCH` lines.
+
+    Every node must see the run folder, the packed data and the backend env's Python at the
+    same paths (a shared filesystem): the job checks that on each node before it starts."""
+    if job.nnodes * job.nprocs == 1:
+        command = shlex.join([str(plan.python), "-m", plan.module, *plan.args])
+    else:
+        # Placeholders survive quoting, then become shell expansions the allocation fills in.
+        command = shlex.join(torchrun_argv(plan, job, endpoint="@ENDPOINT@", rdzv_id="@JOBID@"))
+        command = command.replace("@ENDPOINT@", f'"$head_node:{RDZV_PORT}"').replace("@JOBID@", '"$SLURM_JOB_ID"')
+    # The one task per node starts every worker of that node: give it the node's CPUs
+    # (srun's default of one CPU per task would pin all workers to one core).
+    cpus = str(cpus_per_task) if cpus_per_task else '"$SLURM_CPUS_ON_NODE"'
+    srun = f"srun --nodes={job.nnodes} --ntasks-per-node=1"
+    shared = [str(job.run_dir), str(job.data_dir), str(plan.python)]
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=fbench-{job.scenario.name}-{job.backend}",
         f"#SBATCH --nodes={job.nnodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={job.nprocs}",
+        *([f"#SBATCH --gpus-per-node={job.nprocs}"] if job.device == "cuda" else []),
+        *([f"#SBATCH --cpus-per-task={cpus_per_task}"] if cpus_per_task else []),
         "#SBATCH --exclusive",
         f"#SBATCH --time={time_limit}",
         f"#SBATCH --output={job.run_dir}/slurm-%j.out",
+        *(f"#SBATCH {arg}" for arg in extra),
         f"# Written by fbench: scenario {job.scenario.name}, backend {job.backend}.",
         "set -euo pipefail",
         f"cd {shlex.quote(str(job.run_dir))}",
         *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"# One task per node: torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node.",
-        f"srun --nodes={job.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}",
+        "set +e  # from here on, every ending leaves its exit status in the run folder",
+        "# fbench assumes a filesystem shared by every node: check the paths on each node first.",
+        f"{srun} bash -c 'for p in \"$@\"; do [ -e \"$p\" ] || {{ echo \"fbench: $p is missing on $(hostname): "
+        "the run folder, the packed data and the backend env must be on a filesystem every node shares, at the "
+        "same path\"; exit 3; }; done' fbench-shared-paths " + shlex.join(shared),
+        "status=$?",
+        f"# One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
+        "if [ $status -eq 0 ]; then",
+        f"  {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
+        "  status=$?",
+        "fi",
+        f"echo $status > {SBATCH_EXIT_FILE}",
+        "exit $status",
     ]
     return "\n".join(lines) + "\n"
 
 
-def write_sbatch(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00") -> Path:
+def write_sbatch(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
+                 extra: tuple[str, ...] = ()) -> Path:
     path = sbatch_path(job)
-    path.write_text(sbatch_script(plan, job, time_limit))
+    path.write_text(sbatch_script(plan, job, time_limit, cpus_per_task, extra))
     return path
 
 

@@ -31,6 +31,19 @@ Precision schemes, because they differ in where the 16 bytes per parameter live:
   bf16 activations.
 - ``fp32``: no mixed precision: 4 + 4 + 8 bytes/param (grads freed between steps as in
   amp), fp32 activations.
+- ``fsdp2``: LLaMA-Factory's v1 trainer (its only sequence-parallel path): the model is
+  cast to fp32 and fully sharded over the world (FSDP2 `fully_shard`, every ZeRO stage):
+  fp32 params 4 + fp32 grads 4 (reduce_dtype fp32) + Adam m, v 8 = 16 bytes/param, all
+  divided by the world; bf16 compute (param_dtype bf16), so bf16 activations; gathered bf16
+  weights: the whole model between forward and backward when parameters are not
+  resharded after forward (ZeRO < 3), else the layer in use and the prefetched next one.
+  Its sequence-parallel loss (`sequence_parallel_loss`) upcasts the bf16 logits with
+  `.float()` and runs cross-entropy on that view (no further copy): 2 + 4 + 4 bytes per
+  token per vocabulary entry, as `logits_bytes` counts for every scheme. Weights are built
+  on global rank 0 in host memory and scattered (`init_on_rank0`): no full copy on a GPU.
+
+Framework names: the backends' `BackendInfo.framework` ("XTuner", "LLaMA-Factory") or
+their backend names ("xtuner", "llamafactory"); `framework_key` folds both to one key.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from framework_bench.scenario import Scenario
 
 GIB = 1024**3
 
-Scheme = Literal["amp", "deepspeed", "fp32"]
+Scheme = Literal["amp", "deepspeed", "fp32", "fsdp2"]
 
 # GPU memory as nvidia-smi reports `memory.total` (what `machine.detect()` records), GiB.
 # The estimate itself adds the CUDA context and allocator slack (`overhead_bytes`), so it
@@ -148,12 +161,21 @@ def parameter_count(arch: ModelArch) -> int:
 # Scheme and sharding
 
 
+def framework_key(framework: str | None) -> str | None:
+    """'LLaMA-Factory' -> 'llamafactory', 'XTuner' -> 'xtuner' (lower case, letters and digits)."""
+    return None if framework is None else "".join(ch for ch in framework.lower() if ch.isalnum())
+
+
 def scheme_for(scenario: Scenario, framework: str | None = None) -> Scheme:
-    """How the backends train this scenario: DeepSpeed for any ZeRO stage (both backends),
-    and for XTuner's sequence parallel (its DeepSpeed strategy builds the SP groups);
-    otherwise torch autocast over fp32 parameters (AmpOptimWrapper, HF Trainer `bf16`)."""
+    """How the backends train this scenario: LLaMA-Factory's sequence parallel on its v1
+    FSDP2 trainer; DeepSpeed for any ZeRO stage (both backends), and for XTuner's sequence
+    parallel (its DeepSpeed strategy builds the SP groups); otherwise torch autocast over
+    fp32 parameters (AmpOptimWrapper, HF Trainer `bf16`)."""
+    framework = framework_key(framework)
     if scenario.precision == "fp32":
         return "fp32"
+    if scenario.sequence_parallel > 1 and framework == "llamafactory":
+        return "fsdp2"
     if scenario.zero_stage > 0:
         return "deepspeed"
     if scenario.sequence_parallel > 1 and framework in (None, "xtuner"):
@@ -174,6 +196,7 @@ _BYTES_PER_PARAM: dict[Scheme, tuple[int, int, int]] = {
     "amp": (4, 4, 8),  # fp32 params, fp32 grads, Adam m + v (the params are the master copy)
     "deepspeed": (2, 2, 12),  # bf16 params, bf16 grads, fp32 master + m + v
     "fp32": (4, 4, 8),
+    "fsdp2": (4, 4, 8),  # fp32 params, fp32 grads, Adam m + v; sharded whatever the ZeRO stage
 }
 
 
@@ -200,8 +223,15 @@ def gathered_parameters_bytes(arch: ModelArch, zero_stage: int, framework: str |
     the prefetch bucket, capped by stage3_max_live_parameters."""
     if zero_stage < 3:
         return 0.0
-    prefetch = DS_STAGE3_PREFETCH.get(framework or "", DS_STAGE3_PREFETCH_DEFAULT)
+    prefetch = DS_STAGE3_PREFETCH.get(framework_key(framework) or "", DS_STAGE3_PREFETCH_DEFAULT)
     return 2 * min(DS_STAGE3_MAX_LIVE, layer_parameter_count(arch) + prefetch)
+
+
+def fsdp2_gathered_bytes(arch: ModelArch, n_params: int, zero_stage: int) -> float:
+    """FSDP2 all-gathers bf16 weights per layer: without resharding after forward (ZeRO < 3)
+    they stay gathered until backward, i.e. the whole model; with it, the layer in use and
+    the next one it prefetches."""
+    return 2.0 * (n_params if zero_stage < 3 else 2 * layer_parameter_count(arch))
 
 
 def weight_cache_bytes(n_params: int, scheme: Scheme) -> float:
@@ -218,7 +248,7 @@ def layer_input_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int:
     """A checkpointed layer keeps only its input, the residual stream: fp32 under amp
     (the fp32 embedding output plus bf16 sub-layer outputs promote to fp32), bf16 under
     DeepSpeed, fp32 without mixed precision."""
-    return (2 if scheme == "deepspeed" else 4) * arch.hidden_size
+    return (2 if scheme in ("deepspeed", "fsdp2") else 4) * arch.hidden_size
 
 
 def layer_activation_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int:
@@ -241,7 +271,7 @@ def layer_activation_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int:
     fp32: 36h + 8kv + 16i (the deepspeed tensors at 4 bytes, norms 12h each)."""
     h, i = arch.hidden_size, arch.intermediate_size
     kv = arch.num_key_value_heads * arch.head_dim
-    if scheme == "deepspeed":
+    if scheme in ("deepspeed", "fsdp2"):
         return 22 * h + 4 * kv + 8 * i
     if scheme == "amp":
         norm1 = 4 * h + 3 * 2 * h
@@ -257,7 +287,7 @@ def backward_temporaries_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int
     coming in and going out (fp32 under amp/fp32, bf16 under DeepSpeed) and two gradients
     of the MLP intermediate."""
     h, i = arch.hidden_size, arch.intermediate_size
-    g = 2 if scheme == "deepspeed" else 4
+    g = 2 if scheme in ("deepspeed", "fsdp2") else 4
     a = 4 if scheme == "fp32" else 2
     return 2 * g * h + 2 * a * i
 
@@ -309,7 +339,10 @@ def overhead_bytes(
     if scenario.cluster.gpus == 1:
         return total
     total += NCCL_BYTES
-    if scheme == "deepspeed":
+    if scheme == "fsdp2":
+        # reduce-scatter of one layer's fp32 gradients, double-buffered with the next layer's
+        total += 2 * 4 * layer_parameter_count(scenario.arch)
+    elif scheme == "deepspeed":
         if scenario.zero_stage >= 3:
             total += 2 * min(DS_REDUCE_BUCKET, n_params)
         elif scenario.zero_stage >= 1:
@@ -343,7 +376,7 @@ def _phases(
     backward: resident states + stored activations + one layer's working set. Under
     amp/fp32 the gradients are allocated as backward goes while the stored activations are
     released layer by layer, so the larger of the two counts (start or end of backward)."""
-    if scheme == "deepspeed":
+    if scheme in ("deepspeed", "fsdp2"):
         forward = resident + grads + stored + logits
         backward = resident + grads + stored + working
     else:
@@ -369,13 +402,15 @@ def estimate(
     n = parameter_count(arch)
     group = sharding_group(scenario)
     zero = scenario.zero_stage
+    shard = 3 if sch == "fsdp2" else zero  # FSDP2 shards params, grads and states at every stage
     tokens = scenario.micro_batch * scenario.context_length // scenario.sequence_parallel
     ckpt = scenario.activation_checkpointing
 
-    params = parameters_bytes(n, sch, zero, group)
-    grads = gradients_bytes(n, sch, zero, group)
-    optim = optimizer_states_bytes(n, sch, zero, group)
-    gathered = gathered_parameters_bytes(arch, zero, framework) if sch == "deepspeed" else 0.0
+    params = parameters_bytes(n, sch, shard, group)
+    grads = gradients_bytes(n, sch, shard, group)
+    optim = optimizer_states_bytes(n, sch, shard, group)
+    gathered = (gathered_parameters_bytes(arch, zero, framework) if sch == "deepspeed"
+                else fsdp2_gathered_bytes(arch, n, zero) if sch == "fsdp2" else 0.0)
     cache = weight_cache_bytes(n, sch)
     stored = stored_activations_bytes(arch, sch, tokens, ckpt)
     working = layer_working_bytes(arch, sch, tokens, ckpt)

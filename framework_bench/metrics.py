@@ -39,6 +39,8 @@ class RunResult(BaseModel):
     model_tflops: float | None = Field(None, description="per GPU, exact model FLOPs")
     mfu: float | None = None
     steps_measured: int = 0
+    step_unit: Literal["optimizer", "micro"] = Field("optimizer", description="what one measured step was")
+    tokens_measured: int | None = Field(None, description="tokens per GPU over the measured steps")
     step_seconds: float | None = Field(None, description="median measured step time")
     peak_mem_bytes: int | None = None
     final_loss: float | None = None
@@ -69,7 +71,8 @@ def per_step(steps: list[StepMetric]) -> list[tuple[int, float, float]]:
 def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | None) -> dict:
     """The aggregated figures of a run (fields of RunResult)."""
     merged = [row for row in per_step(steps) if row[0] > scenario.steps.warmup]
-    out: dict = {"steps_measured": len(merged), "flags": []}
+    out: dict = {"steps_measured": len(merged), "flags": [], "step_unit": scenario.steps.unit,
+                 "tokens_measured": round(sum(tokens for _, _, tokens in merged))}
     if not merged:
         out["flags"].append("no measured steps")
         return out
@@ -88,6 +91,9 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
     out["peak_mem_bytes"] = max(peaks) if peaks else None
     losses = [m.loss for m in steps if m.loss is not None and m.rank == 0]
     out["final_loss"] = losses[-1] if losses else None
+    if scenario.steps.unit == "micro":
+        out["flags"].append(f"per micro-iteration: {len(merged)} measured, {out['tokens_measured']:,} tokens/GPU"
+                            + (f"; the update runs once every {scenario.grad_accum}" if scenario.grad_accum > 1 else ""))
     if len(merged) < MIN_MEASURED_STEPS:
         out["flags"].append(f"only {len(merged)} measured steps")
     spread = (out["tgs_max"] - out["tgs_min"]) / tgs

@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
 # into a new file or one that carries it (or, from before it was set, holds fbench's tables).
 APPLICATION_ID = 0x66626E63
@@ -82,6 +82,11 @@ _MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE runs ADD COLUMN settings_mode TEXT NOT NULL DEFAULT 'matched';
     ALTER TABLE runs ADD COLUMN checks TEXT NOT NULL DEFAULT '[]';
+    """,
+    # 3: what one measured step was (optimizer step or micro-iteration) and the tokens measured
+    """
+    ALTER TABLE runs ADD COLUMN step_unit TEXT NOT NULL DEFAULT 'optimizer';
+    ALTER TABLE runs ADD COLUMN tokens_measured INTEGER;
     """,
 ]
 
@@ -257,7 +262,8 @@ class ResultStore:
             "reason": result.reason,
             **{k: getattr(result, k) for k in ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu",
                                                 "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
-                                                "data_sha256", "attention_used", "wall_seconds")},
+                                                "data_sha256", "attention_used", "wall_seconds",
+                                                "step_unit", "tokens_measured")},
             "flags": json.dumps(result.flags + notes),
             "framework_throughput": json.dumps(result.framework_throughput),
             "settings": json.dumps(result.settings),

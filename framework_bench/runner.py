@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, plugins, verify
+from framework_bench import envs, flops, launch, metrics, plugins, verdicts, verify
 from framework_bench.backend import Job, Machine
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
@@ -21,6 +21,7 @@ from framework_bench.packed import TOKENIZER_DIR
 from framework_bench.machine import detect
 from framework_bench.memory import estimate
 from framework_bench.metrics import RunResult
+from framework_bench.sbatch import SbatchOptions, TimeEstimate, estimate_time
 from framework_bench.scenario import Scenario
 from framework_bench.worker_io import read_metrics
 
@@ -32,24 +33,11 @@ def runs_root() -> Path:
 
 
 def check(backend: plugins.Backend, scenario: Scenario, machine: Machine):
-    """(env, reason): reason is None when the backend can run the scenario here."""
-    env = envs.inspect(backend.name, backend.info.env)
-    return env, machine_shortfall(scenario, machine) or backend.check(scenario, machine, env)
-
-
-def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
-    """Why this machine cannot host the scenario's processes (any backend), or None."""
-    c = scenario.cluster
-    if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
-        have = f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib} GiB)" if machine.gpus else "no GPU"
-        need = estimate(scenario, gpu=scenario.reference.hardware if scenario.reference else None).total_gib
-        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.0f} GiB each by the "
-                f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
-                "them with --launcher slurm")
-    if c.device == "cpu" and c.gpus > (machine.cpu_count or 1):
-        return (f"needs {c.gpus} worker processes ({c.nodes} node(s) x {c.gpus_per_node}), all on this machine, "
-                f"which has {machine.cpu_count} CPU cores")
-    return None
+    """(env, reason): reason is None when the backend can run the scenario here. The reason
+    names every refusal side by side (this machine, the env, the backend's own check,
+    memory): see `framework_bench/verdicts.py`."""
+    env, verdict = verdicts.judge(backend, scenario, machine, force=True)  # memory: `memory_shortfall`
+    return env, verdict.reason
 
 
 def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> str | None:
@@ -91,7 +79,7 @@ def run_one(
                 settings_mode=settings_mode)
     if reason:
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run.
-        setup = not env.ready and machine_shortfall(scenario, machine) is None
+        setup = not env.ready and verdicts.machine_shortfall(scenario, machine) is None
         return RunResult(**base, status="failed" if setup else "unsupported", reason=reason)
     try:
         data = data or pack(scenario, progress=False, say=lambda msg: None)
@@ -117,8 +105,16 @@ def run_one(
             on_step(done, total, steps[-1]["seconds"] if steps else None)
 
     outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+    return finish(backend, job, outcome, base, machine.gpu_name)
+
+
+def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: dict,
+           gpu_name: str | None) -> RunResult:
+    """The result of a launched run once it ended (here, or as a SLURM job): read the
+    worker's report back, check the data it trained on, compute the figures, save it."""
+    scenario = job.scenario
     result = RunResult(**base, status=outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
-                       data_sha256=data.sha256)
+                       data_sha256=job.data_sha256)
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
         _save(result)
@@ -133,22 +129,22 @@ def run_one(
     result.attention_used = report.attention_used
     result.framework_version = report.framework_version or result.framework_version
     result.framework_throughput = report.framework_throughput
-    if report.data_sha256 != data.sha256:
+    if report.data_sha256 != job.data_sha256:
         result.status = "invalid"
-        result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {data.sha256}"
-    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(machine.gpu_name))
+        result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"
+    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name))
     result = result.model_copy(update=figures)
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
-    _verify(result, scenario, report, data)
+    _verify(result, scenario, report, job.data_dir)
     _save(result)
     return result
 
 
-def _verify(result: RunResult, scenario: Scenario, report, data: PackedData) -> None:
+def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> None:
     """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`."""
     result.settings = dict(report.settings or {})
-    result.checks = verify.verify(scenario, report, data.dir, result.tgs)
+    result.checks = verify.verify(scenario, report, data_dir, result.tgs)
     reason, flags = verify.verdict(result.checks)
     result.flags += flags
     if reason and result.status == "ok":
@@ -167,6 +163,8 @@ class DryRun(BaseModel):
     scenario: str
     launcher: str
     check: str | None = Field(description="why it would be refused on this machine; None if it would run")
+    verdict: verdicts.Verdict | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
+    time: TimeEstimate | None = Field(None, description="the SLURM time limit estimate (slurm launcher)")
     argv: list[str]
     env: dict[str, str]
     files: dict[str, Path]
@@ -175,12 +173,13 @@ class DryRun(BaseModel):
 
 def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
             machine: Machine | None = None, root: Path | None = None, pack_data: bool = False,
-            settings_mode: str = "matched") -> DryRun:
+            settings_mode: str = "matched", sbatch_options: SbatchOptions | None = None) -> DryRun:
     """Plan without launching. Without `pack_data` no rows are packed (a 1M-token scenario's
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    env, reason = check(backend, scenario, machine)
+    env, verdict = verdicts.judge(backend, scenario, machine)
+    reason = verdict.reason
     root = root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
     job = make_job(backend_name, scenario, data, machine, root, settings_mode)
@@ -188,9 +187,13 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)
     files = {"job": job.job_file, **plan.files}
+    time_ = None
     if launcher == "slurm":
-        files["sbatch"] = launch.write_sbatch(plan, job)
-    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason,
+        opts = sbatch_options or SbatchOptions()
+        time_ = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
+        files["sbatch"] = launch.write_sbatch(plan, job, opts.time_limit or time_.limit, opts.cpus_per_task,
+                                              tuple(opts.extra))
+    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict, time=time_,
                   argv=launch.argv_for(plan, job, launcher), env=plan.env, files=files, run_dir=job.run_dir)
 
 

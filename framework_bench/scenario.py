@@ -87,6 +87,12 @@ class Cluster(_Strict):
 class Steps(_Strict):
     warmup: Int = Field(2, ge=0)
     measured: Int = Field(5, gt=0)
+    unit: Literal["optimizer", "micro"] = Field(
+        "optimizer",
+        description="what a step is: an optimizer step (grad_accum micro-iterations and the update), or one "
+        "micro-iteration (forward + backward of one micro batch; the update only in every grad_accum-th), "
+        "for rows whose optimizer steps take hours (grad_accum = SP at 1M tokens)",
+    )
 
     @property
     def total(self) -> int:
@@ -205,9 +211,19 @@ class Scenario(_Strict):
         return self.cluster.gpus // self.sequence_parallel
 
     @property
+    def micro_per_step(self) -> int:
+        """Micro-iterations in one step of `steps.unit`."""
+        return 1 if self.steps.unit == "micro" else self.grad_accum
+
+    @property
+    def tokens_per_gpu_step(self) -> int:
+        """Tokens one GPU trains in one step of `steps.unit` (its sequence-parallel shard)."""
+        return self.micro_batch * self.context_length // self.sequence_parallel * self.micro_per_step
+
+    @property
     def rows_needed(self) -> int:
         """Packed rows consumed by warm-up + measured steps across the data-parallel group."""
-        return self.steps.total * self.micro_batch * self.grad_accum * self.data_parallel
+        return self.steps.total * self.micro_batch * self.micro_per_step * self.data_parallel
 
     @property
     def model_config_for_run(self) -> dict:

@@ -52,7 +52,7 @@ def expected_param_count(arch: ModelArch) -> int:
 
 
 def tokens_per_step(scenario: Scenario) -> int:
-    return scenario.micro_batch * scenario.context_length * scenario.grad_accum // scenario.sequence_parallel
+    return scenario.tokens_per_gpu_step
 
 
 def check_tokens(scenario: Scenario, steps: list[StepMetric]) -> Check:
@@ -64,7 +64,7 @@ def check_tokens(scenario: Scenario, steps: list[StepMetric]) -> Check:
         m = wrong[0]
         return Check(name="tokens", status="fail",
                      detail=f"{len(wrong)} step record(s) off: rank {m.rank} step {m.step} reports {m.tokens} "
-                            f"tokens, the scenario makes {want} (micro batch x context x grad accum / SP)")
+                            f"tokens, the scenario makes {want} (micro batch x context / SP x micro-iterations per step)")
     return Check(name="tokens", status="pass", detail=f"{want} tokens per step per rank")
 
 
@@ -92,8 +92,8 @@ def check_steps(scenario: Scenario, steps: list[StepMetric]) -> Check:
 
 
 def rows_per_step(scenario: Scenario) -> int:
-    """Distinct packed rows one optimizer step consumes across all data-parallel ranks."""
-    return scenario.micro_batch * scenario.grad_accum * scenario.data_parallel
+    """Distinct packed rows one step (of `steps.unit`) consumes across all data-parallel ranks."""
+    return scenario.micro_batch * scenario.micro_per_step * scenario.data_parallel
 
 
 def check_rows(scenario: Scenario, consumed: dict[int, dict[int, list[str]]] | None, data_dir: Path) -> Check:

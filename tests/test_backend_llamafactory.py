@@ -160,11 +160,12 @@ def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     plan = llamafactory.plan(job, ready_env("cuda", "deepspeed", "flash-attn"))
     probe = ("import json, sys; import fbench_llamafactory.worker_v1; from llamafactory.v1.config import get_args; "
              "m, d, t, _ = get_args(json.load(open(sys.argv[1]))); "
-             "print(json.dumps([str(m.flash_attn), dict(t.dist_config), t.global_batch_size, t.max_steps]))")
+             "print(json.dumps([str(m.flash_attn), dict(t.dist_config), t.global_batch_size, t.max_steps, m.init_config.name]))")
     out = subprocess.run([str(env.python), "-c", probe, str(plan.files["train_args"])], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    flash_attn, dist, global_batch, max_steps = json.loads(out.stdout.strip().splitlines()[-1])
+    flash_attn, dist, global_batch, max_steps, init = json.loads(out.stdout.strip().splitlines()[-1])
     assert flash_attn == "flash_attention_2" and dist["cp_size"] == 4 and dist["cp_mode"] == "ulysses"
+    assert init == "init_on_rank0"  # LLaMA-Factory's own plugin name, accepted by its parser
     assert global_batch == 32 and max_steps == 7
 
 

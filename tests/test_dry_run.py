@@ -18,7 +18,14 @@ def test_dry_run_plans_every_published_scenario(name, backend, fbench_home):
     s = scenario.load(name)
     d = runner.dry_run(backend, s, "slurm", NO_GPU)
     assert d.check and f"{s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} GPUs" in d.check
+    # the backend's own verdict on the scenario's nodes stands beside this machine's shortfall
+    v = d.verdict
+    assert v.machine and v.machine in d.check
+    if v.check:
+        assert f"{backend}: {v.check}" in d.check
+    assert d.time is not None and d.time.steps == s.steps.total
     sbatch = d.files["sbatch"].read_text()
+    assert f"#SBATCH --time={d.time.limit}" in sbatch
     assert f"#SBATCH --nodes={s.cluster.nodes}" in sbatch and f"--nproc-per-node {s.cluster.gpus_per_node}" in sbatch
     assert f"fbench_{backend}.worker" in sbatch
     assert all(p.exists() for p in d.files.values())
@@ -40,3 +47,24 @@ def test_without_dry_run_it_says_what_is_missing(fbench_home, tmp_path):
     assert res.exit_code == 0 and "unsupported" in res.stdout
     assert "needs 4 node(s) x 8 GPUs" in res.stdout and "--launcher slurm" in res.stdout
     assert "Traceback" not in res.output
+
+
+
+def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypatch):
+    """Beside the GPU shortfall: XTuner's flash-attn requirement, LLaMA-Factory's verdict on SP 16 with 8 KV heads."""
+    from conftest import backend_env_or_skip
+    from framework_bench import envs
+    for name in ("xtuner", "llamafactory"):
+        backend_env_or_skip(name)
+    home = tmp_path / "home"  # the plans' files go here; the envs stay where setup made them
+    home.mkdir()
+    (home / "envs").symlink_to((envs.fbench_home() / "envs").resolve())
+    monkeypatch.setenv("FBENCH_HOME", str(home))
+    res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_70b_256k", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.stdout.split())  # undo the console's wrapping
+    assert out.count("this machine: needs 4 node(s) x 8 GPUs") == 2
+    assert "xtuner: sequence_parallel 16 needs flash_attn" in out
+    assert "llamafactory: sequence_parallel 16 with 8 KV heads" in out
+    assert "cp_size must divide num_key_value_heads (8)" in out
+    assert out.count(": refused") == 2

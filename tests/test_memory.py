@@ -87,7 +87,25 @@ def test_every_published_scenario_fits_on_its_a100(scenario, framework):
     print(f"\n{scenario.name} ({framework}): {e.summary()}")
     assert e.gpu_memory_gib == 80.0
     assert e.fits is True
-    assert e.scheme == "deepspeed"
+    # LLaMA-Factory's sequence parallel runs on its v1 trainer (FSDP2), the rest on DeepSpeed
+    lf_v1 = framework == "llamafactory" and scenario.sequence_parallel > 1
+    assert e.scheme == ("fsdp2" if lf_v1 else "deepspeed")
+
+
+@pytest.mark.parametrize("scenario", [s for s in PUBLISHED if s.sequence_parallel > 1], ids=lambda s: s.name)
+def test_framework_names_as_the_runner_passes_them(scenario):
+    """The runner passes `BackendInfo.framework` ("XTuner", "LLaMA-Factory"): the same
+    estimate as the backend names, and LLaMA-Factory's SP modelled as its v1 FSDP2 trainer
+    (fp32 params, grads and Adam states sharded over the world: 16 bytes/param / world)."""
+    from framework_bench.memory import parameter_count
+    for display, key in (("XTuner", "xtuner"), ("LLaMA-Factory", "llamafactory")):
+        assert estimate(scenario, framework=display) == estimate(scenario, framework=key).model_copy(
+            update={"framework": display})
+    v1 = estimate(scenario, framework="LLaMA-Factory")
+    n, world = parameter_count(scenario.arch), scenario.cluster.gpus
+    assert v1.scheme == "fsdp2"
+    assert v1.parameters_gib + v1.gradients_gib + v1.optimizer_states_gib == pytest.approx(16 * n / world / GIB, rel=1e-3)
+    assert estimate(scenario, framework="XTuner").scheme == "deepspeed"
 
 
 def test_published_scenarios_are_not_trivially_small():

@@ -52,6 +52,12 @@ def fbench_backend_info() -> BackendInfo:
 
 @hookimpl
 def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+    # Structural: no env or machine lifts them, so they are named before what is missing here.
+    if scenario.steps.unit == "micro":
+        return ("steps.unit micro is not planned for LLaMA-Factory: its trainers count optimizer steps "
+                "(max_steps) and report per optimizer step only")
+    if (kv_reason := train_args.v1_kv_head_refusal(scenario)) is not None:
+        return kv_reason
     if not env.ready:
         return f"the llamafactory env is not ready: {env.problem}"
     device = scenario.cluster.device

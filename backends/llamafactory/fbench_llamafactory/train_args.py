@@ -136,11 +136,27 @@ def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
     return args
 
 
+def v1_kv_head_refusal(scenario) -> str | None:
+    """Why LLaMA-Factory 0.9.5's Ulysses cannot split this model's K/V heads, or None.
+
+    Its all-to-all splits the K/V heads over the cp group without repeating them
+    (`torch.tensor_split` over the heads: with fewer heads than ranks, some ranks get none),
+    and its own guard compares the attention heads with themselves, so it never fires. No
+    KV-head replication exists in 0.9.5, hence a refusal rather than a wrong attention."""
+    sp, kv = scenario.sequence_parallel, scenario.arch.num_key_value_heads
+    if sp > 1 and kv % sp:
+        return (f"sequence_parallel {sp} with {kv} KV heads: LLaMA-Factory 0.9.5's Ulysses (v1 trainer) splits "
+                f"the K/V heads over the {sp} ranks without replicating them, so cp_size must divide "
+                f"num_key_value_heads ({kv}); it has no KV-head replication")
+    return None
+
+
 def v1_train_args(job: Job) -> dict:
     """Arguments for LLaMA-Factory's v1 trainer (FSDP2 + Ulysses sequence parallel).
 
-    The v1 model engine always loads weights (`from_pretrained`), so the worker first saves
-    a random-initialised model into the model folder. `reshard_after_forward` follows the
+    The model is built from its config, with no weight files: `init_config` asks for
+    LLaMA-Factory's rank-0 initialisation, and the worker's model engine builds rank 0's copy
+    from the config (random weights) instead of `from_pretrained`. `reshard_after_forward` follows the
     ZeRO stage: 3 shards parameters like ZeRO-3, below it FSDP2 keeps them gathered (ZeRO-2-like).
     0.9.5 registers no optimizer plugin, so v1 trains with `torch.optim.AdamW(lr=...)`: the
     same betas, but torch's default weight decay 0.01 instead of 0 (no effect on speed).
@@ -152,6 +168,7 @@ def v1_train_args(job: Job) -> dict:
         "model": str(run_dir / run_files.MODEL_DIR),
         "template": "default",
         "flash_attn": "flash_attention_2",  # Ulysses in 0.9.5 refuses anything else
+        "init_config": {"name": run_files.V1_INIT},
         "train_dataset": str(run_dir / run_files.V1_DATA),
         "output_dir": str(run_dir / run_files.OUTPUT_DIR),
         "micro_batch_size": s.micro_batch,

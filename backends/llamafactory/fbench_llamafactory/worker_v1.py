@@ -2,7 +2,8 @@
 
 Mirrors `llamafactory.v1.trainers.sft_trainer.run_sft`, with two additions it has no
 argument for: the step-metrics callback, and a pass-through for rows that are already
-tokenized (the v1 renderer otherwise expects chat messages). Needs a GPU and flash-attn,
+tokenized (the v1 renderer otherwise expects chat messages); and the model is built from its
+config (`config_model_engine`), never from weight files. Needs a GPU and flash-attn,
 which `fbench_check` requires before planning such a run; not runnable on a CPU machine.
 """
 
@@ -14,36 +15,54 @@ from pathlib import Path
 from framework_bench.packed import IGNORE_INDEX, PackedRows
 
 from fbench_llamafactory import run_files
-from fbench_llamafactory.run_files import is_local_main, wait_for
+from fbench_llamafactory.run_files import V1_INIT, publish_once
 from fbench_llamafactory.step_metrics import StepRecorder
 
 
 def write_parquet(packed: PackedRows, rows: int, target: Path) -> None:
     """The first `rows` packed rows as one parquet file (the v1 data engine reads local files;
-    its sampler shuffles them, so the order differs from the v0 trainer's, the rows do not)."""
-    if is_local_main():
+    its sampler shuffles them, so the order differs from the v0 trainer's, the rows do not).
+    One process writes it, whatever the number of nodes sharing the run folder."""
+
+    def write(tmp: Path) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = pa.table({"input_ids": packed.input_ids[:rows].tolist(), "labels": packed.labels[:rows].tolist()})
-        tmp = target.with_name(target.name + ".tmp")
         pq.write_table(table, tmp)
-        tmp.rename(target)
-    else:
-        wait_for(target)
+
+    publish_once(target, write)
 
 
-def write_random_weights(model_dir: Path) -> None:
-    """The v1 model engine always calls `from_pretrained`: save a random-initialised model first."""
-    done = model_dir / ".random-weights-written"
-    if is_local_main():
-        from transformers import AutoConfig, AutoModelForCausalLM
+def config_model_engine():
+    """LLaMA-Factory's `ModelEngine`, building the model from its config instead of loading
+    weights: the v1 engine's `init_on_rank0` calls `from_pretrained` on global rank 0, which
+    would need the full random weights written to disk (~27 GB fp32 for 7B, more than a
+    disk for 70B). Here rank 0 builds the random-initialised model in host memory and every
+    other rank builds it on the meta device, as `init_on_rank0` places them; FSDP2 then
+    shards it and broadcasts rank 0's weights (fsdp2.py `shard_model`). No GPU ever holds
+    the full model; rank 0's host holds it in fp32 (plus LLaMA-Factory's copy for the broadcast)."""
+    import torch
+    from accelerate import init_empty_weights
+    from llamafactory.v1.accelerator.interface import DistributedInterface
+    from llamafactory.v1.core.model_engine import ModelEngine
+    from transformers import AutoModelForCausalLM
 
-        if not done.exists():
-            AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
-            done.touch()
-    else:
-        wait_for(done)
+    class ConfigModelEngine(ModelEngine):
+        def _init_model(self):
+            mode = self.args.init_config.name if self.args.init_config is not None else None
+            if mode != V1_INIT:
+                raise RuntimeError(f"the fbench v1 plan asks for init_config {V1_INIT!r}, not {mode!r}")
+            kwargs = {"attn_implementation": self.args.flash_attn}
+            if DistributedInterface().get_rank() == 0:
+                model = AutoModelForCausalLM.from_config(self.model_config, **kwargs)
+            else:
+                with init_empty_weights():
+                    model = AutoModelForCausalLM.from_config(self.model_config, **kwargs)
+            model._init_mode = V1_INIT  # what LLaMA-Factory's engine records, read by its FSDP2 plugin
+            return model.to(torch.float32)  # as the engine does for full fine-tuning
+
+    return ConfigModelEngine
 
 
 def pretokenized(samples: list[dict]) -> list[dict]:
@@ -65,7 +84,6 @@ def train_v1(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -
     from llamafactory.v1.accelerator.interface import DistributedInterface
     from llamafactory.v1.config import get_args
     from llamafactory.v1.core.data_engine import DataEngine
-    from llamafactory.v1.core.model_engine import ModelEngine
     from llamafactory.v1.trainers.sft_trainer import SFTTrainer
     from llamafactory.v1.utils.callbacks import TrainerCallback
 
@@ -87,9 +105,8 @@ def train_v1(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -
     args = json.loads(run_files.args_file(run_dir, job["scenario"]["sequence_parallel"]).read_text())
     model_args, data_args, training_args, _ = get_args(args)
     write_parquet(packed, rows, Path(data_args.train_dataset))
-    write_random_weights(Path(model_args.model))
     DistributedInterface(training_args.dist_config)
-    model_engine = ModelEngine(model_args, is_train=True)
+    model_engine = config_model_engine()(model_args, is_train=True)
     model_engine.renderer.process_samples = pretokenized
     trainer = SFTTrainer(
         args=training_args,

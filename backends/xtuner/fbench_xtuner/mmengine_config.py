@@ -47,8 +47,9 @@ def uses_deepspeed(job: Job) -> bool:
 
 
 def max_iters(job: Job) -> int:
-    """One mmengine iteration is one micro-batch; an optimizer step is grad_accum of them."""
-    return job.scenario.steps.total * job.scenario.grad_accum
+    """One mmengine iteration is one micro-batch; an optimizer step is grad_accum of them
+    (a step of `steps.unit: micro` is one iteration)."""
+    return job.scenario.steps.total * job.scenario.micro_per_step
 
 
 def deepspeed_config(job: Job) -> dict:

@@ -111,7 +111,7 @@ def framework_throughput(job: Job) -> dict[str, float]:
     path = scalars_file(job.run_dir)
     if path is None:
         return {}
-    warmup_iters = job.scenario.steps.warmup * job.scenario.grad_accum
+    warmup_iters = job.scenario.steps.warmup * job.scenario.micro_per_step
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     measured = [r for r in rows if "tokens_per_sec" in r and r["iter"] > warmup_iters]
     if not measured:

@@ -26,6 +26,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from fbench_xtuner import run_layout
+from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.packed import PackedRows, stream_sha256
 from framework_bench.worker import settings as capture
 from framework_bench.worker.rows import ConsumedRows
@@ -116,6 +117,27 @@ class StepStart(Hook):
         self.started = time.perf_counter()
 
 
+def verify_sequence_parallel(llm, requested: int) -> None:
+    """Fail the run unless XTuner's sequence-parallel attention is what the built model runs:
+    flash-attention 2, XTuner's dispatched attention forward on every attention module, an
+    SP group of the requested size (the check itself: `fbench_xtuner.sp_binding`)."""
+    if requested <= 1:
+        return
+    import torch.distributed as dist
+    from transformers.utils.import_utils import is_flash_attn_2_available
+    from xtuner.parallel.sequence import get_sequence_parallel_group
+
+    group = get_sequence_parallel_group()
+    size = dist.get_world_size(group) if dist.is_initialized() and group is not None else 1
+    forwards = [f"{fn.__module__}.{fn.__qualname__}" for m in llm.modules() if type(m).__name__.endswith("Attention")
+                for fn in [getattr(m.forward, "__func__", m.forward)]]
+    problems = sequence_parallel_problems(requested, flash_attn_available=is_flash_attn_2_available(),
+                                          attn_implementation=llm.config._attn_implementation,
+                                          attention_forwards=forwards, sp_group_size=size)
+    if problems:
+        raise RuntimeError(f"XTuner's sequence parallel {requested} is not what would train: " + "; ".join(problems))
+
+
 class CommonMetrics(Hook):
     """Writes one common-metrics line per optimizer step (grad_accum iterations); registered
     with the highest priority so that its `after_train_iter` runs first, before logging.
@@ -147,6 +169,7 @@ class CommonMetrics(Hook):
                 f"{self.scenario['sequence_parallel']}"
             )
         llm = _unwrap(runner.model).llm
+        verify_sequence_parallel(llm, self.scenario["sequence_parallel"])
         self.attention_used = llm.config._attn_implementation
         if self.scenario["attention"] == "varlen" and self.attention_used != "flash_attention_2":
             raise RuntimeError(f"varlen attention asked for, but the model uses {self.attention_used!r}")
@@ -159,8 +182,10 @@ class CommonMetrics(Hook):
         self.tokens += data_batch["data"]["input_ids"].numel() // self.sp_size
         self.losses.append(outputs["loss"].detach().item())
         self.micro += 1
-        if self.micro == self.scenario["grad_accum"]:
-            step = (runner.iter + 1) // self.scenario["grad_accum"]
+        # `steps.unit: micro`: every iteration is a step (the update lands in every grad_accum-th)
+        per_step = 1 if self.scenario["steps"].get("unit") == "micro" else self.scenario["grad_accum"]
+        if self.micro == per_step:
+            step = (runner.iter + 1) // per_step
             self.writer.write(step, self.seconds, self.tokens, sum(self.losses) / len(self.losses),
                               _peak_mem_bytes(self.device))
             self._reset()

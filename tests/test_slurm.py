@@ -1,0 +1,241 @@
+"""SLURM end to end on this machine: stand-in `sbatch`/`srun`/`scontrol`/`squeue`/`sacct`
+(tests/slurm_standins: sbatch runs the batch script here in the background, srun runs its
+command once, scontrol names 127.0.0.1) put on PATH, so submit -> run -> collect runs for
+real; the time-limit estimate for every published scenario."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import backend_env_or_skip
+from framework_bench import envs, scenario
+from framework_bench.cli import app
+from framework_bench.sbatch import MARGIN, STARTUP_S, estimate_time
+
+STANDINS = Path(__file__).parent / "slurm_standins"
+FAKES = Path(__file__).parent / "fake_backends"
+PUBLISHED = [s for s in scenario.load_all() if s.reference]
+
+
+def _seconds(limit: str) -> int:
+    days, _, rest = limit.rpartition("-")
+    h, m, s = (int(x) for x in rest.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+@pytest.mark.parametrize("s", PUBLISHED, ids=lambda s: s.name)
+def test_time_limit_estimated_from_the_published_tgs(s):
+    e = estimate_time(s, s.reference.hardware)
+    tokens = s.micro_batch * s.context_length // s.sequence_parallel * s.grad_accum  # one GPU, one optimizer step
+    assert e.step_seconds == pytest.approx(tokens / s.reference.tgs)
+    assert e.steps == s.steps.total and "published TGS" in e.source
+    need = MARGIN * s.steps.total * e.step_seconds + STARTUP_S["cuda"]
+    assert need <= _seconds(e.limit) < need + 60
+    print(f"\n{s.name}: {e.summary()}")
+
+
+def test_giant_rows_point_to_micro_steps():
+    big = scenario.load("llama2_70b_1m")
+    e = estimate_time(big, big.reference.hardware)
+    assert _seconds(e.limit) > 7 * 86400 and e.hint and "steps.unit micro" in e.hint
+    micro = big.model_copy(update={"steps": big.steps.model_copy(update={"unit": "micro"})})
+    m = estimate_time(micro, big.reference.hardware)
+    assert m.step_seconds == pytest.approx(e.step_seconds / big.grad_accum) and m.limit in e.hint
+    assert micro.rows_needed == big.rows_needed // big.grad_accum
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """Stand-in SLURM on PATH, and a private FBENCH_HOME sharing the real backend envs."""
+    real_envs = envs.fbench_home() / "envs"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "envs").symlink_to(real_envs.resolve())
+    monkeypatch.setenv("FBENCH_HOME", str(home))
+    monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path / "slurm-state"))
+    monkeypatch.setenv("PATH", f"{STANDINS}:{__import__('os').environ['PATH']}")
+    return tmp_path / "slurm-state"
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(FAKES))
+    import fbench_fake_backends
+
+    site = tmp_path / "site"
+    fbench_fake_backends.register_through_entry_points(site)
+    monkeypatch.syspath_prepend(str(site))
+
+
+def _invoke(*args: str):
+    res = CliRunner().invoke(app, list(args))
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output  # no host traceback
+    return res
+
+
+def _collect_until_done(db: Path, timeout: float = 600) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = _invoke("results", "collect", "--db", str(db))
+        assert res.exit_code == 0, res.output
+        if "running" not in res.stdout and "no submitted runs" not in res.stdout:
+            return res.stdout
+        assert time.monotonic() < deadline, res.stdout
+        time.sleep(1)
+
+
+def _rows(db: Path) -> dict[str, dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    rows = {r["backend"]: dict(r) for r in con.execute("SELECT * FROM runs")}
+    for r in rows.values():
+        r["steps"] = con.execute("SELECT COUNT(*) FROM steps WHERE run_id = ?", (r["id"],)).fetchone()[0]
+    return rows
+
+
+def test_submitted_jobs_come_back_as_rows_however_they_end(cluster, fakes, tmp_path):
+    db = tmp_path / "results.sqlite"
+    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash", "--launcher", "slurm",
+                  "--db", str(db), "--cpus-per-task", "2", "--sbatch-arg=--partition=cpu", "--time", "00:20:00")
+    assert res.exit_code == 0, res.output
+    ids = re.findall(r"submitted: SLURM job (\d+)", res.stdout)
+    assert len(ids) == 2 and "--time=00:20:00" in res.stdout and "results collect" in res.stdout
+    sbatch = (cluster / f"{ids[0]}.args").read_text().split()[-1]
+    text = Path(sbatch).read_text()
+    assert "#SBATCH --partition=cpu" in text and "#SBATCH --cpus-per-task=2" in text and "--gpus-per-node" not in text
+    out = _collect_until_done(db)
+    rows = _rows(db)
+    assert rows["fake_ok"]["status"] == "ok" and rows["fake_ok"]["steps"] == 7 and rows["fake_ok"]["tgs"] > 0
+    crash = rows["fake_crash"]
+    assert crash["status"] == "failed" and "the fake trainer fell over" in crash["reason"]  # the SLURM output tail
+    assert f"SLURM job {ids[1]} ended FAILED" in crash["reason"]
+    assert "stored as result" in out
+    # collected once: a second collect finds nothing left
+    assert "no submitted runs" in _invoke("results", "collect", "--db", str(db)).stdout
+
+
+def test_a_job_that_hit_its_time_limit_is_a_timeout_row(cluster, fakes, tmp_path):
+    db = tmp_path / "results.sqlite"
+    res = _invoke("run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--db", str(db))
+    job_id = re.search(r"submitted: SLURM job (\d+)", res.stdout).group(1)
+    (cluster / f"{job_id}.state").write_text("TIMEOUT")  # what the scheduler reports for a killed job
+    _collect_until_done(db)
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "timeout" and f"SLURM job {job_id} ended TIMEOUT" in row["reason"]
+    assert "time limit 00:11:00" in row["reason"]  # the estimated limit tiny_cpu was submitted with
+
+
+def test_a_refused_backend_is_never_submitted(cluster, fakes, tmp_path):
+    db = tmp_path / "results.sqlite"
+    res = _invoke("compare", "--scenario", "llama2_7b_8k", "--backends", "fake_ok", "--launcher", "slurm",
+                  "--db", str(db))
+    assert res.exit_code == 0 and "refused" in res.stdout and "nothing submitted" in res.stdout
+    assert "the fake backend runs on CPU only" in res.stdout and "needs 1 node(s) x 8 GPUs" in res.stdout
+    assert not cluster.exists()  # sbatch never ran
+    assert _rows(db)["fake_ok"]["status"] == "unsupported"
+
+
+@pytest.mark.slow
+def test_llamafactory_through_slurm_then_results_collect(cluster, tmp_path):
+    backend_env_or_skip("llamafactory")
+    db = tmp_path / "results.sqlite"
+    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "llamafactory", "--launcher", "slurm",
+                  "--db", str(db))
+    assert res.exit_code == 0 and "submitted: SLURM job" in res.stdout, res.output
+    _collect_until_done(db)
+    row = _rows(db)["llamafactory"]
+    assert row["status"] == "ok", row["reason"]
+    assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0 and row["step_unit"] == "optimizer"
+    assert row["tokens_measured"] == 5 * 512
+    assert "slurm-1000.out" in {p.name for p in Path(row["run_dir"]).iterdir()}
+
+
+@pytest.mark.slow
+def test_xtuner_through_slurm_with_wait(cluster, tmp_path):
+    backend_env_or_skip("xtuner")
+    db = tmp_path / "results.sqlite"
+    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "xtuner", "--launcher", "slurm", "--wait",
+                  "--poll", "1", "--db", str(db), "--out", str(tmp_path / "plots"))
+    assert res.exit_code == 0, res.output
+    row = _rows(db)["xtuner"]
+    assert row["status"] == "ok", row["reason"]
+    assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0
+    assert (tmp_path / "plots" / "report.md").exists()
+    assert json.loads((Path(row["run_dir"]) / "slurm.json").read_text())["result_id"] == row["id"]
+
+
+def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_path):
+    """A node that cannot see the env's Python (not on a shared filesystem) stops the job
+    before any worker starts, says which path on which host, and leaves its exit status."""
+    import os
+    import subprocess
+
+    from framework_bench import launch
+    from framework_bench.backend import Job, LaunchPlan
+    s = scenario.load("tiny_cpu")
+    job = Job(backend="fake_ok", scenario=s, data_dir=tmp_path, data_sha256="0" * 64, run_dir=tmp_path / "run",
+              device="cpu")
+    job.run_dir.mkdir()
+    plan = LaunchPlan(python=tmp_path / "not-shared" / "bin" / "python", module="fbench_fake_worker")
+    script = launch.write_sbatch(plan, job)
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_ON_NODE": "2"}
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 3
+    assert f"fbench: {plan.python} is missing on" in proc.stdout and "shares, at the same path" in proc.stdout
+    assert (job.run_dir / launch.SBATCH_EXIT_FILE).read_text().strip() == "3"
+
+
+def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkeypatch):
+    """Clusters without sacct data: the exit status the batch script leaves, or SLURM's own
+    words in the job output when it killed the job."""
+    import os
+
+    from framework_bench import launch, slurm
+    quiet = tmp_path / "bin"
+    quiet.mkdir()
+    for name in ("squeue", "sacct"):  # the job is gone from the queue; no accounting kept
+        (quiet / name).write_text("#!/bin/sh\nexit 0\n")
+        (quiet / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{quiet}:{os.environ['PATH']}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sub = slurm.Submission(job_id="42", backend="fake_ok", scenario="tiny_cpu", run_dir=run_dir,
+                           submitted_at="now", time_limit="00:11:00")
+    assert slurm.job_state(sub).state == "UNKNOWN"  # nothing to go by yet: still waiting
+    (run_dir / "slurm-42.out").write_text("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-30 DUE TO TIME LIMIT ***\n")
+    assert slurm.job_state(sub).state == "TIMEOUT"
+    (run_dir / launch.SBATCH_EXIT_FILE).write_text("0\n")
+    assert slurm.job_state(sub) == slurm.JobState(state="COMPLETED", exit_code=0)
+    (run_dir / launch.SBATCH_EXIT_FILE).write_text("1\n")
+    assert slurm.job_state(sub).state == "FAILED"
+
+
+def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, monkeypatch):
+    """Where this machine has no sbatch, the script is written for submitting on the
+    cluster; `results collect` then finds the job by the output it wrote."""
+    import os
+    import subprocess
+
+    db = tmp_path / "results.sqlite"
+    monkeypatch.setenv("PATH", os.environ["PATH"].replace(f"{STANDINS}:", ""))  # no sbatch here
+    res = _invoke("run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--db", str(db))
+    script = re.search(r"sbatch: (\S+submit\.sbatch)", res.stdout).group(1)
+    assert "sbatch not found here" in " ".join(res.stdout.split())
+    assert "no submitted runs" in _invoke("results", "collect", "--db", str(db)).stdout
+    # ... submitted by hand, on "the cluster" (the stand-ins again)
+    monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
+    subprocess.run([str(STANDINS / "sbatch"), script], check=True, capture_output=True)
+    deadline = time.monotonic() + 120
+    while not list(Path(script).parent.glob("slurm-*.out")):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    _collect_until_done(db)
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "ok" and row["steps"] == 7
