@@ -126,7 +126,7 @@ def test_compare_names_each_setting_that_differs_and_the_invalid_run(fakes, tmp_
 
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_double_tokens",
                                    "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # a run that is not ok (here invalid) makes compare exit non-zero
     assert "tiny_cpu: 1 setting(s) differ between backends (matched settings)" in res.output
     assert "speed trainer: fake_double_tokens fake-loop-double_tokens, fake_ok fake-loop-ok" in res.output
     assert "fake_double_tokens: invalid" in res.output and "tokens check failed" in res.output
