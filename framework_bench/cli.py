@@ -256,6 +256,8 @@ def run(
                           f"{_fmt(r.model_tflops, '.3g')} (model FLOPs); step {_fmt(r.step_seconds, '.3f')} s")
             if r.flags:
                 console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
+        for note in r.notes:
+            console.print(f"note: {note}", highlight=False, markup=False)
         if r.reason:
             console.print(r.reason, highlight=False, markup=False)
         console.print(f"data sha256 {r.data_sha256}")
@@ -267,17 +269,20 @@ def run(
 
 
 def _results_table(results, scenarios_by_name) -> Table:
-    t = Table("scenario", "backend", "status", "TGS (min–max)", "TFLOPs/GPU", "MFU", "peak mem", "published TGS",
-              "notes", title="fbench compare")
+    from framework_bench.compare import REFERENCE_BACKEND, percent_of_reference
+    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs) for r in results])
+    t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU", "MFU",
+              "peak mem", "published TGS", "notes", title="fbench compare")
     for r in results:
         s = scenarios_by_name[r.scenario]
         spread = f" ({_fmt(r.tgs_min)}–{_fmt(r.tgs_max)})" if r.tgs is not None else ""
         colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
         ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
-        notes = "; ".join(r.flags) if r.status == "ok" else "see below"
+        notes = escape("; ".join(r.flags + r.notes)) if r.status == "ok" else "see below"
+        pct = share.get((r.scenario, r.backend))
         t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,
-                  _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
+                  "-" if pct is None else f"{pct:.0f}%", _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
                   mem, ref, notes)
     return t
 
@@ -384,7 +389,10 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, sub
                 fail(str(e))
             console.print(f"[bold]{name}[/bold] via {d.launcher}: "
                           + ("[green]checks pass on this machine[/green]" if d.check is None
-                             else f"[yellow]not runnable here: {d.check}[/yellow]"), highlight=False)
+                             else f"[yellow]not runnable here: {escape(d.check)}[/yellow]"), highlight=False)
+            if d.plan_error:
+                console.print(f"  [red]no plan:[/red] {escape(d.plan_error)}", highlight=False)
+                continue
             console.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
             for k, v in sorted(d.env.items()):
                 console.print(f"  env:  {k}={v}", highlight=False, markup=False)

@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Migrations by the version they lead to: migration i takes a database at version i to i + 1.
 _MIGRATIONS = [
@@ -74,10 +74,12 @@ _MIGRATIONS = [
     );
     CREATE INDEX steps_run ON steps (run_id);
     """,
+    # 2: the backend's notes on each run (WorkerReport.notes), a JSON list
+    "ALTER TABLE runs ADD COLUMN notes TEXT NOT NULL DEFAULT '[]';",
 ]
 
 # Columns holding JSON text, decoded when rows are read back.
-_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest")
+_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "notes")
 
 # Distributions of a backend env worth naming in the manifest (those that exist are kept).
 _ENV_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets",
@@ -205,6 +207,7 @@ class ResultStore:
                                                 "data_sha256", "attention_used", "wall_seconds")},
             "flags": json.dumps(result.flags + notes),
             "framework_throughput": json.dumps(result.framework_throughput),
+            "notes": json.dumps(result.notes),
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
         }

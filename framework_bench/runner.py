@@ -7,14 +7,16 @@ results with a status and a reason, never a traceback in the host.
 from __future__ import annotations
 
 import json
+import os
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from framework_bench import envs, flops, launch, metrics, plugins
-from framework_bench.backend import Job, Machine
+from framework_bench.backend import Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.packed import TOKENIZER_DIR
@@ -32,9 +34,31 @@ def runs_root() -> Path:
 
 
 def check(backend: plugins.Backend, scenario: Scenario, machine: Machine):
-    """(env, reason): reason is None when the backend can run the scenario here."""
+    """(env, reason): reason is None when the backend can run the scenario here. The host
+    asks, in order: this machine (for any backend), the capabilities the backend declares,
+    the backend's own check."""
     env = envs.inspect(backend.name, backend.info.env)
-    return env, machine_shortfall(scenario, machine) or backend.check(scenario, machine, env)
+    return env, (machine_shortfall(scenario, machine) or backend.info.capabilities.refusal(scenario, backend.name)
+                 or backend.check(scenario, machine, env))
+
+
+HOOK_ERROR_FRAMES = 6  # the innermost frames of a hook's traceback kept in a failed result
+
+
+class HookError(Exception):
+    """A backend hook raised: the run becomes a `failed` result naming the hook, never a host crash."""
+
+
+def call_hook(hook: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, with any exception turned into a `HookError` carrying the traceback tail."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any plugin bug ends as a failed row
+        # The plugin's frames: the host's own (this module, pluggy's dispatch) say nothing.
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if f.filename not in (__file__, plugins.__file__) and f"{os.sep}pluggy{os.sep}" not in f.filename]
+        tail = "".join(traceback.format_list(frames[-HOOK_ERROR_FRAMES:]) + traceback.format_exception_only(e))
+        raise HookError(f"{hook} raised {type(e).__name__}: {e}\nTraceback (most recent call last):\n{tail}".rstrip()) from e
 
 
 def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
@@ -78,7 +102,10 @@ def run_one(
 ) -> RunResult:
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    env, reason = check(backend, scenario, machine)
+    try:
+        env, reason = call_hook("fbench_check", check, backend, scenario, machine)
+    except HookError as e:
+        return RunResult(backend=backend_name, scenario=scenario.name, status="failed", reason=str(e))
     if reason is None and not force:
         reason = memory_shortfall(scenario, machine, backend.info.framework)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package))
@@ -87,7 +114,13 @@ def run_one(
     data = data or pack(scenario, progress=False, say=lambda msg: None)
     job = make_job(backend_name, scenario, data, machine, root)
     job.write()
-    plan = backend.plan(job, env)
+    try:
+        plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+    except HookError as e:
+        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=data.sha256)
+        _save(result)
+        return result
+    job.write()  # the host owns job.json: whatever a plan wrote there, the worker reads the host's job
     launcher = launcher or launch.default_launcher(job)
     argvs = launch.node_argvs(plan, job, launcher)
     (job.run_dir / "plan.json").write_text(json.dumps(
@@ -112,11 +145,14 @@ def run_one(
         _save(result)
         return result
     try:
-        report = backend.read_report(job)
-    except FileNotFoundError as e:
-        result.status, result.reason = "failed", f"the worker wrote no metrics: {e}"
+        report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
+    except HookError as e:
+        cause = e.__cause__
+        result.status = "failed"
+        result.reason = f"the worker wrote no metrics: {cause}" if isinstance(cause, FileNotFoundError) else str(e)
         _save(result)
         return result
+    result.notes = list(report.notes)
     result.data_sha256 = report.data_sha256
     result.attention_used = report.attention_used
     result.framework_version = report.framework_version or result.framework_version
@@ -144,6 +180,7 @@ class DryRun(BaseModel):
     scenario: str
     launcher: str
     check: str | None = Field(description="why it would be refused on this machine; None if it would run")
+    plan_error: str | None = Field(None, description="fbench_plan raised: its error (no argv, env or files then)")
     argv: list[str]
     env: dict[str, str]
     files: dict[str, Path]
@@ -156,13 +193,21 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    env, reason = check(backend, scenario, machine)
+    try:
+        env, reason = call_hook("fbench_check", check, backend, scenario, machine)
+    except HookError as e:
+        env, reason = envs.inspect(backend.name, backend.info.env), str(e)
     root = root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
     job = make_job(backend_name, scenario, data, machine, root)
     job.write()
-    plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)
+    try:
+        plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+    except HookError as e:
+        return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason,
+                      plan_error=str(e), argv=[], env={}, files={"job": job.job_file}, run_dir=job.run_dir)
+    job.write()
     files = {"job": job.job_file, **plan.files}
     if launcher == "slurm":
         files["sbatch"] = launch.write_sbatch(plan, job)
