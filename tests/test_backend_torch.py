@@ -111,3 +111,27 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
         s.context_length / max(by_rank[0][i]["seconds"], by_rank[1][i]["seconds"])
         for i in range(s.steps.warmup, s.steps.total))
     assert r.tgs == pytest.approx(expected)
+
+
+def test_contributings_minimal_worker_trains_on_tiny_cpu(tmp_path):
+    """The ~50-line worker CONTRIBUTING.md shows is real code: run it in the torch env."""
+    import re
+
+    from framework_bench.data.packing import pack
+
+    env = backend_env_or_skip("torch")
+    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "def main" in block)
+    assert len(code.strip().splitlines()) <= 60
+    (tmp_path / "minimal_worker.py").write_text(code)
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    job = Job(backend="minimal", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
+              device="cpu")
+    out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job.write())],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = read_metrics(job.run_dir)
+    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
+    assert all(s["tokens"] == scn.context_length and s["seconds"] > 0 for s in steps)
+    assert read_worker_report(job.run_dir)["data_sha256"] == data.sha256
