@@ -192,7 +192,8 @@ def env_create(
     found = plugins.backends()
     for name in names or list(found):
         if name not in found:
-            fail(f"no backend named {name!r}; installed: {', '.join(found)}")
+            fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
+                 if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
         try:
             envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False),
                         packages=(found[name].package,))

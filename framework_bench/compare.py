@@ -66,6 +66,10 @@ def compare(
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
+    broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
+              if b in plugins.load_errors]
+    if broken:
+        raise plugins.UnknownBackend("\n".join(broken))
     if missing:
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     results: list[RunResult] = []

@@ -28,6 +28,7 @@ from framework_bench.scenario import PROJECT_ROOT
 
 RECORD = "fbench-env.json"
 PTH_NAME = "fbench_host.pth"
+COPY_MARK = ".fbench-copy"  # in a package folder `_link_packages` copied into an env
 Flavour = Literal["cpu", "cuda"]
 
 
@@ -153,12 +154,13 @@ def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
             raise EnvError(f"cannot find the package {package!r} to make it importable in the env")
         folder = Path(next(iter(spec.submodule_search_locations)))
         copy = purelib / package
-        if copy.is_symlink() or copy.is_file():
-            copy.unlink()
+        if (copy / COPY_MARK).exists():
+            shutil.rmtree(copy)  # ours, from an earlier create: refreshed below or dropped
         elif copy.exists():
-            shutil.rmtree(copy)
+            raise EnvError(f"the env's own {package!r} at {copy} hides the host's: a requirement installs it")
         if _installed_as_files(package, folder):
             shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+            (copy / COPY_MARK).write_text(f"copied from {folder} by fbench env create\n")
         elif str(folder.parent) not in roots:
             roots.append(str(folder.parent))
     Path(purelib, PTH_NAME).write_text("".join(r + "\n" for r in roots))

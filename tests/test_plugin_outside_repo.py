@@ -169,7 +169,12 @@ def test_plugin_mechanics_outside_the_repo_installed_non_editable(tmp_path, alpa
     # The installed plugin reaches its env as a copy of its own package; the host's
     # site-packages (where pip put it, next to fbench's dependencies) is not on the env's path.
     assert (purelib / "fbench_mechanics_probe" / "worker.py").read_text() == textwrap.dedent(WORKER)
+    assert (purelib / "fbench_mechanics_probe" / ".fbench-copy").exists() and not (purelib / "framework_bench").exists()
     assert (purelib / "fbench_host.pth").read_text().splitlines() == [str(Path(framework_bench.__file__).parent.parent)]
+
+    again = fbench("env", "create", "mechanics_probe")  # reused, and the copy refreshed
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+    assert (purelib / "fbench_mechanics_probe" / "worker.py").read_text() == textwrap.dedent(WORKER)
 
     ran = fbench("run", "--backend", "mechanics_probe", "--scenario", "tiny_cpu", "--json")
     assert ran.returncode == 0, ran.stdout + ran.stderr

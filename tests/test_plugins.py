@@ -267,6 +267,10 @@ def test_a_plugin_missing_hooks_is_listed_broken_and_run_says_why(site):
     assert "the backend 'half' is installed but broken: missing hooks fbench_backend_info" in flat
     listed = " ".join(CliRunner().invoke(app, ["backends"]).output.split())
     assert "half" in listed and "failed to load: missing hooks" in listed
+    for argv in (["env", "create", "half"], ["compare", "--scenario", "tiny_cpu", "--backends", "half"]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        assert "'half' is installed but broken: missing hooks" in " ".join(res.output.split())
 
 
 def test_backend_info_raising_is_a_broken_plugin(probes):
