@@ -143,9 +143,10 @@ def caveats(rows: list[dict]) -> list[str]:
                    "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
     if percent_of_reference([(r["scenario"], r["backend"], r["status"], r["tgs"]) for r in rows]):
         out.append(f"\"% of {REFERENCE_BACKEND}\" is a backend's TGS as a share of the {REFERENCE_BACKEND} "
-                   "backend's on the same scenario: a plain PyTorch loop over the same packed rows, with the same "
-                   "model code, optimizer and precision. 100 % minus it is what the framework costs over that loop "
-                   "(negative: what it gains, e.g. by fused kernels).")
+                   "backend's on the same scenario: a plain PyTorch loop over the same packed rows (the HF model class "
+                   "built from the same config, AdamW with the same hyper-parameters, the same precision and "
+                   "activation checkpointing). 100 % minus it is what the framework costs over that loop (negative: "
+                   "what it gains, e.g. by fused kernels).")
     not_ok = [r for r in rows if r["status"] != "ok"]
     if not_ok:
         out.append(f"{len(not_ok)} of {len(rows)} runs did not produce a figure; they stay in the table and the "

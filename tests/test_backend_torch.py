@@ -135,3 +135,24 @@ def test_contributings_minimal_worker_trains_on_tiny_cpu(tmp_path):
     assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
     assert all(s["tokens"] == scn.context_length and s["seconds"] > 0 for s in steps)
     assert read_worker_report(job.run_dir)["data_sha256"] == data.sha256
+
+
+@pytest.mark.slow
+def test_bf16_autocast_checkpointing_and_accumulation_paths(torch_backend, tmp_path):
+    """bf16 autocast over fp32 weights, activation checkpointing, two micro-batches a step;
+    at 128 tokens the stream's first row holds a prompt only (no labelled token), which must
+    not turn the step's loss into 0/0."""
+    backend_env_or_skip("torch")
+    s = tiny(context_length=128, precision="bf16", activation_checkpointing=True, grad_accum=2,
+             steps={"warmup": 0, "measured": 2})
+    r = runner.run_one("torch", s, root=tmp_path, machine=CPU)
+    assert r.status == "ok", r.reason
+    from framework_bench.packed import IGNORE_INDEX, PackedRows
+    from framework_bench.worker_io import load_job
+
+    rows = PackedRows(load_job(r.run_dir / "job.json")["data_dir"])
+    assert (rows.labels[0, 1:] == IGNORE_INDEX).all()  # the premise: step 1's first micro-batch is unlabelled
+    steps = read_metrics(r.run_dir)
+    assert [(m["step"], m["tokens"]) for m in steps] == [(1, 256), (2, 256)]
+    assert all(m["loss"] is not None and m["loss"] == m["loss"] for m in steps)  # finite, not NaN
+    assert read_worker_report(r.run_dir)["param_dtype"] == "float32"  # autocast: fp32 master weights

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from framework_bench import worker_io
-from framework_bench.packed import PackedRows
+from framework_bench.packed import IGNORE_INDEX, PackedRows
 from framework_bench.worker import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StepTimer, dist_info
 
 
@@ -80,8 +80,12 @@ def main(job_file: str) -> None:
     for step, batch in enumerate(micro_batches(packed, scenario, dist.rank, dist.world_size), start=1):
         if step == warmup + 1:
             measured_from = time.perf_counter()
+        # The step's loss is the mean over its labelled tokens, whichever micro-batch holds
+        # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
+        # adds nothing, where a per-micro-batch mean would be 0/0.
+        labelled = sum(int((labels[:, 1:] != IGNORE_INDEX).sum()) for _, labels in batch)
         timer.begin()
-        losses = []
+        step_loss = torch.zeros((), device=device)
         for i, (ids, labels) in enumerate(batch):
             ids, labels = ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             # DDP all-reduces gradients on the last micro-batch of the step only.
@@ -89,14 +93,14 @@ def main(job_file: str) -> None:
             sync = nullcontext() if last or train_model is model else train_model.no_sync()
             with sync:
                 with autocast():
-                    loss = train_model(input_ids=ids, labels=labels).loss
-                (loss / len(batch)).backward()
-            losses.append(loss.detach())
+                    loss = train_model(input_ids=ids, labels=labels, num_items_in_batch=max(labelled, 1)).loss
+                loss.backward()
+            step_loss += loss.detach()
             timer.add_tokens(ids.numel())
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        record = timer.end(step, torch.stack(losses).mean().item())
+        record = timer.end(step, step_loss.item() if labelled else None)
         if step > warmup:
             measured_tokens += record["tokens"]
     loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None
