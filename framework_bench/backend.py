@@ -15,11 +15,30 @@ from framework_bench.scenario import Scenario
 
 
 class Capabilities(BaseModel):
+    """What a backend can run at all. The host enforces it before `fbench_check` is asked:
+    a scenario outside it is `unsupported` with the reason `refusal` gives."""
+
     cpu: bool
     gpu: bool
     sequence_parallel: bool
     varlen: bool
     zero_stages: list[int] = Field(default_factory=lambda: [0])
+
+    def refusal(self, scenario: Scenario, backend: str) -> str | None:
+        """Why `backend`, declaring these capabilities, cannot run `scenario`; None if it may."""
+        device = scenario.cluster.device
+        if device == "cuda" and not self.gpu:
+            return f"the {backend} backend declares no GPU support; the scenario runs on CUDA GPUs"
+        if device == "cpu" and not self.cpu:
+            return f"the {backend} backend declares no CPU support; the scenario runs on CPU"
+        if scenario.sequence_parallel > 1 and not self.sequence_parallel:
+            return f"the {backend} backend declares no sequence parallel; the scenario asks for {scenario.sequence_parallel}"
+        if scenario.attention == "varlen" and not self.varlen:
+            return f"the {backend} backend declares no varlen attention; the scenario asks for it"
+        if scenario.zero_stage not in self.zero_stages:
+            stages = "/".join(map(str, self.zero_stages))
+            return f"the {backend} backend declares ZeRO stages {stages}; the scenario asks for {scenario.zero_stage}"
+        return None
 
 
 class EnvSpec(BaseModel):
@@ -123,9 +142,10 @@ class StepMetric(BaseModel):
     """One line of a worker's common metrics file (`metrics/rank<R>.jsonl`)."""
 
     step: int = Field(ge=1)
-    seconds: float = Field(gt=0, description="wall time of the step, device-synchronised on GPU")
-    tokens: int = Field(ge=0, description="tokens processed by this rank in this step")
-    loss: float | None = None
+    seconds: float = Field(gt=0, description="wall time of the step, device-synchronised on GPU "
+                           "(the interval: see the timing contract in framework_bench/hookspecs.py)")
+    tokens: int = Field(ge=0, description="tokens this rank's model received in this step (its SP shard only)")
+    loss: float | None = Field(None, description="mean training loss over the step's micro-batches, this rank")
     peak_mem_bytes: int | None = Field(None, description="peak allocated over the step (max RSS on CPU)")
     peak_reserved_bytes: int | None = Field(None, description="peak reserved by the allocator over the step (CUDA)")
     rank: int = 0
@@ -141,7 +161,9 @@ class WorkerReport(BaseModel):
     framework_throughput: dict[str, float] = Field(
         default_factory=dict, description="the framework's own figures (e.g. tokens_per_sec), mean over measured steps"
     )
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(
+        default_factory=list, description="what the host should know about how the run went; kept in the result"
+    )
     # Claims the host verifies (framework_bench/verify.py); None when a plugin does not report them.
     settings: dict[str, str | int | float | bool | None] | None = Field(
         None, description="the settings in effect, read from the live objects (framework_bench/worker/settings.py)")

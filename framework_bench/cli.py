@@ -288,7 +288,8 @@ def env_create(
     found = plugins.backends()
     for name in names or list(found):
         if name not in found:
-            fail(f"no backend named {name!r}; installed: {', '.join(found)}")
+            fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
+                 if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
         try:
             envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False),
                         packages=(found[name].package,))
@@ -371,6 +372,8 @@ def run(
                           f"{_fmt(r.model_tflops, '.3g')} (model FLOPs); step {_fmt(r.step_seconds, '.3f')} s")
             if r.flags:
                 console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
+        for note in r.notes:
+            console.print(f"note: {note}", highlight=False, markup=False)
         if r.reason:
             console.print(r.reason, highlight=False, markup=False)
         _print_checks(r.checks)
@@ -383,17 +386,20 @@ def run(
 
 
 def _results_table(results, scenarios_by_name) -> Table:
-    t = Table("scenario", "backend", "status", "TGS (min–max)", "TFLOPs/GPU", "MFU", "peak mem", "published TGS",
-              "notes", title="fbench compare")
+    from framework_bench.compare import REFERENCE_BACKEND, percent_of_reference
+    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs) for r in results])
+    t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU", "MFU",
+              "peak mem", "published TGS", "notes", title="fbench compare")
     for r in results:
         s = scenarios_by_name[r.scenario]
         spread = f" ({_fmt(r.tgs_min)}–{_fmt(r.tgs_max)})" if r.tgs is not None else ""
         colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
         ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
-        notes = "; ".join(r.flags) if r.status == "ok" else "see below"
+        notes = escape("; ".join(r.flags + r.notes)) if r.status == "ok" else "see below"
+        pct = share.get((r.scenario, r.backend))
         t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,
-                  _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
+                  "-" if pct is None else f"{pct:.0f}%", _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
                   mem, ref, notes)
     return t
 
@@ -585,7 +591,14 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, opt
             except _user_errors() as e:
                 fail(str(e))
             plans.append(d.model_dump(mode="json"))
-            _print_verdict(name, d.launcher, d.verdict, show)
+            if d.verdict is not None:
+                _print_verdict(name, d.launcher, d.verdict, show)
+            else:
+                show.print(f"[bold]{escape(name)}[/bold] via {d.launcher}: [red]refused[/red] {escape(d.check or '')}",
+                           highlight=False)
+            if d.plan_error:
+                show.print(f"  [red]no plan:[/red] {escape(d.plan_error)}", highlight=False)
+                continue
             if d.time is not None:
                 show.print(_time_line(d.time, options), highlight=False, markup=False)
             show.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)

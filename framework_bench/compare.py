@@ -87,6 +87,20 @@ def expand(patterns: list[str]) -> list[Scenario]:
     return sorted((s for _, s in seen.values()), key=lambda s: (s.model.preset or "", s.context_length))
 
 
+# The no-framework reference (a plain PyTorch loop): other backends' TGS is shown as a share of its.
+REFERENCE_BACKEND = "torch"
+
+
+def percent_of_reference(rows: list[tuple[str, str, str, float | None]]) -> dict[tuple[str, str], float]:
+    """TGS as % of the reference backend's on the same scenario, by (scenario, backend), from
+    (scenario, backend, status, tgs) rows; only rows that are `ok` beside an `ok` reference row.
+    100 % - x is the framework's overhead (or, above 100 %, what it gains) over the plain loop."""
+    ref = {scn: tgs for scn, backend, status, tgs in rows
+           if backend == REFERENCE_BACKEND and status == "ok" and tgs}
+    return {(scn, backend): 100.0 * tgs / ref[scn] for scn, backend, status, tgs in rows
+            if scn in ref and status == "ok" and tgs is not None}
+
+
 class Interrupted(Exception):
     """Ctrl-C during a compare: the results finished so far are kept."""
 
@@ -106,6 +120,10 @@ def compare(
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
+    broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
+              if b in plugins.load_errors]
+    if broken:
+        raise plugins.UnknownBackend("\n".join(broken))
     if missing:
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     results: list[RunResult] = []

@@ -28,6 +28,7 @@ from framework_bench.scenario import PROJECT_ROOT
 
 RECORD = "fbench-env.json"
 PTH_NAME = "fbench_host.pth"
+COPY_MARK = ".fbench-copy"  # in a package folder `_link_packages` copied into an env
 Flavour = Literal["cpu", "cuda"]
 
 
@@ -145,20 +146,47 @@ def create(
 
 def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
     """Make the host's `framework_bench` and the plugin's own package importable by the
-    worker: a .pth in the env lists the folders holding them. A .pth *appends* to sys.path,
-    so the env's own packages always win. Rewritten on every create, so it follows the
-    checkout the host runs from."""
+    worker. A package imported from a source folder (an editable install, a checkout) is
+    reached through a .pth in the env listing that folder; a .pth *appends* to sys.path, so
+    the env's own packages always win. A package installed as files into a site-packages
+    (a non-editable `pip install`) is copied into the env instead: listing that site-packages
+    would put every host package on the worker's path. Redone on every create, so the env
+    follows the checkout or the installed version the host runs."""
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
     roots = []
     for package in packages:
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             raise EnvError(f"cannot find the package {package!r} to make it importable in the env")
-        root = str(Path(next(iter(spec.submodule_search_locations))).parent)
-        if root not in roots:
-            roots.append(root)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        copy = purelib / package
+        if (copy / COPY_MARK).exists():
+            shutil.rmtree(copy)  # ours, from an earlier create: refreshed below or dropped
+        elif copy.exists():
+            raise EnvError(f"the env's own {package!r} at {copy} hides the host's: a requirement installs it")
+        if _installed_as_files(package, folder):
+            shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+            (copy / COPY_MARK).write_text(f"copied from {folder} by fbench env create\n")
+        elif str(folder.parent) not in roots:
+            roots.append(str(folder.parent))
     Path(purelib, PTH_NAME).write_text("".join(r + "\n" for r in roots))
+
+
+def _installed_as_files(package: str, folder: Path) -> bool:
+    """Whether `package` at `folder` is a distribution's installed files (an installer's
+    RECORD lists them there) rather than a source folder: an editable install's RECORD
+    lists only its path hook, and a checkout's egg-info has no RECORD."""
+    from importlib.metadata import distributions, packages_distributions
+
+    names = set(packages_distributions().get(package, []))
+    for dist in (d for name in names for d in distributions(name=name)):
+        if dist.read_text("RECORD") is None:
+            continue
+        init = next((f for f in dist.files or [] if f.parts[:1] == (package,) and f.name == "__init__.py"), None)
+        if init is not None and Path(dist.locate_file(init)).resolve().parent == folder.resolve():
+            return True
+    return False
 
 
 def size_bytes(path: Path) -> int:

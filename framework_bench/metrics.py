@@ -45,6 +45,7 @@ class RunResult(BaseModel):
     peak_mem_bytes: int | None = None
     final_loss: float | None = None
     flags: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list, description="the backend's notes on the run (WorkerReport.notes)")
     data_sha256: str | None = None
     attention_used: str | None = None
     framework_throughput: dict[str, float] = Field(default_factory=dict)

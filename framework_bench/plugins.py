@@ -57,33 +57,60 @@ class Backend:
         return self._call("fbench_read_report", job=job)
 
 
-# Entry points that failed to load, by name: shown by `fbench backends` instead of
-# letting one broken third-party package take the whole host down.
+# Backends that are installed but broken, by entry-point name: an import error, a missing
+# hook, or a `fbench_backend_info` that raises or returns something else. Shown by
+# `fbench backends` and by `fbench run --backend NAME`, instead of letting one broken
+# third-party package take the whole host down.
 load_errors: dict[str, str] = {}
+
+HOOKS = tuple(name for name in vars(hookspecs.TrainBackend) if name.startswith("fbench_"))
+
+
+def _missing_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    implemented = {caller.name for caller in pm.get_hookcallers(plugin) or []}
+    return [hook for hook in HOOKS if hook not in implemented]
 
 
 def manager() -> pluggy.PluginManager:
-    """A plugin manager with every backend of the `fbench.backends` entry-point group."""
+    """A plugin manager with every working backend of the `fbench.backends` entry-point group."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs.TrainBackend)
     for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
         if pm.get_plugin(ep.name) is not None:
             continue
         try:
-            pm.register(ep.load(), name=ep.name)
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
         except Exception as e:  # noqa: BLE001 - any import/validation error of a plugin
             load_errors[ep.name] = f"{type(e).__name__}: {e}"
+            continue
+        missing = _missing_hooks(pm, plugin)
+        if missing:
+            pm.unregister(plugin)
+            load_errors[ep.name] = f"missing hook{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
     return pm
 
 
 def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
     pm = pm or manager()
-    found = [Backend(pm, p) for p in pm.get_plugins()]
+    found = []
+    for name, plugin in pm.list_name_plugin():
+        backend = Backend(pm, plugin)
+        try:
+            info = backend.info
+            if not isinstance(info, BackendInfo):
+                raise TypeError(f"fbench_backend_info returned {type(info).__name__}, not BackendInfo")
+        except Exception as e:  # noqa: BLE001 - a plugin's own bug: report it, keep the others
+            load_errors[name] = f"{type(e).__name__}: {e}"
+            continue
+        found.append(backend)
     return {b.name: b for b in sorted(found, key=lambda b: b.name)}
 
 
 def get(name: str, pm: pluggy.PluginManager | None = None) -> Backend:
     found = backends(pm)
     if name not in found:
+        if name in load_errors:
+            raise UnknownBackend(f"the backend {name!r} is installed but broken: {load_errors[name]}")
         raise UnknownBackend(f"no backend named {name!r}; installed: {', '.join(found) or 'none'}")
     return found[name]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench import flops
-from framework_bench.compare import NOT_ALIGNED, SPEED_RELEVANT
+from framework_bench.compare import NOT_ALIGNED, REFERENCE_BACKEND, SPEED_RELEVANT, percent_of_reference
 from framework_bench.plotting import ctx_label, hardware
 from framework_bench.scenario import Scenario
 
@@ -60,19 +60,22 @@ def _reference(spec: dict) -> str:
 
 
 def scenario_table(rows: list[dict]) -> Block:
+    share = percent_of_reference([(r["scenario"], r["backend"], r["status"], r["tgs"]) for r in rows])
     header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "TGS median (min–max)",
-              "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published", "flags"]
+              f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published",
+              "flags / notes"]
     body = []
     for r in rows:
+        pct = share.get((r["scenario"], r["backend"]))
         spec = r["scenario_json"]
         version = f" {r['framework_version']}" if r["framework_version"] else ""
         body.append([
             r["scenario"], r["model"], ctx_label(r["context_length"]),
             f"{r['gpus']}" + (" (CPU)" if r["device"] == "cpu" else ""), str(r["sequence_parallel"]),
-            r["backend"] + version, r["status"], _tgs(r),
+            r["backend"] + version, r["status"], _tgs(r), "-" if pct is None else f"{pct:.0f}%",
             _tflops(r),
             "-" if r["mfu"] is None else f"{r['mfu']:.1%}", _mem(r["peak_mem_bytes"]), _reference(spec),
-            "; ".join(r["flags"]) or "-",
+            "; ".join(r["flags"] + r.get("notes", [])) or "-",
         ])
     return Block("table", header=header, rows=body)
 
@@ -139,6 +142,12 @@ def caveats(rows: list[dict]) -> list[str]:
         out.append("TFLOPs/GPU uses XTuner's published formula, which counts K and V projections at the full "
                    "head count and so over-counts grouped-query-attention models; the model-FLOPs column and MFU "
                    "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
+    if percent_of_reference([(r["scenario"], r["backend"], r["status"], r["tgs"]) for r in rows]):
+        out.append(f"\"% of {REFERENCE_BACKEND}\" is a backend's TGS as a share of the {REFERENCE_BACKEND} "
+                   "backend's on the same scenario: a plain PyTorch loop over the same packed rows (the HF model class "
+                   "built from the same config, AdamW with the same hyper-parameters, the same precision and "
+                   "activation checkpointing). 100 % minus it is what the framework costs over that loop (negative: "
+                   "what it gains, e.g. by fused kernels).")
     not_ok = [r for r in rows if r["status"] != "ok"]
     if not_ok:
         out.append(f"{len(not_ok)} of {len(rows)} runs did not produce a figure; they stay in the table and the "

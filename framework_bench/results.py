@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
 # into a new file or one that carries it (or, from before it was set, holds fbench's tables).
 APPLICATION_ID = 0x66626E63
@@ -88,10 +88,12 @@ _MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN step_unit TEXT NOT NULL DEFAULT 'optimizer';
     ALTER TABLE runs ADD COLUMN tokens_measured INTEGER;
     """,
+    # 4: the backend's notes on each run (WorkerReport.notes), a JSON list
+    "ALTER TABLE runs ADD COLUMN notes TEXT NOT NULL DEFAULT '[]';",
 ]
 
 # Columns holding JSON text, decoded when rows are read back.
-_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks")
+_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks", "notes")
 
 # Distributions of a backend env worth naming in the manifest (those that exist are kept).
 _ENV_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets",
@@ -269,6 +271,7 @@ class ResultStore:
             "settings": json.dumps(result.settings),
             "settings_mode": result.settings_mode,
             "checks": json.dumps([c.model_dump() for c in result.checks]),
+            "notes": json.dumps(result.notes),
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
         }

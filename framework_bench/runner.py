@@ -7,14 +7,16 @@ results with a status and a reason, never a traceback in the host.
 from __future__ import annotations
 
 import json
+import os
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from framework_bench import envs, flops, launch, metrics, plugins, verdicts, verify
-from framework_bench.backend import Job, Machine
+from framework_bench.backend import Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.packed import TOKENIZER_DIR
@@ -35,9 +37,29 @@ def runs_root() -> Path:
 def check(backend: plugins.Backend, scenario: Scenario, machine: Machine):
     """(env, reason): reason is None when the backend can run the scenario here. The reason
     names every refusal side by side (this machine, the env, the backend's own check,
-    memory): see `framework_bench/verdicts.py`."""
+    memory): see `framework_bench/verdicts.py`. The backend's declared capabilities are
+    enforced there too, before its own check."""
     env, verdict = verdicts.judge(backend, scenario, machine, force=True)  # memory: `memory_shortfall`
     return env, verdict.reason
+
+
+HOOK_ERROR_FRAMES = 6  # the innermost frames of a hook's traceback kept in a failed result
+
+
+class HookError(Exception):
+    """A backend hook raised: the run becomes a `failed` result naming the hook, never a host crash."""
+
+
+def call_hook(hook: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, with any exception turned into a `HookError` carrying the traceback tail."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any plugin bug ends as a failed row
+        # The plugin's frames: the host's own (this module, pluggy's dispatch) say nothing.
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if f.filename not in (__file__, plugins.__file__, verdicts.__file__) and f"{os.sep}pluggy{os.sep}" not in f.filename]
+        tail = "".join(traceback.format_list(frames[-HOOK_ERROR_FRAMES:]) + traceback.format_exception_only(e))
+        raise HookError(f"{hook} raised {type(e).__name__}: {e}\nTraceback (most recent call last):\n{tail}".rstrip()) from e
 
 
 def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> str | None:
@@ -72,7 +94,10 @@ def run_one(
 ) -> RunResult:
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    env, reason = check(backend, scenario, machine)
+    try:
+        env, reason = call_hook("fbench_check", check, backend, scenario, machine)
+    except HookError as e:
+        return RunResult(backend=backend_name, scenario=scenario.name, status="failed", reason=str(e))
     if reason is None and not force:
         reason = memory_shortfall(scenario, machine, backend.info.framework)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
@@ -87,7 +112,13 @@ def run_one(
         return RunResult(**base, status="interrupted", reason="interrupted while packing the data")
     job = make_job(backend_name, scenario, data, machine, root, settings_mode)
     job.write()
-    plan = backend.plan(job, env)
+    try:
+        plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+    except HookError as e:
+        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=data.sha256)
+        _save(result)
+        return result
+    job.write()  # the host owns job.json: whatever a plan wrote there, the worker reads the host's job
     launcher = launcher or launch.default_launcher(job)
     argvs = launch.node_argvs(plan, job, launcher)
     (job.run_dir / "plan.json").write_text(json.dumps(
@@ -120,11 +151,14 @@ def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: di
         _save(result)
         return result
     try:
-        report = backend.read_report(job)
-    except FileNotFoundError as e:
-        result.status, result.reason = "failed", f"the worker wrote no metrics: {e}"
+        report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
+    except HookError as e:
+        cause = e.__cause__
+        result.status = "failed"
+        result.reason = f"the worker wrote no metrics: {cause}" if isinstance(cause, FileNotFoundError) else str(e)
         _save(result)
         return result
+    result.notes = list(report.notes)
     result.data_sha256 = report.data_sha256
     result.attention_used = report.attention_used
     result.framework_version = report.framework_version or result.framework_version
@@ -165,6 +199,7 @@ class DryRun(BaseModel):
     check: str | None = Field(description="why it would be refused on this machine; None if it would run")
     verdict: verdicts.Verdict | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
     time: TimeEstimate | None = Field(None, description="the SLURM time limit estimate (slurm launcher)")
+    plan_error: str | None = Field(None, description="fbench_plan raised: its error (no argv, env or files then)")
     argv: list[str]
     env: dict[str, str]
     files: dict[str, Path]
@@ -178,14 +213,22 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
     stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    env, verdict = verdicts.judge(backend, scenario, machine)
-    reason = verdict.reason
+    try:
+        env, verdict = call_hook("fbench_check", verdicts.judge, backend, scenario, machine)
+        reason = verdict.reason
+    except HookError as e:
+        env, verdict, reason = envs.inspect(backend.name, backend.info.env), None, str(e)
     root = root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
     job = make_job(backend_name, scenario, data, machine, root, settings_mode)
     job.write()
-    plan = backend.plan(job, env)
     launcher = launcher or launch.default_launcher(job)
+    try:
+        plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+    except HookError as e:
+        return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict,
+                      plan_error=str(e), argv=[], env={}, files={"job": job.job_file}, run_dir=job.run_dir)
+    job.write()
     files = {"job": job.job_file, **plan.files}
     time_ = None
     if launcher == "slurm":

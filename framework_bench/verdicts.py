@@ -81,7 +81,7 @@ def judge(backend: plugins.Backend, scenario: Scenario, machine: Machine, env: B
     shortfall = machine_shortfall(scenario, machine)
     target = target_machine(scenario, machine)
     judged_env, env_note = env_for_target(scenario, env) if shortfall else (env, None)
-    check = backend.check(scenario, target, judged_env)
+    check = backend.info.capabilities.refusal(scenario, backend.name) or backend.check(scenario, target, judged_env)
     memory = None
     if not force and check is None and scenario.cluster.device == "cuda" and target.gpu_memory_gib:
         e = estimate(scenario, framework=backend.info.framework, gpu_memory_gib=target.gpu_memory_gib)

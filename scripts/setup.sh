@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 # The bundled backends are plugin distributions of their own, installed like a third-party one.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e backends/xtuner -e backends/llamafactory
-# One virtual environment per backend (xtuner pins transformers 4.48, llamafactory needs >=4.55).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e backends/xtuner -e backends/llamafactory \
+    -e backends/torch
+# One virtual environment per backend (xtuner pins transformers 4.48, llamafactory needs >=4.55;
+# torch, the plain-PyTorch reference, has only torch + transformers).
 .venv/bin/fbench env create

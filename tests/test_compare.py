@@ -115,3 +115,20 @@ def test_globs_expand_in_context_order():
     assert names == ["tiny_cpu", "tiny_cpu_1k", "tiny_cpu_2k", "tiny_cpu_4k"]
     with pytest.raises(scenario.ScenarioError):
         compare.expand(["nothing_like_this*"])
+
+
+def test_percent_of_the_reference_needs_an_ok_reference_row_on_the_same_scenario():
+    rows = [("a", "torch", "ok", 200.0), ("a", "xtuner", "ok", 150.0), ("a", "lf", "failed", None),
+            ("b", "torch", "failed", None), ("b", "xtuner", "ok", 90.0), ("c", "xtuner", "ok", 10.0)]
+    assert compare.percent_of_reference(rows) == {("a", "torch"): 100.0, ("a", "xtuner"): 75.0}
+
+
+def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, monkeypatch):
+    """fake_ok standing in as the reference: every fake_ok-like row on the scenario is 100 %."""
+    monkeypatch.setattr(compare, "REFERENCE_BACKEND", "fake_ok")
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
+                                   "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    assert "% of fake_ok" in res.output
+    row = next(line for line in res.output.splitlines() if "│ fake_ok" in line)
+    assert "100%" in row

@@ -190,3 +190,141 @@ def test_broken_plugin_reported_and_others_still_load(fake, site):
     assert result.exit_code == 0, result.output
     flat = " ".join(result.output.split())
     assert "broken" in flat and "failed to load" in flat and "Traceback" not in result.output
+
+
+# --- the hard contract: broken plugins, failing hooks, notes, job.json, capabilities ---------
+
+PROBE_MODULE = '''
+"""A third-party backend whose hooks misbehave as MODE says; its worker does nothing."""
+import sys
+from pathlib import Path
+
+from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.hookspecs import hookimpl
+
+HERE = Path(__file__).resolve().parent
+MODE = "{mode}"
+
+
+@hookimpl
+def fbench_backend_info():
+    if MODE == "info":
+        raise RuntimeError("no info today")
+    return BackendInfo(name="probe_{mode}", framework="Probe",
+                       capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+                       env=EnvSpec(requirements={{"cpu": HERE / "probe-requirements.txt"}}, framework_package="probe"))
+
+
+@hookimpl
+def fbench_check(scenario, machine, env):
+    if MODE == "check":
+        raise ValueError("check fell over")
+    return None
+
+
+@hookimpl
+def fbench_plan(job, env):
+    if MODE == "plan":
+        raise ValueError("no plan for " + job.scenario.name)
+    job.job_file.write_text("{{}}")  # a plan must not touch job.json: the host rewrites it
+    return LaunchPlan(python=Path(sys.executable), module="probe_noop_worker", env={{"PYTHONPATH": str(HERE)}})
+
+
+@hookimpl
+def fbench_read_report(job):
+    if MODE == "report":
+        return {{}}["steps"]
+    steps = [StepMetric(step=s, seconds=0.5, tokens=512, loss=1.0) for s in range(1, job.scenario.steps.total + 1)]
+    return WorkerReport(steps=steps, data_sha256=job.data_sha256, framework_version="1",
+                        notes=["the probe trained nothing", "[red]not markup[/red]"])
+'''
+
+
+@pytest.fixture
+def probes(site):
+    for mode in ("ok", "info", "check", "plan", "report"):
+        install_dist(site, f"probe_{mode}", f"probe_{mode}", f"probe_{mode}_mod",
+                     textwrap.dedent(PROBE_MODULE.format(mode=mode)))
+    (site / "probe-requirements.txt").write_text("probe==1\n")
+    (site / "probe_noop_worker.py").write_text("")
+    return site
+
+
+def test_a_plugin_missing_hooks_is_listed_broken_and_run_says_why(site):
+    install_dist(site, "half_backend", "half", "half_backend_mod", textwrap.dedent('''
+        from framework_bench.hookspecs import hookimpl
+
+        @hookimpl
+        def fbench_check(scenario, machine, env):
+            return None
+    '''))
+    found = plugins.backends()
+    assert "half" not in found and {"xtuner", "llamafactory"} <= set(found)
+    assert plugins.load_errors["half"] == "missing hooks fbench_backend_info, fbench_plan, fbench_read_report"
+    res = CliRunner().invoke(app, ["run", "--backend", "half", "--scenario", "tiny_cpu"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    flat = " ".join(res.output.split())
+    assert "the backend 'half' is installed but broken: missing hooks fbench_backend_info" in flat
+    listed = " ".join(CliRunner().invoke(app, ["backends"]).output.split())
+    assert "half" in listed and "failed to load: missing hooks" in listed
+    for argv in (["env", "create", "half"], ["compare", "--scenario", "tiny_cpu", "--backends", "half"]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        assert "'half' is installed but broken: missing hooks" in " ".join(res.output.split())
+
+
+def test_backend_info_raising_is_a_broken_plugin(probes):
+    found = plugins.backends()
+    assert "probe_ok" in found and not any(name.startswith("probe_info") for name in found)
+    assert plugins.load_errors["probe_info"] == "RuntimeError: no info today"
+    with pytest.raises(plugins.UnknownBackend, match="probe_info' is installed but broken: RuntimeError"):
+        plugins.get("probe_info")
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("check", "fbench_check raised ValueError: check fell over"),
+    ("plan", "fbench_plan raised ValueError: no plan for tiny_cpu"),
+    ("report", "fbench_read_report raised KeyError: 'steps'"),
+])
+def test_a_raising_hook_is_a_failed_row_with_its_traceback(probes, tmp_path, mode, says):
+    from framework_bench import runner
+    from framework_bench.results import ResultStore
+
+    s = scenario.load("tiny_cpu")
+    r = runner.run_one(f"probe_{mode}", s, root=tmp_path / "runs", machine=Machine())
+    assert r.status == "failed" and r.reason.startswith(says), r.reason
+    assert "Traceback (most recent call last)" in r.reason and f"probe_{mode}_mod.py" in r.reason
+    assert "pluggy" not in r.reason and "runner.py" not in r.reason  # the plugin's frames, not the host's
+    with ResultStore(tmp_path / "r.sqlite") as store:  # the row is stored like any other
+        assert store.get(store.add(r, s))["reason"] == r.reason
+
+
+def test_notes_are_kept_stored_shown_and_job_json_is_the_hosts(probes, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["run", "--backend", "probe_ok", "--scenario", "tiny_cpu", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    assert "note: the probe trained nothing" in res.output and "note: [red]not markup[/red]" in res.output
+    from framework_bench.results import ResultStore
+
+    with ResultStore(db) as store:
+        row = store.list()[0]
+        assert row["status"] == "ok" and row["notes"] == ["the probe trained nothing", "[red]not markup[/red]"]
+        job = Job.model_validate_json((Path(row["run_dir"]) / "job.json").read_text())
+    assert job.backend == "probe_ok" and job.scenario.name == "tiny_cpu"  # not the plan's "{}"
+
+
+def test_dry_run_shows_the_verdict_then_the_plan_error(probes):
+    res = CliRunner().invoke(app, ["run", "--backend", "probe_plan", "--scenario", "tiny_cpu", "--dry-run"])
+    assert res.exit_code == 0 and "Traceback (most" in res.output  # the plugin's traceback, shown as text
+    flat = " ".join(res.output.split())
+    verdict, error = flat.index("probe_plan via local: checks pass on this machine"), flat.index("no plan: fbench_plan raised")
+    assert verdict < error
+
+
+def test_declared_capabilities_are_enforced_by_the_host(fake):
+    from framework_bench import runner
+
+    gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
+    _, reason = runner.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
+    assert reason == "the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
+    assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked

@@ -89,3 +89,21 @@ def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
     assert "framework 99 vs host 100 (-1.0%)" in text and "## Host verification" in text
     assert "Not aligned by matched settings" in text
     assert '<tr class="speed"><td>⚠ optimizer_impl</td>' in page.read_text()
+
+
+def test_framework_tgs_as_a_share_of_the_torch_reference(tmp_path):
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        for backend, tgs in (("torch", 4000.0), ("xtuner", 3000.0), ("llamafactory", 5000.0)):
+            store.add(RunResult(backend=backend, scenario="tiny_cpu", status="ok", tgs=tgs, steps_measured=5,
+                                notes=[f"{backend} note"]), load("tiny_cpu"), manifest_=MANIFEST)
+        store.add(RunResult(backend="xtuner", scenario="tiny_cpu_1k", status="ok", tgs=100.0, steps_measured=5),
+                  load("tiny_cpu_1k"), manifest_=MANIFEST)  # no torch row for this scenario: no share
+        rows = store.latest_by_point()
+    md, _ = write_report(rows, tmp_path / "report", [])
+    text = md.read_text()
+    assert "% of torch" in text and "framework costs over that loop" in text
+    table = {line.split(" | ")[0].strip("| ") + "/" + line.split(" | ")[5].strip(): line
+             for line in text.splitlines() if line.startswith("| tiny_cpu")}
+    assert "| 75% |" in table["tiny_cpu/xtuner"] and "| 125% |" in table["tiny_cpu/llamafactory"]
+    assert "| 100% |" in table["tiny_cpu/torch"] and "| 100.0 | - |" in table["tiny_cpu_1k/xtuner"]
+    assert "xtuner note" in table["tiny_cpu/xtuner"]

@@ -1,5 +1,15 @@
 """The worker SDK: what a backend's worker (running inside the backend's own env) builds on.
 
+- `dist_info()` -> `DistInfo`: rank, world size, local rank, as the launcher set them.
+- `sync(device)`: wait for the device's queued work (a no-op on CPU).
+- `StepTimer`: one common-metrics line per optimizer step, kept to the timing contract
+  (`framework_bench/hookspecs.py`); `PeakMemory`: the per-step peak-memory window it uses.
+- `LEARNING_RATE`, `ADAM_BETAS`, `ADAM_EPS`, `WEIGHT_DECAY`, `MAX_GRAD_NORM`: the optimizer
+  settings every backend uses, so that only the framework differs.
+
+The file formats (job, metrics, worker report) are in `framework_bench.worker_io`, the
+packed rows in `framework_bench.packed`. CONTRIBUTING.md shows a complete worker on this.
+
 Stdlib + numpy at import time; torch is imported lazily inside the helpers that need it,
 so the host can import this package too (it never calls the torch parts).
 """

@@ -1,14 +1,11 @@
 """The step timer: one common-metrics line per optimizer step, timed and measured alike
 for every backend.
 
-Timing contract (also in `framework_bench/hookspecs.py`): a step's `seconds` run from a
-device synchronise before its first micro-batch's forward to a device synchronise after its
-optimizer update. A backend whose trainer loads data between micro-batches may pause the
-timer around it (`pause()` ... `resume()`): the seconds then cover the micro-batches' compute
-and the update, never data loading. `tokens` counts the tokens this rank's model received in
-the step (its sequence-parallel shard only). Peak memory is a window over the step: the
-device's peak counters are reset when the step starts and read when it ends (max allocated
-and max reserved on CUDA; on CPU the process's max RSS, which cannot be reset).
+The timing contract it implements is written once, in `framework_bench/hookspecs.py`: a
+step's seconds run from `begin()` (a device synchronise before the first micro-batch's
+forward) to `end()` (a device synchronise after the optimizer update), less any
+`pause()` ... `resume()` around data loading; tokens are this rank's (`add_tokens`, or
+`end(tokens=...)`); peak memory is the window `begin()` resets and `end()` reads.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""fbench's reference backend: a plain PyTorch training loop, no framework around it."""

@@ -1,0 +1,127 @@
+"""The reference worker: `python -m fbench_torch.worker RUN_DIR/job.json`, in the torch env.
+
+A plain PyTorch loop, built only on the worker SDK: the HF model from its config with random
+weights, AdamW with the shared hyper-parameters, bf16 autocast when the scenario asks,
+activation checkpointing when it asks, DDP when there are several processes (NCCL on GPUs,
+gloo on CPU). Rows are read in order from the host's packed stream: data-parallel rank r
+takes micro-batch g's rows [(g * world + r) * micro_batch, ... + micro_batch).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from framework_bench import worker_io
+from framework_bench.packed import IGNORE_INDEX, PackedRows
+from framework_bench.worker import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StepTimer, dist_info
+
+
+def build_model(job: dict, device: torch.device) -> torch.nn.Module:
+    cfg = dict(job["hf_config"])
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)  # the same random weights on every rank, as DDP needs
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    if job["scenario"]["activation_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device).train()
+
+
+def micro_batches(packed: PackedRows, scenario: dict, rank: int, world: int):
+    """Per optimizer step, its micro-batches as (input_ids, labels) int64 CPU tensors."""
+    mb, ga = scenario["micro_batch"], scenario["grad_accum"]
+    steps = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
+    needed = steps * ga * world * mb
+    if needed > packed.rows:
+        raise SystemExit(f"the run needs {needed} rows, the packed stream has {packed.rows}")
+    for step in range(steps):
+        batch = []
+        for micro in range(ga):
+            lo = ((step * ga + micro) * world + rank) * mb
+            ids = torch.from_numpy(np.asarray(packed.input_ids[lo:lo + mb], dtype=np.int64))
+            labels = torch.from_numpy(np.asarray(packed.labels[lo:lo + mb], dtype=np.int64))
+            batch.append((ids, labels))
+        yield batch
+
+
+def main(job_file: str) -> None:
+    job = worker_io.load_job(job_file)
+    scenario = job["scenario"]
+    dist = dist_info()
+    packed = PackedRows(job["data_dir"])
+    sha = packed.sha256()
+    if sha != job["data_sha256"]:
+        raise SystemExit(f"packed data in {job['data_dir']} has sha256 {sha}, the host expected {job['data_sha256']}")
+
+    cuda = job["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(dist.local_rank)
+    device = torch.device("cuda", dist.local_rank) if cuda else torch.device("cpu")
+    if dist.world_size > 1:
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    model = build_model(job, device)
+    train_model = model
+    if dist.world_size > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                  weight_decay=WEIGHT_DECAY)
+    bf16 = scenario["precision"] == "bf16"
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+
+    timer = StepTimer(job["run_dir"], job["device"], rank=dist.rank)
+    warmup = scenario["steps"]["warmup"]
+    measured_tokens, measured_from = 0, None
+    for step, batch in enumerate(micro_batches(packed, scenario, dist.rank, dist.world_size), start=1):
+        if step == warmup + 1:
+            measured_from = time.perf_counter()
+        # The step's loss is the mean over its labelled tokens, whichever micro-batch holds
+        # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
+        # adds nothing, where a per-micro-batch mean would be 0/0.
+        labelled = sum(int((labels[:, 1:] != IGNORE_INDEX).sum()) for _, labels in batch)
+        timer.begin()
+        step_loss = torch.zeros((), device=device)
+        for i, (ids, labels) in enumerate(batch):
+            ids, labels = ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            # DDP all-reduces gradients on the last micro-batch of the step only.
+            last = i == len(batch) - 1
+            sync = nullcontext() if last or train_model is model else train_model.no_sync()
+            with sync:
+                with autocast():
+                    loss = train_model(input_ids=ids, labels=labels, num_items_in_batch=max(labelled, 1)).loss
+                loss.backward()
+            step_loss += loss.detach()
+            timer.add_tokens(ids.numel())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        record = timer.end(step, step_loss.item() if labelled else None)
+        if step > warmup:
+            measured_tokens += record["tokens"]
+    loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None
+    timer.close()
+    if dist.world_size > 1:
+        torch.distributed.destroy_process_group()
+
+    worker_io.write_worker_report(
+        job["run_dir"],
+        data_sha256=sha,
+        framework_version=torch.__version__,
+        torch_version=torch.__version__,
+        transformers_version=transformers.__version__,
+        attention_used=model.config._attn_implementation,
+        param_dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        # The loop's own clock from the first measured step's start to the last one's end,
+        # data preparation included: set beside the host's TGS from the per-step seconds.
+        loop_throughput={"tokens_per_sec": measured_tokens / loop_seconds} if loop_seconds else {},
+        notes=[f"DDP over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if dist.world_size > 1 else [],
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
