@@ -22,6 +22,7 @@ from framework_bench.backend import (
     WorkerReport,
 )
 from framework_bench.hookspecs import hookimpl
+from framework_bench.worker.rows import read_consumed
 from framework_bench.scenario import Scenario
 
 NAME = "torch"
@@ -91,4 +92,7 @@ def fbench_read_report(job: Job) -> WorkerReport:
         attention_used=worker.get("attention_used"),
         framework_throughput=worker.get("loop_throughput", {}),
         notes=list(worker.get("notes", [])),
+        settings=worker.get("settings"),
+        param_count=worker.get("param_count"),
+        consumed_rows=read_consumed(job.run_dir),
     )

@@ -21,12 +21,16 @@ import transformers
 from framework_bench import worker_io
 from framework_bench.packed import IGNORE_INDEX, PackedRows
 from framework_bench.worker import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StepTimer, dist_info
+from framework_bench.worker import settings as capture
+from framework_bench.worker.rows import ConsumedRows
+
+SEED = 1024  # the seed XTuner's published configs use, which matched mode gives every backend
 
 
 def build_model(job: dict, device: torch.device) -> torch.nn.Module:
     cfg = dict(job["hf_config"])
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    torch.manual_seed(0)  # the same random weights on every rank, as DDP needs
+    torch.manual_seed(SEED)  # the same random weights on every rank, as DDP needs
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     if job["scenario"]["activation_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -75,6 +79,7 @@ def main(job_file: str) -> None:
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
 
     timer = StepTimer(job["run_dir"], job["device"], rank=dist.rank)
+    consumed = ConsumedRows(job["run_dir"], dist.rank)
     warmup = scenario["steps"]["warmup"]
     measured_tokens, measured_from = 0, None
     for step, batch in enumerate(micro_batches(packed, scenario, dist.rank, dist.world_size), start=1):
@@ -101,10 +106,30 @@ def main(job_file: str) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         record = timer.end(step, step_loss.item() if labelled else None)
+        for ids, labels in batch:  # the CPU copies of what was fed: recorded after the step's clock stopped
+            consumed.add(ids, labels)
+        consumed.end_step(step)
         if step > warmup:
             measured_tokens += record["tokens"]
     loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None
     timer.close()
+    consumed.close()
+    settings = {
+        "trainer": "torch-loop+ddp" if train_model is not model else "torch-loop",
+        "settings_mode": job.get("settings_mode", "matched"),
+        **capture.optimizer_settings(optimizer),
+        "grad_clip": MAX_GRAD_NORM,
+        **capture.model_settings(model),
+        "autocast_dtype": "bfloat16" if bf16 else None,
+        "loss_scaler": "none",
+        **capture.precision_recipe(str(next(model.parameters()).dtype).removeprefix("torch."), None),
+        **capture.zero_settings(None),
+        "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
+        "seed": SEED,
+        "compile": False,
+        "ddp_find_unused_parameters": False if train_model is not model else None,
+        **capture.versions(),
+    }
     if dist.world_size > 1:
         torch.distributed.destroy_process_group()
 
@@ -116,6 +141,8 @@ def main(job_file: str) -> None:
         transformers_version=transformers.__version__,
         attention_used=model.config._attn_implementation,
         param_dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        settings=settings,
+        param_count=capture.param_count(model),
         # The loop's own clock from the first measured step's start to the last one's end,
         # data preparation included: set beside the host's TGS from the per-step seconds.
         loop_throughput={"tokens_per_sec": measured_tokens / loop_seconds} if loop_seconds else {},
