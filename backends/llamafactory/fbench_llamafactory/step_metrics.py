@@ -20,11 +20,26 @@ from framework_bench.worker_io import MetricsWriter
 FLASH_ATTENTION_2 = "flash_attention_2"
 
 
+def zero_stage_of(optimizer) -> int:
+    """The ZeRO stage of the optimizer that really steps: under DeepSpeed the HF Trainer's
+    optimizer is accelerate's wrapper around DeepSpeed's ZeRO optimizer (stage 3 has its own
+    class; stages 1 and 2 share one, stage 2 partitioning the gradients too). 0 otherwise."""
+    inner = getattr(optimizer, "optimizer", None)
+    name = type(inner).__name__
+    if name == "DeepSpeedZeroOptimizer_Stage3":
+        return 3
+    if name == "DeepSpeedZeroOptimizer":
+        return 2 if inner.partition_gradients else 1
+    return 0
+
+
 class StepRecorder:
-    def __init__(self, run_dir: Path, device: str, require_flash_attn: bool):
+    def __init__(self, run_dir: Path, device: str, require_flash_attn: bool, zero_stage: int = 0):
         self.writer = MetricsWriter(run_dir)
         self.cuda = device == "cuda"
         self.require_flash_attn = require_flash_attn
+        self.expected_zero_stage = zero_stage
+        self.zero_stage: int | None = None
         self.attention_used: str | None = None
         self.param_dtype: str | None = None
         self.notes: list[str] = []
@@ -42,6 +57,13 @@ class StepRecorder:
             raise RuntimeError(f"the scenario needs {FLASH_ATTENTION_2} but LLaMA-Factory built the model "
                                f"with {self.attention_used!r} (flash-attn missing or refused)")
         model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
+
+    def check_zero_stage(self, optimizer) -> None:
+        """Refuse to measure anything but the ZeRO stage asked for (never a silent ZeRO 0)."""
+        self.zero_stage = zero_stage_of(optimizer)
+        if self.zero_stage != self.expected_zero_stage:
+            raise RuntimeError(f"ZeRO stage in effect is {self.zero_stage} ({type(optimizer).__name__}), "
+                               f"the scenario asks for {self.expected_zero_stage}")
 
     def _count_tokens(self, _module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -94,8 +116,9 @@ class StepMetricsCallback(TrainerCallback):
     def __init__(self, recorder: StepRecorder):
         self.recorder = recorder
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self.recorder.attach(model)
+        self.recorder.check_zero_stage(optimizer)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.recorder.begin()

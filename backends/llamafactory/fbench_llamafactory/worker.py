@@ -106,6 +106,7 @@ def main(job_file: str) -> None:
         run_dir,
         device=job["device"],
         require_flash_attn=sp > 1 or scenario["attention"] == "varlen",
+        zero_stage=scenario["zero_stage"],
     )
     if run_files.uses_v1_trainer(sp):
         from fbench_llamafactory.worker_v1 import train_v1
@@ -129,6 +130,7 @@ def main(job_file: str) -> None:
         trainer="v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
         attention_used=recorder.attention_used,
         param_dtype=recorder.param_dtype,
+        zero_stage_in_effect=recorder.zero_stage,
         notes=recorder.notes,
     )
 

@@ -12,6 +12,7 @@ import os
 import resource
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import mmengine
@@ -66,8 +67,11 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
     datasets.Dataset(pa.table(columns)).save_to_disk(str(tmp))
 
-    written = datasets.load_from_disk(str(tmp)).with_format("numpy")["input_ids"]
-    sha = sha256_of(np.asarray(written))
+    # Read back as Arrow, not through datasets' numpy formatter: with deepspeed installed
+    # torchvision is imported, and that formatter then asks torchvision 0.28 for VideoReader,
+    # which it no longer has (ImportError).
+    written = datasets.load_from_disk(str(tmp)).data.column("input_ids").combine_chunks()
+    sha = sha256_of(written.flatten().to_numpy().reshape(-1, ctx))
     if sha != job["data_sha256"]:
         raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
     (tmp / DATA_READY).write_text(sha)
@@ -130,6 +134,7 @@ class CommonMetrics(Hook):
         self.writer = MetricsWriter(job["run_dir"])
         self.sp_size = 1
         self.attention_used = None
+        self.zero_stage = None
         self._reset()
 
     def _reset(self) -> None:
@@ -148,7 +153,11 @@ class CommonMetrics(Hook):
         self.attention_used = llm.config._attn_implementation
         if self.scenario["attention"] == "varlen" and self.attention_used != "flash_attention_2":
             raise RuntimeError(f"varlen attention asked for, but the model uses {self.attention_used!r}")
-        runner.logger.info(f"fbench: attention {self.attention_used}, sequence parallel {self.sp_size}")
+        self.zero_stage = zero_stage_in_effect(runner)
+        if self.zero_stage != self.scenario["zero_stage"]:
+            raise RuntimeError(f"ZeRO stage in effect is {self.zero_stage}, the scenario asks for {self.scenario['zero_stage']}")
+        runner.logger.info(f"fbench: attention {self.attention_used}, sequence parallel {self.sp_size}, "
+                           f"ZeRO stage {self.zero_stage}")
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         _sync(self.device)
@@ -167,11 +176,37 @@ class CommonMetrics(Hook):
         self.writer.close()
 
 
-def build_runner(cfg: Config) -> Runner:
+def zero_stage_in_effect(runner) -> int:
+    """The ZeRO stage of the engine that really trains: 0 unless the model is wrapped by a
+    DeepSpeed engine (mmengine's MMDeepSpeedEngineWrapper holds it as `.model`)."""
+    deepspeed = sys.modules.get("deepspeed")  # imported by the DeepSpeed strategy only
+    engine = getattr(runner.model, "model", None)
+    return engine.zero_optimization_stage() if deepspeed and isinstance(engine, deepspeed.DeepSpeedEngine) else 0
+
+
+@contextmanager
+def cpu_process_group_setup(device: str):
+    """mmengine's `init_dist` ("pytorch" launcher) calls `torch.cuda.set_device(LOCAL_RANK)`
+    before it initialises the process group, whatever the backend; the CPU torch build has no
+    CUDA bindings, so that call raises. On CPU only, and only while the runner sets up its
+    process group (gloo), that one call does nothing; everything else is mmengine's own path."""
+    if device != "cpu":
+        yield
+        return
+    set_device = torch.cuda.set_device
+    torch.cuda.set_device = lambda device: None
+    try:
+        yield
+    finally:
+        torch.cuda.set_device = set_device
+
+
+def build_runner(cfg: Config, device: str) -> Runner:
     """As `xtuner train` does: DeepSpeed configs name the FlexibleRunner."""
-    if "runner_type" in cfg:
-        return RUNNERS.build(cfg)
-    return Runner.from_cfg(cfg)
+    with cpu_process_group_setup(device):
+        if "runner_type" in cfg:
+            return RUNNERS.build(cfg)
+        return Runner.from_cfg(cfg)
 
 
 def main(job_file: str) -> None:
@@ -190,10 +225,13 @@ def main(job_file: str) -> None:
         torch.cpu.is_bf16_supported = lambda *args, **kwargs: False
 
     cfg = Config.fromfile(str(run_dir / run_layout.CONFIG_NAME))
-    # torchrun sets WORLD_SIZE when the host starts several processes; mmengine's
-    # "pytorch" launcher then reads RANK/LOCAL_RANK/MASTER_* from it.
-    cfg.launcher = "pytorch" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
-    runner = build_runner(cfg)
+    # mmengine's "pytorch" launcher reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* (set by torchrun,
+    # or by the plan for one process). Every CUDA run and every DeepSpeed run needs the process
+    # group: DeepSpeed otherwise falls back to MPI discovery, and XTuner's dispatched attention
+    # calls dist.get_rank(). Only a plain single CPU process runs without one.
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or job["device"] == "cuda" or "strategy" in cfg
+    cfg.launcher = "pytorch" if distributed else "none"
+    runner = build_runner(cfg, job["device"])
     start = StepStart(job["device"])
     metrics = CommonMetrics(job, start)
     runner.register_hook(start, priority="LOWEST")
@@ -208,6 +246,7 @@ def main(job_file: str) -> None:
         attention_used=metrics.attention_used,
         sequence_parallel_in_effect=metrics.sp_size,
         deepspeed="strategy" in cfg,
+        zero_stage_in_effect=metrics.zero_stage,
         transformers_version=transformers.__version__,
         mmengine_version=mmengine.__version__,
         torch_version=torch.__version__,
