@@ -186,18 +186,31 @@ def backends() -> None:
 def env_create(
     names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,
     flavour: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
+    find_links: Annotated[Optional[list[str]], typer.Option("--find-links", help="a wheelhouse folder (repeatable)")] = None,
+    no_index: Annotated[bool, typer.Option("--no-index", help="install only from --find-links folders (offline)")] = False,
+    with_specs: Annotated[Optional[list[str]], typer.Option("--with", help="an extra package: spec or wheel path (repeatable)")] = None,
+    system_site_packages: Annotated[bool, typer.Option("--system-site-packages", help="reuse the machine's installed packages (its torch, flash-attn)")] = False,
+    no_deps: Annotated[bool, typer.Option("--no-deps", help="install exactly what is listed, without dependency resolution")] = False,
+    torch_index: Annotated[Optional[str], typer.Option("--torch-index", help="torch wheel index URL (default: chosen from the driver's CUDA version)")] = None,
+    requirements: Annotated[Optional[str], typer.Option("--requirements", help="a requirements file replacing the backend's own")] = None,
 ) -> None:
-    """Create (or reuse) backend environments; idempotent."""
+    """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete."""
     from framework_bench import envs, plugins
+    options = envs.Options(find_links=[str(Path(f).resolve()) for f in find_links or []], no_index=no_index,
+                           with_specs=list(with_specs or []), system_site_packages=system_site_packages,
+                           no_deps=no_deps, torch_index=torch_index,
+                           requirements=str(Path(requirements).resolve()) if requirements else None)
     found = plugins.backends()
-    for name in names or list(found):
-        if name not in found:
-            fail(f"no backend named {name!r}; installed: {', '.join(found)}")
-        try:
-            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False),
-                        packages=(found[name].package,))
-        except envs.EnvError as e:
-            fail(str(e))
+    unknown = [n for n in names or [] if n not in found]
+    if unknown:
+        fail(f"no backend named {unknown[0]!r}; installed: {', '.join(found)}")
+    try:
+        envs.validate(flavour, options)
+        for name in names or list(found):
+            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False, markup=False),
+                        packages=(found[name].package,), options=options)
+    except envs.EnvError as e:
+        fail(str(e))
 
 
 @env_app.command("list")
