@@ -139,3 +139,4 @@ class WorkerReport(BaseModel):
         default_factory=dict, description="the framework's own figures (e.g. tokens_per_sec), mean over measured steps"
     )
     notes: list[str] = Field(default_factory=list)
+    startup_seconds: float | None = Field(None, description="worker start to the first step's start (imports, data, model build)")

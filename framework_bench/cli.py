@@ -267,6 +267,10 @@ def run(
             console.print(f"TGS {_fmt(r.tgs)} (min {_fmt(r.tgs_min)}, max {_fmt(r.tgs_max)}) over {r.steps_measured} "
                           f"measured steps; TFLOPs/GPU {_fmt(r.tflops, '.3g')} (XTuner formula), "
                           f"{_fmt(r.model_tflops, '.3g')} (model FLOPs); step {_fmt(r.step_seconds, '.3f')} s")
+            mem = "-" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**30:.2f} GiB"
+            reserved = "" if r.peak_reserved_bytes is None else f", {r.peak_reserved_bytes / 2**30:.2f} GiB reserved"
+            console.print(f"peak memory {mem}{reserved} (max over measured steps); "
+                          f"start-up {_fmt(r.startup_seconds, '.1f')} s (worker start to first step)")
             if r.flags:
                 console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
         if r.reason:
@@ -287,6 +291,8 @@ def _results_table(results, scenarios_by_name) -> Table:
         spread = f" ({_fmt(r.tgs_min)}–{_fmt(r.tgs_max)})" if r.tgs is not None else ""
         colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
+        if r.peak_reserved_bytes:
+            mem += f" ({r.peak_reserved_bytes / 2**30:.2f} reserved)"
         ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
         notes = "; ".join(r.flags) if r.status == "ok" else "see below"
         t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,

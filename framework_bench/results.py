@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Migrations by the version they lead to: migration i takes a database at version i to i + 1.
 _MIGRATIONS = [
@@ -73,6 +73,12 @@ _MIGRATIONS = [
         peak_mem_bytes INTEGER
     );
     CREATE INDEX steps_run ON steps (run_id);
+    """,
+    # 2: peak reserved memory (per step and the run's max over measured steps), start-up seconds.
+    """
+    ALTER TABLE runs ADD COLUMN peak_reserved_bytes INTEGER;
+    ALTER TABLE runs ADD COLUMN startup_seconds REAL;
+    ALTER TABLE steps ADD COLUMN peak_reserved_bytes INTEGER;
     """,
 ]
 
@@ -202,7 +208,8 @@ class ResultStore:
             "reason": result.reason,
             **{k: getattr(result, k) for k in ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu",
                                                 "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
-                                                "data_sha256", "attention_used", "wall_seconds")},
+                                                "data_sha256", "attention_used", "wall_seconds",
+                                                "peak_reserved_bytes", "startup_seconds")},
             "flags": json.dumps(result.flags + notes),
             "framework_throughput": json.dumps(result.framework_throughput),
             "run_dir": str(result.run_dir) if result.run_dir else None,
@@ -233,7 +240,7 @@ class ResultStore:
             raise ResultsError(f"no run with id {run_id} in {self.path}")
         out = _decode(row)
         out["steps"] = [dict(s) for s in self.conn.execute(
-            "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes FROM steps WHERE run_id = ? "
+            "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes FROM steps WHERE run_id = ? "
             "ORDER BY step, rank", (run_id,))]
         return out
 
@@ -262,8 +269,9 @@ class ResultStore:
 
 def _insert_steps(conn: sqlite3.Connection, run_id: int, steps: list[StepMetric]) -> None:
     conn.executemany(
-        "INSERT INTO steps (run_id, step, rank, seconds, tokens, loss, peak_mem_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(run_id, s.step, s.rank, s.seconds, s.tokens, s.loss, s.peak_mem_bytes) for s in steps])
+        "INSERT INTO steps (run_id, step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(run_id, s.step, s.rank, s.seconds, s.tokens, s.loss, s.peak_mem_bytes, s.peak_reserved_bytes) for s in steps])
 
 
 def _decode(row: sqlite3.Row) -> dict:

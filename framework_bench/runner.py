@@ -121,6 +121,7 @@ def run_one(
     result.attention_used = report.attention_used
     result.framework_version = report.framework_version or result.framework_version
     result.framework_throughput = report.framework_throughput
+    result.startup_seconds = report.startup_seconds
     if report.data_sha256 != data.sha256:
         result.status = "failed"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {data.sha256}"

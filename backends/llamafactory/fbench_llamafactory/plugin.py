@@ -141,4 +141,5 @@ def fbench_read_report(job: Job) -> WorkerReport:
         attention_used=worker.get("attention_used"),
         framework_throughput=framework_throughput(job),
         notes=notes,
+        startup_seconds=worker.get("startup_seconds"),
     )

@@ -8,6 +8,10 @@ raises, so the process exits non-zero.
 
 from __future__ import annotations
 
+import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
 import json
 import os
 import sys
@@ -131,6 +135,7 @@ def main(job_file: str) -> None:
         attention_used=recorder.attention_used,
         param_dtype=recorder.param_dtype,
         zero_stage_in_effect=recorder.zero_stage,
+        startup_seconds=round(recorder.first_step_at - STARTED, 2),
         notes=recorder.notes,
     )
 

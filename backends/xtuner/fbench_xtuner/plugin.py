@@ -143,4 +143,5 @@ def fbench_read_report(job: Job) -> WorkerReport:
         framework_version=worker.get("framework_version"),
         attention_used=worker.get("attention_used"),
         framework_throughput=framework_throughput(job),
+        startup_seconds=worker.get("startup_seconds"),
     )

@@ -8,10 +8,12 @@ so the process exits non-zero and the host records the run as failed.
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
 import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
+import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,7 +30,8 @@ from mmengine.runner import Runner
 
 from fbench_xtuner import run_layout
 from framework_bench.packed import PackedRows, sha256_of
-from framework_bench.worker_io import MetricsWriter, load_job, publish_dir, write_worker_report
+from framework_bench.worker import PeakMemory, StepTimer
+from framework_bench.worker_io import load_job, publish_dir, write_worker_report
 
 DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
 DATA_WAIT_SECONDS = 1800
@@ -90,55 +93,70 @@ def wait_for_rows(out_dir: Path) -> str:
     return marker.read_text()
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _peak_mem_bytes(device: str) -> int:
-    if device == "cuda":
-        return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def _unwrap(model):
     return model.module if is_model_wrapper(model) else model
 
 
-class StepStart(Hook):
-    """Marks the start of each iteration; registered with the lowest priority so that its
-    `before_train_iter` runs last, right before the train step."""
+class StepPeak(PeakMemory):
+    """The step's peak-memory window, kept across micro-batches: mmengine's LoggerHook resets
+    the CUDA peak counters after every iteration (LogProcessor._get_max_memory), so with
+    grad_accum > 1 the counters alone would cover only the last micro-batch. `CommonMetrics`
+    (highest priority: its after_train_iter runs before LoggerHook's) folds each
+    micro-batch's peak in before that reset."""
 
     def __init__(self, device: str):
-        self.device = device
-        self.started = 0.0
+        super().__init__(device)
+        self._seen: tuple[int, int | None] = (0, None)
+
+    def reset(self) -> None:
+        super().reset()
+        self._seen = (0, None)
+
+    def fold(self) -> None:
+        self._seen = self.read()
+
+    def read(self) -> tuple[int, int | None]:
+        allocated, reserved = super().read()
+        seen_allocated, seen_reserved = self._seen
+        return max(allocated, seen_allocated), (None if reserved is None else max(reserved, seen_reserved or 0))
+
+
+class StepStart(Hook):
+    """Starts (first micro-batch) or resumes the step's clock; registered with the lowest
+    priority so that its `before_train_iter` runs last, right before the train step. Data
+    loading (between iterations) is outside the clock."""
+
+    def __init__(self, timer: StepTimer, grad_accum: int):
+        self.timer = timer
+        self.grad_accum = grad_accum
+        self.first_step_at: float | None = None
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
-        _sync(self.device)
-        self.started = time.perf_counter()
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+        if runner.iter % self.grad_accum == 0:
+            self.timer.begin()
+        else:
+            self.timer.resume()
 
 
 class CommonMetrics(Hook):
-    """Writes one common-metrics line per optimizer step (grad_accum iterations); registered
-    with the highest priority so that its `after_train_iter` runs first, before logging.
+    """Pauses the clock after each micro-batch and writes one common-metrics line per optimizer
+    step (grad_accum iterations) through the SDK's StepTimer; registered with the highest
+    priority so that its `after_train_iter` runs first, before logging (see `StepPeak`).
 
     Also checks, once the model is built, that the settings the config asked for really
     took effect: through the Runner, XTuner drops sequence parallel and varlen attention
-    without a word when their engines are missing.
+    without a word when their engines are missing, and a ZeRO stage must be DeepSpeed's.
     """
 
-    def __init__(self, job: dict, start: StepStart):
+    def __init__(self, job: dict, timer: StepTimer):
         self.scenario = job["scenario"]
-        self.device = job["device"]
-        self.start = start
-        self.writer = MetricsWriter(job["run_dir"])
+        self.timer = timer
         self.sp_size = 1
         self.attention_used = None
         self.zero_stage = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self.seconds, self.tokens, self.losses, self.micro = 0.0, 0, [], 0
+        self.losses: list[float] = []
 
     def before_train(self, runner) -> None:
         from xtuner.parallel.sequence import get_sequence_parallel_world_size
@@ -160,20 +178,18 @@ class CommonMetrics(Hook):
                            f"ZeRO stage {self.zero_stage}")
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        _sync(self.device)
-        self.seconds += time.perf_counter() - self.start.started
+        self.timer.pause()
+        self.timer.memory.fold()
         # The batch holds whole rows: each rank of a sequence-parallel group trains 1/SP of them.
-        self.tokens += data_batch["data"]["input_ids"].numel() // self.sp_size
+        self.timer.add_tokens(data_batch["data"]["input_ids"].numel() // self.sp_size)
         self.losses.append(outputs["loss"].detach().item())
-        self.micro += 1
-        if self.micro == self.scenario["grad_accum"]:
+        if (runner.iter + 1) % self.scenario["grad_accum"] == 0:
             step = (runner.iter + 1) // self.scenario["grad_accum"]
-            self.writer.write(step, self.seconds, self.tokens, sum(self.losses) / len(self.losses),
-                              _peak_mem_bytes(self.device))
-            self._reset()
+            self.timer.end(step, sum(self.losses) / len(self.losses))
+            self.losses = []
 
     def after_train(self, runner) -> None:
-        self.writer.close()
+        self.timer.close()
 
 
 def zero_stage_in_effect(runner) -> int:
@@ -232,8 +248,10 @@ def main(job_file: str) -> None:
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or job["device"] == "cuda" or "strategy" in cfg
     cfg.launcher = "pytorch" if distributed else "none"
     runner = build_runner(cfg, job["device"])
-    start = StepStart(job["device"])
-    metrics = CommonMetrics(job, start)
+    timer = StepTimer(run_dir, job["device"])
+    timer.memory = StepPeak(job["device"])
+    metrics = CommonMetrics(job, timer)
+    start = StepStart(timer, job["scenario"]["grad_accum"])
     runner.register_hook(start, priority="LOWEST")
     runner.register_hook(metrics, priority="HIGHEST")
     runner.train()
@@ -247,6 +265,7 @@ def main(job_file: str) -> None:
         sequence_parallel_in_effect=metrics.sp_size,
         deepspeed="strategy" in cfg,
         zero_stage_in_effect=metrics.zero_stage,
+        startup_seconds=round(start.first_step_at - STARTED, 2),
         transformers_version=transformers.__version__,
         mmengine_version=mmengine.__version__,
         torch_version=torch.__version__,
