@@ -284,8 +284,8 @@ def run(
 
 
 def _results_table(results, scenarios_by_name) -> Table:
-    t = Table("scenario", "backend", "status", "TGS (min–max)", "TFLOPs/GPU", "MFU", "peak mem", "published TGS",
-              "notes", title="fbench compare")
+    t = Table("scenario", "backend", "status", "TGS (min–max)", "TFLOPs/GPU", "MFU", "peak mem", "start-up",
+              "published TGS", "notes", title="fbench compare")
     for r in results:
         s = scenarios_by_name[r.scenario]
         spread = f" ({_fmt(r.tgs_min)}–{_fmt(r.tgs_max)})" if r.tgs is not None else ""
@@ -297,7 +297,7 @@ def _results_table(results, scenarios_by_name) -> Table:
         notes = "; ".join(r.flags) if r.status == "ok" else "see below"
         t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,
                   _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
-                  mem, ref, notes)
+                  mem, _fmt(r.startup_seconds, ".1f") + (" s" if r.startup_seconds is not None else ""), ref, notes)
     return t
 
 
