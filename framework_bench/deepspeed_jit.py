@@ -5,7 +5,8 @@ On the CPU, DeepSpeed's communication backend loads its shared-memory op
 build is cached: minutes on a small machine, inside the run, in every rank at once. The
 cache (torch's TORCH_EXTENSIONS_DIR) is keyed by name only and rebuilt whenever the build
 line differs, which it does per env (torch's include paths), so each env keeps its own
-cache inside itself: built by the backend's env fixups, named by every plan.
+cache inside itself: built by `fbench env create` once the env is at its final path (the
+build line names it), named by every plan.
 
 Host side imports nothing heavy; `prebuild` runs inside the env (torch, deepspeed).
 """
@@ -36,3 +37,9 @@ def prebuild(env_path: Path) -> str:
     from deepspeed.comm.torch import build_shm_op
 
     return "deepspeed shm comm op: " + ("built" if build_shm_op() is not None else "not used on this accelerator")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(prebuild(Path(sys.argv[1])))

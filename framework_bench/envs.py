@@ -268,7 +268,7 @@ def create(
     try:
         with log_path.open("w") as log:
             say(f"{name}: creating venv in {building} (swapped in for {path} when complete)")
-            venv = [sys.executable, "-m", "venv", str(building)]
+            venv = [sys.executable, "-m", "venv", "--prompt", name, str(building)]
             _run(venv + (["--system-site-packages"] if options.system_site_packages else []), log)
             say(f"{name}: pip install -r {requirements.name} (a few minutes)"
                 + (f", torch from {torch_index}" if torch_index else ""))
@@ -304,6 +304,11 @@ def create(
     except BaseException:  # a failure or Ctrl-C: the old env stays, the half-built one goes
         shutil.rmtree(building, ignore_errors=True)
         raise
+    if flavour == "cpu" and "deepspeed" in record["versions"]:
+        # At the final path only: the op's build line names the env's folders (see deepspeed_jit).
+        say(f"{name}: prebuilding DeepSpeed's CPU communication op (a few minutes)")
+        with log_path.open("a") as log:
+            _run([str(_python(path)), "-m", "framework_bench.deepspeed_jit", str(path)], log)
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
 

@@ -19,8 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from framework_bench import deepspeed_jit
-
 DISABLED = "disabled-cuda-build"
 
 
@@ -52,8 +50,6 @@ def main(flavour: str) -> None:
         remove_torchvision()
         disable_torchaudio_libs()
     check_imports()
-    if flavour == "cpu":
-        print(deepspeed_jit.prebuild(Path(sys.prefix)))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from framework_bench import deepspeed_jit
-
 OPS = ("nms", "qnms")
 
 
@@ -59,7 +57,6 @@ def main(flavour: str) -> None:
     import xtuner
 
     print(f"torchvision and xtuner {xtuner.__version__} import")
-    print(deepspeed_jit.prebuild(Path(sys.prefix)))
 
 
 if __name__ == "__main__":
