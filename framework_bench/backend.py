@@ -170,3 +170,4 @@ class WorkerReport(BaseModel):
     param_count: int | None = Field(None, description="parameters of the model the framework built")
     consumed_rows: dict[int, dict[int, list[str]]] | None = Field(
         None, description="{rank: {step: row fingerprints}} fed to the trainer (framework_bench/worker/rows.py)")
+    startup_seconds: float | None = Field(None, description="worker start to the first step's start (imports, data, model build)")

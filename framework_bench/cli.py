@@ -282,19 +282,32 @@ def check_backend(
 def env_create(
     names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,
     flavour: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
+    find_links: Annotated[Optional[list[str]], typer.Option("--find-links", help="a wheelhouse folder (repeatable)")] = None,
+    no_index: Annotated[bool, typer.Option("--no-index", help="install only from --find-links folders (offline)")] = False,
+    with_specs: Annotated[Optional[list[str]], typer.Option("--with", help="an extra package: spec or wheel path (repeatable)")] = None,
+    system_site_packages: Annotated[bool, typer.Option("--system-site-packages", help="reuse the machine's installed packages (its torch, flash-attn)")] = False,
+    no_deps: Annotated[bool, typer.Option("--no-deps", help="install exactly what is listed, without dependency resolution")] = False,
+    torch_index: Annotated[Optional[str], typer.Option("--torch-index", help="torch wheel index URL (default: chosen from the driver's CUDA version)")] = None,
+    requirements: Annotated[Optional[str], typer.Option("--requirements", help="a requirements file replacing the backend's own")] = None,
 ) -> None:
-    """Create (or reuse) backend environments; idempotent."""
+    """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete."""
     from framework_bench import envs, plugins
+    options = envs.Options(find_links=[str(Path(f).resolve()) for f in find_links or []], no_index=no_index,
+                           with_specs=list(with_specs or []), system_site_packages=system_site_packages,
+                           no_deps=no_deps, torch_index=torch_index,
+                           requirements=str(Path(requirements).resolve()) if requirements else None)
     found = plugins.backends()
-    for name in names or list(found):
+    for name in names or []:
         if name not in found:
             fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
                  if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
-        try:
-            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False),
-                        packages=(found[name].package,))
-        except envs.EnvError as e:
-            fail(str(e))
+    try:
+        envs.validate(flavour, options)
+        for name in names or list(found):
+            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False, markup=False),
+                        packages=(found[name].package,), options=options)
+    except envs.EnvError as e:
+        fail(str(e))
 
 
 @env_app.command("list")
@@ -370,6 +383,10 @@ def run(
             console.print(f"TGS {_fmt(r.tgs)} (min {_fmt(r.tgs_min)}, max {_fmt(r.tgs_max)}) over {r.steps_measured} "
                           f"measured steps; TFLOPs/GPU {_fmt(r.tflops, '.3g')} (XTuner formula), "
                           f"{_fmt(r.model_tflops, '.3g')} (model FLOPs); step {_fmt(r.step_seconds, '.3f')} s")
+            mem = "-" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**30:.2f} GiB"
+            reserved = "" if r.peak_reserved_bytes is None else f", {r.peak_reserved_bytes / 2**30:.2f} GiB reserved"
+            console.print(f"peak memory {mem}{reserved} (max over measured steps); "
+                          f"start-up {_fmt(r.startup_seconds, '.1f')} s (worker start to first step)")
             if r.flags:
                 console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
         for note in r.notes:
@@ -389,18 +406,20 @@ def _results_table(results, scenarios_by_name) -> Table:
     from framework_bench.compare import REFERENCE_BACKEND, percent_of_reference
     share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs) for r in results])
     t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU", "MFU",
-              "peak mem", "published TGS", "notes", title="fbench compare")
+              "peak mem", "start-up", "published TGS", "notes", title="fbench compare")
     for r in results:
         s = scenarios_by_name[r.scenario]
         spread = f" ({_fmt(r.tgs_min)}–{_fmt(r.tgs_max)})" if r.tgs is not None else ""
         colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
+        if r.peak_reserved_bytes:
+            mem += f" ({r.peak_reserved_bytes / 2**30:.2f} reserved)"
         ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
         notes = escape("; ".join(r.flags + r.notes)) if r.status == "ok" else "see below"
         pct = share.get((r.scenario, r.backend))
         t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", _fmt(r.tgs) + spread,
                   "-" if pct is None else f"{pct:.0f}%", _fmt(r.tflops, ".3g"), _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
-                  mem, ref, notes)
+                  mem, _fmt(r.startup_seconds, ".1f") + (" s" if r.startup_seconds is not None else ""), ref, notes)
     return t
 
 

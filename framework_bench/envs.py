@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from framework_bench.backend import BackendEnv, EnvSpec
 from framework_bench.scenario import PROJECT_ROOT
@@ -44,8 +47,60 @@ def env_path(name: str) -> Path:
     return fbench_home() / "envs" / name
 
 
+FLAVOURS: tuple[Flavour, ...] = ("cpu", "cuda")
+
+# PyTorch's wheel indexes by CUDA build, newest first. PyPI's own torch 2.13.0 is the
+# CUDA 13.0 build; a driver that supports less takes the newest index it can run.
+# Assumed, not checked here (no network to the indexes, no GPU): that torch 2.13.0 is
+# published on each of them; `--torch-index URL` overrides the choice.
+TORCH_INDEXES = ((13, 0, None), (12, 8, "https://download.pytorch.org/whl/cu128"),
+                 (12, 6, "https://download.pytorch.org/whl/cu126"))
+
+
+class Options(BaseModel):
+    """How pip builds the env, beyond the requirements file; recorded, and a change rebuilds."""
+
+    find_links: list[str] = Field(default_factory=list, description="wheelhouse folders (offline installs)")
+    no_index: bool = False
+    with_specs: list[str] = Field(default_factory=list, description="extra requirement specs or wheel paths")
+    system_site_packages: bool = False
+    no_deps: bool = Field(False, description="install exactly what is listed, no dependency resolution")
+    torch_index: str | None = Field(None, description="extra wheel index for torch (cuda flavour)")
+    requirements: str | None = Field(None, description="a requirements file replacing the flavour's own")
+
+
 def default_flavour() -> Flavour:
     return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+def driver_cuda_version(run=subprocess.run) -> tuple[int, int] | None:
+    """The CUDA version this machine's driver supports, from nvidia-smi's banner; None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_driver_cuda(out)
+
+
+def parse_driver_cuda(nvidia_smi_output: str) -> tuple[int, int] | None:
+    match = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", nvidia_smi_output)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def torch_index_for(driver_cuda: tuple[int, int] | None) -> str | None:
+    """The torch wheel index for a driver: PyPI (None) when it runs CUDA 13 builds or when no
+    driver is seen (a login node: the build is for the compute nodes), else the newest older
+    CUDA build it supports. A driver older than every build is an error, before anything is built."""
+    if driver_cuda is None:
+        return None
+    for major, minor, index in TORCH_INDEXES:
+        if driver_cuda >= (major, minor):
+            return index
+    oldest = TORCH_INDEXES[-1]
+    raise EnvError(f"this machine's driver supports CUDA {driver_cuda[0]}.{driver_cuda[1]}; torch 2.13 "
+                   f"needs CUDA {oldest[0]}.{oldest[1]} or newer: update the driver or pass --torch-index")
 
 
 def _python(path: Path) -> Path:
@@ -66,14 +121,18 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
         return env
     try:
         record = json.loads(record_file.read_text())
-        env.flavour, env.versions = record["flavour"], dict(record["versions"])
+        env.flavour = record["flavour"]
         made_from = record.get("requirements_sha256")
+        site_dirs = list(record.get("site_dirs", []))
         if env.flavour not in ("cpu", "cuda"):
             raise ValueError(env.flavour)
     except (OSError, ValueError, KeyError, TypeError) as e:  # a damaged record: remade, never a traceback
-        env.flavour, env.versions = None, {}
+        env.flavour = None
         env.problem = f"broken: its record {record_file} is unreadable ({type(e).__name__}; run `fbench env create {name}`)"
         return env
+    # Read afresh each time, not frozen at creation: a package installed by hand (flash-attn,
+    # say) is seen, and the plugins stop refusing what it enables.
+    env.versions = installed_versions(path, site_dirs)
     if not env.python.exists():
         env.problem = "broken: its Python is missing"
     elif spec is not None and made_from != _requirements_hash(spec, env.flavour):
@@ -81,6 +140,28 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
     else:
         env.ready = True
     return env
+
+
+def installed_versions(path: Path, extra_site_dirs: list[str] = ()) -> dict[str, str]:
+    """Distribution name -> version, read from the `*.dist-info/METADATA` files of the env's
+    site-packages (then of `extra_site_dirs`, e.g. the system's with --system-site-packages;
+    the env's own copy wins, as on its sys.path). Milliseconds, where `pip list` takes seconds."""
+    versions: dict[str, str] = {}
+    dirs = [*sorted(path.glob("lib/python3*/site-packages")), *map(Path, extra_site_dirs)]
+    for site in dirs:
+        for metadata in sorted(site.glob("*.dist-info/METADATA")):
+            name = version = None
+            with metadata.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("Name:"):
+                        name = line.split(":", 1)[1].strip()
+                    elif line.startswith("Version:"):
+                        version = line.split(":", 1)[1].strip()
+                    if (name and version) or not line.strip():
+                        break
+            if name and version:
+                versions.setdefault(name, version)
+    return versions
 
 
 def _run(argv: list[str], log, **kw) -> None:
@@ -91,9 +172,72 @@ def _run(argv: list[str], log, **kw) -> None:
         raise EnvError(f"`{' '.join(argv[:4])} ...` exited {proc.returncode}; see {log.name}")
 
 
-def _freeze(python: Path) -> dict[str, str]:
-    out = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True)
-    return {d["name"]: d["version"] for d in json.loads(out.stdout)}
+# Run inside a cuda-flavour env after creation: what a GPU run needs, checked once.
+SMOKE_TEST = """
+import json, torch
+out = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+if out["cuda_available"]:
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    out["bf16_matmul"] = bool(torch.isfinite(a @ a).all())
+    out["gpu"] = torch.cuda.get_device_name(0)
+try:
+    import deepspeed
+    out["deepspeed"] = deepspeed.__version__
+except Exception as e:
+    out["deepspeed"] = "import failed: %s" % e
+try:
+    import flash_attn
+    out["flash_attn"] = flash_attn.__version__
+except ImportError:
+    out["flash_attn"] = None
+print(json.dumps(out))
+"""
+
+
+def smoke_test(python: Path, gpu_here: bool) -> dict:
+    """The cuda flavour's check inside the env: CUDA available, a bf16 matmul on the GPU, deepspeed
+    imports, flash-attn's version. On a machine without a GPU it is not run, and says so."""
+    if not gpu_here:
+        return {"status": "not run: no GPU here"}
+    proc = subprocess.run([str(python), "-c", SMOKE_TEST], capture_output=True, text=True)
+    if proc.returncode:
+        return {"status": "failed", "error": proc.stderr.strip().splitlines()[-1:]}
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    ok = found["cuda_available"] and found.get("bf16_matmul") and not str(found["deepspeed"]).startswith("import failed")
+    return {"status": "passed" if ok else "failed", **found}
+
+
+def _site_dirs(python: Path) -> list[str]:
+    """The site-packages folders outside the env that its Python also reads (--system-site-packages)."""
+    out = subprocess.run([str(python), "-c", "import json, site, sys; print(json.dumps([p for p in site.getsitepackages()"
+                          " if not p.startswith(sys.prefix)]))"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def pip_argv(python: Path, requirements: Path, options: Options, torch_index: str | None) -> list[str]:
+    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", str(requirements)]
+    for folder in options.find_links:
+        argv += ["--find-links", folder]
+    if options.no_index:
+        argv.append("--no-index")
+    if options.no_deps:
+        argv.append("--no-deps")
+    if torch_index:
+        argv += ["--extra-index-url", torch_index]
+    return argv + options.with_specs
+
+
+def validate(flavour: str | None, options: Options) -> None:
+    """Everything that can be checked before an existing env is touched."""
+    if flavour is not None and flavour not in FLAVOURS:
+        raise EnvError(f"unknown flavour {flavour!r}: use {' or '.join(FLAVOURS)}")
+    for folder in options.find_links:
+        if not Path(folder).is_dir():
+            raise EnvError(f"--find-links {folder}: no such folder")
+    if options.requirements and not Path(options.requirements).is_file():
+        raise EnvError(f"--requirements {options.requirements}: no such file")
+    if any(not s.strip() for s in options.with_specs):
+        raise EnvError("--with needs a requirement spec or a wheel path, not an empty string")
 
 
 def create(
@@ -102,46 +246,97 @@ def create(
     flavour: Flavour | None = None,
     say: Callable[[str], None] = lambda msg: None,
     packages: tuple[str, ...] = (),
+    options: Options | None = None,
 ) -> BackendEnv:
     """Create (or reuse) the env of backend `name`; idempotent. `packages` are the plugin's
-    top-level import packages its worker needs (besides `framework_bench`)."""
+    top-level import packages its worker needs (besides `framework_bench`).
+
+    The new env is built in a temporary folder beside the old one and swapped in only once
+    it is complete: a failed or interrupted creation leaves the old env as it was."""
+    options = options or Options()
+    validate(flavour, options)
     flavour = flavour or default_flavour()
     current = inspect(name, spec)
-    if current.ready and current.flavour == flavour:
+    record_file = current.path / RECORD
+    old_options = json.loads(record_file.read_text()).get("options", {}) if record_file.exists() else None
+    if current.ready and current.flavour == flavour and old_options == options.model_dump():
         _link_packages(current.python, ("framework_bench", *packages))
         say(f"{name}: ready at {current.path} (nothing to do)")
         return current
+    torch_index = options.torch_index
+    if flavour == "cuda" and torch_index is None:
+        torch_index = torch_index_for(driver_cuda_version())
+    requirements = Path(options.requirements) if options.requirements else spec.requirements[flavour]
     path = env_path(name)
-    if path.exists():
-        say(f"{name}: removing the old env ({current.problem or current.flavour})")
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
+    building = path.with_name(f".{name}.building-{os.getpid()}")
+    if building.exists():
+        shutil.rmtree(building)
+    building.mkdir(parents=True)
     started = time.monotonic()
-    python = _python(path)
-    with (path / "create.log").open("w") as log:
-        say(f"{name}: creating venv at {path}")
-        _run([sys.executable, "-m", "venv", str(path)], log)
-        say(f"{name}: pip install -r {spec.requirements[flavour].name} (a few minutes)")
-        # pip, not uv: only pip sees the local CPU torch build this machine offers.
-        _run([str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-              "-r", str(spec.requirements[flavour])], log)
-        _link_packages(python, ("framework_bench", *packages))
-        for module in spec.post_install:
-            say(f"{name}: post-install {module}")
-            _run([str(python), "-m", module, flavour], log, cwd=path)
-    record = {
-        "name": name,
-        "flavour": flavour,
-        "requirements": str(spec.requirements[flavour]),
-        "requirements_sha256": _requirements_hash(spec, flavour),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seconds": round(time.monotonic() - started, 1),
-        "host_python": sysconfig.get_python_version(),
-        "versions": _freeze(python),
-    }
-    (path / RECORD).write_text(json.dumps(record, indent=2))
+    python = _python(building)
+    log_path = path.with_name(f"{name}.create.log")
+    try:
+        with log_path.open("w") as log:
+            say(f"{name}: creating venv in {building} (swapped in for {path} when complete)")
+            venv = [sys.executable, "-m", "venv", "--prompt", name, str(building)]
+            _run(venv + (["--system-site-packages"] if options.system_site_packages else []), log)
+            say(f"{name}: pip install -r {requirements.name} (a few minutes)"
+                + (f", torch from {torch_index}" if torch_index else ""))
+            # pip, not uv: only pip sees the local CPU torch build this machine offers.
+            _run(pip_argv(python, requirements, options, torch_index), log)
+            _link_packages(python, ("framework_bench", *packages))
+            for module in spec.post_install:
+                say(f"{name}: post-install {module}")
+                _run([str(python), "-m", module, flavour], log, cwd=building)
+            smoke = None
+            if flavour == "cuda":
+                smoke = smoke_test(python, gpu_here=driver_cuda_version() is not None)
+                say(f"{name}: smoke test {smoke['status']}")
+                if smoke["status"] == "failed":
+                    raise EnvError(f"the cuda env's smoke test failed: {smoke}; see {log_path}")
+        record = {
+            "name": name,
+            "flavour": flavour,
+            "requirements": str(requirements),
+            "requirements_sha256": _requirements_hash(spec, flavour),
+            "options": options.model_dump(),
+            "torch_index": torch_index,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.monotonic() - started, 1),
+            "host_python": sysconfig.get_python_version(),
+            "site_dirs": _site_dirs(python) if options.system_site_packages else [],
+            "smoke_test": smoke,
+            "versions": installed_versions(building),
+        }
+        (building / RECORD).write_text(json.dumps(record, indent=2))
+        shutil.copy2(log_path, building / "create.log")
+        _swap_in(building, path)
+    except BaseException:  # a failure or Ctrl-C: the old env stays, the half-built one goes
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    if flavour == "cpu" and "deepspeed" in record["versions"]:
+        # At the final path only: the op's build line names the env's folders (see deepspeed_jit).
+        say(f"{name}: prebuilding DeepSpeed's CPU communication op (a few minutes)")
+        with log_path.open("a") as log:
+            _run([str(_python(path)), "-m", "framework_bench.deepspeed_jit", str(path)], log)
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
+
+
+def _swap_in(building: Path, path: Path) -> None:
+    """Replace `path` by the completed env. A venv's scripts and activate files name the
+    folder they were made in: rewritten to the final path before the swap."""
+    old, new = str(building).encode(), str(path).encode()
+    for f in (building / "bin").iterdir():
+        if f.is_file() and not f.is_symlink():
+            data = f.read_bytes()
+            if old in data[:4096] or (f.name.startswith("activate") and old in data):
+                f.write_bytes(data.replace(old, new))
+    aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if path.exists():
+        path.rename(aside)
+    building.rename(path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _link_packages(python: Path, packages: tuple[str, ...]) -> None:

@@ -41,6 +41,31 @@ def torchrun_argv(plan: LaunchPlan, job: Job, endpoint: str = f"127.0.0.1:{RDZV_
     return argv + ["-m", plan.module, *plan.args]
 
 
+def process_group_env(job: Job) -> dict[str, str]:
+    """The variables torchrun would set, for a run started as one process without it.
+
+    Both frameworks need an initialised process group on a GPU or with DeepSpeed even for
+    one process (DeepSpeed otherwise falls back to MPI discovery; XTuner's dispatched
+    attention calls `dist.get_rank()`): a one-process job is a world of one on a free port.
+    Several processes get these from torchrun, so nothing is returned for them."""
+    if job.nprocs * job.nnodes > 1:
+        return {}
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+
+
+def visible_gpus_env(job: Job, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """`CUDA_VISIBLE_DEVICES` naming the job's GPUs per node: the first `nprocs` of those
+    already visible (the user's or the scheduler's choice), else 0..nprocs-1. Without it a
+    one-process job on an 8-GPU host sees 8 GPUs (LLaMA-Factory's HF Trainer then raises)."""
+    if job.device != "cuda":
+        return {}
+    environ = os.environ if environ is None else environ
+    visible = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    chosen = visible[:job.nprocs] if len(visible) >= job.nprocs else [str(i) for i in range(job.nprocs)]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
+
+
 def default_launcher(job: Job) -> Launcher:
     return "torchrun" if job.nprocs * job.nnodes > 1 else "local"
 

@@ -42,7 +42,9 @@ class RunResult(BaseModel):
     step_unit: Literal["optimizer", "micro"] = Field("optimizer", description="what one measured step was")
     tokens_measured: int | None = Field(None, description="tokens per GPU over the measured steps")
     step_seconds: float | None = Field(None, description="median measured step time")
-    peak_mem_bytes: int | None = None
+    peak_mem_bytes: int | None = Field(None, description="max over the measured steps of the peak allocated (max RSS on CPU)")
+    peak_reserved_bytes: int | None = Field(None, description="max over the measured steps of the peak reserved (CUDA)")
+    startup_seconds: float | None = Field(None, description="worker start to the first step (imports, data, model build)")
     final_loss: float | None = None
     flags: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list, description="the backend's notes on the run (WorkerReport.notes)")
@@ -88,8 +90,12 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
         step_seconds=statistics.median(s for _, s, _ in merged),
     )
     out["mfu"] = flops.mfu(out["model_tflops"], peak_tflops)
-    peaks = [m.peak_mem_bytes for m in steps if m.peak_mem_bytes is not None]
-    out["peak_mem_bytes"] = max(peaks) if peaks else None
+    # Each step's peak is a window over that step (the worker SDK's StepTimer), so the run's
+    # figure is the max over the measured steps, on every backend alike.
+    measured = [m for m in steps if m.step > scenario.steps.warmup]
+    for key in ("peak_mem_bytes", "peak_reserved_bytes"):
+        peaks = [getattr(m, key) for m in measured if getattr(m, key) is not None]
+        out[key] = max(peaks) if peaks else None
     losses = [m.loss for m in steps if m.loss is not None and m.rank == 0]
     out["final_loss"] = losses[-1] if losses else None
     if scenario.steps.unit == "micro":

@@ -29,7 +29,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
 # into a new file or one that carries it (or, from before it was set, holds fbench's tables).
 APPLICATION_ID = 0x66626E63
@@ -90,6 +90,12 @@ _MIGRATIONS = [
     """,
     # 4: the backend's notes on each run (WorkerReport.notes), a JSON list
     "ALTER TABLE runs ADD COLUMN notes TEXT NOT NULL DEFAULT '[]';",
+    # 5: peak reserved memory (per step and the run's max over measured steps), start-up seconds.
+    """
+    ALTER TABLE runs ADD COLUMN peak_reserved_bytes INTEGER;
+    ALTER TABLE runs ADD COLUMN startup_seconds REAL;
+    ALTER TABLE steps ADD COLUMN peak_reserved_bytes INTEGER;
+    """,
 ]
 
 # Columns holding JSON text, decoded when rows are read back.
@@ -265,7 +271,8 @@ class ResultStore:
             **{k: getattr(result, k) for k in ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu",
                                                 "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
                                                 "data_sha256", "attention_used", "wall_seconds",
-                                                "step_unit", "tokens_measured")},
+                                                "step_unit", "tokens_measured", "peak_reserved_bytes",
+                                                "startup_seconds")},
             "flags": json.dumps(result.flags + notes),
             "framework_throughput": json.dumps(result.framework_throughput),
             "settings": json.dumps(result.settings),
@@ -302,7 +309,7 @@ class ResultStore:
             raise ResultsError(f"no run with id {run_id} in {self.path}")
         out = _decode(row)
         out["steps"] = [dict(s) for s in self.conn.execute(
-            "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes FROM steps WHERE run_id = ? "
+            "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes FROM steps WHERE run_id = ? "
             "ORDER BY step, rank", (run_id,))]
         return out
 
@@ -335,8 +342,9 @@ class ResultStore:
 
 def _insert_steps(conn: sqlite3.Connection, run_id: int, steps: list[StepMetric]) -> None:
     conn.executemany(
-        "INSERT INTO steps (run_id, step, rank, seconds, tokens, loss, peak_mem_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(run_id, s.step, s.rank, s.seconds, s.tokens, s.loss, s.peak_mem_bytes) for s in steps])
+        "INSERT INTO steps (run_id, step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(run_id, s.step, s.rank, s.seconds, s.tokens, s.loss, s.peak_mem_bytes, s.peak_reserved_bytes) for s in steps])
 
 
 def _decode(row: sqlite3.Row) -> dict:

@@ -163,6 +163,7 @@ def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: di
     result.attention_used = report.attention_used
     result.framework_version = report.framework_version or result.framework_version
     result.framework_throughput = report.framework_throughput
+    result.startup_seconds = report.startup_seconds
     if report.data_sha256 != job.data_sha256:
         result.status = "invalid"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"

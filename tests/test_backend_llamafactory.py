@@ -63,7 +63,10 @@ def test_other_refusals(llamafactory):
     gpu_8k = scenario.load("llama2_7b_8k")
     assert "has none" in llamafactory.check(gpu_8k, CPU, ready_env("cuda", "deepspeed"))
     assert "deepspeed" in llamafactory.check(gpu_8k, H100x8, ready_env("cuda"))
-    assert "ZeRO" in llamafactory.check(tiny(zero_stage=2), CPU, ready_env("cpu", "deepspeed"))
+    # ZeRO on CPU runs through DeepSpeed's CPU accelerator (multiproc_tiny_cpu_zero2/3); it needs deepspeed
+    assert "needs deepspeed" in llamafactory.check(tiny(zero_stage=2), CPU, ready_env("cpu"))
+    assert llamafactory.check(tiny(zero_stage=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU,
+                              ready_env("cpu", "deepspeed")) is None
     assert llamafactory.check(tiny(), CPU, ready_env("cpu")) is None
 
 
@@ -74,7 +77,9 @@ def test_published_llama2_7b_8k_arguments(llamafactory, tmp_path):
     assert llamafactory.check(scn, H100x8, env) is None
     plan = llamafactory.plan(job, env)
     assert plan.module == "fbench_llamafactory.worker" and plan.args == [str(job.job_file)]
-    assert plan.python == env.python and plan.env == {}  # 8 processes: torchrun sets the ranks
+    # 8 processes: torchrun sets the ranks; the plan pins the GPUs and the env's JIT-ops cache
+    assert plan.python == env.python and plan.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                                                      "TORCH_EXTENSIONS_DIR": str(env.path / "torch_extensions")}
     args = json.loads(plan.files["train_args"].read_text())
     run = job.run_dir
     assert args == {

@@ -73,7 +73,11 @@ def test_silently_ignored_settings_are_refused_on_gpu(xtuner):
 
 def test_other_refusals(xtuner):
     assert "bf16" in xtuner.check(tiny(precision="bf16"), CPU, ready_env("cpu"))
-    assert "single-process" in xtuner.check(tiny(cluster={"device": "cpu", "gpus_per_node": 2}), CPU, ready_env("cpu"))
+    two_cpus = {"device": "cpu", "gpus_per_node": 2}
+    assert "device_ids=[LOCAL_RANK]" in xtuner.check(tiny(cluster=two_cpus), CPU, ready_env("cpu"))
+    # with ZeRO, several CPU processes run through XTuner's DeepSpeed strategy (it needs deepspeed)
+    assert "needs deepspeed" in xtuner.check(tiny(cluster=two_cpus, zero_stage=3), CPU, ready_env("cpu"))
+    assert xtuner.check(tiny(cluster=two_cpus, zero_stage=3), CPU, ready_env("cpu", "deepspeed")) is None
     assert "no" in xtuner.check(tiny(cluster={"device": "cuda"}, precision="bf16"), CPU, ready_env("cuda"))
     assert "CPU flavour" in xtuner.check(tiny(cluster={"device": "cuda"}, precision="bf16"), H100x8, ready_env("cpu"))
     not_made = envs.inspect("xtuner-that-was-never-made")

@@ -34,6 +34,6 @@ def test_llamafactory_two_processes(name):
     assert r.tgs == pytest.approx(expected)
 
 
-def test_xtuner_refuses_several_cpu_processes():
+def test_xtuner_refuses_several_cpu_processes_without_zero():
     r = runner.run_one("xtuner", scenario.load("multiproc_tiny_cpu_1x2"))
-    assert r.status == "unsupported" and "CUDA" in r.reason
+    assert r.status == "unsupported" and "device_ids=[LOCAL_RANK]" in r.reason and "zero_stage 1-3" in r.reason

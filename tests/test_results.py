@@ -49,8 +49,12 @@ def test_round_trip_with_steps_and_manifest(store, fbench_home, tmp_path):
     env = fbench_home / "envs" / "xtuner"
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").touch()
-    (env / "fbench-env.json").write_text(json.dumps(
-        {"flavour": "cpu", "versions": {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0"}}))
+    (env / "fbench-env.json").write_text(json.dumps({"flavour": "cpu"}))
+    for name, version in {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0"}.items():
+        # versions are read from the env's installed distributions, as pip leaves them
+        dist = env / "lib" / "python3.11" / "site-packages" / f"{name}-{version}.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nbody\n")
     run_dir = tmp_path / "run"
     write_steps(run_dir)
     scenario = load("tiny_cpu")

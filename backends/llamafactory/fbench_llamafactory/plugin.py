@@ -23,8 +23,8 @@ from framework_bench.backend import (
     WorkerReport,
 )
 from framework_bench.hookspecs import hookimpl
+from framework_bench import deepspeed_jit, launch
 from framework_bench.worker.rows import read_consumed
-from framework_bench.launch import free_port
 from framework_bench.scenario import Scenario
 
 from fbench_llamafactory import run_files, train_args
@@ -84,20 +84,17 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
                     f"(else a dense 4-D mask): missing {' and '.join(missing)}")
     if scenario.zero_stage > 0 and not env.has("deepspeed"):
         return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the llamafactory env"
-    if scenario.zero_stage > 0 and device == "cpu":
-        return f"ZeRO stage {scenario.zero_stage} (DeepSpeed) is not run on CPU by this backend"
     return None
 
 
 @hookimpl
 def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
     files = train_args.write_run_files(job, flash_attn_installed=env.has(FLASH_ATTN))
-    extra_env: dict[str, str] = {}
-    if job.scenario.zero_stage > 0 and job.nprocs * job.nnodes == 1:
-        # LLaMA-Factory refuses DeepSpeed outside a distributed launch; one process started
-        # without torchrun becomes a world of one through the variables torchrun would set.
-        extra_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    extra_env = {**launch.visible_gpus_env(job), **deepspeed_jit.run_env(env.path)}
+    if job.device == "cuda" or job.scenario.zero_stage > 0:
+        # LLaMA-Factory refuses DeepSpeed outside a distributed launch, and every GPU run gets a
+        # process group: one process started without torchrun becomes a world of one.
+        extra_env |= launch.process_group_env(job)
     return LaunchPlan(
         python=env.python,
         module="fbench_llamafactory.worker",
@@ -143,4 +140,5 @@ def fbench_read_report(job: Job) -> WorkerReport:
         settings=worker.get("settings"),
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),
+        startup_seconds=worker.get("startup_seconds"),
     )

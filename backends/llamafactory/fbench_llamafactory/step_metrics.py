@@ -8,31 +8,51 @@ top-level model), not derived from the scenario.
 
 from __future__ import annotations
 
-import resource
 import time
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-from framework_bench.worker_io import MetricsWriter
+from framework_bench.worker import StepTimer
 
 FLASH_ATTENTION_2 = "flash_attention_2"
 
 
+def zero_stage_of(optimizer) -> int:
+    """The ZeRO stage of the optimizer that really steps: under DeepSpeed the HF Trainer's
+    optimizer is accelerate's wrapper around DeepSpeed's ZeRO optimizer (stage 3 has its own
+    class; stages 1 and 2 share one, stage 2 partitioning the gradients too). 0 otherwise."""
+    inner = getattr(optimizer, "optimizer", None)
+    name = type(inner).__name__
+    if name == "DeepSpeedZeroOptimizer_Stage3":
+        return 3
+    if name == "DeepSpeedZeroOptimizer":
+        return 2 if inner.partition_gradients else 1
+    return 0
+
+
 class StepRecorder:
-    def __init__(self, run_dir: Path, device: str, require_flash_attn: bool):
-        self.writer = MetricsWriter(run_dir)
-        self.cuda = device == "cuda"
+    """The SDK's `StepTimer` (one timing and peak-memory window per optimizer step, the same
+    for every backend) fed from LLaMA-Factory's trainer events, plus what the model really
+    runs with. The logged loss arrives after the step ends (`on_log`), so a step's line is
+    written then; the clock stops at the step's end, the peak is read when the line is written."""
+
+    def __init__(self, run_dir: Path, device: str, require_flash_attn: bool, zero_stage: int = 0):
+        self.timer = StepTimer(run_dir, device)
         self.require_flash_attn = require_flash_attn
+        self.expected_zero_stage = zero_stage
+        self.zero_stage: int | None = None
         self.attention_used: str | None = None
         self.param_dtype: str | None = None
         self.notes: list[str] = []
-        self.steps_written = 0
         self._step = 0
-        self._tokens = 0
-        self._started = 0.0
-        self._pending: dict | None = None
+        self._pending = False
+        self.first_step_at: float | None = None
+
+    @property
+    def steps_written(self) -> int:
+        return self.timer.steps_written
 
     def attach(self, model: torch.nn.Module) -> None:
         """Record what the model really runs with, and count the tokens it is fed."""
@@ -43,49 +63,43 @@ class StepRecorder:
                                f"with {self.attention_used!r} (flash-attn missing or refused)")
         model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
 
+    def check_zero_stage(self, optimizer) -> None:
+        """Refuse to measure anything but the ZeRO stage asked for (never a silent ZeRO 0)."""
+        self.zero_stage = zero_stage_of(optimizer)
+        if self.zero_stage != self.expected_zero_stage:
+            raise RuntimeError(f"ZeRO stage in effect is {self.zero_stage} ({type(optimizer).__name__}), "
+                               f"the scenario asks for {self.expected_zero_stage}")
+
     def _count_tokens(self, _module, args, kwargs) -> None:
+        # Under sequence parallel the v1 trainer splits each row before the forward call, so
+        # the hook counts this rank's shard only.
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None:
-            self._tokens += ids.numel()
-
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+            self.timer.add_tokens(ids.numel())
 
     def begin(self) -> None:
-        self._flush()
-        self._sync()
-        self._tokens = 0
-        self._started = time.perf_counter()
+        self._flush(None)
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+        self.timer.begin()
 
     def end(self) -> None:
-        self._sync()
-        seconds = time.perf_counter() - self._started
+        self.timer.pause()
         self._step += 1
-        if self.cuda:
-            peak = torch.cuda.max_memory_allocated()
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        # Under sequence parallel the v1 trainer splits each row before the forward call, so
-        # the hook already counts this rank's shard only.
-        self._pending = {"step": self._step, "seconds": seconds, "tokens": self._tokens,
-                         "loss": None, "peak_mem_bytes": peak}
+        self._pending = True
 
     def loss(self, value: float) -> None:
         """The logged loss arrives after the step ends; it completes the pending line."""
-        if self._pending is not None:
-            self._pending["loss"] = float(value)
-            self._flush()
+        self._flush(float(value))
 
-    def _flush(self) -> None:
-        if self._pending is not None:
-            self.writer.write(**self._pending)
-            self.steps_written += 1
-            self._pending = None
+    def _flush(self, loss: float | None) -> None:
+        if self._pending:
+            self.timer.end(self._step, loss)
+            self._pending = False
 
     def close(self) -> None:
-        self._flush()
-        self.writer.close()
+        self._flush(None)
+        self.timer.close()
 
 
 class StepMetricsCallback(TrainerCallback):
@@ -94,8 +108,9 @@ class StepMetricsCallback(TrainerCallback):
     def __init__(self, recorder: StepRecorder):
         self.recorder = recorder
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self.recorder.attach(model)
+        self.recorder.check_zero_stage(optimizer)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.recorder.begin()

@@ -8,6 +8,10 @@ raises, so the process exits non-zero.
 
 from __future__ import annotations
 
+import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
 import json
 import os
 import sys
@@ -173,6 +177,7 @@ def main(job_file: str) -> None:
         run_dir,
         device=job["device"],
         require_flash_attn=sp > 1 or scenario["attention"] == "varlen",
+        zero_stage=scenario["zero_stage"],
     )
     claims = None
     if run_files.uses_v1_trainer(sp):
@@ -198,6 +203,8 @@ def main(job_file: str) -> None:
         trainer="v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
         attention_used=recorder.attention_used,
         param_dtype=recorder.param_dtype,
+        zero_stage_in_effect=recorder.zero_stage,
+        startup_seconds=round(recorder.first_step_at - STARTED, 2),
         notes=recorder.notes,
         settings=claims.settings if claims else None,
         param_count=claims.param_count if claims else None,

@@ -42,8 +42,9 @@ SEED = 1024
 
 
 def uses_deepspeed(job: Job) -> bool:
-    """ZeRO needs DeepSpeed, and so does XTuner's sequence parallel (its strategy sets up the SP groups)."""
-    return job.device == "cuda" and (job.scenario.zero_stage > 0 or job.scenario.sequence_parallel > 1)
+    """ZeRO needs DeepSpeed, and so does XTuner's sequence parallel (its strategy sets up the SP
+    groups). On CPU too: DeepSpeed's CPU accelerator runs ZeRO over gloo."""
+    return job.scenario.zero_stage > 0 or job.scenario.sequence_parallel > 1
 
 
 def max_iters(job: Job) -> int:

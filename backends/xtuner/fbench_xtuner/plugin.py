@@ -10,6 +10,7 @@ from pathlib import Path
 from statistics import mean, median
 
 from framework_bench.backend import BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
+from framework_bench import deepspeed_jit, launch
 from framework_bench.hookspecs import hookimpl
 from framework_bench.scenario import Scenario
 from framework_bench.worker.rows import read_consumed
@@ -68,17 +69,17 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
                     "falls back to causal attention across the packed documents")
         if scenario.micro_batch != 1:
             return f"varlen attention in XTuner takes micro_batch 1, not {scenario.micro_batch}"
-    if scenario.zero_stage:
-        if device != "cuda":
-            return f"ZeRO stage {scenario.zero_stage} runs through DeepSpeed on CUDA GPUs only"
-        if not env.has("deepspeed"):
-            return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
+    if scenario.zero_stage and not env.has("deepspeed"):
+        return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
     if device == "cpu":
-        if scenario.cluster.gpus > 1:
-            # Tried: under torchrun, mmengine's "pytorch" launcher calls torch.cuda.set_device,
-            # which the CPU torch build lacks; every rank dies before training.
-            return (f"{scenario.cluster.gpus} CPU processes: XTuner's distributed launch (mmengine) "
-                    "needs CUDA devices, so CPU runs are single-process")
+        if scenario.cluster.gpus > 1 and not scenario.zero_stage:
+            # Without DeepSpeed, mmengine 0.10.6's Runner.wrap_model always gives DDP
+            # device_ids=[LOCAL_RANK] (runner.py), which DDP refuses for a module on the CPU.
+            # With ZeRO the FlexibleRunner's DeepSpeed engine does the data parallelism (gloo)
+            # and runs: multiproc_tiny_cpu_zero2/3.
+            return (f"{scenario.cluster.gpus} CPU processes at ZeRO 0: mmengine's DDP wrapper passes "
+                    "device_ids=[LOCAL_RANK], which DDP refuses for a CPU model; CPU data parallel "
+                    "runs through DeepSpeed (zero_stage 1-3) only")
         if scenario.precision == "bf16":
             # Not emulated: casting the whole model to bf16 would be another setting than the
             # GPU runs' bf16 autocast, and on a CPU without bf16 units it is ~15x slower.
@@ -90,11 +91,16 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
 def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
     files = mmengine_config.write(job)
     files["job"] = job.write()
+    run_env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+               **launch.visible_gpus_env(job), **deepspeed_jit.run_env(env.path)}
+    if job.device == "cuda" or mmengine_config.uses_deepspeed(job):
+        # The worker then uses mmengine's "pytorch" launcher (see worker.main).
+        run_env |= launch.process_group_env(job)
     return LaunchPlan(
         python=env.python,
         module=WORKER_MODULE,
         args=[str(job.job_file)],
-        env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env=run_env,
         files=files,
     )
 
@@ -141,4 +147,5 @@ def fbench_read_report(job: Job) -> WorkerReport:
         settings=worker.get("settings"),
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),
+        startup_seconds=worker.get("startup_seconds"),
     )

@@ -8,10 +8,13 @@ so the process exits non-zero and the host records the run as failed.
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
 import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
+import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import mmengine
@@ -28,9 +31,10 @@ from mmengine.runner import Runner
 from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.packed import PackedRows, stream_sha256
+from framework_bench.worker import PeakMemory, StepTimer
 from framework_bench.worker import settings as capture
 from framework_bench.worker.rows import ConsumedRows
-from framework_bench.worker_io import MetricsWriter, load_job, publish_dir, write_worker_report
+from framework_bench.worker_io import load_job, publish_dir, write_worker_report
 
 DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
 DATA_WAIT_SECONDS = 1800
@@ -69,8 +73,12 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
     datasets.Dataset(pa.table(columns)).save_to_disk(str(tmp))
 
-    written = datasets.load_from_disk(str(tmp)).with_format("numpy")
-    sha = stream_sha256(np.asarray(written["input_ids"]), np.asarray(written["labels"]), packed.doc_starts)
+    # Read back as Arrow, not through datasets' numpy formatter: with deepspeed installed
+    # torchvision is imported, and that formatter then asks torchvision 0.28 for VideoReader,
+    # which it no longer has (ImportError).
+    table = datasets.load_from_disk(str(tmp)).data
+    ids, labels = (table.column(c).combine_chunks().flatten().to_numpy().reshape(-1, ctx) for c in ("input_ids", "labels"))
+    sha = stream_sha256(ids, labels, packed.doc_starts)
     if sha != job["data_sha256"]:
         raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
     (tmp / DATA_READY).write_text(sha)
@@ -89,32 +97,57 @@ def wait_for_rows(out_dir: Path) -> str:
     return marker.read_text()
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _peak_mem_bytes(device: str) -> int:
-    if device == "cuda":
-        return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def iterations_per_step(scenario: dict) -> int:
+    """mmengine iterations (micro-batches) in one measured step: grad_accum, or 1 with `steps.unit: micro`
+    (every iteration is a step; the update lands in every grad_accum-th)."""
+    return 1 if scenario["steps"].get("unit") == "micro" else scenario["grad_accum"]
 
 
 def _unwrap(model):
     return model.module if is_model_wrapper(model) else model
 
 
-class StepStart(Hook):
-    """Marks the start of each iteration; registered with the lowest priority so that its
-    `before_train_iter` runs last, right before the train step."""
+class StepPeak(PeakMemory):
+    """The step's peak-memory window, kept across micro-batches: mmengine's LoggerHook resets
+    the CUDA peak counters after every iteration (LogProcessor._get_max_memory), so with
+    grad_accum > 1 the counters alone would cover only the last micro-batch. `CommonMetrics`
+    (highest priority: its after_train_iter runs before LoggerHook's) folds each
+    micro-batch's peak in before that reset."""
 
     def __init__(self, device: str):
-        self.device = device
-        self.started = 0.0
+        super().__init__(device)
+        self._seen: tuple[int, int | None] = (0, None)
+
+    def reset(self) -> None:
+        super().reset()
+        self._seen = (0, None)
+
+    def fold(self) -> None:
+        self._seen = self.read()
+
+    def read(self) -> tuple[int, int | None]:
+        allocated, reserved = super().read()
+        seen_allocated, seen_reserved = self._seen
+        return max(allocated, seen_allocated), (None if reserved is None else max(reserved, seen_reserved or 0))
+
+
+class StepStart(Hook):
+    """Starts (first micro-batch) or resumes the step's clock; registered with the lowest
+    priority so that its `before_train_iter` runs last, right before the train step. Data
+    loading (between iterations) is outside the clock."""
+
+    def __init__(self, timer: StepTimer, per_step: int):
+        self.timer = timer
+        self.per_step = per_step
+        self.first_step_at: float | None = None
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
-        _sync(self.device)
-        self.started = time.perf_counter()
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+        if runner.iter % self.per_step == 0:
+            self.timer.begin()
+        else:
+            self.timer.resume()
 
 
 def verify_sequence_parallel(llm, requested: int) -> None:
@@ -139,25 +172,23 @@ def verify_sequence_parallel(llm, requested: int) -> None:
 
 
 class CommonMetrics(Hook):
-    """Writes one common-metrics line per optimizer step (grad_accum iterations); registered
-    with the highest priority so that its `after_train_iter` runs first, before logging.
+    """Pauses the clock after each micro-batch and writes one common-metrics line per optimizer
+    step (grad_accum iterations) through the SDK's StepTimer; registered with the highest
+    priority so that its `after_train_iter` runs first, before logging (see `StepPeak`).
 
     Also checks, once the model is built, that the settings the config asked for really
     took effect: through the Runner, XTuner drops sequence parallel and varlen attention
-    without a word when their engines are missing.
+    without a word when their engines are missing, and a ZeRO stage must be DeepSpeed's.
     """
 
-    def __init__(self, job: dict, start: StepStart):
+    def __init__(self, job: dict, timer: StepTimer):
         self.scenario = job["scenario"]
-        self.device = job["device"]
-        self.start = start
-        self.writer = MetricsWriter(job["run_dir"])
+        self.per_step = iterations_per_step(self.scenario)
+        self.timer = timer
         self.sp_size = 1
         self.attention_used = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self.seconds, self.tokens, self.losses, self.micro = 0.0, 0, [], 0
+        self.zero_stage = None
+        self.losses: list[float] = []
 
     def before_train(self, runner) -> None:
         from xtuner.parallel.sequence import get_sequence_parallel_world_size
@@ -173,25 +204,24 @@ class CommonMetrics(Hook):
         self.attention_used = llm.config._attn_implementation
         if self.scenario["attention"] == "varlen" and self.attention_used != "flash_attention_2":
             raise RuntimeError(f"varlen attention asked for, but the model uses {self.attention_used!r}")
-        runner.logger.info(f"fbench: attention {self.attention_used}, sequence parallel {self.sp_size}")
+        self.zero_stage = zero_stage_in_effect(runner)
+        if self.zero_stage != self.scenario["zero_stage"]:
+            raise RuntimeError(f"ZeRO stage in effect is {self.zero_stage}, the scenario asks for {self.scenario['zero_stage']}")
+        runner.logger.info(f"fbench: attention {self.attention_used}, sequence parallel {self.sp_size}, "
+                           f"ZeRO stage {self.zero_stage}")
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        _sync(self.device)
-        self.seconds += time.perf_counter() - self.start.started
+        self.timer.pause()
+        self.timer.memory.fold()
         # The batch holds whole rows: each rank of a sequence-parallel group trains 1/SP of them.
-        self.tokens += data_batch["data"]["input_ids"].numel() // self.sp_size
+        self.timer.add_tokens(data_batch["data"]["input_ids"].numel() // self.sp_size)
         self.losses.append(outputs["loss"].detach().item())
-        self.micro += 1
-        # `steps.unit: micro`: every iteration is a step (the update lands in every grad_accum-th)
-        per_step = 1 if self.scenario["steps"].get("unit") == "micro" else self.scenario["grad_accum"]
-        if self.micro == per_step:
-            step = (runner.iter + 1) // per_step
-            self.writer.write(step, self.seconds, self.tokens, sum(self.losses) / len(self.losses),
-                              _peak_mem_bytes(self.device))
-            self._reset()
+        if (runner.iter + 1) % self.per_step == 0:
+            self.timer.end((runner.iter + 1) // self.per_step, sum(self.losses) / len(self.losses))
+            self.losses = []
 
     def after_train(self, runner) -> None:
-        self.writer.close()
+        self.timer.close()
 
 
 def effective_settings(runner, job: dict, sp_size: int) -> dict:
@@ -246,18 +276,45 @@ class Claims(Hook):
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self.rows.add(data_batch["data"]["input_ids"], data_batch["data"]["labels"])
         self.micro += 1
-        if self.micro % self.job["scenario"]["grad_accum"] == 0:
-            self.rows.end_step(self.micro // self.job["scenario"]["grad_accum"])
+        per_step = iterations_per_step(self.job["scenario"])
+        if self.micro % per_step == 0:
+            self.rows.end_step(self.micro // per_step)
 
     def after_train(self, runner) -> None:
         self.rows.close()
 
 
-def build_runner(cfg: Config) -> Runner:
+def zero_stage_in_effect(runner) -> int:
+    """The ZeRO stage of the engine that really trains: 0 unless the model is wrapped by a
+    DeepSpeed engine (mmengine's MMDeepSpeedEngineWrapper holds it as `.model`)."""
+    deepspeed = sys.modules.get("deepspeed")  # imported by the DeepSpeed strategy only
+    engine = getattr(runner.model, "model", None)
+    return engine.zero_optimization_stage() if deepspeed and isinstance(engine, deepspeed.DeepSpeedEngine) else 0
+
+
+@contextmanager
+def cpu_process_group_setup(device: str):
+    """mmengine's `init_dist` ("pytorch" launcher) calls `torch.cuda.set_device(LOCAL_RANK)`
+    before it initialises the process group, whatever the backend; the CPU torch build has no
+    CUDA bindings, so that call raises. On CPU only, and only while the runner sets up its
+    process group (gloo), that one call does nothing; everything else is mmengine's own path."""
+    if device != "cpu":
+        yield
+        return
+    set_device = torch.cuda.set_device
+    torch.cuda.set_device = lambda device: None
+    try:
+        yield
+    finally:
+        torch.cuda.set_device = set_device
+
+
+def build_runner(cfg: Config, device: str) -> Runner:
     """As `xtuner train` does: DeepSpeed configs name the FlexibleRunner."""
-    if "runner_type" in cfg:
-        return RUNNERS.build(cfg)
-    return Runner.from_cfg(cfg)
+    with cpu_process_group_setup(device):
+        if "runner_type" in cfg:
+            return RUNNERS.build(cfg)
+        return Runner.from_cfg(cfg)
 
 
 def main(job_file: str) -> None:
@@ -276,12 +333,17 @@ def main(job_file: str) -> None:
         torch.cpu.is_bf16_supported = lambda *args, **kwargs: False
 
     cfg = Config.fromfile(str(run_dir / run_layout.CONFIG_NAME))
-    # torchrun sets WORLD_SIZE when the host starts several processes; mmengine's
-    # "pytorch" launcher then reads RANK/LOCAL_RANK/MASTER_* from it.
-    cfg.launcher = "pytorch" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
-    runner = build_runner(cfg)
-    start = StepStart(job["device"])
-    metrics = CommonMetrics(job, start)
+    # mmengine's "pytorch" launcher reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* (set by torchrun,
+    # or by the plan for one process). Every CUDA run and every DeepSpeed run needs the process
+    # group: DeepSpeed otherwise falls back to MPI discovery, and XTuner's dispatched attention
+    # calls dist.get_rank(). Only a plain single CPU process runs without one.
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or job["device"] == "cuda" or "strategy" in cfg
+    cfg.launcher = "pytorch" if distributed else "none"
+    runner = build_runner(cfg, job["device"])
+    timer = StepTimer(run_dir, job["device"])
+    timer.memory = StepPeak(job["device"])
+    metrics = CommonMetrics(job, timer)
+    start = StepStart(timer, iterations_per_step(job["scenario"]))
     runner.register_hook(start, priority="LOWEST")
     runner.register_hook(metrics, priority="HIGHEST")
     claims = Claims(job, metrics)
@@ -296,6 +358,8 @@ def main(job_file: str) -> None:
         attention_used=metrics.attention_used,
         sequence_parallel_in_effect=metrics.sp_size,
         deepspeed="strategy" in cfg,
+        zero_stage_in_effect=metrics.zero_stage,
+        startup_seconds=round(start.first_step_at - STARTED, 2),
         transformers_version=transformers.__version__,
         mmengine_version=mmengine.__version__,
         torch_version=torch.__version__,

@@ -1,0 +1,138 @@
+"""`fbench env create`: arguments checked before anything is touched, a failed creation
+leaves the old env intact, offline wheelhouses, extra packages, the system's packages, and
+versions re-read on every inspection. Real venvs and pip, with a tiny wheel built here."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from framework_bench import envs
+from framework_bench.backend import EnvSpec
+
+
+def build_wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (one module) written by hand: no network, no build tools."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": f"VERSION = {version!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: fbench-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}/RECORD,,")
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+@pytest.fixture
+def tiny_spec(tmp_path) -> EnvSpec:
+    req = tmp_path / "requirements.txt"
+    req.write_text("fbench_tiny_a==0.1\n")
+    return EnvSpec(requirements={"cpu": req, "cuda": req}, framework_package="fbench_tiny_a")
+
+
+@pytest.fixture
+def wheelhouse(tmp_path) -> Path:
+    house = tmp_path / "wheelhouse"
+    build_wheel(house, "fbench_tiny_a", "0.1")
+    build_wheel(house, "fbench_tiny_b", "0.2")
+    return house
+
+
+def offline(house: Path, **kw) -> envs.Options:
+    return envs.Options(find_links=[str(house)], no_index=True, **kw)
+
+
+def test_wheelhouse_with_and_reinspection(fbench_home, tiny_spec, wheelhouse, tmp_path):
+    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
+    assert env.ready and env.version("fbench_tiny_a") == "0.1" and not env.has("fbench_tiny_b")
+    # a package installed by hand is seen by the next inspection (no re-creation)
+    subprocess.run([str(env.python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheelhouse),
+                    "fbench_tiny_b"], check=True)
+    assert envs.inspect("tiny", tiny_spec).version("fbench_tiny_b") == "0.2"
+    # --with: an extra wheel by path; a change of options rebuilds the env
+    extra = build_wheel(tmp_path / "elsewhere", "fbench_tiny_c", "0.3")
+    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, with_specs=[str(extra)]))
+    assert env.version("fbench_tiny_c") == "0.3" and not env.has("fbench_tiny_b")  # rebuilt from scratch
+    out = subprocess.run([str(env.python), "-c", "import fbench_tiny_c; print(fbench_tiny_c.VERSION)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.3"  # the swapped-in env runs from its final path
+    record = json.loads((env.path / envs.RECORD).read_text())
+    assert record["options"]["with_specs"] == [str(extra)] and record["smoke_test"] is None
+
+
+def test_system_site_packages(fbench_home, tiny_spec, wheelhouse):
+    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, system_site_packages=True))
+    assert "include-system-site-packages = true" in (env.path / "pyvenv.cfg").read_text()
+    record = json.loads((env.path / envs.RECORD).read_text())
+    assert record["site_dirs"], "the system's site-packages are recorded for inspection"
+    out = subprocess.run([str(env.python), "-c", "import sys; print(sys.flags.no_site, len(sys.path))"],
+                         capture_output=True, text=True, check=True)
+    assert out.returncode == 0 and env.version("fbench_tiny_a") == "0.1"
+
+
+def test_bad_arguments_touch_nothing(fbench_home, tiny_spec, wheelhouse):
+    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
+    before = sorted(p.name for p in env.path.iterdir())
+    for flavour, options, message in (("gpu", offline(wheelhouse), "unknown flavour 'gpu'"),
+                                      ("cpu", envs.Options(find_links=["/no/such/folder"]), "no such folder")):
+        with pytest.raises(envs.EnvError, match=message):
+            envs.create("tiny", tiny_spec, flavour, options=options)
+    assert sorted(p.name for p in env.path.iterdir()) == before
+    assert envs.inspect("tiny", tiny_spec).ready
+
+
+def test_failed_creation_leaves_the_old_env(fbench_home, tiny_spec, wheelhouse):
+    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
+    # pip fails (a package the wheelhouse lacks): the old env stays, no half-built folder is left
+    with pytest.raises(envs.EnvError, match="exited"):
+        envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, with_specs=["fbench_tiny_missing"]))
+    again = envs.inspect("tiny", tiny_spec)
+    assert again.ready and again.version("fbench_tiny_a") == "0.1"
+    assert [p.name for p in env.path.parent.iterdir() if p.name.startswith(".")] == []
+    assert "fbench_tiny_missing" in (env.path.parent / "tiny.create.log").read_text()
+
+
+def test_cli_flavour_typo_is_one_line(fbench_home, tmp_path):
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+
+    result = CliRunner().invoke(app, ["env", "create", "xtuner", "--flavour", "gpu"])
+    assert result.exit_code == 1 and "unknown flavour 'gpu'" in result.output
+    assert "Traceback" not in result.output and not (fbench_home / "envs").exists()
+
+
+@pytest.mark.parametrize("banner, index", [
+    ("| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0 |", None),
+    ("| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |", "https://download.pytorch.org/whl/cu128"),
+    ("| NVIDIA-SMI 565.57.01   Driver Version: 565.57.01   CUDA Version: 12.7 |", "https://download.pytorch.org/whl/cu126"),
+])
+def test_driver_picks_the_torch_index(banner, index):
+    assert envs.torch_index_for(envs.parse_driver_cuda(banner)) == index
+
+
+def test_old_driver_and_no_driver():
+    with pytest.raises(envs.EnvError, match="CUDA 12.4"):
+        envs.torch_index_for((12, 4))
+    assert envs.parse_driver_cuda("bash: nvidia-smi: command not found") is None
+    assert envs.torch_index_for(None) is None  # a login node builds for the compute nodes: PyPI's
+
+
+def test_smoke_test_without_gpu_is_not_a_pass(tmp_path):
+    assert envs.smoke_test(Path("/nonexistent/python"), gpu_here=False) == {"status": "not run: no GPU here"}
