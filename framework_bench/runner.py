@@ -103,8 +103,10 @@ def run_one(
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
                 settings_mode=settings_mode)
     if reason:
-        # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run.
-        setup = not env.ready and verdicts.machine_shortfall(scenario, machine) is None
+        # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run
+        # (a scenario outside its declared capabilities stays unsupported, env or not).
+        setup = (not env.ready and verdicts.machine_shortfall(scenario, machine) is None
+                 and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return RunResult(**base, status="failed" if setup else "unsupported", reason=reason)
     try:
         data = data or pack(scenario, progress=False, say=lambda msg: None)

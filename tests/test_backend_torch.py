@@ -55,7 +55,7 @@ def test_refusals_name_what_the_reference_does_not_do(torch_backend):
 def test_host_refuses_outside_the_declared_capabilities(torch_backend, fbench_home):
     """The host asks the declared capabilities before the plugin's own check."""
     r = runner.run_one("torch", tiny(zero_stage=2), machine=CPU)
-    assert r.status == "unsupported" and r.reason == "the torch backend declares ZeRO stages 0; the scenario asks for 2"
+    assert r.status == "unsupported" and r.reason == "torch: the torch backend declares ZeRO stages 0; the scenario asks for 2"
 
 
 def test_plan_runs_the_worker_on_the_host_job(torch_backend, tmp_path):

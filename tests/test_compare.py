@@ -128,7 +128,7 @@ def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, mon
     monkeypatch.setattr(compare, "REFERENCE_BACKEND", "fake_ok")
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
                                    "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # fake_crash failed: compare says so in its exit code
     assert "% of fake_ok" in res.output
     row = next(line for line in res.output.splitlines() if "│ fake_ok" in line)
     assert "100%" in row

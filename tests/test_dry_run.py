@@ -62,7 +62,8 @@ def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypat
     home.mkdir()
     (home / "envs").symlink_to((envs.fbench_home() / "envs").resolve())
     monkeypatch.setenv("FBENCH_HOME", str(home))
-    res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_70b_256k", "--dry-run"])
+    res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_70b_256k", "--backends", "xtuner,llamafactory",
+                                   "--dry-run"])
     assert res.exit_code == 0, res.output
     out = " ".join(res.stdout.split())  # undo the console's wrapping
     assert out.count("this machine: needs 4 node(s) x 8 GPUs") == 2

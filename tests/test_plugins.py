@@ -326,5 +326,5 @@ def test_declared_capabilities_are_enforced_by_the_host(fake):
 
     gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
     _, reason = runner.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
-    assert reason == "the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
+    assert reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
     assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked

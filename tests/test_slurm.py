@@ -137,7 +137,7 @@ def test_a_refused_backend_is_never_submitted(cluster, fakes, tmp_path):
     res = _invoke("compare", "--scenario", "llama2_7b_8k", "--backends", "fake_ok", "--launcher", "slurm",
                   "--db", str(db))
     assert res.exit_code == 0 and "refused" in res.stdout and "nothing submitted" in res.stdout
-    assert "the fake backend runs on CPU only" in res.stdout and "needs 1 node(s) x 8 GPUs" in res.stdout
+    assert "the fake_ok backend declares no GPU support" in res.stdout and "needs 1 node(s) x 8 GPUs" in res.stdout
     assert not cluster.exists()  # sbatch never ran
     assert _rows(db)["fake_ok"]["status"] == "unsupported"
 
