@@ -10,6 +10,10 @@
 # ../shared/device-wheels/README.md), then runs tiny-llama on CUDA bf16 and the one-GPU
 # Llama2-7B scenarios for both backends, prints one table (TGS, TFLOPs, MFU, peak
 # allocated/reserved, start-up) and writes every run as JSON into --out.
+# The machine has no network: FBENCH_DATA must name a carried folder holding
+# alpaca_en_demo.json and alpaca_zh_demo.json, and fbench's host dependencies (pydantic,
+# typer, pluggy, rich, pyyaml, matplotlib, tokenizers) must be importable there (FBENCH names
+# the fbench command to use, default .venv/bin/fbench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FBENCH=${FBENCH:-.venv/bin/fbench}
@@ -34,6 +38,7 @@ if [ "$dry" = 1 ]; then
 fi
 
 [ -n "$wheels" ] || { echo "gpu_check.sh: real mode needs --wheels DIR (DIR/xtuner, DIR/llamafactory)" >&2; exit 2; }
+[ -n "${FBENCH_DATA:-}" ] || { echo "gpu_check.sh: set FBENCH_DATA to a folder holding alpaca_en_demo.json and alpaca_zh_demo.json (no network here)" >&2; exit 2; }
 command -v nvidia-smi >/dev/null || { echo "gpu_check.sh: no nvidia-smi: this is not a GPU machine (use --dry)" >&2; exit 1; }
 mkdir -p "$out"
 for b in "${BACKENDS[@]}"; do
