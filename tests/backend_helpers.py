@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from framework_bench import scenario
@@ -15,6 +16,13 @@ def ready_env(name: str, versions: dict[str, str], flavour: str, *extra: str) ->
     """An env as `envs.inspect` reports a finished one, with the distributions named installed."""
     return BackendEnv(name=name, path=Path("/nonexistent"), python=Path("/nonexistent/bin/python"),
                       flavour=flavour, ready=True, versions={"torch": "2.13.0", **versions, **{d: "1" for d in extra}})
+
+
+def contributing_backend() -> tuple[str, str]:
+    """(worker.py, plugin.py) of the minimal backend CONTRIBUTING.md shows, as written there."""
+    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    return (next(b for b in blocks if "def main" in b), next(b for b in blocks if "def fbench_read_report" in b))
 
 
 def tiny(**fields) -> scenario.Scenario:

@@ -113,28 +113,37 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
     assert r.tgs == pytest.approx(expected)
 
 
-def test_contributings_minimal_worker_trains_on_tiny_cpu(tmp_path):
-    """The ~50-line worker CONTRIBUTING.md shows is real code: run it in the torch env."""
-    import re
+def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
+    """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
+    report read back by the plugin CONTRIBUTING shows passes every host verification."""
+    import importlib.util
 
+    from framework_bench import metrics, verify
+    from framework_bench.backend import WorkerReport
     from framework_bench.data.packing import pack
 
     env = backend_env_or_skip("torch")
-    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
-    code = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "def main" in block)
-    assert len(code.strip().splitlines()) <= 60
-    (tmp_path / "minimal_worker.py").write_text(code)
+    worker, plugin_code = helpers.contributing_backend()
+    assert len(worker.strip().splitlines()) <= 60
+    (tmp_path / "minimal_worker.py").write_text(worker)
+    (tmp_path / "minimal_plugin.py").write_text(plugin_code)
+    spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
     scn = scenario.load("tiny_cpu")
+    assert plugin.fbench_check(scn, CPU, env) is None
+    assert "one process" in plugin.fbench_check(scenario.load("multiproc_tiny_cpu_1x2"), CPU, env)
     data = pack(scn, progress=False, say=lambda msg: None)
-    job = Job(backend="minimal", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
+    job = Job(backend="mybackend", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
               device="cpu")
     out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job.write())],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    steps = read_metrics(job.run_dir)
-    assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))
-    assert all(s["tokens"] == scn.context_length and s["seconds"] > 0 for s in steps)
-    assert read_worker_report(job.run_dir)["data_sha256"] == data.sha256
+    report = WorkerReport.model_validate(plugin.fbench_read_report(job))
+    assert report.data_sha256 == data.sha256 and report.settings["trainer"] == "minimal-loop"
+    checks = verify.verify(scn, report, data.dir, metrics.figures(scn, report.steps, None)["tgs"])
+    assert {c.name for c in checks} == {"tokens", "steps", "rows", "throughput", "parameters", "settings"}
+    assert all(c.status == "pass" for c in checks), [c for c in checks if c.status != "pass"]
 
 
 @pytest.mark.slow

@@ -152,6 +152,19 @@ def dataloader_settings(loader) -> dict[str, Value]:
             "shuffle": shuffle}
 
 
+def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | None,
+                        autocast_dtype: str | None = None, seed: int | None = None) -> dict[str, Value]:
+    """The settings of a plain PyTorch loop (no framework), `REQUIRED_SETTINGS` included: what
+    the live model and optimizer say, what the loop tells (its name, clipping, autocast, seed),
+    and what such a loop is by construction: no loss scaler, no ZeRO, rows fed in order from
+    the main process, no compile."""
+    param_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return {"trainer": trainer, **optimizer_settings(optimizer), "grad_clip": grad_clip, **model_settings(model),
+            "autocast_dtype": autocast_dtype, "loss_scaler": "none", **precision_recipe(param_dtype, None),
+            **zero_settings(None), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
+            "seed": seed, "compile": False, **versions()}
+
+
 def versions() -> dict[str, Value]:
     return {"torch_version": installed("torch"), "transformers_version": installed("transformers"),
             "flash_attn_version": installed("flash-attn") or installed("flash_attn")}

@@ -114,21 +114,12 @@ def main(job_file: str) -> None:
     loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None
     timer.close()
     consumed.close()
+    ddp = train_model is not model
     settings = {
-        "trainer": "torch-loop+ddp" if train_model is not model else "torch-loop",
+        **capture.torch_loop_settings(model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop",
+                                      grad_clip=MAX_GRAD_NORM, autocast_dtype="bfloat16" if bf16 else None, seed=SEED),
         "settings_mode": job.get("settings_mode", "matched"),
-        **capture.optimizer_settings(optimizer),
-        "grad_clip": MAX_GRAD_NORM,
-        **capture.model_settings(model),
-        "autocast_dtype": "bfloat16" if bf16 else None,
-        "loss_scaler": "none",
-        **capture.precision_recipe(str(next(model.parameters()).dtype).removeprefix("torch."), None),
-        **capture.zero_settings(None),
-        "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
-        "seed": SEED,
-        "compile": False,
-        "ddp_find_unused_parameters": False if train_model is not model else None,
-        **capture.versions(),
+        "ddp_find_unused_parameters": False if ddp else None,
     }
     if dist.world_size > 1:
         torch.distributed.destroy_process_group()
