@@ -498,13 +498,7 @@ def compare(
         print(json.dumps([_result_dict(r) for r in results], indent=2))
     else:
         console.print(_results_table(results, by_name))
-        for r in results:
-            if r.status != "ok":
-                lines = (r.reason or "").splitlines()
-                console.print(f"[yellow]{r.scenario} / {r.backend}: {r.status}[/yellow]: {escape(lines[0] if lines else '')}",
-                              highlight=False)
-                for line in lines[1:][-8:]:
-                    console.print(f"    {line}", highlight=False, markup=False)
+        _print_reasons(results)
         _print_differences([_result_dict(r) for r in results], settings)
         console.print(f"results stored in {store.path}")
     if results:
@@ -564,6 +558,17 @@ def _sbatch_options(time_limit: str | None, cpus_per_task: int | None, sbatch_ar
     if problem := check_options(options):
         fail(problem)
     return options
+
+
+def _print_reasons(results: list) -> None:
+    """Below a results table: why each run that is not ok ended so (first line, then the log tail)."""
+    for r in results:
+        if r.status != "ok":
+            lines = (r.reason or "").splitlines()
+            console.print(f"[yellow]{r.scenario} / {r.backend}: {r.status}[/yellow]: {escape(lines[0] if lines else '')}",
+                          highlight=False)
+            for line in lines[1:][-8:]:
+                console.print(f"    {line}", highlight=False, markup=False)
 
 
 def _time_line(estimate, options) -> str:
@@ -671,13 +676,7 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         return
     results += _wait_for_jobs(submitted, store, poll)
     console.print(_results_table(results, by_name))
-    for r in results:
-        if r.status != "ok":
-            lines = (r.reason or "").splitlines()
-            console.print(f"[yellow]{r.scenario} / {r.backend}: {r.status}[/yellow]: {escape(lines[0] if lines else '')}",
-                          highlight=False)
-            for line in lines[1:][-8:]:
-                console.print(f"    {line}", highlight=False, markup=False)
+    _print_reasons(results)
     console.print(f"results stored in {store.path}")
     if out is not None and results:
         rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Throwaway backends (tests/fake_backends) whose worker trains nothing: the host's bookkeeping.
+FAKES = Path(__file__).parent / "fake_backends"
+
 # The Alpaca files of the dataset `alpaca-enzh-demo` the CPU scenarios pack: the copies in
 # ../shared/data/alpaca beside the repository (FBENCH_DATA, unless the caller set it already),
 # so the tests never download them.
@@ -49,3 +52,17 @@ def backend_env_or_skip(name: str):
             pytest.fail(message)
         pytest.skip(message)
     return env
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch, fbench_home):
+    """The fake backends, installed for this test through a dist-info entry point like any
+    third-party plugin; their modules importable in the test and in the processes it starts."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    import fbench_fake_backends
+
+    site = tmp_path / "site"
+    fbench_fake_backends.register_through_entry_points(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")]))
+    return fbench_fake_backends

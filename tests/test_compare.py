@@ -9,7 +9,6 @@ tests check the host's bookkeeping, not a framework (tests/test_compare_real.py 
 import json
 import signal
 import sqlite3
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -18,18 +17,6 @@ from framework_bench import compare, scenario
 from framework_bench.cli import app
 from framework_bench.results import ResultStore
 
-FAKES = Path(__file__).parent / "fake_backends"
-
-
-@pytest.fixture
-def fakes(tmp_path, monkeypatch, fbench_home):
-    monkeypatch.syspath_prepend(str(FAKES))
-    import fbench_fake_backends
-
-    site = tmp_path / "site"
-    fbench_fake_backends.register_through_entry_points(site)
-    monkeypatch.syspath_prepend(str(site))
-    return fbench_fake_backends
 
 
 def _run(backends, tmp_path, **kw):

@@ -19,19 +19,6 @@ from framework_bench import launch
 from framework_bench.cli import app
 from framework_bench.results import ResultStore
 
-FAKES = Path(__file__).parent / "fake_backends"
-
-
-@pytest.fixture
-def fakes(tmp_path, monkeypatch, fbench_home):
-    monkeypatch.syspath_prepend(str(FAKES))
-    import fbench_fake_backends
-
-    site = tmp_path / "site"
-    fbench_fake_backends.register_through_entry_points(site)
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")]))
-    return fbench_home
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -66,34 +53,34 @@ def wait_for_worker(home: Path, proc: subprocess.Popen, mode: str) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_stop_signal_to_run_stops_the_worker_and_stores_the_run(fakes, tmp_path, sig):
+def test_a_stop_signal_to_run_stops_the_worker_and_stores_the_run(fakes, fbench_home, tmp_path, sig):
     db = tmp_path / "r.sqlite"
     proc = start_fbench("run", "--backend", "fake_hang", "--scenario", "tiny_cpu", "--db", str(db))
-    wait_for_worker(fakes, proc, "hang")
+    wait_for_worker(fbench_home, proc, "hang")
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err
-    assert processes_mentioning(str(fakes)) == []  # the worker did not train on
+    assert processes_mentioning(str(fbench_home)) == []  # the worker did not train on
     with ResultStore(db) as store:
         assert [r["status"] for r in store.list()] == ["interrupted"]
 
 
-def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, tmp_path):
+def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     proc = start_fbench("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_hang,fake_ok",
                         "--db", str(db), "--out", str(tmp_path / "plots"))
-    wait_for_worker(fakes, proc, "hang")
+    wait_for_worker(fbench_home, proc, "hang")
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
-    assert processes_mentioning(str(fakes)) == []
+    assert processes_mentioning(str(fbench_home)) == []
     with ResultStore(db) as store:
         assert [(r["backend"], r["status"]) for r in store.list()] == [("fake_ok", "ok"), ("fake_hang", "interrupted")]
     assert "fake_ok" in out and "interrupted" in out  # the table of what finished
 
 
-def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, tmp_path):
+def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, fbench_home, tmp_path):
     """The stubborn worker ignores SIGTERM, so stopping it takes the host's 10 s grace; a
     second Ctrl-C in that time must neither orphan it nor lose its row or the table."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -106,7 +93,7 @@ def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, tmp_path):
         timer.start()
 
     db = tmp_path / "r.sqlite"
-    watcher = threading.Thread(target=lambda: (wait_for_stubborn(fakes), second_ctrl_c()), daemon=True)
+    watcher = threading.Thread(target=lambda: (wait_for_stubborn(fbench_home), second_ctrl_c()), daemon=True)
     watcher.start()
     try:
         res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_stubborn",
@@ -120,7 +107,7 @@ def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, tmp_path):
         assert [(r["backend"], r["status"]) for r in store.list()] == [("fake_ok", "ok"),
                                                                           ("fake_stubborn", "interrupted")]
     assert "fake_ok" in res.stdout and "fake_stubborn" in res.stdout
-    assert processes_mentioning(str(fakes)) == []
+    assert processes_mentioning(str(fbench_home)) == []
 
 
 def wait_for_stubborn(home: Path) -> None:
@@ -134,7 +121,7 @@ def wait_for_stubborn(home: Path) -> None:
 
 # 12. Exit codes
 
-def test_exit_codes_of_run(fakes, tmp_path):
+def test_exit_codes_of_run(fakes, fbench_home, tmp_path):
     db = ["--db", str(tmp_path / "r.sqlite")]
     assert CliRunner().invoke(app, ["run", "--backend", "fake_ok", "--scenario", "tiny_cpu", *db]).exit_code == 0
     crashed = CliRunner().invoke(app, ["run", "--backend", "fake_crash", "--scenario", "tiny_cpu", *db])

@@ -14,18 +14,6 @@ from framework_bench.backend import StepMetric, WorkerReport
 from framework_bench.models import PRESETS
 from framework_bench.results import ResultStore
 
-FAKES = Path(__file__).parent / "fake_backends"
-
-
-@pytest.fixture
-def fakes(tmp_path, monkeypatch, fbench_home):
-    monkeypatch.syspath_prepend(str(FAKES))
-    import fbench_fake_backends
-
-    site = tmp_path / "site"
-    fbench_fake_backends.register_through_entry_points(site)
-    monkeypatch.syspath_prepend(str(site))
-    return fbench_fake_backends
 
 
 def _run(backend: str, tmp_path: Path):
