@@ -10,10 +10,10 @@ import pytest
 # Throwaway backends (tests/fake_backends) whose worker trains nothing: the host's bookkeeping.
 FAKES = Path(__file__).parent / "fake_backends"
 
-# The Alpaca files of the dataset `alpaca-enzh-demo` the CPU scenarios pack: the copies in
-# ../shared/data/alpaca beside the repository (FBENCH_DATA, unless the caller set it already),
-# so the tests never download them.
-ALPACA_DIR = Path(os.environ.get("FBENCH_DATA") or Path(__file__).resolve().parents[1].parent / "shared/data/alpaca")
+# The Alpaca files of the dataset `alpaca-enzh-demo` the CPU scenarios pack: the copies the
+# repository ships in data/alpaca-demo (FBENCH_DATA, unless the caller set it already), so the
+# tests never download them.
+ALPACA_DIR = Path(os.environ.get("FBENCH_DATA") or Path(__file__).resolve().parents[1] / "data/alpaca-demo")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -34,7 +34,7 @@ def fbench_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def alpaca_dir() -> Path:
-    assert (ALPACA_DIR / "alpaca_en_demo.json").is_file(), f"shared Alpaca data missing at {ALPACA_DIR}"
+    assert (ALPACA_DIR / "alpaca_en_demo.json").is_file(), f"Alpaca demo data missing at {ALPACA_DIR}"
     return ALPACA_DIR
 
 

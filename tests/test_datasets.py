@@ -47,8 +47,9 @@ def served(tmp_path, fbench_data):
 
 @pytest.fixture
 def no_data(tmp_path, monkeypatch, fbench_home):
-    """A fresh machine: no FBENCH_DATA, an empty user cache."""
+    """An installed fbench on a fresh machine: no FBENCH_DATA, no checkout copy, an empty user cache."""
     monkeypatch.delenv(catalog.DATA_ENV, raising=False)
+    monkeypatch.setattr(catalog, "CHECKOUT_DATA", tmp_path / "no-checkout")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache" / "fbench" / "datasets"
 
@@ -103,6 +104,28 @@ def test_offline_without_fbench_data_says_how_to_provide_it(no_data, monkeypatch
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert "FBENCH_DATA" in lines[0] and "alpaca_en_demo.json" in lines[0] and "alpaca_zh_demo.json" in lines[0]
+
+
+def test_a_checkout_packs_offline_from_its_own_copy_the_same_stream(no_data, monkeypatch, fbench_home, fbench_data):
+    """The README's job on a machine without network: no FBENCH_DATA, an empty cache, no server;
+    a source checkout reads the demo files it ships, and they pack the stream FBENCH_DATA gives."""
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv(catalog.URL_ENV, f"http://127.0.0.1:{s.getsockname()[1]}/")
+    monkeypatch.setattr(catalog, "CHECKOUT_DATA", PROJECT_ROOT / "data")
+    shipped = _pack()
+    assert not no_data.exists()  # nothing downloaded, nothing cached
+    monkeypatch.setenv(catalog.DATA_ENV, str(fbench_data))
+    shutil.rmtree(fbench_home / "data")
+    assert _pack() == shipped
+
+
+def test_a_damaged_checkout_copy_is_refused(tmp_path, no_data, monkeypatch):
+    (tmp_path / "no-checkout" / "alpaca-demo").mkdir(parents=True)
+    for name in FILES:
+        (tmp_path / "no-checkout" / "alpaca-demo" / name).write_text("[]")
+    with pytest.raises(alpaca.DataError, match="checkout's copy .*alpaca_en_demo.json has sha256"):
+        packing.pack(scenario.load("tiny_cpu"), progress=False, say=lambda m: None)
 
 
 def test_fbench_data_without_the_files_names_what_is_missing(tmp_path, monkeypatch, fbench_home):

@@ -1,9 +1,10 @@
 """Named datasets: what each holds, where its files come from, and where fbench finds them.
 
 A scenario names its data (`dataset: {name: alpaca-enzh-demo}`). A named dataset's files are
-taken from the folder `$FBENCH_DATA` when it is set, else from fbench's user cache
-(`$XDG_CACHE_HOME/fbench/datasets`, default `~/.cache/fbench/datasets`), else downloaded there
-from their public home on first use. Every file is checked against its sha256, wherever it
+taken from the folder `$FBENCH_DATA` when it is set, else from the copy a source checkout ships
+(`data/alpaca-demo/` beside the package: the README's job runs offline), else from fbench's user
+cache (`$XDG_CACHE_HOME/fbench/datasets`, default `~/.cache/fbench/datasets`), else downloaded
+there from their public home on first use (an installed fbench ships no data). Every file is checked against its sha256, wherever it
 was found: a name always means the same bytes, so the same packed stream.
 
 Imported by `scenario.py` (for the names): keep it free of imports from the rest of fbench
@@ -36,14 +37,17 @@ class Named:
     files: tuple[File, ...] = ()
     # hub id -> record field -> that dataset's column (sets too large to ship as files)
     hub: tuple[tuple[str, dict[str, str]], ...] = field(default_factory=tuple)
+    shipped: str = ""  # the folder, under the checkout's `data/`, that holds the files
 
 
 LLAMA_FACTORY_DATA = "https://raw.githubusercontent.com/hiyouga/LLaMA-Factory/main/data/"
+# The data a source checkout ships (outside the package: a wheel carries none of it).
+CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "data"
 
 DATASETS: dict[str, Named] = {
     "alpaca-enzh-demo": Named(
         "999 English + 1000 Chinese Alpaca records (LLaMA-Factory's demo files): the CPU scenarios",
-        base_url=LLAMA_FACTORY_DATA,
+        base_url=LLAMA_FACTORY_DATA, shipped="alpaca-demo",
         files=(File("alpaca_en_demo.json", "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318"),
                File("alpaca_zh_demo.json", "d5a4be46ae70d23a461ffc16048069324c0865ee9aa0c8730e21ac4b65ea0f08")),
     ),
@@ -86,6 +90,10 @@ def _file(name: str, named: Named, f: File, progress: bool) -> Path:
             raise DataError(f"{DATA_ENV}={folder} lacks {f.name} (dataset {name} needs "
                             f"{', '.join(x.name for x in named.files)})")
         _check(path, f, f"{DATA_ENV}={folder}: ")
+        return path
+    if named.shipped and (CHECKOUT_DATA / named.shipped / f.name).is_file():
+        path = CHECKOUT_DATA / named.shipped / f.name
+        _check(path, f, "the checkout's copy ")
         return path
     path = user_cache() / name / f.name
     if path.is_file():
