@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from framework_bench.memory import MemoryScheme
 from framework_bench.scenario import Scenario
 
 
@@ -60,6 +61,9 @@ class BackendInfo(BaseModel):
     description: str = ""
     capabilities: Capabilities
     env: EnvSpec
+    memory: MemoryScheme = Field(default_factory=MemoryScheme, description=(
+        "how it holds a training step: its AdamW table (per settings mode and device) and its "
+        "sequence-parallel engine, the only backend-specific input of the memory estimate"))
 
 
 class Machine(BaseModel):
@@ -171,3 +175,5 @@ class WorkerReport(BaseModel):
     consumed_rows: dict[int, dict[int, list[str]]] | None = Field(
         None, description="{rank: {step: row fingerprints}} fed to the trainer (framework_bench/worker/rows.py)")
     startup_seconds: float | None = Field(None, description="worker start to the first step's start (imports, data, model build)")
+    startup_breakdown: dict[str, float] | None = Field(
+        None, description="startup_seconds by phase: imports, data, model_build, framework_setup (framework_bench.worker.StartupClock)")

@@ -66,6 +66,22 @@ def visible_gpus_env(job: Job, environ: dict[str, str] | None = None) -> dict[st
     return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
 
 
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+def cuda_allocator_env(job: Job, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` for every CUDA plan, both settings
+    modes, unless the user set the variable (theirs then reaches the worker unchanged).
+    Expandable segments grow one mapping instead of caching fixed blocks, so a step whose
+    tensor sizes change between phases (activations, then the optimizer's temporaries)
+    leaves little reserved-but-unusable memory: the same allocator for every backend. The
+    workers record the value in effect (`cuda_alloc_conf` in their settings)."""
+    environ = os.environ if environ is None else environ
+    if job.device != "cuda" or "PYTORCH_CUDA_ALLOC_CONF" in environ:
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF}
+
+
 def default_launcher(job: Job) -> Launcher:
     return "torchrun" if job.nprocs * job.nnodes > 1 else "local"
 

@@ -10,18 +10,30 @@ function below, in bytes per GPU, for a Llama decoder trained with AdamW:
   one layer's full activations while it is recomputed and back-propagated; without, every
   layer's activations. Memory-efficient attention (flash / SDPA), so no s^2 score matrix;
 - the logits for the local sequence (bf16 logits, fp32 upcast for the loss, its gradient);
-- a fixed overhead (CUDA context, allocator fragmentation, NCCL and framework buffers).
+- the optimizer step's temporaries: foreach AdamW's parameter-sized fp32 tensor (it
+  computes sqrt(v) for every parameter at once; fused AdamW works in place, the for-loop
+  one parameter at a time), and under DeepSpeed the fp32 copy of the gradient partition;
+- DDP's gradient buckets where the model is wrapped in DDP (a second copy of the
+  gradients, resident for the whole run);
+- a fixed overhead (CUDA context, allocator slack, NCCL and framework buffers).
 
-The terms do not all live at once. The total is the peak of two moments of a step
-(`_phases`): the end of the forward pass (the loss: every stored activation and the
-logits) and the backward pass (stored activations, one layer's recompute working set and
-the gradients). Summing everything instead over-estimates the measured plain-PyTorch 7B
-32k peak by ~25%; the two-phase peak reproduces both measured H200 peaks within ~3%
-(tests/test_memory.py).
+The terms do not all live at once. The total is the peak over three moments of a step
+(`phases`): the end of the forward pass (the loss: every stored activation and the
+logits), the backward pass (stored activations, one layer's recompute working set and
+the gradients) and the optimizer step (no activations; states, gradients and the step's
+temporaries). Summing everything instead over-estimates the measured plain-PyTorch 7B
+32k peak by ~25%. Calibration (tests/test_memory.py): the one-H200 Llama2-7B peaks of
+issue 17, with fused AdamW (102/117 GiB and 102/115 GiB at 8k/32k, two backends) and with
+foreach AdamW, not DDP-wrapped (126 GiB at both).
+
+What differs between backends enters only through what they declare (`MemoryScheme`,
+`BackendInfo.memory`: their AdamW implementation per settings mode, the engine of their
+sequence parallel) or what a run recorded (`optimizer_impl`, `ddp_wrapped`): no term here
+is keyed on a backend's name.
 
 Precision schemes, because they differ in where the 16 bytes per parameter live:
-- ``amp``: torch autocast with fp32 parameters (plain PyTorch, mmengine's AmpOptimWrapper,
-  HF Trainer bf16 without DeepSpeed). fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16
+- ``amp``: torch autocast with fp32 parameters (a plain loop, or a trainer's
+  autocast wrapper without DeepSpeed). fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16
   bytes/param. Autocast caches a bf16 copy of every weight during the forward pass (2
   bytes/param, freed when the autocast region ends, before backward), the residual
   stream stays fp32, and gradients are freed by `zero_grad(set_to_none=True)` between steps,
@@ -31,7 +43,7 @@ Precision schemes, because they differ in where the 16 bytes per parameter live:
   bf16 activations.
 - ``fp32``: no mixed precision: 4 + 4 + 8 bytes/param (grads freed between steps as in
   amp), fp32 activations.
-- ``fsdp2``: LLaMA-Factory's v1 trainer (its only sequence-parallel path): the model is
+- ``fsdp2``: sequence parallel on FSDP2 (a backend declares it, `MemoryScheme`): the model is
   cast to fp32 and fully sharded over the world (FSDP2 `fully_shard`, every ZeRO stage):
   fp32 params 4 + fp32 grads 4 (reduce_dtype fp32) + Adam m, v 8 = 16 bytes/param, all
   divided by the world; bf16 compute (param_dtype bf16), so bf16 activations; gathered bf16
@@ -41,16 +53,13 @@ Precision schemes, because they differ in where the 16 bytes per parameter live:
   `.float()` and runs cross-entropy on that view (no further copy): 2 + 4 + 4 bytes per
   token per vocabulary entry, as `logits_bytes` counts for every scheme. Weights are built
   on global rank 0 in host memory and scattered (`init_on_rank0`): no full copy on a GPU.
-
-Framework names: the backends' `BackendInfo.framework` ("XTuner", "LLaMA-Factory") or
-their backend names ("xtuner", "llamafactory"); `framework_key` folds both to one key.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from framework_bench.models import ModelArch
 from framework_bench.scenario import Scenario
@@ -58,6 +67,39 @@ from framework_bench.scenario import Scenario
 GIB = 1024**3
 
 Scheme = Literal["amp", "deepspeed", "fp32", "fsdp2"]
+OptimizerImpl = Literal["fused", "foreach", "for-loop"]
+SettingsMode = Literal["matched", "native"]
+Phase = Literal["forward", "backward", "optimizer step"]
+
+
+class AdamWImpl(BaseModel):
+    """The AdamW implementation a backend runs, per device (one row of the AdamW table)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cuda: OptimizerImpl
+    cpu: OptimizerImpl = "for-loop"  # torch's own choice for CPU tensors with no flag set
+
+
+class MemoryScheme(BaseModel):
+    """What a backend declares about how it holds a training step (`BackendInfo.memory`):
+    the only backend-specific input of the estimate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    adamw: dict[SettingsMode, AdamWImpl] = Field(
+        default_factory=lambda: {m: AdamWImpl(cuda="fused") for m in ("matched", "native")},
+        description="the AdamW implementation per settings mode (recorded by the run as `optimizer_impl`)")
+    sequence_parallel: Literal["deepspeed", "fsdp2"] = Field(
+        "deepspeed", description="the engine its sequence parallel runs on: DeepSpeed bf16 or FSDP2 over fp32 weights")
+    sequence_parallel_adamw: OptimizerImpl | None = Field(
+        None, description="the AdamW of that engine when it builds its own (None: as `adamw`)")
+
+    def optimizer_impl(self, scenario: Scenario, mode: SettingsMode = "matched") -> OptimizerImpl:
+        if scenario.sequence_parallel > 1 and self.sequence_parallel_adamw:
+            return self.sequence_parallel_adamw
+        row = self.adamw[mode]
+        return row.cuda if scenario.cluster.device == "cuda" else row.cpu
 
 # GPU memory as nvidia-smi reports `memory.total` (what `machine.detect()` records), GiB.
 # The estimate itself adds the CUDA context and allocator slack (`overhead_bytes`), so it
@@ -79,25 +121,24 @@ CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context + cuBLAS/cuDNN workspaces, outsid
 ALLOCATOR_SLACK_BYTES = 1.0 * GIB  # caching-allocator fragmentation (reserved but unused)
 NCCL_BYTES = 0.5 * GIB  # NCCL communicator buffers, only with more than one process
 
-# DeepSpeed defaults (elements), used by the XTuner backend's config (it sets only the stage
-# and overlap_comm); the LLaMA-Factory backend writes the same bucket sizes and a larger
-# stage-3 prefetch bucket (5e8).
+# DeepSpeed defaults (elements): matched mode writes only the stage and overlap_comm for
+# every backend, so the defaults hold.
 DS_REDUCE_BUCKET = 5e8
 DS_ALLGATHER_BUCKET = 5e8
-DS_STAGE3_PREFETCH = {"llamafactory": 5e8}
-DS_STAGE3_PREFETCH_DEFAULT = 5e7
+DS_STAGE3_PREFETCH = 5e7
 DS_STAGE3_MAX_LIVE = 1e9
 
 
 class MemoryEstimate(BaseModel):
-    """Per-GPU memory of one training step, GiB. `total_gib` is the peak over the forward
-    and backward phases (`peak_phase`), not the sum of the terms."""
+    """Per-GPU memory of one training step, GiB. `total_gib` is the peak over the forward,
+    backward and optimizer-step phases (`peak_phase`), not the sum of the terms."""
 
     model_config = ConfigDict(frozen=True)
 
     scenario: str
-    framework: str | None
     scheme: Scheme
+    optimizer_impl: OptimizerImpl
+    ddp_wrapped: bool
     zero_stage: int
     world_size: int
     sharding_group: int
@@ -113,14 +154,26 @@ class MemoryEstimate(BaseModel):
     layer_working_gib: float  # one layer recomputed + its backward temporaries
     activations_gib: float  # stored + working
     logits_gib: float
+    optimizer_temporaries_gib: float  # the optimizer step's own: foreach temporary, DeepSpeed's fp32 grads
+    ddp_buckets_gib: float  # DDP's gradient buckets (a copy of the gradients) when wrapped
     overhead_gib: float
 
     forward_peak_gib: float
     backward_peak_gib: float
-    peak_phase: Literal["forward", "backward"]
+    step_peak_gib: float
+    peak_phase: Phase
     total_gib: float
     gpu_memory_gib: float | None = None
     fits: bool | None = None
+
+    @property
+    def phases(self) -> dict[str, float]:
+        return {"forward": self.forward_peak_gib, "backward": self.backward_peak_gib,
+                "optimizer step": self.step_peak_gib}
+
+    def phases_line(self) -> str:
+        """'forward 96.3 / backward 105.0 / optimizer step 102.4 GiB'"""
+        return " / ".join(f"{name} {gib:.1f}" for name, gib in self.phases.items()) + " GiB"
 
     def summary(self) -> str:
         terms = (
@@ -128,11 +181,13 @@ class MemoryEstimate(BaseModel):
             f"optim {self.optimizer_states_gib:.1f}"
             + (f" + gathered {self.gathered_parameters_gib:.1f}" if self.gathered_parameters_gib else "")
             + (f" + autocast cache {self.weight_cache_gib:.1f}" if self.weight_cache_gib else "")
+            + (f" + DDP buckets {self.ddp_buckets_gib:.1f}" if self.ddp_buckets_gib else "")
             + f", activations {self.activations_gib:.1f}, logits {self.logits_gib:.1f}, "
+            f"step temporaries {self.optimizer_temporaries_gib:.1f} ({self.optimizer_impl} AdamW), "
             f"overhead {self.overhead_gib:.1f}"
         )
         head = (
-            f"~{self.total_gib:.1f} GiB per GPU ({self.peak_phase} peak; {self.scheme}, "
+            f"~{self.total_gib:.1f} GiB per GPU at the {self.peak_phase} ({self.phases_line()}; {self.scheme}, "
             f"ZeRO-{self.zero_stage} over {self.sharding_group}, {self.local_tokens} tokens/GPU; {terms})"
         )
         if self.gpu_memory_gib is None:
@@ -161,31 +216,30 @@ def parameter_count(arch: ModelArch) -> int:
 # Scheme and sharding
 
 
-def framework_key(framework: str | None) -> str | None:
-    """'LLaMA-Factory' -> 'llamafactory', 'XTuner' -> 'xtuner' (lower case, letters and digits)."""
-    return None if framework is None else "".join(ch for ch in framework.lower() if ch.isalnum())
-
-
-def scheme_for(scenario: Scenario, framework: str | None = None) -> Scheme:
-    """How the backends train this scenario: LLaMA-Factory's sequence parallel on its v1
-    FSDP2 trainer; DeepSpeed for any ZeRO stage (both backends), and for XTuner's sequence
-    parallel (its DeepSpeed strategy builds the SP groups); otherwise torch autocast over
-    fp32 parameters (AmpOptimWrapper, HF Trainer `bf16`)."""
-    framework = framework_key(framework)
+def scheme_for(scenario: Scenario, declared: MemoryScheme | None = None) -> Scheme:
+    """How a backend declaring `declared` trains this scenario: its sequence parallel on the
+    engine it declares (DeepSpeed or FSDP2); DeepSpeed for any ZeRO stage; otherwise
+    torch autocast over fp32 parameters."""
+    declared = declared or MemoryScheme()
     if scenario.precision == "fp32":
         return "fp32"
-    if scenario.sequence_parallel > 1 and framework == "llamafactory":
-        return "fsdp2"
+    if scenario.sequence_parallel > 1:
+        return declared.sequence_parallel
     if scenario.zero_stage > 0:
-        return "deepspeed"
-    if scenario.sequence_parallel > 1 and framework in (None, "xtuner"):
         return "deepspeed"
     return "amp"
 
 
+def ddp_wraps(scenario: Scenario, scheme: Scheme) -> bool:
+    """Whether the model trains inside DDP: several processes without ZeRO or FSDP. A world
+    of one is never wrapped (every backend's worker keeps it bare, and records `ddp_wrapped`)."""
+    return scenario.cluster.gpus > 1 and scenario.zero_stage == 0 and scheme in ("amp", "fp32")
+
+
 def sharding_group(scenario: Scenario) -> int:
-    """Ranks a ZeRO stage partitions over: the whole world, not world / SP. XTuner builds
-    its DeepSpeed engine without an mpu, so ZeRO partitions over every rank and the SP ranks
+    """Ranks a ZeRO stage partitions over: the whole world, not world / SP. A DeepSpeed
+    engine built without an mpu (as the sequence-parallel strategies build it) partitions
+    over every rank and the SP ranks
     of a sequence each hold 1/world of the states (DeepSpeed-Ulysses' sequence-data-parallel
     group and FSDP over a dp x cp mesh are the whole world too)."""
     return scenario.cluster.gpus
@@ -218,13 +272,12 @@ def optimizer_states_bytes(n_params: int, scheme: Scheme, zero_stage: int, group
     return n_params * per / (group if zero_stage >= 1 else 1)
 
 
-def gathered_parameters_bytes(arch: ModelArch, zero_stage: int, framework: str | None) -> float:
+def gathered_parameters_bytes(arch: ModelArch, zero_stage: int) -> float:
     """ZeRO-3 all-gathers full bf16 weights before each module runs: the layer in use plus
     the prefetch bucket, capped by stage3_max_live_parameters."""
     if zero_stage < 3:
         return 0.0
-    prefetch = DS_STAGE3_PREFETCH.get(framework_key(framework) or "", DS_STAGE3_PREFETCH_DEFAULT)
-    return 2 * min(DS_STAGE3_MAX_LIVE, layer_parameter_count(arch) + prefetch)
+    return 2 * min(DS_STAGE3_MAX_LIVE, layer_parameter_count(arch) + DS_STAGE3_PREFETCH)
 
 
 def fsdp2_gathered_bytes(arch: ModelArch, n_params: int, zero_stage: int) -> float:
@@ -325,16 +378,37 @@ def logits_bytes(arch: ModelArch, scheme: Scheme, tokens: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------
+# The optimizer step
+
+
+def optimizer_temporaries_bytes(arch: ModelArch, n_params: int, scheme: Scheme, impl: OptimizerImpl,
+                                optimizer_shard: int) -> float:
+    """What the optimizer step allocates on top of the states, for the parameters this GPU
+    steps (n / `optimizer_shard`): foreach AdamW's `_foreach_sqrt(exp_avg_sqs)`, an fp32
+    tensor per parameter, all at once; the for-loop one parameter at a time (the largest is
+    an embedding); fused AdamW in place. DeepSpeed bf16 first copies the gradient
+    partition to fp32 for its fp32 master weights."""
+    stepped = n_params / optimizer_shard
+    temp = {"fused": 0.0, "foreach": 4.0 * stepped, "for-loop": 4.0 * arch.vocab_size * arch.hidden_size}[impl]
+    return temp + (4.0 * stepped if scheme == "deepspeed" else 0.0)
+
+
+def ddp_buckets_bytes(n_params: int, scheme: Scheme, wrapped: bool) -> float:
+    """DDP's gradient buckets: a copy of every gradient (gradient_as_bucket_view off, torch's
+    default), allocated when the model is wrapped and kept for the whole run."""
+    return gradients_bytes(n_params, scheme, 0, 1) if wrapped else 0.0
+
+
+# ---------------------------------------------------------------------------------------
 # Overhead
 
 
-def overhead_bytes(
-    scenario: Scenario, scheme: Scheme, n_params: int, framework: str | None
-) -> float:
-    """Fixed costs: CUDA context, allocator fragmentation, and with more than one process
-    NCCL buffers plus the framework's communication buffers: DeepSpeed's reduce bucket
-    (ZeRO-3), reduce + all-gather buckets double-buffered by overlap_comm (ZeRO-1/2), or
-    DDP's gradient buckets (a second copy of the gradients) without ZeRO."""
+def overhead_bytes(scenario: Scenario, scheme: Scheme, n_params: int) -> float:
+    """Fixed costs: CUDA context, allocator slack (fragmentation: reserved but unused), and
+    with more than one process NCCL buffers plus the engine's communication buffers:
+    DeepSpeed's reduce bucket (ZeRO-3), reduce + all-gather buckets double-buffered by
+    overlap_comm (ZeRO-1/2), FSDP2's reduce-scatter buffers. DDP's buckets are their own
+    term (`ddp_buckets_bytes`)."""
     total = CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK_BYTES
     if scenario.cluster.gpus == 1:
         return total
@@ -347,8 +421,6 @@ def overhead_bytes(
             total += 2 * min(DS_REDUCE_BUCKET, n_params)
         elif scenario.zero_stage >= 1:
             total += 2 * 2 * (min(DS_REDUCE_BUCKET, n_params) + min(DS_ALLGATHER_BUCKET, n_params))
-    else:
-        total += gradients_bytes(n_params, scheme, 0, 1)
     return total
 
 
@@ -366,39 +438,48 @@ def gpu_memory_for(name: str | None) -> float | None:
     return None
 
 
-def _phases(
-    scheme: Scheme, resident: float, grads: float, cache: float, stored: float, working: float, logits: float
-) -> tuple[float, float]:
-    """(forward peak, backward peak), bytes.
+def phases(scheme: Scheme, resident: float, grads: float, cache: float, stored: float, working: float,
+           logits: float, step_temporaries: float) -> dict[Phase, float]:
+    """Peak bytes of each phase of a step.
 
     forward (at the loss): resident states + every stored activation + the logits, plus
-    autocast's weight cache (amp). DeepSpeed's gradient buffers are resident all step.
+    autocast's weight cache (amp). DeepSpeed's and FSDP2's gradient buffers are resident all step.
     backward: resident states + stored activations + one layer's working set. Under
     amp/fp32 the gradients are allocated as backward goes while the stored activations are
-    released layer by layer, so the larger of the two counts (start or end of backward)."""
+    released layer by layer, so the larger of the two counts (start or end of backward).
+    optimizer step: the activations are gone; resident states + every gradient + the
+    step's temporaries."""
     if scheme in ("deepspeed", "fsdp2"):
         forward = resident + grads + stored + logits
         backward = resident + grads + stored + working
     else:
         forward = resident + cache + stored + logits
         backward = resident + max(stored, grads) + working
-    return forward, backward
+    return {"forward": forward, "backward": backward, "optimizer step": resident + grads + step_temporaries}
 
 
 def estimate(
     scenario: Scenario,
     *,
     gpu_memory_gib: float | None = None,
-    framework: str | None = None,
+    declared: MemoryScheme | None = None,
+    settings_mode: SettingsMode = "matched",
     gpu: str | None = None,
     scheme: Scheme | None = None,
+    optimizer_impl: OptimizerImpl | None = None,
+    ddp_wrapped: bool | None = None,
 ) -> MemoryEstimate:
-    """Per-GPU peak memory of `scenario` trained by `framework` ('xtuner', 'llamafactory' or
-    None for the common case). `gpu_memory_gib` (e.g. `Machine.gpu_memory_gib`) wins over
-    `gpu`, a device name looked up in GPU_MEMORY_GIB; with neither, `fits` is None.
-    `scheme` overrides the precision scheme the backends would use (`scheme_for`)."""
+    """Per-GPU peak memory of `scenario` trained by a backend that declares `declared`
+    (`BackendInfo.memory`; None: the common case, fused AdamW) in `settings_mode`.
+    `gpu_memory_gib` (e.g. `Machine.gpu_memory_gib`) wins over `gpu`, a device name looked
+    up in GPU_MEMORY_GIB; with neither, `fits` is None. `scheme` overrides the precision
+    scheme (`scheme_for`); `optimizer_impl` and `ddp_wrapped`, what a run recorded, override
+    what the declaration and the scenario imply."""
     arch = scenario.arch
-    sch: Scheme = scheme or scheme_for(scenario, framework)
+    declared = declared or MemoryScheme()
+    sch: Scheme = scheme or scheme_for(scenario, declared)
+    impl = optimizer_impl or declared.optimizer_impl(scenario, settings_mode)
+    wrapped = ddp_wraps(scenario, sch) if ddp_wrapped is None else ddp_wrapped
     n = parameter_count(arch)
     group = sharding_group(scenario)
     zero = scenario.zero_stage
@@ -409,24 +490,28 @@ def estimate(
     params = parameters_bytes(n, sch, shard, group)
     grads = gradients_bytes(n, sch, shard, group)
     optim = optimizer_states_bytes(n, sch, shard, group)
-    gathered = (gathered_parameters_bytes(arch, zero, framework) if sch == "deepspeed"
+    gathered = (gathered_parameters_bytes(arch, zero) if sch == "deepspeed"
                 else fsdp2_gathered_bytes(arch, n, zero) if sch == "fsdp2" else 0.0)
     cache = weight_cache_bytes(n, sch)
     stored = stored_activations_bytes(arch, sch, tokens, ckpt)
     working = layer_working_bytes(arch, sch, tokens, ckpt)
     logits = logits_bytes(arch, sch, tokens)
-    overhead = overhead_bytes(scenario, sch, n, framework)
+    temporaries = optimizer_temporaries_bytes(arch, n, sch, impl, group if shard >= 1 else 1)
+    buckets = ddp_buckets_bytes(n, sch, wrapped)
+    overhead = overhead_bytes(scenario, sch, n)
 
-    resident = params + optim + gathered + overhead
-    forward, backward = _phases(sch, resident, grads, cache, stored, working, logits)
-    total = max(forward, backward)
+    resident = params + optim + gathered + buckets + overhead
+    peaks = phases(sch, resident, grads, cache, stored, working, logits, temporaries)
+    peak_phase = max(peaks, key=peaks.__getitem__)
+    total = peaks[peak_phase]
 
     mem = gpu_memory_gib if gpu_memory_gib is not None else gpu_memory_for(gpu)
     g = lambda b: round(b / GIB, 3)  # noqa: E731
     return MemoryEstimate(
         scenario=scenario.name,
-        framework=framework,
         scheme=sch,
+        optimizer_impl=impl,
+        ddp_wrapped=wrapped,
         zero_stage=zero,
         world_size=scenario.cluster.gpus,
         sharding_group=group,
@@ -441,10 +526,13 @@ def estimate(
         layer_working_gib=g(working),
         activations_gib=g(stored + working),
         logits_gib=g(logits),
+        optimizer_temporaries_gib=g(temporaries),
+        ddp_buckets_gib=g(buckets),
         overhead_gib=g(overhead),
-        forward_peak_gib=g(forward),
-        backward_peak_gib=g(backward),
-        peak_phase="forward" if forward >= backward else "backward",
+        forward_peak_gib=g(peaks["forward"]),
+        backward_peak_gib=g(peaks["backward"]),
+        step_peak_gib=g(peaks["optimizer step"]),
+        peak_phase=peak_phase,
         total_gib=g(total),
         gpu_memory_gib=mem,
         fits=None if mem is None else total / GIB <= mem,

@@ -21,7 +21,7 @@ from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.packed import TOKENIZER_DIR
 from framework_bench.machine import detect
-from framework_bench.memory import estimate
+from framework_bench.memory import MemoryScheme, estimate
 from framework_bench.metrics import RunResult
 from framework_bench.sbatch import SbatchOptions, TimeEstimate, estimate_time
 from framework_bench.scenario import Scenario
@@ -62,12 +62,12 @@ def call_hook(hook: str, fn, *args, **kwargs):
         raise HookError(f"{hook} raised {type(e).__name__}: {e}\nTraceback (most recent call last):\n{tail}".rstrip()) from e
 
 
-def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> str | None:
+def memory_shortfall(scenario: Scenario, machine: Machine, declared: MemoryScheme, settings_mode: str) -> str | None:
     """Refuse before launch when the per-GPU memory estimate exceeds this machine's GPUs."""
     if scenario.cluster.device != "cuda" or not machine.gpu_memory_gib:
         return None
-    e = estimate(scenario, framework=framework, gpu_memory_gib=machine.gpu_memory_gib)
-    return None if e.fits else f"would not fit: {e.summary()}; --force runs it anyway"
+    e = estimate(scenario, declared=declared, settings_mode=settings_mode, gpu_memory_gib=machine.gpu_memory_gib)
+    return None if e.fits else verdicts.fit_refusal(e, machine.gpu_name)
 
 
 def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
@@ -99,7 +99,7 @@ def run_one(
     except HookError as e:
         return RunResult(backend=backend_name, scenario=scenario.name, status="failed", reason=str(e))
     if reason is None and not force:
-        reason = memory_shortfall(scenario, machine, backend.info.framework)
+        reason = memory_shortfall(scenario, machine, backend.info.memory, settings_mode)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
                 settings_mode=settings_mode)
     if reason:

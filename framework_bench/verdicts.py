@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench import envs, plugins
 from framework_bench.backend import BackendEnv, Machine
-from framework_bench.memory import estimate, gpu_memory_for
+from framework_bench.memory import MemoryEstimate, estimate, gpu_memory_for
 from framework_bench.scenario import Scenario
 
 
@@ -36,6 +36,12 @@ class Verdict(BaseModel):
         parts = [self.machine, self.env and f"{self.backend} env: {self.env}",
                  self.check and f"{self.backend}: {self.check}", self.memory and f"memory: {self.memory}"]
         return "; ".join(p for p in parts if p) or None
+
+
+def fit_refusal(e: MemoryEstimate, gpu_name: str | None) -> str:
+    """Why an estimate refuses: the phase that does not fit first, then every term."""
+    return (f"the {e.peak_phase} would not fit on {gpu_name or 'this GPU'} ({e.total_gib:.1f} of "
+            f"{e.gpu_memory_gib:.1f} GiB): {e.summary()}; --force runs it anyway")
 
 
 def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
@@ -75,7 +81,7 @@ def env_for_target(scenario: Scenario, env: BackendEnv) -> tuple[BackendEnv, str
 
 
 def judge(backend: plugins.Backend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
-          force: bool = False) -> tuple[BackendEnv, Verdict]:
+          force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Verdict]:
     """(env, verdict) for `backend` running `scenario`, seen from `machine`."""
     env = env or envs.inspect(backend.name, backend.info.env)
     shortfall = machine_shortfall(scenario, machine)
@@ -84,7 +90,8 @@ def judge(backend: plugins.Backend, scenario: Scenario, machine: Machine, env: B
     check = backend.info.capabilities.refusal(scenario, backend.name) or backend.check(scenario, target, judged_env)
     memory = None
     if not force and check is None and scenario.cluster.device == "cuda" and target.gpu_memory_gib:
-        e = estimate(scenario, framework=backend.info.framework, gpu_memory_gib=target.gpu_memory_gib)
+        e = estimate(scenario, declared=backend.info.memory, settings_mode=settings_mode,
+                     gpu_memory_gib=target.gpu_memory_gib)
         if not e.fits:
-            memory = f"would not fit on {target.gpu_name or 'this GPU'}: {e.summary()}; --force runs it anyway"
+            memory = fit_refusal(e, target.gpu_name)
     return env, Verdict(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory)

@@ -70,15 +70,17 @@ def test_other_refusals(llamafactory):
     assert llamafactory.check(tiny(), CPU, ready_env("cpu")) is None
 
 
-def test_published_llama2_7b_8k_arguments(llamafactory, tmp_path):
+def test_published_llama2_7b_8k_arguments(llamafactory, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     scn = scenario.load("llama2_7b_8k")
     job = make_job(tmp_path, scn)
     env = ready_env("cuda", "deepspeed")
     assert llamafactory.check(scn, H100x8, env) is None
     plan = llamafactory.plan(job, env)
     assert plan.module == "fbench_llamafactory.worker" and plan.args == [str(job.job_file)]
-    # 8 processes: torchrun sets the ranks; the plan pins the GPUs and the env's JIT-ops cache
+    # 8 processes: torchrun sets the ranks; the plan pins the GPUs, the allocator and the env's JIT-ops cache
     assert plan.python == env.python and plan.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                                                      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                                       "TORCH_EXTENSIONS_DIR": str(env.path / "torch_extensions")}
     args = json.loads(plan.files["train_args"].read_text())
     run = job.run_dir
@@ -93,7 +95,7 @@ def test_published_llama2_7b_8k_arguments(llamafactory, tmp_path):
         "weight_decay": 0.0, "max_grad_norm": 1.0, "lr_scheduler_type": "constant", "warmup_steps": 0,
         "bf16": True, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
         # matched settings (the default): aligned with the XTuner backend; no token-count sync
-        "optim": "adamw_torch", "ddp_find_unused_parameters": False, "dataloader_num_workers": 4,
+        "optim": "adamw_torch_fused", "ddp_find_unused_parameters": False, "dataloader_num_workers": 4,
         "dataloader_pin_memory": False, "seed": 1024,
         "deepspeed": str(run / "deepspeed.json"),
     }

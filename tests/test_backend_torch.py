@@ -101,6 +101,8 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
     r = runner.run_one("torch", s, timeout=900)
     assert r.status == "ok", r.reason
     assert "DDP over 2 processes (gloo)" in r.notes
+    # read from the model that trained, in a process group of two
+    assert r.settings["ddp_wrapped"] is True and r.settings["process_group_size"] == 2
     steps = read_metrics(r.run_dir)
     by_rank = {rank: [m for m in steps if m["rank"] == rank] for rank in (0, 1)}
     assert [len(v) for v in by_rank.values()] == [s.steps.total] * 2

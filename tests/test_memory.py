@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from framework_bench import memory
+from pathlib import Path
+
+from framework_bench import memory, plugins
 from framework_bench.memory import GIB, estimate, gpu_memory_for
 from framework_bench.scenario import Scenario, load, load_all
 
@@ -41,9 +43,62 @@ def test_reproduces_measured_h200_peaks(ctx):
     assert e.fits is True
 
 
+# Issue 17, one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 weights, SDPA,
+# activation checkpointing, no DDP: measured peak GiB by (backend, context), with the AdamW
+# each ran (plain PyTorch and LLaMA-Factory fused, XTuner foreach: its native mode now) and
+# the settings mode whose declared table row is that AdamW. The estimate may be at most 3%
+# under a peak (an under-estimate launches an out-of-memory run) and 8% over.
+ISSUE17_PEAKS = [("torch", "matched", "fused", 8192, 102.0), ("torch", "matched", "fused", 32768, 117.0),
+                 ("llamafactory", "matched", "fused", 8192, 102.0), ("llamafactory", "matched", "fused", 32768, 115.0),
+                 ("xtuner", "native", "foreach", 8192, 126.0), ("xtuner", "native", "foreach", 32768, 126.0)]
+
+
+@pytest.mark.parametrize("backend, mode, impl, ctx, measured", ISSUE17_PEAKS)
+def test_one_gpu_7b_estimates_within_bounds_of_issue17_peaks(backend, mode, impl, ctx, measured):
+    e = estimate(make(context_length=ctx), gpu="NVIDIA H200", declared=declared(backend), settings_mode=mode)
+    error = (e.total_gib - measured) / measured
+    print(f"\n{backend} {ctx}: estimate {e.total_gib:.1f} GiB vs measured {measured} GiB: {error:+.1%} "
+          f"({e.peak_phase}; {e.phases_line()})")
+    assert e.optimizer_impl == impl and e.ddp_wrapped is False
+    assert -0.03 <= error <= 0.08
+    assert e.fits is True
+    # the same figure from what such a run records
+    assert estimate(make(context_length=ctx), optimizer_impl=impl, ddp_wrapped=False).total_gib == e.total_gib
+
+
+def test_foreach_adamw_peaks_at_the_optimizer_step():
+    """foreach AdamW's sqrt(v) temporary is parameter-sized: 5 x 25 GiB of fp32 at the step."""
+    e = estimate(make(context_length=8192), optimizer_impl="foreach")
+    n = memory.parameter_count(make().arch)
+    assert e.peak_phase == "optimizer step" and e.optimizer_temporaries_gib == pytest.approx(4 * n / GIB, rel=1e-3)
+    assert e.step_peak_gib == pytest.approx(5 * 4 * n / GIB + e.overhead_gib, rel=1e-3)
+    assert estimate(make(context_length=8192), optimizer_impl="fused").optimizer_temporaries_gib == 0
+
+
+def test_fit_check_refuses_a_ddp_wrapped_world_of_one_naming_the_phase():
+    """What XTuner did before issue 17 on one H200: DDP around one process (a bucket copy of
+    every gradient) plus foreach AdamW: ~6 x 25 GiB at the step, out of memory at 8k and 32k."""
+    from framework_bench.verdicts import fit_refusal
+
+    for ctx in (8192, 32768):
+        e = estimate(make(context_length=ctx), gpu="NVIDIA H200", optimizer_impl="foreach", ddp_wrapped=True)
+        assert e.fits is False and e.peak_phase == "optimizer step" and e.ddp_buckets_gib > 25
+        assert e.total_gib > 150
+        reason = fit_refusal(e, "NVIDIA H200")
+        assert reason.startswith("the optimizer step would not fit on NVIDIA H200")
+        assert "DDP buckets" in reason and "foreach AdamW" in reason
+
+
+def test_ddp_wraps_several_processes_without_zero_only():
+    several = make(cluster={"nodes": 1, "gpus_per_node": 8})
+    assert estimate(several).ddp_wrapped is True and estimate(several).ddp_buckets_gib > 0
+    assert estimate(make()).ddp_wrapped is False
+    assert estimate(make(cluster={"nodes": 1, "gpus_per_node": 8}, zero_stage=1)).ddp_wrapped is False
+
+
 def test_h200_peak_phases():
-    """8k peaks at the end of backward (all fp32 gradients); 32k at the loss (autocast's
-    bf16 weight cache + 32 fp32 layer inputs + logits)."""
+    """With fused AdamW, 8k peaks at the end of backward (all fp32 gradients); 32k at the
+    loss (autocast's bf16 weight cache + 32 fp32 layer inputs + logits)."""
     assert estimate(make(context_length=8192)).peak_phase == "backward"
     assert estimate(make(context_length=32768)).peak_phase == "forward"
 
@@ -79,33 +134,44 @@ def test_llama2_70b_8k_needs_zero3_across_many_gpus():
 PUBLISHED = [s for s in load_all() if s.reference is not None]
 
 
-@pytest.mark.parametrize("framework", ["xtuner", "llamafactory"])
+def declared(backend: str) -> memory.MemoryScheme:
+    return plugins.get(backend).info.memory
+
+
+@pytest.mark.parametrize("mode", ["matched", "native"])
+@pytest.mark.parametrize("backend", ["xtuner", "llamafactory"])
 @pytest.mark.parametrize("scenario", PUBLISHED, ids=lambda s: s.name)
-def test_every_published_scenario_fits_on_its_a100(scenario, framework):
+def test_every_published_scenario_fits_on_its_a100(scenario, backend, mode):
     assert scenario.reference.hardware == A100_80GB
-    e = estimate(scenario, gpu=scenario.reference.hardware, framework=framework)
-    print(f"\n{scenario.name} ({framework}): {e.summary()}")
+    e = estimate(scenario, gpu=scenario.reference.hardware, declared=declared(backend), settings_mode=mode)
+    print(f"\n{scenario.name} ({backend}, {mode}): {e.summary()}")
     assert e.gpu_memory_gib == 80.0
     assert e.fits is True
-    # LLaMA-Factory's sequence parallel runs on its v1 trainer (FSDP2), the rest on DeepSpeed
-    lf_v1 = framework == "llamafactory" and scenario.sequence_parallel > 1
+    # LLaMA-Factory declares its sequence parallel on its v1 trainer (FSDP2), the rest run on DeepSpeed
+    lf_v1 = backend == "llamafactory" and scenario.sequence_parallel > 1
     assert e.scheme == ("fsdp2" if lf_v1 else "deepspeed")
+    assert e.ddp_wrapped is False  # ZeRO or FSDP2: no DDP
 
 
 @pytest.mark.parametrize("scenario", [s for s in PUBLISHED if s.sequence_parallel > 1], ids=lambda s: s.name)
-def test_framework_names_as_the_runner_passes_them(scenario):
-    """The runner passes `BackendInfo.framework` ("XTuner", "LLaMA-Factory"): the same
-    estimate as the backend names, and LLaMA-Factory's SP modelled as its v1 FSDP2 trainer
-    (fp32 params, grads and Adam states sharded over the world: 16 bytes/param / world)."""
+def test_sequence_parallel_engines_as_the_backends_declare_them(scenario):
+    """LLaMA-Factory's SP modelled as its v1 FSDP2 trainer (fp32 params, grads and Adam states
+    sharded over the world: 16 bytes/param / world, its own foreach AdamW), XTuner's as DeepSpeed."""
     from framework_bench.memory import parameter_count
-    for display, key in (("XTuner", "xtuner"), ("LLaMA-Factory", "llamafactory")):
-        assert estimate(scenario, framework=display) == estimate(scenario, framework=key).model_copy(
-            update={"framework": display})
-    v1 = estimate(scenario, framework="LLaMA-Factory")
+    v1 = estimate(scenario, declared=declared("llamafactory"))
     n, world = parameter_count(scenario.arch), scenario.cluster.gpus
-    assert v1.scheme == "fsdp2"
+    assert v1.scheme == "fsdp2" and v1.optimizer_impl == "foreach"
     assert v1.parameters_gib + v1.gradients_gib + v1.optimizer_states_gib == pytest.approx(16 * n / world / GIB, rel=1e-3)
-    assert estimate(scenario, framework="XTuner").scheme == "deepspeed"
+    assert v1.optimizer_temporaries_gib == pytest.approx(4 * n / world / GIB, rel=1e-3)
+    assert estimate(scenario, declared=declared("xtuner")).scheme == "deepspeed"
+
+
+def test_no_backend_name_in_the_memory_model():
+    """What differs between backends comes from their declarations and recorded settings."""
+    text = Path(memory.__file__).read_text().lower()
+    for name in [*plugins.backends(), "llama-factory", "mmengine", "hf trainer"]:
+        if name != "torch":  # also the library every term is about
+            assert name.lower() not in text, name
 
 
 def test_published_scenarios_are_not_trivially_small():
@@ -168,7 +234,9 @@ def test_monotonic_in_context_length(preset, zero):
                       context_length=2**k)).total_gib
         for k in range(10, 21)
     ]
-    assert all(a < b for a, b in zip(totals, totals[1:])), totals
+    # never decreasing; flat only while the optimizer step (no activations) is the peak
+    assert all(a <= b for a, b in zip(totals, totals[1:])), totals
+    assert totals[-1] > 2 * totals[0]
 
 
 def test_per_token_per_layer_bytes():

@@ -4,6 +4,7 @@
 - `sync(device)`: wait for the device's queued work (a no-op on CPU).
 - `StepTimer`: one common-metrics line per optimizer step, kept to the timing contract
   (`framework_bench/hookspecs.py`); `PeakMemory`: the per-step peak-memory window it uses.
+- `StartupClock`: start-up seconds by phase (imports, data, model build, framework set-up).
 - `ConsumedRows`: the record of the rows each step fed, which the host checks
   (`framework_bench.worker.rows`; the plugin reads it back with `read_consumed`).
 - `settings`: the settings in effect, read from the live objects (`torch_loop_settings` for
@@ -22,7 +23,8 @@ from framework_bench.worker import settings
 from framework_bench.worker.dist import DistInfo, dist_info, sync
 from framework_bench.worker.hparams import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 from framework_bench.worker.rows import ConsumedRows
+from framework_bench.worker.startup import StartupClock
 from framework_bench.worker.steps import PeakMemory, StepTimer
 
 __all__ = ["ADAM_BETAS", "ADAM_EPS", "LEARNING_RATE", "MAX_GRAD_NORM", "WEIGHT_DECAY", "ConsumedRows", "DistInfo",
-           "PeakMemory", "StepTimer", "dist_info", "settings", "sync"]
+           "PeakMemory", "StartupClock", "StepTimer", "dist_info", "settings", "sync"]

@@ -13,6 +13,7 @@ Stdlib at import; torch is imported inside the functions that need it.
 from __future__ import annotations
 
 import functools
+import os
 from importlib.metadata import PackageNotFoundError, version
 
 Value = str | int | float | bool | None
@@ -56,6 +57,20 @@ def optimizer_settings(optimizer) -> dict[str, Value]:
         "eps": group.get("eps"),
         "weight_decay": group.get("weight_decay"),
     }
+
+
+def runtime_settings(train_model) -> dict[str, Value]:
+    """Read from the model that really trains (the one the loop calls, wrapper included):
+    whether DDP wraps it (DDP keeps a bucket copy of every gradient: a parameter-sized fp32
+    buffer under autocast, which the memory estimate counts), the process group it runs in,
+    and the CUDA caching allocator's configuration the plan set (or the user did)."""
+    import torch
+
+    dist = torch.distributed
+    in_group = dist.is_available() and dist.is_initialized()
+    return {"ddp_wrapped": isinstance(train_model, torch.nn.parallel.DistributedDataParallel),
+            "process_group_size": dist.get_world_size() if in_group else None,
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
 
 
 def param_count(model) -> int:
@@ -153,16 +168,19 @@ def dataloader_settings(loader) -> dict[str, Value]:
 
 
 def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | None,
-                        autocast_dtype: str | None = None, seed: int | None = None) -> dict[str, Value]:
+                        autocast_dtype: str | None = None, seed: int | None = None,
+                        train_model=None) -> dict[str, Value]:
     """The settings of a plain PyTorch loop (no framework), `REQUIRED_SETTINGS` included: what
-    the live model and optimizer say, what the loop tells (its name, clipping, autocast, seed),
+    the live model (`train_model`: the one the loop calls, DDP wrapper included; default
+    `model`) and optimizer say, what the loop tells (its name, clipping, autocast, seed),
     and what such a loop is by construction: no loss scaler, no ZeRO, rows fed in order from
     the main process, no compile."""
     param_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return {"trainer": trainer, **optimizer_settings(optimizer), "grad_clip": grad_clip, **model_settings(model),
             "autocast_dtype": autocast_dtype, "loss_scaler": "none", **precision_recipe(param_dtype, None),
             **zero_settings(None), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
-            "seed": seed, "compile": False, **versions()}
+            "seed": seed, "compile": False, **runtime_settings(model if train_model is None else train_model),
+            **versions()}
 
 
 def versions() -> dict[str, Value]:

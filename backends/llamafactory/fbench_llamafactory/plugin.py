@@ -23,6 +23,7 @@ from framework_bench.backend import (
     WorkerReport,
 )
 from framework_bench.hookspecs import hookimpl
+from framework_bench.memory import AdamWImpl, MemoryScheme
 from framework_bench import deepspeed_jit, launch
 from framework_bench.worker.rows import read_consumed
 from framework_bench.scenario import Scenario
@@ -47,6 +48,11 @@ def fbench_backend_info() -> BackendInfo:
             framework_package="llamafactory",
             post_install=["fbench_llamafactory.env_fixups"],
         ),
+        # matched: `optim: adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU;
+        # native: transformers' default with torch >= 2.8, `adamw_torch_fused`, on either device.
+        # Sequence parallel runs on the v1 trainer (FSDP2), which builds torch AdamW with no flag.
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
+                            sequence_parallel="fsdp2", sequence_parallel_adamw="foreach"),
     )
 
 
@@ -90,7 +96,7 @@ def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str |
 @hookimpl
 def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
     files = train_args.write_run_files(job, flash_attn_installed=env.has(FLASH_ATTN))
-    extra_env = {**launch.visible_gpus_env(job), **deepspeed_jit.run_env(env.path)}
+    extra_env = {**launch.visible_gpus_env(job), **launch.cuda_allocator_env(job), **deepspeed_jit.run_env(env.path)}
     if job.device == "cuda" or job.scenario.zero_stage > 0:
         # LLaMA-Factory refuses DeepSpeed outside a distributed launch, and every GPU run gets a
         # process group: one process started without torchrun becomes a world of one.
@@ -141,4 +147,5 @@ def fbench_read_report(job: Job) -> WorkerReport:
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),
         startup_seconds=worker.get("startup_seconds"),
+        startup_breakdown=worker.get("startup_breakdown"),
     )

@@ -105,14 +105,17 @@ class StepRecorder:
 class StepMetricsCallback(TrainerCallback):
     """HF `TrainerCallback` for LLaMA-Factory's v0 trainer (`run_exp(args, callbacks=[...])`)."""
 
-    def __init__(self, recorder: StepRecorder):
+    def __init__(self, recorder: StepRecorder, startup=None):
         self.recorder = recorder
+        self.startup = startup  # the worker's StartupClock: the trainer's set-up ends at the first step
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self.recorder.attach(model)
         self.recorder.check_zero_stage(optimizer)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if self.startup is not None and self.recorder.first_step_at is None:
+            self.startup.mark("framework_setup")
         self.recorder.begin()
 
     def on_step_end(self, args, state, control, **kwargs):

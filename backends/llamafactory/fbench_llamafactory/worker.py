@@ -22,6 +22,7 @@ import numpy as np
 
 from framework_bench import worker_io
 from framework_bench.packed import PackedRows
+from framework_bench.worker import StartupClock
 from framework_bench.worker import settings as capture
 from framework_bench.worker.rows import ConsumedRows
 
@@ -85,7 +86,7 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
         wait_for(target)
 
 
-def effective_settings(args, model, optimizer, loader, job: dict) -> dict:
+def effective_settings(args, model, trained_model, optimizer, loader, job: dict) -> dict:
     """What the HF Trainer under LLaMA-Factory really trains with, read from the live objects."""
     from accelerate.state import AcceleratorState
 
@@ -110,6 +111,7 @@ def effective_settings(args, model, optimizer, loader, job: dict) -> dict:
         "ddp_find_unused_parameters": args.ddp_find_unused_parameters if args.world_size > 1 else None,
         # counting tokens seen all-gathers and syncs every micro-batch, inside the step
         "token_count_sync": str(args.include_num_input_tokens_seen) not in ("no", "False"),
+        **capture.runtime_settings(trained_model),
         **capture.versions(),
     }
 
@@ -126,7 +128,8 @@ class Claims:
 
         class Callback(TrainerCallback):
             def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):
-                claims.settings = effective_settings(args, model, optimizer, train_dataloader, job)
+                trained = claims.prepared if claims.prepared is not None else model
+                claims.settings = effective_settings(args, model, trained, optimizer, train_dataloader, job)
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
 
@@ -140,17 +143,70 @@ class Claims:
                 claims.rows.close()
 
         self.callback = Callback()
+        self.prepared = None  # the model as accelerate prepared it (DDP-wrapped or not); see remember_prepared
         self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
         self.fed: list = []
         self.settings: dict = {}
         self.param_count: int | None = None
+
+    def remember_prepared(self) -> None:
+        """The model that trains is the one accelerate's `prepare_model` returns (DDP when it
+        distributes); the HF Trainer hands callbacks only the bare model, so keep it here.
+        Under DeepSpeed accelerate builds the engine elsewhere and this stays None.
+
+        A world of one trains the bare model: accelerate's GPU branch wraps in DDP only with
+        more than one process (`Accelerator.multi_device`), but its CPU branch (MULTI_CPU)
+        wraps whatever the process count, so one CPU process in a process group would carry
+        DDP's buckets and hooks that a one-GPU run never has. With one process there is no
+        gradient to all-reduce; the wrapper is dropped before the trainer sees it."""
+        import torch
+        from accelerate import Accelerator
+
+        prepare_model = Accelerator.prepare_model
+
+        def prepare_and_remember(accelerator, model, *args, **kwargs):
+            prepared = prepare_model(accelerator, model, *args, **kwargs)
+            if accelerator.num_processes == 1 and isinstance(prepared, torch.nn.parallel.DistributedDataParallel):
+                prepared = prepared.module
+            self.prepared = prepared
+            return prepared
+
+        Accelerator.prepare_model = prepare_and_remember
 
     def keep(self, module, args, kwargs) -> None:
         if module.training and "input_ids" in kwargs and "labels" in kwargs:
             self.fed.append((kwargs["input_ids"], kwargs["labels"]))
 
 
-def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, claims: Claims) -> None:
+def build_where_trained(job: dict, startup: StartupClock) -> None:
+    """LLaMA-Factory builds a from-scratch model with `AutoModelForCausalLM.from_config` on the
+    CPU, in fp32, and the trainer copies it to the GPU afterwards: minutes for 7B, which the
+    start-up column would charge to the framework. On a GPU run the same call runs here
+    under this rank's CUDA device, so the random weights are made where they train (the
+    arguments, dtype and initialisation are LLaMA-Factory's own). ZeRO-3 builds inside
+    DeepSpeed's zero.Init, partitioned already: left alone. The call's seconds are the
+    start-up's "model_build"."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    from_config = AutoModelForCausalLM.from_config.__func__
+
+    def timed_from_config(cls, config, **kwargs):
+        startup.mark("framework_setup")
+        if job["device"] == "cuda" and not is_deepspeed_zero3_enabled():
+            with torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))):
+                model = from_config(cls, config, **kwargs)
+        else:
+            model = from_config(cls, config, **kwargs)
+        startup.mark("model_build")
+        return model
+
+    AutoModelForCausalLM.from_config = classmethod(timed_from_config)
+
+
+def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, claims: Claims,
+             startup: StartupClock) -> None:
     """LLaMA-Factory's SFT trainer through its own entry point, `run_exp`."""
     from llamafactory.train.tuner import run_exp
     from transformers import Trainer
@@ -163,10 +219,14 @@ def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, c
     run_dir = Path(job["run_dir"])
     args = json.loads(run_files.args_file(run_dir, 1).read_text())
     write_tokenized(packed, rows, job["scenario"]["attention"] == "varlen", Path(args["tokenized_path"]))
-    run_exp(args, callbacks=[StepMetricsCallback(recorder), claims.callback])
+    startup.mark("data")
+    build_where_trained(job, startup)
+    claims.remember_prepared()
+    run_exp(args, callbacks=[StepMetricsCallback(recorder, startup), claims.callback])
 
 
 def main(job_file: str) -> None:
+    startup = StartupClock(STARTED)
     job = worker_io.load_job(job_file)
     scenario = job["scenario"]
     run_dir = Path(job["run_dir"])
@@ -186,7 +246,7 @@ def main(job_file: str) -> None:
         train_v1(job, packed, rows, recorder)
     else:
         claims = Claims(job)
-        train_v0(job, packed, rows, recorder, claims)
+        train_v0(job, packed, rows, recorder, claims, startup)
     recorder.close()
     expected = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
     if recorder.steps_written != expected:
@@ -205,6 +265,7 @@ def main(job_file: str) -> None:
         param_dtype=recorder.param_dtype,
         zero_stage_in_effect=recorder.zero_stage,
         startup_seconds=round(recorder.first_step_at - STARTED, 2),
+        startup_breakdown=startup.phases if claims else None,
         notes=recorder.notes,
         settings=claims.settings if claims else None,
         param_count=claims.param_count if claims else None,

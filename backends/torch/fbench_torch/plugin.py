@@ -21,7 +21,9 @@ from framework_bench.backend import (
     StepMetric,
     WorkerReport,
 )
+from framework_bench import launch
 from framework_bench.hookspecs import hookimpl
+from framework_bench.memory import AdamWImpl, MemoryScheme
 from framework_bench.worker.rows import read_consumed
 from framework_bench.scenario import Scenario
 
@@ -41,6 +43,9 @@ def fbench_backend_info() -> BackendInfo:
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="torch",
         ),
+        # The reference has no framework default to keep: fused AdamW on CUDA in both modes
+        # (the worker sets `fused=True` there), torch's own choice on CPU.
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}),
     )
 
 
@@ -74,7 +79,7 @@ def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
         python=env.python,
         module="fbench_torch.worker",
         args=[str(job.job_file)],
-        env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **launch.cuda_allocator_env(job)},
         files={"job": job.job_file},
     )
 
@@ -95,4 +100,6 @@ def fbench_read_report(job: Job) -> WorkerReport:
         settings=worker.get("settings"),
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),
+        startup_seconds=worker.get("startup_seconds"),
+        startup_breakdown=worker.get("startup_breakdown"),
     )

@@ -1,16 +1,22 @@
 """The reference worker: `python -m fbench_torch.worker RUN_DIR/job.json`, in the torch env.
 
 A plain PyTorch loop, built only on the worker SDK: the HF model from its config with random
-weights, AdamW with the shared hyper-parameters, bf16 autocast when the scenario asks,
-activation checkpointing when it asks, DDP when there are several processes (NCCL on GPUs,
-gloo on CPU). Rows are read in order from the host's packed stream: data-parallel rank r
-takes micro-batch g's rows [(g * world + r) * micro_batch, ... + micro_batch).
+weights made where they train (on the GPU), AdamW with the shared hyper-parameters (fused on
+CUDA in both settings modes, torch's own choice on CPU), bf16 autocast when the scenario
+asks, activation checkpointing when it asks, DDP when there are several processes (NCCL on
+GPUs, gloo on CPU); a world of one is never wrapped, also inside a process group. Rows are
+read in order from the host's packed stream: data-parallel rank r takes micro-batch g's
+rows [(g * world + r) * micro_batch, ... + micro_batch).
 """
 
 from __future__ import annotations
 
-import sys
 import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
+import os
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -20,7 +26,8 @@ import transformers
 
 from framework_bench import worker_io
 from framework_bench.packed import IGNORE_INDEX, PackedRows
-from framework_bench.worker import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StepTimer, dist_info
+from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StartupClock,
+                                    StepTimer, dist_info)
 from framework_bench.worker import settings as capture
 from framework_bench.worker.rows import ConsumedRows
 
@@ -31,10 +38,21 @@ def build_model(job: dict, device: torch.device) -> torch.nn.Module:
     cfg = dict(job["hf_config"])
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(SEED)  # the same random weights on every rank, as DDP needs
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    # Built on the device it trains on: initialising 7B fp32 weights on the CPU and copying
+    # them over takes minutes, and the start-up column would measure that, not the loop.
+    with device:
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     if job["scenario"]["activation_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()
+
+
+def adamw(params, cuda: bool) -> torch.optim.AdamW:
+    """The shared hyper-parameters; fused on CUDA in both settings modes (less time and memory
+    than foreach: no parameter-sized temporary), torch's own choice on CPU (the for-loop),
+    as every backend's CPU runs (the AdamW table: README)."""
+    return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY,
+                             fused=True if cuda else None)
 
 
 def micro_batches(packed: PackedRows, scenario: dict, rank: int, world: int):
@@ -55,6 +73,7 @@ def micro_batches(packed: PackedRows, scenario: dict, rank: int, world: int):
 
 
 def main(job_file: str) -> None:
+    startup = StartupClock(STARTED)
     job = worker_io.load_job(job_file)
     scenario = job["scenario"]
     dist = dist_info()
@@ -62,19 +81,23 @@ def main(job_file: str) -> None:
     sha = packed.sha256()
     if sha != job["data_sha256"]:
         raise SystemExit(f"packed data in {job['data_dir']} has sha256 {sha}, the host expected {job['data_sha256']}")
+    startup.mark("data")
 
     cuda = job["device"] == "cuda"
     if cuda:
         torch.cuda.set_device(dist.local_rank)
     device = torch.device("cuda", dist.local_rank) if cuda else torch.device("cpu")
-    if dist.world_size > 1:
+    # Several processes come from torchrun; one process joins a group only when its launcher
+    # gave it one (MASTER_ADDR): the loop needs none, but stays bare inside one.
+    if dist.world_size > 1 or "MASTER_ADDR" in os.environ:
         torch.distributed.init_process_group("nccl" if cuda else "gloo")
     model = build_model(job, device)
+    startup.mark("model_build")
     train_model = model
     if dist.world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS,
-                                  weight_decay=WEIGHT_DECAY)
+    optimizer = adamw(model.parameters(), cuda)
+    startup.mark("framework_setup")
     bf16 = scenario["precision"] == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
 
@@ -89,6 +112,8 @@ def main(job_file: str) -> None:
         # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
         # adds nothing, where a per-micro-batch mean would be 0/0.
         labelled = sum(int((labels[:, 1:] != IGNORE_INDEX).sum()) for _, labels in batch)
+        if step == 1:
+            startup.mark("data")  # the first batch's rows
         timer.begin()
         step_loss = torch.zeros((), device=device)
         for i, (ids, labels) in enumerate(batch):
@@ -117,11 +142,12 @@ def main(job_file: str) -> None:
     ddp = train_model is not model
     settings = {
         **capture.torch_loop_settings(model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop",
-                                      grad_clip=MAX_GRAD_NORM, autocast_dtype="bfloat16" if bf16 else None, seed=SEED),
+                                      grad_clip=MAX_GRAD_NORM, autocast_dtype="bfloat16" if bf16 else None, seed=SEED,
+                                      train_model=train_model),
         "settings_mode": job.get("settings_mode", "matched"),
         "ddp_find_unused_parameters": False if ddp else None,
     }
-    if dist.world_size > 1:
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
     worker_io.write_worker_report(
@@ -134,6 +160,8 @@ def main(job_file: str) -> None:
         param_dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         settings=settings,
         param_count=capture.param_count(model),
+        startup_seconds=startup.total,
+        startup_breakdown=startup.phases,
         # The loop's own clock from the first measured step's start to the last one's end,
         # data preparation included: set beside the host's TGS from the per-step seconds.
         loop_throughput={"tokens_per_sec": measured_tokens / loop_seconds} if loop_seconds else {},

@@ -17,9 +17,10 @@ no checkpoints. What differs, and why:
 Settings modes (`fbench ... --settings`, in `job.settings_mode`):
   - native: as the published configs run: AmpOptimWrapper with its dynamic GradScaler, and
     bf16 weights (Adam states too) wherever XTuner picks flash-attn (xtuner/model/sft.py);
-  - matched (default), aligned with the LLaMA-Factory backend's HF Trainer: bf16 autocast with
-    no loss scaler (`loss_scale=dict(enabled=False)`: a disabled GradScaler, as accelerate
-    runs bf16) over fp32 weights (the builder keeps fp32 whatever XTuner asks).
+  - matched (default), aligned with the LLaMA-Factory backend's HF Trainer: fused AdamW on GPU,
+    bf16 autocast with no loss scaler (`loss_scale=dict(enabled=False)`: a disabled
+    GradScaler, as accelerate runs bf16) over fp32 weights (the builder keeps fp32 whatever
+    XTuner asks).
   Rows stay in the host's order in both modes (the host checks what each step consumed).
 
 mmengine parses a config with imports in lazy-import mode, where nothing may be called
@@ -108,7 +109,10 @@ def render(job: Job) -> str:
     else:
         imports.append(f"from mmengine.optim import {'AmpOptimWrapper' if amp else 'OptimWrapper'}")
 
-    optimizer = f"dict(type=AdamW, lr={LEARNING_RATE!r}, betas={ADAM_BETAS!r}, weight_decay={WEIGHT_DECAY!r})"
+    # matched: fused AdamW on GPU, as every backend there; native: XTuner's unflagged AdamW
+    # (foreach on GPU). CPU: torch's own choice in both (the for-loop).
+    fused = ", fused=True" if matched and gpu else ""
+    optimizer = f"dict(type=AdamW, lr={LEARNING_RATE!r}, betas={ADAM_BETAS!r}, weight_decay={WEIGHT_DECAY!r}{fused})"
     if deepspeed:
         # What `xtuner train --deepspeed` substitutes for the config's optim_wrapper.
         optim_wrapper = f'dict(type="DeepSpeedOptimWrapper", optimizer={optimizer})'

@@ -12,6 +12,7 @@ from statistics import mean, median
 from framework_bench.backend import BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
 from framework_bench import deepspeed_jit, launch
 from framework_bench.hookspecs import hookimpl
+from framework_bench.memory import AdamWImpl, MemoryScheme
 from framework_bench.scenario import Scenario
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker_io import read_metrics, read_worker_report
@@ -34,6 +35,11 @@ def fbench_backend_info() -> BackendInfo:
             framework_package="xtuner",
             post_install=["fbench_xtuner.env_fixups"],
         ),
+        # matched: the config asks torch AdamW for fused=True on CUDA; native: XTuner's configs
+        # name AdamW with no flag, which torch runs as foreach on CUDA. Sequence parallel runs
+        # on XTuner's DeepSpeed strategy (the client AdamW as configured).
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="foreach")},
+                            sequence_parallel="deepspeed"),
     )
 
 
@@ -92,7 +98,7 @@ def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
     files = mmengine_config.write(job)
     files["job"] = job.write()
     run_env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-               **launch.visible_gpus_env(job), **deepspeed_jit.run_env(env.path)}
+               **launch.visible_gpus_env(job), **launch.cuda_allocator_env(job), **deepspeed_jit.run_env(env.path)}
     if job.device == "cuda" or mmengine_config.uses_deepspeed(job):
         # The worker then uses mmengine's "pytorch" launcher (see worker.main).
         run_env |= launch.process_group_env(job)
@@ -148,4 +154,5 @@ def fbench_read_report(job: Job) -> WorkerReport:
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),
         startup_seconds=worker.get("startup_seconds"),
+        startup_breakdown=worker.get("startup_breakdown"),
     )

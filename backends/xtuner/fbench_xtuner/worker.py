@@ -31,7 +31,7 @@ from mmengine.runner import Runner
 from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.packed import PackedRows, stream_sha256
-from framework_bench.worker import PeakMemory, StepTimer
+from framework_bench.worker import PeakMemory, StartupClock, StepTimer
 from framework_bench.worker import settings as capture
 from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker_io import load_job, publish_dir, write_worker_report
@@ -136,13 +136,15 @@ class StepStart(Hook):
     priority so that its `before_train_iter` runs last, right before the train step. Data
     loading (between iterations) is outside the clock."""
 
-    def __init__(self, timer: StepTimer, per_step: int):
+    def __init__(self, timer: StepTimer, per_step: int, startup: StartupClock):
         self.timer = timer
         self.per_step = per_step
+        self.startup = startup
         self.first_step_at: float | None = None
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         if self.first_step_at is None:
+            self.startup.mark("framework_setup")  # optimizer, loops, hooks, the first batch
             self.first_step_at = time.time()
         if runner.iter % self.per_step == 0:
             self.timer.begin()
@@ -253,6 +255,7 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
         "seed": runner.seed,
         "compile": bool(getattr(runner, "_compile", False)),
         "ddp_find_unused_parameters": getattr(runner.model, "find_unused_parameters", None),  # DDP-wrapped only
+        **capture.runtime_settings(runner.model),
         **capture.versions(),
     }
 
@@ -309,6 +312,27 @@ def cpu_process_group_setup(device: str):
         torch.cuda.set_device = set_device
 
 
+def launcher_for(cfg: Config, device: str) -> str:
+    """mmengine's launcher, after setting up the process group a world of one needs.
+
+    Several processes, or DeepSpeed (which otherwise falls back to MPI discovery), go
+    through mmengine's "pytorch" launcher: it reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*
+    (set by torchrun, or by the plan for one process) and initialises the group. For one
+    process without DeepSpeed that launcher would also make mmengine wrap the model in
+    MMDistributedDataParallel, whose buckets hold a second copy of every gradient for
+    nothing: ~25 GiB for a 7B model, an out-of-memory run on one H200. So when the plan gave
+    a world of one its process-group variables (every CUDA run: XTuner's dispatched
+    attention calls dist.get_rank()), the worker initialises the group itself and keeps
+    the launcher "none": mmengine then trains the bare model (`ddp_wrapped` false)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "strategy" in cfg:
+        return "pytorch"
+    if "MASTER_ADDR" in os.environ:
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+    return "none"
+
+
 def build_runner(cfg: Config, device: str) -> Runner:
     """As `xtuner train` does: DeepSpeed configs name the FlexibleRunner."""
     with cpu_process_group_setup(device):
@@ -318,6 +342,7 @@ def build_runner(cfg: Config, device: str) -> Runner:
 
 
 def main(job_file: str) -> None:
+    startup = StartupClock(STARTED)
     job = load_job(job_file)
     run_dir = Path(job["run_dir"])
     data_dir = run_dir / run_layout.DATA_DIR
@@ -333,17 +358,14 @@ def main(job_file: str) -> None:
         torch.cpu.is_bf16_supported = lambda *args, **kwargs: False
 
     cfg = Config.fromfile(str(run_dir / run_layout.CONFIG_NAME))
-    # mmengine's "pytorch" launcher reads RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* (set by torchrun,
-    # or by the plan for one process). Every CUDA run and every DeepSpeed run needs the process
-    # group: DeepSpeed otherwise falls back to MPI discovery, and XTuner's dispatched attention
-    # calls dist.get_rank(). Only a plain single CPU process runs without one.
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or job["device"] == "cuda" or "strategy" in cfg
-    cfg.launcher = "pytorch" if distributed else "none"
-    runner = build_runner(cfg, job["device"])
+    startup.mark("data")
+    cfg.launcher = launcher_for(cfg, job["device"])
+    runner = build_runner(cfg, job["device"])  # builds the model (on the GPU: model_builder.py)
+    startup.mark("model_build")
     timer = StepTimer(run_dir, job["device"])
     timer.memory = StepPeak(job["device"])
     metrics = CommonMetrics(job, timer)
-    start = StepStart(timer, iterations_per_step(job["scenario"]))
+    start = StepStart(timer, iterations_per_step(job["scenario"]), startup)
     runner.register_hook(start, priority="LOWEST")
     runner.register_hook(metrics, priority="HIGHEST")
     claims = Claims(job, metrics)
@@ -360,6 +382,7 @@ def main(job_file: str) -> None:
         deepspeed="strategy" in cfg,
         zero_stage_in_effect=metrics.zero_stage,
         startup_seconds=round(start.first_step_at - STARTED, 2),
+        startup_breakdown=startup.phases,
         transformers_version=transformers.__version__,
         mmengine_version=mmengine.__version__,
         torch_version=torch.__version__,
