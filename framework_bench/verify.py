@@ -8,7 +8,10 @@ host's packed stream say it must be:
     rows that step must consume from the packed stream, input ids and labels alike;
   - throughput: the framework's own tokens/s figure within 10 % of the host's;
   - parameters: the model the framework built has the scenario's parameter count;
-  - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`).
+  - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
+  - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
+    measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
+    thermals or a regression: the reader should look before trusting the row).
 A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
 plugin does not report (one written before these checks) is `unverified` and only flagged.
 A throughput disagreement is flagged, not invalidating: the frameworks time other windows.
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from framework_bench.backend import StepMetric, WorkerReport
 from framework_bench.models import ModelArch
@@ -172,10 +175,52 @@ def check_settings(report: WorkerReport) -> Check:
     return Check(name="settings", status="pass", detail=f"{len(report.settings)} settings recorded")
 
 
+class Anchor(BaseModel):
+    """A step time measured once, which a run of the same loop on the same scenario and GPU
+    should reproduce within `tolerance`."""
+
+    scenario: str
+    trainer: str = Field(description="the `trainer` setting of the loop it was measured with")
+    gpu: str = Field(description="part of the GPU's name (the worker's `device_name` setting)")
+    step_seconds: float
+    tolerance: float = 0.10
+    source: str
+
+
+ANCHORS = [
+    Anchor(scenario="llama2_7b_8k_1gpu", trainer="torch-loop", gpu="H200", step_seconds=1.170,
+           source="issue 17: plain PyTorch on one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 "
+                  "weights, SDPA, activation checkpointing, fused AdamW"),
+]
+
+
+def check_anchor(scenario: Scenario, report: WorkerReport) -> Check | None:
+    """The median measured step time (slowest rank) against the anchor for this run, if any."""
+    settings = report.settings or {}
+    anchor = next((a for a in ANCHORS if a.scenario == scenario.name and a.trainer == settings.get("trainer")
+                   and a.gpu.lower() in str(settings.get("device_name") or "").lower()), None)
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for m in report.steps:
+        if m.step > scenario.steps.warmup:
+            by_step[m.step].append(m.seconds)
+    if anchor is None or not by_step:
+        return None
+    seconds = statistics.median(max(s) for s in by_step.values())
+    off = seconds / anchor.step_seconds - 1
+    detail = (f"step {seconds:.3f} s vs {anchor.step_seconds:.3f} s ({off:+.1%}) measured for {anchor.scenario} "
+              f"on {anchor.gpu} ({anchor.source})")
+    if abs(off) <= anchor.tolerance:
+        return Check(name="anchor", status="pass", detail=detail)
+    return Check(name="anchor", status="fail", detail=f"{detail}: outside ±{anchor.tolerance:.0%}; clocks, thermals "
+                 "or a regression, look before trusting this row")
+
+
 def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None) -> list[Check]:
-    return [check_tokens(scenario, report.steps), check_steps(scenario, report.steps),
-            check_rows(scenario, report.consumed_rows, data_dir), check_throughput(scenario, report, host_tgs),
-            check_parameters(scenario, report), check_settings(report)]
+    checks = [check_tokens(scenario, report.steps), check_steps(scenario, report.steps),
+              check_rows(scenario, report.consumed_rows, data_dir), check_throughput(scenario, report, host_tgs),
+              check_parameters(scenario, report), check_settings(report)]
+    anchor = check_anchor(scenario, report)
+    return checks + ([anchor] if anchor else [])
 
 
 def verdict(checks: list[Check]) -> tuple[str | None, list[str]]:

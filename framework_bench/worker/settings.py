@@ -63,14 +63,17 @@ def runtime_settings(train_model) -> dict[str, Value]:
     """Read from the model that really trains (the one the loop calls, wrapper included):
     whether DDP wraps it (DDP keeps a bucket copy of every gradient: a parameter-sized fp32
     buffer under autocast, which the memory estimate counts), the process group it runs in,
-    and the CUDA caching allocator's configuration the plan set (or the user did)."""
+    the CUDA caching allocator's configuration the plan set (or the user did), and the GPU
+    its parameters live on (None on CPU; the host's sanity anchors key on it)."""
     import torch
 
     dist = torch.distributed
     in_group = dist.is_available() and dist.is_initialized()
+    device = next(train_model.parameters()).device
     return {"ddp_wrapped": isinstance(train_model, torch.nn.parallel.DistributedDataParallel),
             "process_group_size": dist.get_world_size() if in_group else None,
-            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
 
 
 def param_count(model) -> int:

@@ -27,3 +27,12 @@ class StartupClock:
     @property
     def total(self) -> float:
         return round(self._last - self.started, 2)
+
+
+def startup_note(seconds: float | None, phases: dict[str, float] | None) -> list[str]:
+    """The breakdown as the one note a plugin adds to its report (shown with the run in
+    `fbench run`, `--json`, the results table and the report): 'start-up 12.3 s: imports
+    4.1, data 0.5, model_build 3.2, framework_setup 4.5'. Empty when the worker gave none."""
+    if seconds is None or not phases:
+        return []
+    return [f"start-up {seconds:.1f} s: " + ", ".join(f"{name} {s:.1f}" for name, s in phases.items())]

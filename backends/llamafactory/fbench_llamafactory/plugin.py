@@ -26,6 +26,7 @@ from framework_bench.hookspecs import hookimpl
 from framework_bench.memory import AdamWImpl, MemoryScheme
 from framework_bench import deepspeed_jit, launch
 from framework_bench.worker.rows import read_consumed
+from framework_bench.worker.startup import startup_note
 from framework_bench.scenario import Scenario
 
 from fbench_llamafactory import run_files, train_args
@@ -135,7 +136,7 @@ def fbench_read_report(job: Job) -> WorkerReport:
     worker = worker_io.read_worker_report(job.run_dir)
     if not records and not worker:
         raise FileNotFoundError(f"the llamafactory worker wrote no metrics in {job.run_dir}")
-    notes = list(worker.get("notes", []))
+    notes = list(worker.get("notes", [])) + startup_note(worker.get("startup_seconds"), worker.get("startup_breakdown"))
     return WorkerReport(
         steps=[StepMetric.model_validate(r) for r in records],
         data_sha256=worker.get("data_sha256"),

@@ -25,6 +25,7 @@ from framework_bench import launch
 from framework_bench.hookspecs import hookimpl
 from framework_bench.memory import AdamWImpl, MemoryScheme
 from framework_bench.worker.rows import read_consumed
+from framework_bench.worker.startup import startup_note
 from framework_bench.scenario import Scenario
 
 NAME = "torch"
@@ -96,7 +97,7 @@ def fbench_read_report(job: Job) -> WorkerReport:
         framework_version=worker.get("framework_version"),
         attention_used=worker.get("attention_used"),
         framework_throughput=worker.get("loop_throughput", {}),
-        notes=list(worker.get("notes", [])),
+        notes=list(worker.get("notes", [])) + startup_note(worker.get("startup_seconds"), worker.get("startup_breakdown")),
         settings=worker.get("settings"),
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),

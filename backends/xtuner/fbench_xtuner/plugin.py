@@ -15,6 +15,7 @@ from framework_bench.hookspecs import hookimpl
 from framework_bench.memory import AdamWImpl, MemoryScheme
 from framework_bench.scenario import Scenario
 from framework_bench.worker.rows import read_consumed
+from framework_bench.worker.startup import startup_note
 from framework_bench.worker_io import read_metrics, read_worker_report
 
 from fbench_xtuner import mmengine_config, run_layout
@@ -153,6 +154,7 @@ def fbench_read_report(job: Job) -> WorkerReport:
         settings=worker.get("settings"),
         param_count=worker.get("param_count"),
         consumed_rows=read_consumed(job.run_dir),
+        notes=startup_note(worker.get("startup_seconds"), worker.get("startup_breakdown")),
         startup_seconds=worker.get("startup_seconds"),
         startup_breakdown=worker.get("startup_breakdown"),
     )

@@ -333,6 +333,18 @@ def launcher_for(cfg: Config, device: str) -> str:
     return "none"
 
 
+def data_parallel_groups(cfg: Config) -> None:
+    """XTuner builds its data- and sequence-parallel groups only inside its DeepSpeed strategy,
+    but its SequenceParallelSampler asks for the data-parallel group whenever a process group
+    exists ("data parallel group is not initialized" otherwise). Without DeepSpeed (ZeRO 0 in
+    a process group: a world of one, or mmengine's DDP) the worker builds them as the strategy
+    would, with sequence parallel 1; the runner builds the sampler later, in `train()`."""
+    if "strategy" not in cfg and torch.distributed.is_initialized():
+        from xtuner.parallel.sequence import init_sequence_parallel
+
+        init_sequence_parallel(1)
+
+
 def build_runner(cfg: Config, device: str) -> Runner:
     """As `xtuner train` does: DeepSpeed configs name the FlexibleRunner."""
     with cpu_process_group_setup(device):
@@ -361,6 +373,7 @@ def main(job_file: str) -> None:
     startup.mark("data")
     cfg.launcher = launcher_for(cfg, job["device"])
     runner = build_runner(cfg, job["device"])  # builds the model (on the GPU: model_builder.py)
+    data_parallel_groups(cfg)
     startup.mark("model_build")
     timer = StepTimer(run_dir, job["device"])
     timer.memory = StepPeak(job["device"])
