@@ -598,7 +598,7 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, opt
     submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
     import shlex
 
-    from framework_bench import runner
+    from framework_bench import plugins, runner
     from framework_bench.memory import estimate
     from framework_bench.machine import detect
 
@@ -625,6 +625,12 @@ def _plan_only(backend_names: list[str], chosen: list, launcher: str | None, opt
                 continue
             if d.time is not None:
                 show.print(_time_line(d.time, options), highlight=False, markup=False)
+            if s.cluster.device == "cuda":  # per phase, as this backend declares its AdamW in this mode
+                e = estimate(s, declared=plugins.get(name).info.memory, settings_mode=settings,
+                             gpu_memory_gib=machine.gpu_memory_gib, gpu=target)
+                show.print(f"  memory: ~{e.total_gib:.1f} GiB at the {e.peak_phase} ({e.phases_line()}; "
+                           f"{e.optimizer_impl} AdamW, {'DDP-wrapped' if e.ddp_wrapped else 'not DDP-wrapped'})",
+                           highlight=False, markup=False)
             show.print(f"  argv: {shlex.join(d.argv)}", highlight=False, markup=False)
             for k, v in sorted(d.env.items()):
                 show.print(f"  env:  {k}={v}", highlight=False, markup=False)

@@ -105,3 +105,21 @@ def test_one_process_in_a_process_group_is_not_ddp_wrapped(backend, tmp_path, mo
     assert r.settings["ddp_wrapped"] is False
     assert r.settings["optimizer_impl"] == plugins.get(backend).info.memory.adamw["matched"].cpu == "for-loop"
     assert r.settings["cuda_alloc_conf"] is None  # a CPU plan sets no allocator configuration
+
+
+def test_dry_run_and_show_give_the_memory_phases(fbench_home, monkeypatch):
+    """The estimate per phase: in the dry run per backend (its declared AdamW in the chosen
+    mode), in `fbench show` for the common case (fused AdamW)."""
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per message
+    res = CliRunner().invoke(app, ["run", "--scenario", "llama2_7b_8k_1gpu", "--backend", "xtuner", "--dry-run",
+                                   "--settings", "native"])
+    assert res.exit_code == 0, res.output
+    assert ("memory: ~127.5 GiB at the optimizer step (forward 96.3 / backward 105.0 / optimizer step 127.5 GiB; "
+            "foreach AdamW, not DDP-wrapped)") in res.stdout
+    res = CliRunner().invoke(app, ["show", "llama2_7b_32k_1gpu"])
+    assert res.exit_code == 0, res.output
+    assert "~115.6 GiB per GPU at the forward (forward 115.6 / backward 111.8 / optimizer step 102.4 GiB" in res.stdout
