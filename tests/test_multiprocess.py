@@ -27,6 +27,8 @@ def test_llamafactory_two_processes(name):
     checks = {c.name: c for c in r.checks}
     assert all(checks[n].status == "pass" for n in ("tokens", "steps", "rows", "parameters", "settings")), checks
     assert checks["steps"].detail.endswith("on each of 2 rank(s)") and checks["rows"].detail.startswith("rows 0..13")
+    # accelerate wraps the model of a world of two in DDP, read from the model that trained
+    assert r.settings["ddp_wrapped"] is True and r.settings["process_group_size"] == 2
     # TGS is per process: each step's tokens per rank over its slowest rank's time, median of measured steps
     expected = statistics.median(
         s.context_length / max(by_rank[0][i]["seconds"], by_rank[1][i]["seconds"])
