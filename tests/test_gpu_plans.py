@@ -1,5 +1,6 @@
-"""One-GPU plans: every CUDA run starts in an initialised process group, sees only its own
-GPUs, and (XTuner) goes through mmengine's "pytorch" launcher. Host side only: no GPU needed."""
+"""One-GPU plans: every CUDA run is given a process group of one (XTuner's worker sets it up
+itself and keeps mmengine's launcher "none", so the model is not DDP-wrapped: see
+test_one_gpu_settings.py) and sees only its own GPUs. Host side only: no GPU needed."""
 
 from __future__ import annotations
 

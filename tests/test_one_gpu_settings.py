@@ -105,6 +105,10 @@ def test_one_process_in_a_process_group_is_not_ddp_wrapped(backend, tmp_path, mo
     assert r.settings["ddp_wrapped"] is False
     assert r.settings["optimizer_impl"] == plugins.get(backend).info.memory.adamw["matched"].cpu == "for-loop"
     assert r.settings["cuda_alloc_conf"] is None  # a CPU plan sets no allocator configuration
+    # start-up by phase, as a note beside the stored start-up seconds
+    note = next(n for n in r.notes if n.startswith("start-up "))
+    assert r.startup_seconds > 0 and note.startswith(f"start-up {r.startup_seconds:.1f} s: ")
+    assert all(phase in note for phase in ("imports", "data", "model_build", "framework_setup"))
 
 
 def test_dry_run_and_show_give_the_memory_phases(fbench_home, monkeypatch):

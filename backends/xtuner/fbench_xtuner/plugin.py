@@ -101,7 +101,8 @@ def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
     run_env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
                **launch.visible_gpus_env(job), **launch.cuda_allocator_env(job), **deepspeed_jit.run_env(env.path)}
     if job.device == "cuda" or mmengine_config.uses_deepspeed(job):
-        # The worker then uses mmengine's "pytorch" launcher (see worker.main).
+        # A process group for a world of one too; the worker sets it up itself and keeps the model
+        # out of DDP (worker.launcher_for).
         run_env |= launch.process_group_env(job)
     return LaunchPlan(
         python=env.python,
