@@ -101,6 +101,7 @@ class MemoryScheme(BaseModel):
         row = self.adamw[mode]
         return row.cuda if scenario.cluster.device == "cuda" else row.cpu
 
+
 # GPU memory as nvidia-smi reports `memory.total` (what `machine.detect()` records), GiB.
 # The estimate itself adds the CUDA context and allocator slack (`overhead_bytes`), so it
 # is compared with the whole device. Matched by substring of the device name, most
