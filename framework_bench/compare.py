@@ -117,6 +117,7 @@ def compare(
     launcher: launch.Launcher | None = None,
     force: bool = False,
     settings_mode: str = "matched",
+    db: Path | None = None,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -133,7 +134,7 @@ def compare(
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
             result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
-                                    force=force, settings_mode=settings_mode)
+                                    force=force, settings_mode=settings_mode, db=db)
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":

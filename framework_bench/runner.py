@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, plugins, verdicts, verify
+from framework_bench import envs, flops, launch, metrics, orphans, plugins, verdicts, verify
 from framework_bench.backend import Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
@@ -91,7 +91,10 @@ def run_one(
     on_step: StepCallback = lambda done, total, secs: None,
     force: bool = False,
     settings_mode: str = "matched",
+    db: Path | None = None,
 ) -> RunResult:
+    """`db`: the results file the caller will store the run in (`results.save`); should fbench
+    die before that, the next command stores the run there as `failed` (framework_bench/orphans.py)."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
     try:
@@ -112,12 +115,41 @@ def run_one(
         data = data or pack(scenario, progress=False, say=lambda msg: None)
     except KeyboardInterrupt:
         return RunResult(**base, status="interrupted", reason="interrupted while packing the data")
-    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
-    job.write()
+    try:
+        job = make_job(backend_name, scenario, data, machine, root, settings_mode)
+        job.write()
+    except OSError as e:  # a full or read-only runs folder: nothing was launched
+        return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256)
+    # From here on a worker may run: whatever goes wrong in the host ends as this run's
+    # result, never as a traceback that leaves the worker behind and the row unstored.
+    try:
+        orphans.claim(job.run_dir, db)
+        return _launch_and_finish(backend, job, scenario, env, base, machine, timeout, launcher, on_step)
+    except Exception as e:  # noqa: BLE001 - any host or plugin error after the job exists
+        result = RunResult(**base, status="failed", run_dir=job.run_dir, data_sha256=data.sha256,
+                           reason=f"fbench failed while running it: {type(e).__name__}: {e}\n{_tail_of(e)}".rstrip())
+        _save(result)
+        return result
+    except KeyboardInterrupt:  # after the worker stopped (launch.execute answers one during the run)
+        result = RunResult(**base, status="interrupted", run_dir=job.run_dir, data_sha256=data.sha256,
+                           reason="interrupted while fbench read the run back")
+        _save(result)
+        return result
+    finally:
+        if db is None:  # nobody stores it: nothing for a later command to recover
+            orphans.release(job.run_dir)
+
+
+def _tail_of(e: BaseException) -> str:
+    return "".join(traceback.format_exception(e)[-HOOK_ERROR_FRAMES:])
+
+
+def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, env, base: dict, machine: Machine,
+                       timeout: float | None, launcher: launch.Launcher | None, on_step: StepCallback) -> RunResult:
     try:
         plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
     except HookError as e:
-        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=data.sha256)
+        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256)
         _save(result)
         return result
     job.write()  # the host owns job.json: whatever a plan wrote there, the worker reads the host's job
@@ -131,35 +163,59 @@ def run_one(
     seen = [0]
 
     def poll() -> None:
-        steps = read_metrics(job.run_dir)
-        done = len({s["step"] for s in steps})
+        # Progress only: a line the worker is writing now (or garbage) is read again later,
+        # and the figures come from the full read once the worker has ended.
+        try:
+            steps = read_metrics(job.run_dir)
+            done = len({s["step"] for s in steps})
+            last = float(steps[-1]["seconds"]) if steps else None
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return
         if done != seen[0]:
             seen[0] = done
-            on_step(done, total, steps[-1]["seconds"] if steps else None)
+            on_step(done, total, last)
 
     outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
     return finish(backend, job, outcome, base, machine.gpu_name)
 
 
+REASON_LINES = 60  # a failure reason keeps the log's last lines, never a whole log
+
+
 def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: dict,
            gpu_name: str | None) -> RunResult:
     """The result of a launched run once it ended (here, or as a SLURM job): read the
-    worker's report back, check the data it trained on, compute the figures, save it."""
-    scenario = job.scenario
+    worker's report back, check the data it trained on, compute the figures, save it.
+    Whatever fails here makes the run `failed` with the reason: it is never lost."""
     result = RunResult(**base, status=outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
                        data_sha256=job.data_sha256)
+    try:
+        _read_back(result, backend, job, outcome, gpu_name)
+    except Exception as e:  # noqa: BLE001 - a bug in the figures or checks must not lose the run
+        result.status = "failed"
+        result.reason = f"fbench could not read the run back: {type(e).__name__}: {e}\n{_tail_of(e)}".rstrip()
+    if result.reason:
+        lines = result.reason.splitlines()
+        if len(lines) > REASON_LINES:
+            result.reason = "\n".join(lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"]
+                                      + lines[-REASON_LINES // 2:])
+    _save(result)
+    return result
+
+
+def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: launch.Outcome,
+               gpu_name: str | None) -> None:
+    scenario = job.scenario
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
-        _save(result)
-        return result
+        return
     try:
         report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
     except HookError as e:
         cause = e.__cause__
         result.status = "failed"
         result.reason = f"the worker wrote no metrics: {cause}" if isinstance(cause, FileNotFoundError) else str(e)
-        _save(result)
-        return result
+        return
     result.notes = list(report.notes)
     result.data_sha256 = report.data_sha256
     result.attention_used = report.attention_used
@@ -169,13 +225,15 @@ def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: di
     if report.data_sha256 != job.data_sha256:
         result.status = "invalid"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"
-    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name))
-    result = result.model_copy(update=figures)
+    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name), gpu_name)
+    impossible = figures.pop("impossible", None)
+    for key, value in figures.items():
+        setattr(result, key, value)
+    if impossible and result.status == "ok":
+        result.status, result.reason = "invalid", f"impossible figures: {impossible}"
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
     _verify(result, scenario, report, job.data_dir)
-    _save(result)
-    return result
 
 
 def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> None:
@@ -189,8 +247,14 @@ def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> No
 
 
 def _save(result: RunResult) -> None:
-    if result.run_dir:
+    """A copy of the result in the run folder, for people reading it; the store holds the row.
+    A full disk or a run folder a plugin removed costs this copy only, never the row."""
+    if not result.run_dir:
+        return
+    try:
         (result.run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    except OSError as e:
+        result.notes.append(f"result.json not written in the run folder: {e.strerror or e}")
 
 
 class DryRun(BaseModel):

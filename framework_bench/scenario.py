@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from annotated_types import Le
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError,
                       field_validator, model_validator)
 
@@ -41,8 +42,12 @@ def _whole(value: object) -> object:
 
 
 # Strict: no booleans, floats or numeric strings where a count belongs.
-Int = Annotated[int, Strict()]
-Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0)]
+# Bounded so that every count fits a run folder's name, a SQLite integer and a SLURM time limit.
+MAX_COUNT = 2**31 - 1
+MAX_CONTEXT = 2**30  # a billion tokens a row: far beyond any published long-context run
+MAX_NAME = 64  # run folders are named <time>-<scenario>-<backend>-<n>: within a file name's 255 bytes
+Int = Annotated[int, Strict(), Le(MAX_COUNT)]
+Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0), Le(MAX_CONTEXT)]
 
 
 class _Strict(BaseModel):
@@ -156,15 +161,15 @@ class Dataset(_Strict):
 class Reference(_Strict):
     """A published figure for this scenario, to draw and compare against."""
 
-    tgs: Annotated[float, Strict()] = Field(gt=0)
-    tflops: Annotated[float, Strict()] = Field(gt=0)
+    tgs: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
+    tflops: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
     hardware: str
     framework: str = "xtuner"
     source: str = ""
 
 
 class Scenario(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9_]+$")
+    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=MAX_NAME)
     description: str = ""
     model: ModelSpec
     cluster: Cluster = Field(default_factory=Cluster)
