@@ -8,6 +8,7 @@ transaction, so an interrupted compare never leaves a half-written run behind.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fnmatch
 import io
@@ -444,7 +445,9 @@ def save(store: "ResultStore", result: RunResult, scenario: Scenario) -> Path | 
         tmp.write_text(record)
         tmp.replace(path)  # whole or not at all: the next command never reads half a row
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # no folder at all, or a file where it belongs
+            tmp.unlink(missing_ok=True)
+        orphans.release(result.run_dir)  # the printed JSON is the row: no later command stores another
         raise Unstored(record, f"the results file {store.path} could not take the run ({error}), "
                                f"nor could {folder} ({e})") from None
     orphans.release(result.run_dir)
