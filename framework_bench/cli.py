@@ -309,13 +309,19 @@ def env_create(
         if name not in found:
             fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
                  if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
+    from framework_bench.interrupts import stop_signals_interrupt
     try:
         envs.validate(flavour, options)
-        for name in names or list(found):
-            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False, markup=False),
-                        packages=(found[name].package,), options=options)
+        with stop_signals_interrupt():  # SIGTERM too: the half-built env and pip go, not only on Ctrl-C
+            for name in names or list(found):
+                envs.create(name, found[name].info.env, flavour,
+                            say=lambda m: console.print(m, highlight=False, markup=False),
+                            packages=(found[name].package,), options=options)
     except envs.EnvError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: the half-built env was removed; an earlier env stays as it was[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @env_app.command("list")
@@ -411,7 +417,8 @@ def run(
 
 def _results_table(results, scenarios_by_name) -> Table:
     from framework_bench.compare import REFERENCE_BACKEND, percent_of_reference
-    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs) for r in results])
+    # one compare: every run of a scenario ran its one definition
+    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, "") for r in results])
     t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU", "MFU",
               "peak mem", "start-up", "published TGS", "notes", title="fbench compare")
     for r in results:
@@ -665,7 +672,7 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
         for name in backend_names:
             try:
-                p = slurm.plan_and_submit(name, s, options, force=force, settings_mode=settings)
+                p = slurm.plan_and_submit(name, s, options, force=force, settings_mode=settings, db=store.path)
             except _user_errors() as e:
                 fail(str(e))
             _print_verdict(name, "slurm", p.verdict)
@@ -685,7 +692,8 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         if submitted:
             console.print("`fbench results collect` stores each run once its job has ended (or use --wait)")
         return
-    results += _wait_for_jobs(submitted, store, poll)
+    waited, interrupted = _wait_for_jobs(submitted, lambda sub: store, poll)
+    results += waited
     console.print(_results_table(results, by_name))
     _print_reasons(results)
     console.print(f"results stored in {store.path}")
@@ -694,10 +702,13 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         charts, md, page = _charts_and_report(rows, out)
         console.print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; report: {md}, {page}",
                       highlight=False)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _wait_for_jobs(subs: list, store, poll: float) -> list:
-    """Poll the queue until every job has ended, storing each run as its job ends."""
+def _wait_for_jobs(subs: list, store_for, poll: float) -> tuple[list, bool]:
+    """Poll the queue until every job has ended, storing each run as its job ends; (the
+    results, whether Ctrl-C stopped the waiting)."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -714,11 +725,14 @@ def _wait_for_jobs(subs: list, store, poll: float) -> list:
         progress.update(tasks[sub.job_id], completed=slurm.steps_done(sub),
                         note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else "") + f" · stored as {r.result_id}")
 
+    def on_problem(sub, why: str) -> None:
+        progress.update(tasks[sub.job_id], note=f"not stored: {why}")
+
     waiting = subs
     with progress:
         try:
             while waiting:
-                still = slurm.collect(waiting, store, slurm.scenario_of, on_result)
+                still = slurm.collect(waiting, store_for, slurm.scenario_of, on_result, on_problem)
                 for sub, state in still:
                     progress.update(tasks[sub.job_id], completed=slurm.steps_done(sub), note=state.state.lower())
                 waiting = [sub for sub, _ in still]
@@ -727,7 +741,8 @@ def _wait_for_jobs(subs: list, store, poll: float) -> list:
         except KeyboardInterrupt:
             err.print(f"[yellow]stopped waiting: {len(waiting)} job(s) still queued or running; "
                       "`fbench results collect` stores them when they end[/yellow]")
-    return results
+            return results, True
+    return results, False
 
 
 def _store(db: Path | None, read_only: bool = False):
@@ -834,17 +849,34 @@ def results_collect(
 ) -> None:
     """Store every submitted SLURM run whose job has ended; list the ones still queued or running."""
     from framework_bench import slurm
-    subs = slurm.pending()
+    problems: list[str] = []
+    subs = slurm.pending(problems=problems)
+    for line in problems:
+        err.print(f"[red]skipped[/red] {escape(line)}", highlight=False, soft_wrap=True)
     if not subs:
         console.print("no submitted runs waiting to be collected")
-        return
-    store = _store(db)
+        raise typer.Exit(1 if problems else 0)
+    # Each run goes to the store it was submitted for, unless --db names one for all of them.
+    stores: dict = {}
+
+    def store_for(sub):
+        path = db if db is not None else (Path(sub.db) if sub.db else None)
+        if path not in stores:
+            stores[path] = _store(path)
+        return stores[path]
+
+    def on_problem(sub, why: str) -> None:
+        problems.append(why)
+        err.print(f"[red]not stored[/red] SLURM job {sub.job_id} ({escape(sub.backend)} on {escape(sub.scenario)}, "
+                  f"{escape(str(sub.run_dir))}): {escape(why)}; the others are collected", highlight=False, soft_wrap=True)
+
+    interrupted = False
     if wait:
-        results = _wait_for_jobs(subs, store, poll)
+        results, interrupted = _wait_for_jobs(subs, store_for, poll)
         still = []
     else:
         results = []
-        still = slurm.collect(subs, store, slurm.scenario_of, lambda r, sub: results.append(r))
+        still = slurm.collect(subs, store_for, slurm.scenario_of, lambda r, sub: results.append(r), on_problem)
     for r in results:
         colour = "green" if r.status == "ok" else "red"
         console.print(f"[{colour}]{r.status}[/{colour}] {escape(r.backend)} on {escape(r.scenario)}: stored as result "
@@ -856,6 +888,10 @@ def results_collect(
     for sub, state in still:
         console.print(f"[yellow]{state.state.lower()}[/yellow] SLURM job {sub.job_id}: {escape(sub.backend)} on "
                       f"{escape(sub.scenario)}, {slurm.steps_done(sub)} steps so far ({sub.run_dir})", highlight=False)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if problems:
+        raise typer.Exit(1)
 
 
 @app.command()

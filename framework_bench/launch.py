@@ -108,6 +108,9 @@ def sbatch_path(job: Job) -> Path:
 SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters without accounting (sacct)
 
 
+NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its GPU's name (none on CPU)
+
+
 def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
                   extra: tuple[str, ...] = ()) -> str:
     """A submit-ready sbatch script: one srun task per node, each running torchrun over that
@@ -143,6 +146,8 @@ def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus
         f"cd {shlex.quote(str(job.run_dir))}",
         *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# What ran the job, for its figures (MFU against this GPU's peak) and its manifest.",
+        f"{{ hostname; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1; }} > {NODE_FILE} || true",
         "set +e  # from here on, every ending leaves its exit status in the run folder",
         "# fbench assumes a filesystem shared by every node: check the paths on each node first.",
         f"{srun} bash -c 'for p in \"$@\"; do [ -e \"$p\" ] || {{ echo \"fbench: $p is missing on $(hostname): "

@@ -179,7 +179,20 @@ def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, e
     return finish(backend, job, outcome, base, machine.gpu_name)
 
 
-REASON_LINES = 60  # a failure reason keeps the log's last lines, never a whole log
+# A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
+REASON_LINES = 60
+REASON_CHARS = 4000
+
+
+def _shortened(reason: str) -> str:
+    lines = reason.splitlines()
+    if len(lines) > REASON_LINES:
+        lines = lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"] + lines[-REASON_LINES // 2:]
+    reason = "\n".join(lines)
+    if len(reason) > REASON_CHARS:
+        half = REASON_CHARS // 2
+        reason = f"{reason[:half]} [... {len(reason) - REASON_CHARS} characters left out ...] {reason[-half:]}"
+    return reason
 
 
 def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: dict,
@@ -195,10 +208,7 @@ def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: di
         result.status = "failed"
         result.reason = f"fbench could not read the run back: {type(e).__name__}: {e}\n{_tail_of(e)}".rstrip()
     if result.reason:
-        lines = result.reason.splitlines()
-        if len(lines) > REASON_LINES:
-            result.reason = "\n".join(lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"]
-                                      + lines[-REASON_LINES // 2:])
+        result.reason = _shortened(result.reason)
     _save(result)
     return result
 

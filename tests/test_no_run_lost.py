@@ -360,6 +360,32 @@ def test_sigterm_to_check_backend_stops_its_worker_and_says_so(fakes, fbench_hom
         _end(fbench_home)
 
 
+def test_sigterm_to_env_create_removes_the_half_built_env_and_its_children(fakes, fbench_home):
+    proc = _start_host("env", "create", "fake_ok", "--flavour", "cpu")
+    try:
+        deadline = time.monotonic() + 120
+        while not processes_mentioning(".fake_ok.building-"):  # `python -m venv` is building it
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "interrupted" in err, (out, err)
+        assert not list((fbench_home / "envs").glob(".fake_ok.building-*"))
+        assert _gone(fbench_home, 5)
+    finally:
+        _end(fbench_home)
+
+
+def test_a_half_built_env_left_by_a_killed_create_is_swept(fbench_home):
+    from framework_bench import envs
+    stale = envs.env_path("fake_ok").with_name(".fake_ok.building-4194305")  # above any pid Linux hands out
+    (stale / "bin").mkdir(parents=True)
+    live = envs.env_path("fake_ok").with_name(f".fake_ok.building-{os.getpid()}")
+    live.mkdir()
+    assert envs.sweep_building("fake_ok") == [stale]
+    assert not stale.exists() and live.exists()
+
+
 # ---------------------------------------------------------------------------------------
 # 9: impossible figures
 
@@ -391,6 +417,21 @@ def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
     steps = [StepMetric(step=i, seconds=1e-9, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
     out = metrics.figures(s, steps, peak_tflops=1.0, gpu_name="NVIDIA H100")
     assert "above the peak" in out["impossible"] and out.get("mfu") is None and out.get("tgs") is None
+
+
+def test_the_share_of_torch_pairs_runs_by_their_stored_definition(tmp_path, fbench_home):
+    from framework_bench import report, scenario
+    short = scenario.load("tiny_cpu")
+    longer = short.model_copy(update={"context_length": 2048})  # the same file, edited between the runs
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as store:
+        store.add(results.RunResult(backend="torch", scenario="tiny_cpu", status="ok", tgs=400.0), longer, manifest_={})
+        store.add(results.RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", tgs=1600.0), short, manifest_={})
+        rows = store.latest_by_point()
+    table = report.scenario_table(rows)
+    assert "400%" not in str(table) and "400 %" not in str(table)
+    from framework_bench.compare import percent_of_reference
+    assert ("tiny_cpu", "xtuner") not in percent_of_reference(report._pairing(rows))
 
 
 # ---------------------------------------------------------------------------------------
@@ -441,7 +482,8 @@ def test_a_worker_writing_200k_extra_steps_gets_a_short_reason(fakes, fbench_hom
     db = tmp_path / "r.sqlite"
     run_fake("fake_extra_steps", db)
     row = one_row(db, fbench_home)
-    assert row["status"] != "ok" and len(row["reason"].splitlines()) <= 61
+    assert row["status"] == "invalid" and "repeated or extra" in row["reason"]
+    assert len(row["reason"].splitlines()) <= 61 and len(row["reason"]) < 4200  # was 1.5 MB on one line
 
 
 def test_out_defaults_to_the_state_folder(fakes, fbench_home, tmp_path, monkeypatch):

@@ -96,10 +96,17 @@ ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
 ENTRY_POINTS |= {f"fake_{mode}": f"fbench_fake_backends:{mode}" for mode in LIARS + BAD_LINES + PLUGIN_FAULTS}
 
 
-def register_through_entry_points(site: Path) -> None:
-    """Write a dist-info into `site` declaring the fake backends; put `site` on sys.path to install."""
-    info = site / "fbench_fake_backends-0.0.dist-info"
+# Two plugins of one distribution answering to one backend name (issue 19, item 15).
+twin_a = FakeBackend("fake_twin_a", "ok", info_name="fake_twin")
+twin_b = FakeBackend("fake_twin_b", "ok", info_name="fake_twin")
+
+
+def register_through_entry_points(site: Path, entry_points: dict[str, str] | None = None,
+                                  distribution: str = "fbench-fake-backends") -> None:
+    """Write a dist-info into `site` declaring the fake backends (or `entry_points`, as
+    `distribution`); put `site` on sys.path to install."""
+    info = site / f"{distribution.replace('-', '_')}-0.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-fake-backends\nVersion: 0.0\n")
-    lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in ENTRY_POINTS.items()]
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.0\n")
+    lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in (entry_points or ENTRY_POINTS).items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
