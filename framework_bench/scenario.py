@@ -6,6 +6,7 @@ Every field is defined and validated here; YAML files in `scenarios/` are parsed
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -70,6 +71,17 @@ class ModelSpec(_Strict):
     def arch(self) -> ModelArch:
         base = PRESETS[self.preset].model_dump() if self.preset else {}
         return ModelArch.model_validate({**base, **self.config})
+
+    @model_validator(mode="after")
+    def _buildable(self) -> "ModelSpec":
+        """The architecture's errors under their place in the file (`model.config.FIELD`)."""
+        try:
+            arch = self.arch()
+        except ValidationError as e:
+            raise ValueError("; ".join(f"config.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+        if not math.isfinite(arch.rope_theta):
+            raise ValueError(f"config.rope_theta: {arch.rope_theta} is not a finite number")
+        return self
 
 
 class Cluster(_Strict):
@@ -251,9 +263,23 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+MAX_FILE_BYTES = 1 << 20  # a scenario is a few hundred bytes: a larger file is not one (/dev/zero, a dataset)
+
+
+def _read_text(path: Path) -> str:
+    """A scenario file's text: a regular file of at most MAX_FILE_BYTES, never an endless device."""
+    if path.exists() and not path.is_file():
+        raise ScenarioError(f"{path}: cannot read: not a regular file")
+    with path.open("rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError(f"{path}: cannot read: larger than {MAX_FILE_BYTES >> 20} MiB, not a scenario file")
+    return data.decode("utf-8")
+
+
 def load_file(path: Path) -> Scenario:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(_read_text(path))
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
