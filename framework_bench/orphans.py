@@ -15,6 +15,8 @@ import signal
 import time
 from pathlib import Path
 
+from framework_bench.scenario import Scenario
+
 HOST_FILE = "host.json"
 
 
@@ -28,9 +30,12 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def claim(run_dir: Path, db: Path | None) -> None:
-    (run_dir / HOST_FILE).write_text(json.dumps({"pid": os.getpid(), "started": _start_time(os.getpid()),
-                                                 "db": str(db) if db else None}))
+def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, settings_mode: str) -> None:
+    """Mark `run_dir` (made here) as this process's to store in `db`, with what its row needs."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / HOST_FILE).write_text(json.dumps({
+        "pid": os.getpid(), "started": _start_time(os.getpid()), "db": str(db) if db else None,
+        "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json")}))
 
 
 def release(run_dir: Path | None) -> None:
@@ -80,7 +85,6 @@ def end_leftovers(run_dir: Path) -> int:
 def recover(root: Path) -> list[str]:
     """Store each run under `root` whose host died before storing it; one line for each."""
     from framework_bench import results
-    from framework_bench.backend import Job
     from framework_bench.metrics import RunResult
 
     lines = []
@@ -101,12 +105,15 @@ def recover(root: Path) -> list[str]:
             what += f"; {ended} process(es) of it were still running and are now stopped"
         if record.get("db"):
             try:
-                job = Job.model_validate_json((run_dir / "job.json").read_text())
-                result = RunResult(backend=job.backend, scenario=job.scenario.name, status="failed", run_dir=run_dir,
-                                   data_sha256=job.data_sha256, settings_mode=job.settings_mode,
-                                   reason=f"the fbench host (pid {record['pid']}) died during the run")
+                scenario = Scenario.model_validate(record["scenario"])
+                job_file = run_dir / "job.json"
+                stage = "during the run" if job_file.exists() else "while packing the data"
+                sha = json.loads(job_file.read_text()).get("data_sha256") if job_file.exists() else None
+                result = RunResult(backend=record["backend"], scenario=scenario.name, status="failed", run_dir=run_dir,
+                                   settings_mode=record["settings_mode"], data_sha256=sha,
+                                   reason=f"the fbench host (pid {record['pid']}) died {stage}")
                 with results.ResultStore(record["db"]) as store:
-                    kept = results.save(store, result, job.scenario)
+                    kept = results.save(store, result, scenario)
                 what += f": kept in {kept} for the next command" if kept else \
                     f": stored as failed result {result.result_id} in {record['db']}"
             except Exception as e:  # noqa: BLE001 - one damaged folder must not stop the others

@@ -70,10 +70,14 @@ def memory_shortfall(scenario: Scenario, machine: Machine, framework: str) -> st
     return None if e.fits else f"would not fit: {e.summary()}; --force runs it anyway"
 
 
-def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
-             settings_mode: str = "matched") -> Job:
+def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
+    return (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
+
+
+def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
+             settings_mode: str = "matched", run_dir: Path | None = None) -> Job:
+    run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
                settings_mode=settings_mode)
@@ -111,19 +115,40 @@ def run_one(
         setup = (not env.ready and verdicts.machine_shortfall(scenario, machine) is None
                  and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return RunResult(**base, status="failed" if setup else "unsupported", reason=reason)
+    # From here on the run is the host's to store: claimed in its run folder before packing, so
+    # that should fbench die now (packing, the worker, storing), the next command stores it.
+    run_dir = new_run_dir(backend_name, scenario, root)
+    try:
+        orphans.claim(run_dir, db, backend_name, scenario, settings_mode)
+    except OSError as e:  # a full or read-only runs folder: nothing was launched
+        return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}")
+    try:
+        return _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
+                                   launcher, on_step)
+    except BaseException:
+        orphans.release(run_dir)  # a user error while packing (bad data) is said by the CLI, not stored
+        raise
+    finally:
+        if db is None:  # nobody stores it: nothing for a later command to recover
+            orphans.release(run_dir)
+
+
+def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base: dict, machine: Machine,
+                        data: PackedData | None, run_dir: Path, settings_mode: str, timeout: float | None,
+                        launcher: launch.Launcher | None, on_step: StepCallback) -> RunResult:
     try:
         data = data or pack(scenario, progress=False, say=lambda msg: None)
     except KeyboardInterrupt:
-        return RunResult(**base, status="interrupted", reason="interrupted while packing the data")
+        return RunResult(**base, status="interrupted", reason="interrupted while packing the data", run_dir=run_dir)
     try:
-        job = make_job(backend_name, scenario, data, machine, root, settings_mode)
+        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir)
         job.write()
     except OSError as e:  # a full or read-only runs folder: nothing was launched
-        return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256)
+        return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
+                         run_dir=run_dir)
     # From here on a worker may run: whatever goes wrong in the host ends as this run's
     # result, never as a traceback that leaves the worker behind and the row unstored.
     try:
-        orphans.claim(job.run_dir, db)
         return _launch_and_finish(backend, job, scenario, env, base, machine, timeout, launcher, on_step)
     except Exception as e:  # noqa: BLE001 - any host or plugin error after the job exists
         result = RunResult(**base, status="failed", run_dir=job.run_dir, data_sha256=data.sha256,
@@ -135,9 +160,6 @@ def run_one(
                            reason="interrupted while fbench read the run back")
         _save(result)
         return result
-    finally:
-        if db is None:  # nobody stores it: nothing for a later command to recover
-            orphans.release(job.run_dir)
 
 
 def _tail_of(e: BaseException) -> str:

@@ -344,7 +344,8 @@ def test_a_live_hosts_run_is_left_alone(fbench_home, tmp_path):
     from framework_bench import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000002"
     run_dir.mkdir(parents=True)
-    orphans.claim(run_dir, tmp_path / "r.sqlite")  # this very process is the host
+    from framework_bench import scenario
+    orphans.claim(run_dir, tmp_path / "r.sqlite", "fake_ok", scenario.load("tiny_cpu"), "matched")  # this process is the host
     assert orphans.recover(fbench_home / "runs") == [] and (run_dir / orphans.HOST_FILE).exists()
 
 
