@@ -520,8 +520,7 @@ def compare(
         _print_differences([_result_dict(r) for r in results], settings)
         console.print(f"results stored in {store.path}")
     if results:
-        rows = [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
-        charts, md, page = _charts_and_report(rows, out)
+        charts, md, page = _charts_and_report(_stored_rows(store, by_name, settings), out)
         (err if as_json else console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
     if interrupted:
@@ -698,8 +697,7 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
     _print_reasons(results)
     console.print(f"results stored in {store.path}")
     if out is not None and results:
-        rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
-        charts, md, page = _charts_and_report(rows, out)
+        charts, md, page = _charts_and_report(_stored_rows(store, by_name), out)
         console.print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; report: {md}, {page}",
                       highlight=False)
     if interrupted:
@@ -772,6 +770,17 @@ def _keep(store, result, scenario) -> None:
     if kept:
         err.print(f"[yellow]the results file could not take the run now: kept in {escape(str(kept))}; "
                   "the next fbench command stores it[/yellow]", highlight=False, soft_wrap=True)
+
+
+def _stored_rows(store, by_name: dict, settings: str | None = None) -> list[dict]:
+    """The stored runs of these scenarios, read back for the charts: a store locked by another
+    process now is one line and exit 1; the runs are stored already."""
+    import sqlite3
+    try:
+        return [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
+    except sqlite3.Error as e:
+        fail(f"the runs are stored, but could not be read back for the charts and report: {e}; "
+             "`fbench report` makes them later")
 
 
 def _out(out: Path | None) -> Path:

@@ -140,6 +140,8 @@ def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base:
         data = data or pack(scenario, progress=False, say=lambda msg: None)
     except KeyboardInterrupt:
         return RunResult(**base, status="interrupted", reason="interrupted while packing the data", run_dir=run_dir)
+    except OSError as e:  # a full disk under the data cache: the run could not start
+        return RunResult(**base, status="failed", reason=f"cannot pack the data: {e}", run_dir=run_dir)
     try:
         job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir)
         job.write()

@@ -96,6 +96,9 @@ ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
 ENTRY_POINTS |= {f"fake_{mode}": f"fbench_fake_backends:{mode}" for mode in LIARS + BAD_LINES + PLUGIN_FAULTS}
 
 
+slow = FakeBackend("fake_slow", "slow")  # 0.4 s a step: the fault-injection test stops it mid-training
+ENTRY_POINTS["fake_slow"] = "fbench_fake_backends:slow"
+
 # Two plugins of one distribution answering to one backend name (issue 19, item 15).
 twin_a = FakeBackend("fake_twin_a", "ok", info_name="fake_twin")
 twin_b = FakeBackend("fake_twin_b", "ok", info_name="fake_twin")

@@ -69,6 +69,8 @@ for step in range(1, steps["warmup"] + steps["measured"] + 1):
     line = {"step": step, "seconds": 0.5, "tokens": ctx * (2 if mode == "double_tokens" else 1), "loss": 10.0 / step,
             "peak_mem_bytes": None, "peak_reserved_bytes": None, "rank": 0, **(OVERRIDE or {})}
     writer._fh.write(json.dumps(line) + "\n")
+    if mode == "slow":  # a run long enough to be caught mid-training
+        time.sleep(0.4)
     if step == 3 and mode in ("garbage_line", "slow_seconds"):
         # as a worker killed mid-write, or a buggy one, leaves it; long enough for the host's progress read
         writer._fh.write('{"step": 3, "seconds": "slow", "tokens": 1}\n' if mode == "slow_seconds" else '{"step": 4, "secon')
