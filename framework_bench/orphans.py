@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, sett
     """Mark `run_dir` (made here) as this process's to store in `db`, with what its row needs."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / HOST_FILE).write_text(json.dumps({
-        "pid": os.getpid(), "started": _start_time(os.getpid()), "db": str(db) if db else None,
+        "pid": os.getpid(), "started": _start_time(os.getpid()), "hostname": socket.gethostname(),
+        "db": str(db) if db else None,
         "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json")}))
 
 
@@ -44,7 +46,19 @@ def release(run_dir: Path | None) -> None:
 
 
 def _host_alive(record: dict) -> bool:
-    return record.get("started") is not None and _start_time(record["pid"]) == record["started"]
+    """Whether the run's host may still be running it. A run started on another machine sharing
+    FBENCH_HOME is that machine's to judge; without /proc, a live pid is taken as the host."""
+    if record.get("hostname") != socket.gethostname():
+        return True
+    if record.get("started") is None:
+        try:
+            os.kill(record["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _start_time(record["pid"]) == record["started"]
 
 
 def _naming(run_dir: Path) -> list[int]:

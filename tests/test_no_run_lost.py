@@ -325,7 +325,8 @@ def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_h
     from framework_bench import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000001"
     run_dir.mkdir(parents=True)
-    (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": 2**22 + 1, "started": "1", "db": None}))
+    (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": 2**22 + 1, "started": "1", "db": None,
+                                                        "hostname": __import__("socket").gethostname()}))
     named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir / "job.json")],
                              start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / "elsewhere")],
@@ -338,6 +339,15 @@ def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_h
     finally:
         named.kill()
         other.kill()
+
+
+def test_a_run_of_another_machine_sharing_fbench_home_is_left_alone(fbench_home, tmp_path):
+    from framework_bench import orphans
+    run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000003"
+    run_dir.mkdir(parents=True)
+    (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": 2**22 + 1, "started": "1", "db": None,
+                                                        "hostname": "another-login-node"}))
+    assert orphans.recover(fbench_home / "runs") == [] and (run_dir / orphans.HOST_FILE).exists()
 
 
 def test_a_live_hosts_run_is_left_alone(fbench_home, tmp_path):
