@@ -410,7 +410,8 @@ def run(
         console.print(f"data sha256 {r.data_sha256}; {r.settings_mode} settings")
         if r.run_dir:
             console.print(f"run folder {r.run_dir}")
-        console.print(f"stored as result {r.result_id} in {store.path}", highlight=False, markup=False)
+        if r.result_id is not None:  # else kept beside the store, as said above
+            console.print(f"stored as result {r.result_id} in {store.path}", highlight=False, markup=False)
     if code := _exit_code([r]):
         raise typer.Exit(code)
 

@@ -200,6 +200,9 @@ def node_log(log_path: Path, node: int) -> Path:
 
 
 HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host itself: torchrun's children too
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Neither is given to a SLURM job: its processes are the scheduler's, ended with the job, and
+# the host that submitted it may well be gone by design (`results collect` later).
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -219,8 +222,6 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
     return arm
 
-
-PR_SET_PDEATHSIG = 1
 
 
 def execute(
