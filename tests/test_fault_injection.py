@@ -176,12 +176,14 @@ def _one_row_or_printed(host: subprocess.CompletedProcess, home: Path, db: Path,
                             "--db", str(db)], capture_output=True, text=True, timeout=120,
                            env={**env, "FBENCH_HOME": str(home)})
     assert "Traceback" not in host.stderr + after.stderr, (host.stderr, after.stderr)
+    assert processes_mentioning(str(home)) == []
     rows = _rows(db)
     printed = [l for l in host.stderr.splitlines() if l.startswith('{"result"')]
+    if not rows and "needs" in host.stderr and "free some space" in host.stderr:
+        return  # a full disk found by packing's own check: refused before anything ran, said in one line
     assert len(rows) + len(printed) == 1, (rows, host.returncode, host.stderr[-3000:], after.stderr)
     if printed:
         assert host.returncode == 1 and json.loads(printed[0])["result"]["backend"]
-    assert processes_mentioning(str(home)) == []
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
