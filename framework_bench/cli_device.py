@@ -56,4 +56,4 @@ def estimate(
     """The check's runs and their estimated seconds on one H200."""
     from framework_bench import device_check
     for line in device_check.dry_lines(budget):
-        console.print(line, markup=False)
+        typer.echo(line)

@@ -92,11 +92,18 @@ def estimate_s(backend: str, s: Scenario, startups: dict[str, float]) -> float:
 
 
 def plan(device: str, backends: tuple[str, ...] = BACKENDS) -> list[Planned]:
-    """Every run the check may start, in order (ZeRO-3 last, conditional)."""
+    """Every run the check may start, in order (ZeRO-3 last, conditional). A run outside its
+    backend's declared capabilities (the torch reference has no ZeRO) costs nothing: it is
+    stored `unsupported` at once."""
     startups = rehearsal_startups()
     names = [TINY[device]] + (list(SEVEN_B) + [ZERO3] if device == "cuda" else [])
-    return [Planned(backend=b, scenario=n, estimate_s=round(estimate_s(b, load_scenario(n), startups), 1))
-            for n in names for b in backends]
+    planned = []
+    for n in names:
+        s = load_scenario(n)
+        for b in backends:
+            refused = plugins.get(b).info.capabilities.refusal(s, b) is not None
+            planned.append(Planned(backend=b, scenario=n, estimate_s=0.0 if refused else round(estimate_s(b, s, startups), 1)))
+    return planned
 
 
 def dry_lines(budget_s: float) -> list[str]:
@@ -106,7 +113,8 @@ def dry_lines(budget_s: float) -> list[str]:
         fits = used + p.estimate_s <= budget_s and (p.scenario != ZERO3 or budget_s - used >= ZERO3_MIN_LEFT_S)
         used += p.estimate_s if fits else 0.0
         lines.append(f"{p.scenario:28} {p.backend:13} {p.estimate_s:6.1f} s  "
-                     + ("" if fits else "(would not fit: stored unsupported, check budget)"))
+                     + ("(refused by its capabilities)" if not p.estimate_s else
+                        "" if fits else "(would not fit: stored unsupported, check budget)"))
     lines.append(f"estimated on one H200: {used / 60:.1f} minutes of runs inside the {budget_s / 60:.1f}-minute budget "
                  f"(steps: published A100 figures x{H200_OVER_A100:.2f} peak ratio x{STEP_SAFETY} safety; start-up: "
                  f"the CPU rehearsal's x{STARTUP_FACTOR} + {MODEL_7B_BUILD_S:.0f} s to build a 7B + "

@@ -13,6 +13,7 @@ checkout. Never the network, an index or the user's pip configuration: pip runs 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,11 @@ def backend_projects(root: Path = ROOT) -> list[Path]:
 
 def install(bundle: Path, work: Path, root: Path = ROOT) -> Path:
     """Make WORK/host and return its Python, which runs `-m framework_bench.cli`."""
+    python_version = json.loads((bundle / "manifest.json").read_text())["python"]
+    if python_version != "%d.%d" % sys.version_info[:2]:
+        raise SystemExit(f"the bundle {bundle} is for Python {python_version}; this is {sys.version.split()[0]} "
+                         f"({sys.executable}): build one with `fbench device bundle DIR --python "
+                         f"{sys.version_info[0]}.{sys.version_info[1]}`")
     host = work / "host"
     if host.exists():
         shutil.rmtree(host)  # seconds to remake; never a half-updated layer
