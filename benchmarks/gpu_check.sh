@@ -38,8 +38,7 @@ done
 BACKENDS=(torch xtuner llamafactory)
 
 if [ "$dry" = 1 ]; then
-  # fbench's host as installed here (FBENCH names its command; default: this Python's module).
-  if [ -n "${FBENCH:-}" ]; then fb=("$FBENCH"); else fb=(env PYTHONPATH="$root" "$PY" -m framework_bench.cli); fi
+  fb=("${FBENCH:-fbench}")  # fbench's host as installed here (FBENCH names its command)
   scenario_args=()
   for s in tiny_cuda llama2_7b_8k_1gpu llama2_7b_32k_1gpu llama2_7b_8k_1gpu_zero3; do scenario_args+=(--scenario "$s"); done
   "${fb[@]}" compare "${scenario_args[@]}" --backends "$(IFS=,; echo "${BACKENDS[*]}")" --launcher local --dry-run
@@ -52,7 +51,7 @@ mkdir -p "$out" && out=$(cd "$out" && pwd)
 started=$(date +%s)
 host_python=$(PYTHONPATH="$root" "$PY" -m framework_bench.device_install --bundle "$bundle" --work "$work" | tail -n 1)
 export FBENCH_HOME="$work/home" FBENCH_DATA="$bundle/data/alpaca-demo"
-fb=("$host_python" -m framework_bench.cli)
+fb=("$(dirname "$host_python")/fbench")
 extra=()
 if command -v nvidia-smi >/dev/null; then
   flavour=cuda

@@ -37,7 +37,7 @@ def backend_projects(root: Path = ROOT) -> list[Path]:
 
 
 def install(bundle: Path, work: Path, root: Path = ROOT) -> Path:
-    """Make WORK/host and return its Python, which runs `-m framework_bench.cli`."""
+    """Make WORK/host and return its Python (its `fbench` beside it)."""
     python_version = json.loads((bundle / "manifest.json").read_text())["python"]
     if python_version != "%d.%d" % sys.version_info[:2]:
         raise SystemExit(f"the bundle {bundle} is for Python {python_version}; this is {sys.version.split()[0]} "
@@ -57,7 +57,7 @@ def install(bundle: Path, work: Path, root: Path = ROOT) -> Path:
                    check=True, env=env)
     editable = [arg for project in [root, *backend_projects(root)] for arg in ("-e", str(project))]
     subprocess.run(pip + ["--no-build-isolation", *editable], check=True, env=env)
-    subprocess.run([str(python), "-m", "framework_bench.cli", "--help"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([str(host / "bin" / "fbench"), "--help"], check=True, env=env, stdout=subprocess.DEVNULL)
     return python
 
 

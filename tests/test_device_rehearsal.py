@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def test_install_and_run_offline_from_the_bundle(tmp_path):
     this_python = "%d.%d" % subprocess.run(  # the stand-in's Python, which the bundle targets
         [str(python), "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True,
         check=True).stdout.split()
-    subprocess.run([sys.executable, "-m", "framework_bench.cli", "device", "bundle", str(bundle), "--python", this_python],
+    subprocess.run([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(bundle), "--python", this_python],
                    check=True)
     checkout = copy_checkout(tmp_path / "checkout")
     assert not (checkout / ".venv").exists() and not (checkout / ".fbench").exists()
@@ -106,8 +107,8 @@ def test_install_and_run_offline_from_the_bundle(tmp_path):
     assert {(r["backend"], r["scenario"], r["status"]) for r in runs} == {(b, "tiny_cpu", "ok") for b in BACKENDS}
     table = (out / "table.txt").read_text()
     for b in BACKENDS:
-        assert f"tiny_cpu  {b}" in table.replace("tiny_cpu ", "tiny_cpu  ", 1) or b in table
-    assert "<img" in (out / "report.html").read_text() or "data:image" in (out / "report.html").read_text()
+        assert re.search(rf"^tiny_cpu\s+{b}\s+ok\s", table, re.M), table
+    assert "data:image" in (out / "report.html").read_text()  # charts inlined
     assert "===== tiny_cpu / xtuner: ok" in (out / "logs.txt").read_text()
     # the envs run over the stand-in's torch and the bundle's frameworks, installed in the work folder
     for b in BACKENDS:
