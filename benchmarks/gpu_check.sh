@@ -4,7 +4,9 @@
 #
 #   bash benchmarks/gpu_check.sh --dry                       # plans + the estimate on one H200
 #   bash benchmarks/gpu_check.sh --bundle DIR --out OUTDIR   # install from DIR, then run
-#        [--budget SECONDS (420)] [--work DIR (/tmp/fbench-device)]
+#        [--budget SECONDS (420)] [--limit SECONDS] [--work DIR (/tmp/fbench-device)]
+# --limit: the whole script's time limit (the device tool's 600 s a call): the runs' budget is
+# cut to what the install leaves of it, less 20 s to write the files.
 #
 # DIR is made beforehand, where there is network: `fbench device bundle DIR --python 3.12`.
 # Real mode installs fbench's missing host wheels into a venv layered over the machine's
@@ -23,15 +25,16 @@ for var in $(compgen -e); do
 done
 export PIP_CONFIG_FILE=/dev/null
 PY=${FBENCH_PYTHON:-python3}
-dry=0 bundle="" out="" budget=420 work="${TMPDIR:-/tmp}/fbench-device"
+dry=0 bundle="" out="" budget=420 limit="" work="${TMPDIR:-/tmp}/fbench-device"
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry) dry=1 ;;
     --bundle) bundle=$2; shift ;;
     --out) out=$2; shift ;;
     --budget) budget=$2; shift ;;
+    --limit) limit=$2; shift ;;
     --work) work=$2; shift ;;
-    *) echo "gpu_check.sh: unknown argument $1 (use --dry, or --bundle DIR --out DIR [--budget S] [--work DIR])" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (use --dry, or --bundle DIR --out DIR [--budget S] [--limit S] [--work DIR])" >&2; exit 2 ;;
   esac
   shift
 done
@@ -66,5 +69,10 @@ for b in "${BACKENDS[@]}"; do
     --no-deps --requirements "$bundle/requirements-$b.txt" "${extra[@]}" || echo "gpu_check.sh: env create $b failed" >&2
 done
 "${fb[@]}" env list
-echo "install took $(( $(date +%s) - started )) s"
+installed=$(( $(date +%s) - started ))
+echo "install took $installed s"
+if [ -n "$limit" ] && [ $(( limit - installed - 20 )) -lt "$budget" ]; then
+  budget=$(( limit - installed - 20 ))
+  echo "runs' budget cut to $budget s by --limit $limit"
+fi
 exec "${fb[@]}" device check --out "$out" --budget "$budget" --device "$flavour"

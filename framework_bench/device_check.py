@@ -217,7 +217,10 @@ class Check:
         timeout = max(1.0, min(2 * p.estimate_s, left) if self.device == "cuda" else left)
         self.say(f"{s.name} {p.backend}: starting (estimate {p.estimate_s:.0f} s, timeout {timeout:.0f} s)")
         t0, w0 = time.monotonic(), time.time()
-        r = runner.run_one(p.backend, s, timeout=timeout)
+        try:
+            r = runner.run_one(p.backend, s, timeout=timeout)
+        except Exception as e:  # one broken run must not end a check that is never rerun
+            r = RunResult(**base, status="failed", reason=f"{type(e).__name__}: {e}")
         self.record(r, s, time.monotonic() - t0, self.sampler.mean(w0, time.time()))
         return r
 

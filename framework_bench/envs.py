@@ -134,6 +134,12 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
     # Read afresh each time, not frozen at creation: a package installed by hand (flash-attn,
     # say) is seen, and the plugins stop refusing what it enables.
     env.versions = installed_versions(path, site_dirs)
+    # An optional package the smoke test saw fail to import is not there for the plugins
+    # (`env.has` reads metadata only): its scenarios are refused until the env is re-created.
+    for module, state in (record.get("smoke_test") or {}).items():
+        if module in OPTIONAL_IMPORTS and str(state).startswith("import fails"):
+            for dist in [d for d in env.versions if d.lower().replace("-", "_") == module]:
+                del env.versions[dist]
     if not env.python.exists():
         env.problem = "broken: its Python is missing"
     elif spec is not None and made_from != _requirements_hash(spec, env.flavour):
@@ -173,6 +179,7 @@ def _run(argv: list[str], log, **kw) -> None:
         raise EnvError(f"`{' '.join(argv[:4])} ...` exited {proc.returncode}; see {log.name}")
 
 
+OPTIONAL_IMPORTS = ("deepspeed", "flash_attn")  # recorded by the smoke test, never required
 # Run inside a cuda-flavour env after creation: what every GPU run needs, checked once.
 # DeepSpeed and flash-attn are optional (a scenario needing one is refused by its backend):
 # recorded as a version, "absent" or "import fails: ...", never required. Importing, not reading
@@ -184,7 +191,7 @@ if out["cuda_available"]:
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     out["bf16_matmul"] = bool(torch.isfinite(a @ a).all())
     out["gpu"] = torch.cuda.get_device_name(0)
-for name in ("deepspeed", "flash_attn"):
+for name in ("deepspeed", "flash_attn"):  # OPTIONAL_IMPORTS
     try:
         out[name] = __import__(name).__version__
     except ModuleNotFoundError as e:

@@ -82,9 +82,9 @@ def test_install_and_run_offline_from_the_bundle(tmp_path):
     before = site_hash(python)
 
     bundle = tmp_path / "bundle"
-    this_python = "%d.%d" % subprocess.run(  # the stand-in's Python, which the bundle targets
-        [str(python), "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True,
-        check=True).stdout.split()
+    this_python = subprocess.run(  # the stand-in's Python, which the bundle targets
+        [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True,
+        check=True).stdout.strip()
     subprocess.run([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(bundle), "--python", this_python],
                    check=True)
     checkout = copy_checkout(tmp_path / "checkout")

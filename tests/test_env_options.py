@@ -162,3 +162,20 @@ def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_pat
     assert found["cuda_available"] is False and found["status"] == "failed"
     assert found["deepspeed"] == "import fails: RuntimeError: CUDA_HOME does not exist"
     assert found["flash_attn"] == "absent"
+
+
+def test_an_optional_package_that_failed_to_import_is_not_counted(fbench_home, tiny_spec, wheelhouse):
+    """`env.has` reads metadata: a deepspeed the cuda smoke test saw fail to import must not make
+    the plugins accept ZeRO scenarios. (The record is written as a cuda env's smoke test writes it:
+    no GPU here to run one.)"""
+    build_wheel(wheelhouse, "deepspeed", "0.18.4")
+    # the cuda flavour (the one with a smoke test; not run here, no GPU): the cpu one would prebuild ops
+    env = envs.create("tiny", tiny_spec, "cuda", options=offline(wheelhouse, with_specs=["deepspeed==0.18.4"]))
+    assert env.has("deepspeed")
+    record_file = env.path / envs.RECORD
+    record = json.loads(record_file.read_text())
+    record["smoke_test"] = {"status": "passed", "deepspeed": "import fails: RuntimeError: CUDA_HOME does not exist",
+                            "flash_attn": "absent"}
+    record_file.write_text(json.dumps(record))
+    again = envs.inspect("tiny", tiny_spec)
+    assert again.ready and not again.has("deepspeed") and again.version("fbench_tiny_a") == "0.1"
