@@ -91,23 +91,36 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fetch(req: Requirement, python: str, platforms: tuple[str, ...], into: Path, log) -> bool:
-    """The wheel of `req` for the target in `into`; True if it had to be built here."""
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    download = [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", python,
-                "--implementation", "cp", "-d", str(into), str(req)]
+def _pip() -> list[str]:
+    return [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+
+
+def _download(reqs: list[Requirement], python: str, platforms: tuple[str, ...], into: Path, log) -> bool:
+    argv = [*_pip(), "download", "--no-deps", "--only-binary=:all:", "--python-version", python,
+            "--implementation", "cp", "-d", str(into), *map(str, reqs)]
     for platform in platforms:
-        download += ["--platform", platform]
-    if subprocess.run(download, stdout=log, stderr=subprocess.STDOUT).returncode == 0:
-        return False
-    # No wheel on the index (deepspeed ships an sdist): build one here. Its ops stay off
-    # (DS_BUILD_OPS=0): they are compiled at first use where they run. The tag check then
-    # refuses anything the build made for this machine rather than the target.
-    built = subprocess.run([*pip, "wheel", "--no-deps", "-w", str(into), str(req)], stdout=log,
-                           stderr=subprocess.STDOUT, env={**os.environ, "DS_BUILD_OPS": "0"})
-    if built.returncode:
-        raise BundleError(f"no wheel of {req} for Python {python} and none could be built here; see {log.name}")
-    return True
+        argv += ["--platform", platform]
+    return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode == 0
+
+
+def _fetch(reqs: list[Requirement], python: str, platforms: tuple[str, ...], into: Path, log) -> set[str]:
+    """The wheels of `reqs` for the target in `into` (one pip call per list; one per package
+    when some has no wheel); returns the names of those built here."""
+    if _download(reqs, python, platforms, into, log):
+        return set()
+    built = set()
+    for req in reqs:
+        if _download([req], python, platforms, into, log):
+            continue
+        # No wheel on the index (deepspeed ships an sdist): build one here. Its ops stay off
+        # (DS_BUILD_OPS=0): they are compiled at first use where they run. The tag check then
+        # refuses anything the build made for this machine rather than the target.
+        done = subprocess.run([*_pip(), "wheel", "--no-deps", "-w", str(into), str(req)], stdout=log,
+                              stderr=subprocess.STDOUT, env={**os.environ, "DS_BUILD_OPS": "0"})
+        if done.returncode:
+            raise BundleError(f"no wheel of {req} for Python {python} and none could be built here; see {log.name}")
+        built.add(canonicalize_name(req.name))
+    return built
 
 
 def build(dest: Path, python: str = "3.12", platforms: tuple[str, ...] = PLATFORMS, lists_dir: Path = LISTS_DIR,
@@ -124,22 +137,26 @@ def build(dest: Path, python: str = "3.12", platforms: tuple[str, ...] = PLATFOR
         for name in list_names(lists_dir):
             reqs = read_list(lists_dir / f"requirements-{name}.txt")
             lists[name] = []
+            into = Path(tmp, name)
+            into.mkdir()
+            say(f"{name}: {' '.join(map(str, reqs))}")
+            built_here = _fetch(reqs, python, platforms, into, log)
+            wheels = {parse_wheel_filename(w.name)[0]: w for w in into.glob("*.whl")}
             for req in reqs:
-                into = Path(tmp, name, canonicalize_name(req.name))
-                into.mkdir(parents=True)
-                say(f"{name}: {req}")
-                built = _fetch(req, python, platforms, into, log)
-                (wheel,) = into.glob("*.whl")
+                wheel = wheels.get(canonicalize_name(req.name))
+                if wheel is None:
+                    raise BundleError(f"asked for {req}, pip fetched no wheel of it; see {log.name}")
                 check_tags(wheel, tags)
-                dist, version = parse_wheel_filename(wheel.name)[:2]
-                if dist != canonicalize_name(req.name) or version not in req.specifier:
+                version = parse_wheel_filename(wheel.name)[1]
+                if version not in req.specifier:
                     raise BundleError(f"asked for {req}, got {wheel.name}")
+                built = canonicalize_name(req.name) in built_here
                 digest = sha256(wheel)
                 if digest not in by_sha:
                     if (wheels_dir / wheel.name).exists():
                         raise BundleError(f"two different builds named {wheel.name}")
                     shutil.copy2(wheel, wheels_dir / wheel.name)
-                    by_sha[digest] = Wheel(file=wheel.name, name=str(dist), version=str(version), sha256=digest,
+                    by_sha[digest] = Wheel(file=wheel.name, name=canonicalize_name(req.name), version=str(version), sha256=digest,
                                            bytes=wheel.stat().st_size, built_here=built)
                 lists[name].append(by_sha[digest].file)
             # What pip installs, by pin, from --find-links wheels/ with --no-index --no-deps.

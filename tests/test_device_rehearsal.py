@@ -38,7 +38,8 @@ def make_standin(path: Path) -> Path:
     CUDA builds import there. Built online, before anything offline starts."""
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     python = path / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "benchmarks/device/standin-cpu.txt")],
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile", "-r",
+                    str(ROOT / "benchmarks/device/standin-cpu.txt")],
                    check=True)
     fix = ("from fbench_xtuner.env_fixups import guard_torchvision_fake_ops as g; print(g()); "
            "from fbench_llamafactory.env_fixups import disable_torchaudio_libs as d; d(); import torchvision, torchaudio")
