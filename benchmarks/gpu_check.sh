@@ -1,55 +1,78 @@
 #!/usr/bin/env bash
-# One-shot check on a machine with one NVIDIA GPU and no network (e.g. the device machine).
+# The one-GPU check, on a machine with no network (the device machine: python3 is Python 3.12
+# with torch; no pydantic, deepspeed or flash-attn; benchmarks/device/h200-python312.txt).
 #
-#   bash benchmarks/gpu_check.sh --dry                 # plans only: runs on any machine (CI does)
-#   bash benchmarks/gpu_check.sh --wheels DIR [--out DIR]
+#   bash benchmarks/gpu_check.sh --dry                       # plans + the estimate on one H200
+#   bash benchmarks/gpu_check.sh --bundle DIR --out OUTDIR   # install from DIR, then run
+#        [--budget SECONDS (420)] [--limit SECONDS] [--work DIR (/tmp/fbench-device)]
+# --limit: the whole script's time limit (the device tool's 600 s a call): the runs' budget is
+# cut to what the install leaves of it, less 20 s to write the files.
 #
-# Real mode: builds both backend envs from carried wheels over the machine's own torch
-# (--system-site-packages, DIR/<backend>/*.whl installed with --no-index --no-deps: the
-# frameworks declare dependencies their trainer path never imports; see
-# ../shared/device-wheels/README.md), then runs tiny-llama on CUDA bf16 and the one-GPU
-# Llama2-7B scenarios for both backends, prints one table (TGS, TFLOPs, MFU, peak
-# allocated/reserved, start-up) and writes every run as JSON into --out.
-# The machine has no network: FBENCH_DATA must name a carried folder holding
-# alpaca_en_demo.json and alpaca_zh_demo.json, and fbench's host dependencies (pydantic,
-# typer, pluggy, rich, pyyaml, matplotlib, tokenizers) must be importable there (FBENCH names
-# the fbench command to use, default .venv/bin/fbench).
+# DIR is made beforehand, where there is network: `fbench device bundle DIR --python 3.12`.
+# Real mode installs fbench's missing host wheels into a venv layered over the machine's
+# python3 and fbench with its backends editable from this checkout
+# (framework_bench/device_install.py), builds every backend env over the machine's own torch
+# from DIR (--no-index --no-deps), then runs `fbench device check` (framework_bench/device_check.py:
+# the order, the budget, the files of OUTDIR). On a machine without a GPU it does the same with
+# the cpu flavour and tiny_cpu: the rehearsal (tests/test_device_rehearsal.py).
+# Nothing here reads .venv, ../shared, the user's pip configuration or the network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FBENCH=${FBENCH:-.venv/bin/fbench}
-SCENARIOS=(tiny_cuda llama2_7b_8k_1gpu llama2_7b_32k_1gpu llama2_7b_8k_1gpu_zero3)
-BACKENDS=(xtuner llamafactory)
-dry=0 wheels="" out="gpu_check"
+root=$(pwd)
+# PIP_FIND_LINKS and a config file's indexes or constraints are honoured even with --no-index.
+for var in $(compgen -e); do
+  case "$var" in PIP_*) unset "$var" ;; esac
+done
+export PIP_CONFIG_FILE=/dev/null
+PY=${FBENCH_PYTHON:-python3}
+dry=0 bundle="" out="" budget=420 limit="" work="${TMPDIR:-/tmp}/fbench-device"
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry) dry=1 ;;
-    --wheels) wheels=$2; shift ;;
+    --bundle) bundle=$2; shift ;;
     --out) out=$2; shift ;;
-    *) echo "gpu_check.sh: unknown argument $1 (use --dry, --wheels DIR, --out DIR)" >&2; exit 2 ;;
+    --budget) budget=$2; shift ;;
+    --limit) limit=$2; shift ;;
+    --work) work=$2; shift ;;
+    *) echo "gpu_check.sh: unknown argument $1 (use --dry, or --bundle DIR --out DIR [--budget S] [--limit S] [--work DIR])" >&2; exit 2 ;;
   esac
   shift
 done
-scenario_args=()
-for s in "${SCENARIOS[@]}"; do scenario_args+=(--scenario "$s"); done
-backends=$(IFS=,; echo "${BACKENDS[*]}")
+BACKENDS=(torch xtuner llamafactory)
 
 if [ "$dry" = 1 ]; then
-  exec "$FBENCH" compare "${scenario_args[@]}" --backends "$backends" --launcher local --dry-run
+  fb=("${FBENCH:-fbench}")  # fbench's host as installed here (FBENCH names its command)
+  scenario_args=()
+  for s in tiny_cuda llama2_7b_8k_1gpu llama2_7b_32k_1gpu llama2_7b_8k_1gpu_zero3; do scenario_args+=(--scenario "$s"); done
+  "${fb[@]}" compare "${scenario_args[@]}" --backends "$(IFS=,; echo "${BACKENDS[*]}")" --launcher local --dry-run
+  exec "${fb[@]}" device estimate --budget "$budget"
 fi
 
-[ -n "$wheels" ] || { echo "gpu_check.sh: real mode needs --wheels DIR (DIR/xtuner, DIR/llamafactory)" >&2; exit 2; }
-[ -n "${FBENCH_DATA:-}" ] || { echo "gpu_check.sh: set FBENCH_DATA to a folder holding alpaca_en_demo.json and alpaca_zh_demo.json (no network here)" >&2; exit 2; }
-command -v nvidia-smi >/dev/null || { echo "gpu_check.sh: no nvidia-smi: this is not a GPU machine (use --dry)" >&2; exit 1; }
-mkdir -p "$out"
+[ -n "$bundle" ] && [ -n "$out" ] || { echo "gpu_check.sh: real mode needs --bundle DIR and --out DIR (or --dry)" >&2; exit 2; }
+bundle=$(cd "$bundle" && pwd)
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+started=$(date +%s)
+host_python=$(PYTHONPATH="$root" "$PY" -m framework_bench.device_install --bundle "$bundle" --work "$work" | tail -n 1)
+export FBENCH_HOME="$work/home" FBENCH_DATA="$bundle/data/alpaca-demo"
+fb=("$(dirname "$host_python")/fbench")
+extra=()
+if command -v nvidia-smi >/dev/null; then
+  flavour=cuda
+  # ZeRO-3 through DeepSpeed, on the GPU only (the bundle's requirements-zero.txt).
+  while read -r spec; do extra+=(--with "$spec"); done < "$bundle/requirements-zero.txt"
+else
+  flavour=cpu
+fi
 for b in "${BACKENDS[@]}"; do
-  [ -d "$wheels/$b" ] || { echo "gpu_check.sh: no wheels for $b in $wheels/$b" >&2; exit 1; }
-  # The carried wheels are the requirements: exactly those, over the machine's torch.
-  req="$out/requirements-$b.txt"
-  ls "$(cd "$wheels/$b" && pwd)"/*.whl > "$req"
-  "$FBENCH" env create "$b" --flavour cuda --system-site-packages --no-index --find-links "$wheels/$b" \
-    --no-deps --requirements "$req"
+  # One backend's failed env must not stop the others: its runs are then stored as failed.
+  "${fb[@]}" env create "$b" --flavour "$flavour" --system-site-packages --no-index --find-links "$bundle/wheels" \
+    --no-deps --requirements "$bundle/requirements-$b.txt" "${extra[@]}" || echo "gpu_check.sh: env create $b failed" >&2
 done
-"$FBENCH" env list
-"$FBENCH" compare "${scenario_args[@]}" --backends "$backends" --db "$out/results.sqlite" --out "$out" || true
-"$FBENCH" results export json --db "$out/results.sqlite" > "$out/runs.json"
-echo "runs written to $out/runs.json"
+"${fb[@]}" env list
+installed=$(( $(date +%s) - started ))
+echo "install took $installed s"
+if [ -n "$limit" ] && [ $(( limit - installed - 20 )) -lt "$budget" ]; then
+  budget=$(( limit - installed - 20 ))
+  echo "runs' budget cut to $budget s by --limit $limit"
+fi
+exec "${fb[@]}" device check --out "$out" --budget "$budget" --device "$flavour"

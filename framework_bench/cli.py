@@ -18,6 +18,8 @@ env_app = typer.Typer(no_args_is_help=True, help="Each backend's own virtual env
 app.add_typer(env_app, name="env")
 results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite).")
 app.add_typer(results_app, name="results")
+from framework_bench.cli_device import device_app  # noqa: E402  (its own module; registered here)
+app.add_typer(device_app, name="device")
 DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
 OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for charts and the report (default: plots/ in FBENCH_HOME)")]
 SettingsOption = Annotated[str, typer.Option(

@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from framework_bench import site_layers
 from framework_bench.backend import BackendEnv, EnvSpec
 from framework_bench.scenario import PROJECT_ROOT
 
@@ -133,6 +134,12 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
     # Read afresh each time, not frozen at creation: a package installed by hand (flash-attn,
     # say) is seen, and the plugins stop refusing what it enables.
     env.versions = installed_versions(path, site_dirs)
+    # An optional package the smoke test saw fail to import is not there for the plugins
+    # (`env.has` reads metadata only): its scenarios are refused until the env is re-created.
+    for module, state in (record.get("smoke_test") or {}).items():
+        if module in OPTIONAL_IMPORTS and str(state).startswith("import fails"):
+            for dist in [d for d in env.versions if d.lower().replace("-", "_") == module]:
+                del env.versions[dist]
     if not env.python.exists():
         env.problem = "broken: its Python is missing"
     elif spec is not None and made_from != _requirements_hash(spec, env.flavour):
@@ -172,7 +179,11 @@ def _run(argv: list[str], log, **kw) -> None:
         raise EnvError(f"`{' '.join(argv[:4])} ...` exited {proc.returncode}; see {log.name}")
 
 
-# Run inside a cuda-flavour env after creation: what a GPU run needs, checked once.
+OPTIONAL_IMPORTS = ("deepspeed", "flash_attn")  # recorded by the smoke test, never required
+# Run inside a cuda-flavour env after creation: what every GPU run needs, checked once.
+# DeepSpeed and flash-attn are optional (a scenario needing one is refused by its backend):
+# recorded as a version, "absent" or "import fails: ...", never required. Importing, not reading
+# metadata: an installed package that fails to import must not count as present.
 SMOKE_TEST = """
 import json, torch
 out = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
@@ -180,30 +191,27 @@ if out["cuda_available"]:
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     out["bf16_matmul"] = bool(torch.isfinite(a @ a).all())
     out["gpu"] = torch.cuda.get_device_name(0)
-try:
-    import deepspeed
-    out["deepspeed"] = deepspeed.__version__
-except Exception as e:
-    out["deepspeed"] = "import failed: %s" % e
-try:
-    import flash_attn
-    out["flash_attn"] = flash_attn.__version__
-except ImportError:
-    out["flash_attn"] = None
+for name in ("deepspeed", "flash_attn"):  # OPTIONAL_IMPORTS
+    try:
+        out[name] = __import__(name).__version__
+    except ModuleNotFoundError as e:
+        out[name] = "absent" if e.name == name else "import fails: %s" % e
+    except Exception as e:
+        out[name] = "import fails: %s: %s" % (type(e).__name__, e)
 print(json.dumps(out))
 """
 
 
 def smoke_test(python: Path, gpu_here: bool) -> dict:
-    """The cuda flavour's check inside the env: CUDA available, a bf16 matmul on the GPU, deepspeed
-    imports, flash-attn's version. On a machine without a GPU it is not run, and says so."""
+    """The cuda flavour's check inside the env: CUDA available and a bf16 matmul on the GPU pass
+    it; deepspeed's and flash-attn's state is recorded. Without a GPU here it is not run, and says so."""
     if not gpu_here:
         return {"status": "not run: no GPU here"}
     proc = subprocess.run([str(python), "-c", SMOKE_TEST], capture_output=True, text=True)
     if proc.returncode:
         return {"status": "failed", "error": proc.stderr.strip().splitlines()[-1:]}
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    ok = found["cuda_available"] and found.get("bf16_matmul") and not str(found["deepspeed"]).startswith("import failed")
+    ok = found["cuda_available"] and found.get("bf16_matmul")
     return {"status": "passed" if ok else "failed", **found}
 
 
@@ -281,7 +289,10 @@ def create(
         with log_path.open("w") as log:
             say(f"{name}: creating venv in {building} (swapped in for {path} when complete)")
             venv = [sys.executable, "-m", "venv", "--prompt", name, str(building)]
-            _run(venv + (["--system-site-packages"] if options.system_site_packages else []), log)
+            # A venv host's own packages are what "the system's" means here (site_layers says why).
+            layered = options.system_site_packages and site_layers.is_venv()
+            _run(venv + (["--system-site-packages"] if options.system_site_packages and not layered else []), log)
+            inherited = site_layers.inherit(python) if layered else None
             say(f"{name}: pip install -r {requirements.name} (a few minutes)"
                 + (f", torch from {torch_index}" if torch_index else ""))
             # pip, not uv: only pip sees the local CPU torch build this machine offers.
@@ -306,7 +317,7 @@ def create(
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": round(time.monotonic() - started, 1),
             "host_python": sysconfig.get_python_version(),
-            "site_dirs": _site_dirs(python) if options.system_site_packages else [],
+            "site_dirs": inherited if layered else _site_dirs(python) if options.system_site_packages else [],
             "smoke_test": smoke,
             "versions": installed_versions(building),
         }

@@ -77,13 +77,23 @@ def test_wheelhouse_with_and_reinspection(fbench_home, tiny_spec, wheelhouse, tm
 
 
 def test_system_site_packages(fbench_home, tiny_spec, wheelhouse):
-    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, system_site_packages=True))
-    assert "include-system-site-packages = true" in (env.path / "pyvenv.cfg").read_text()
+    """This test's host Python is a venv (.venv): the env must see *its* packages (not the base
+    interpreter's) behind the env's own."""
+    import sys
+
+    assert sys.prefix != sys.base_prefix, "run from fbench's venv"
+    build_wheel(wheelhouse, "pluggy", "99.0")  # a host package the env shadows with its own copy
+    env = envs.create("tiny", tiny_spec, "cpu",
+                      options=offline(wheelhouse, system_site_packages=True, with_specs=["pluggy==99.0"]))
     record = json.loads((env.path / envs.RECORD).read_text())
-    assert record["site_dirs"], "the system's site-packages are recorded for inspection"
-    out = subprocess.run([str(env.python), "-c", "import sys; print(sys.flags.no_site, len(sys.path))"],
-                         capture_output=True, text=True, check=True)
-    assert out.returncode == 0 and env.version("fbench_tiny_a") == "0.1"
+    host_site = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
+    assert host_site in record["site_dirs"], "the host venv's site-packages are inherited and recorded"
+    out = subprocess.run([str(env.python), "-c", "import pluggy, typer, fbench_tiny_a; "
+                          "print(getattr(pluggy, 'VERSION', None)); print(typer.__file__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "99.0", "the env's own package wins over the host's"
+    assert out[1].startswith(host_site), "a host-only package comes from the host venv"
+    assert env.version("typer") and env.version("fbench_tiny_a") == "0.1"
 
 
 def test_bad_arguments_touch_nothing(fbench_home, tiny_spec, wheelhouse):
@@ -136,3 +146,36 @@ def test_old_driver_and_no_driver():
 
 def test_smoke_test_without_gpu_is_not_a_pass(tmp_path):
     assert envs.smoke_test(Path("/nonexistent/python"), gpu_here=False) == {"status": "not run: no GPU here"}
+
+
+def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_path, monkeypatch):
+    """Run in a real env (torch's): no CUDA here, so it fails on that alone; a deepspeed that is
+    installed but fails to import is recorded as such, an absent flash-attn as absent."""
+    from conftest import backend_env_or_skip
+
+    env = backend_env_or_skip("torch")
+    broken = tmp_path / "site" / "deepspeed"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('CUDA_HOME does not exist')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken.parent))
+    found = envs.smoke_test(env.python, gpu_here=True)
+    assert found["cuda_available"] is False and found["status"] == "failed"
+    assert found["deepspeed"] == "import fails: RuntimeError: CUDA_HOME does not exist"
+    assert found["flash_attn"] == "absent"
+
+
+def test_an_optional_package_that_failed_to_import_is_not_counted(fbench_home, tiny_spec, wheelhouse):
+    """`env.has` reads metadata: a deepspeed the cuda smoke test saw fail to import must not make
+    the plugins accept ZeRO scenarios. (The record is written as a cuda env's smoke test writes it:
+    no GPU here to run one.)"""
+    build_wheel(wheelhouse, "deepspeed", "0.18.4")
+    # the cuda flavour (the one with a smoke test; not run here, no GPU): the cpu one would prebuild ops
+    env = envs.create("tiny", tiny_spec, "cuda", options=offline(wheelhouse, with_specs=["deepspeed==0.18.4"]))
+    assert env.has("deepspeed")
+    record_file = env.path / envs.RECORD
+    record = json.loads(record_file.read_text())
+    record["smoke_test"] = {"status": "passed", "deepspeed": "import fails: RuntimeError: CUDA_HOME does not exist",
+                            "flash_attn": "absent"}
+    record_file.write_text(json.dumps(record))
+    again = envs.inspect("tiny", tiny_spec)
+    assert again.ready and not again.has("deepspeed") and again.version("fbench_tiny_a") == "0.1"

@@ -1,16 +1,24 @@
-"""benchmarks/gpu_check.sh --dry: the one-GPU check's plans, made on this GPU-less machine
-(the real mode needs an NVIDIA GPU and is not run in CI)."""
+"""benchmarks/gpu_check.sh and the device bundle: the plans and the H200 estimate (--dry), the
+bundle's tag check, and the Python 3.12 bundle itself (built from the package registry: about a
+minute). The real mode needs an NVIDIA GPU; its CPU rehearsal is tests/test_device_rehearsal.py."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from framework_bench import device_bundle, device_check
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("tiny_cuda", "llama2_7b_8k_1gpu", "llama2_7b_32k_1gpu", "llama2_7b_8k_1gpu_zero3")
+BACKENDS = ("torch", "xtuner", "llamafactory")
 
 
-def test_dry_mode_plans_every_check(fbench_home):
+def test_dry_mode_plans_every_check_and_fits_7_minutes_on_an_h200(fbench_home):
     fbench = str(Path(sys.executable).with_name("fbench"))
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # plans then pin GPU 0
     out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry"], capture_output=True, text=True,
@@ -19,15 +27,71 @@ def test_dry_mode_plans_every_check(fbench_home):
     text = out.stdout
     for name in SCENARIOS:
         assert f"{name}: 1 node(s) x 1 cuda" in text
-    for backend in ("xtuner", "llamafactory"):
+    for backend in BACKENDS:
         assert text.count(f"{backend} via local") == len(SCENARIOS)
-    # every one-GPU plan starts a process group of one and pins one GPU
-    assert text.count("env:  WORLD_SIZE=1") == 2 * len(SCENARIOS)
+    # every one-GPU plan of the frameworks starts a process group of one and pins one GPU
     assert text.count("env:  CUDA_VISIBLE_DEVICES=0") == 2 * len(SCENARIOS)
+    minutes = float(re.search(r"estimated on one H200: ([\d.]+) minutes", text)[1])
+    assert 0 < minutes <= 7
     assert "Traceback" not in out.stderr
 
 
-def test_real_mode_refuses_without_a_gpu_or_wheels(tmp_path):
-    script = str(ROOT / "benchmarks" / "gpu_check.sh")
-    out = subprocess.run(["bash", script], capture_output=True, text=True)
-    assert out.returncode == 2 and "needs --wheels" in out.stderr
+def test_estimate_orders_tiny_first_and_zero3_last():
+    planned = device_check.plan("cuda")
+    assert [p.scenario for p in planned] == [s for s in SCENARIOS for _ in BACKENDS]
+    assert [p.backend for p in planned[:3]] == list(BACKENDS)
+    by = {(p.scenario, p.backend): p.estimate_s for p in planned}
+    # 7B runs cost their model build on top of the tiny start-up; 32k steps cost more than 8k
+    assert by[("llama2_7b_32k_1gpu", "xtuner")] > by[("llama2_7b_8k_1gpu", "xtuner")] > by[("tiny_cuda", "xtuner")]
+    assert [p.scenario for p in device_check.plan("cpu")] == ["tiny_cpu"] * 3
+
+
+def test_real_mode_refuses_without_a_bundle():
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--out", "x"], capture_output=True, text=True)
+    assert out.returncode == 2 and "needs --bundle DIR and --out DIR" in out.stderr
+
+
+def test_tag_check_refuses_a_wheel_for_another_python_or_platform(tmp_path):
+    tags = device_bundle.target_tags("3.12")
+    for ok in ("pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+               "tokenizers-0.22.2-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+               "multiprocess-0.70.16-py312-none-any.whl", "xtuner-0.2.0-py3-none-any.whl"):
+        device_bundle.check_tags(Path(ok), tags)
+    for bad in ("pydantic_core-2.50.5-cp311-cp311-manylinux_2_17_x86_64.whl",
+                "pydantic_core-2.50.5-cp313-cp313-manylinux_2_17_x86_64.whl",
+                "pydantic_core-2.50.5-cp312-cp312-manylinux_2_34_x86_64.whl",  # a glibc the target list does not name
+                "pydantic_core-2.50.5-cp312-cp312-macosx_11_0_arm64.whl",
+                "pydantic_core-2.50.5-cp312-cp312-manylinux_2_17_aarch64.whl"):
+        with pytest.raises(device_bundle.BundleError, match="does not install on the target"):
+            device_bundle.check_tags(Path(bad), tags)
+
+
+def test_lists_pin_every_package_and_leave_out_what_the_machine_has():
+    machine = {line.split("==")[0].strip().lower().replace("_", "-")
+               for line in (ROOT / "benchmarks/device/h200-python312.txt").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for name in device_bundle.list_names():
+        for req in device_bundle.read_list(ROOT / f"benchmarks/device/requirements-{name}.txt"):
+            # only a different version of a machine package is carried (the frameworks' pins)
+            key = req.name.lower().replace("_", "-")
+            assert key not in {"torch", "torchvision", "torchaudio", "triton", "numpy"}, req
+    assert {"pydantic", "deepspeed", "hjson", "flash-attn"}.isdisjoint(machine)
+
+
+def test_python312_bundle_builds_within_45_mib(tmp_path):
+    dest = tmp_path / "bundle"
+    subprocess.run([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(dest), "--python", "3.12"],
+                   check=True, timeout=900)
+    manifest = device_bundle.verify(dest)
+    assert manifest.total_bytes <= 45 * 2**20
+    files = sorted(p.name for p in (dest / "wheels").iterdir())
+    assert len(files) == len(manifest.wheels) == len({w.sha256 for w in manifest.wheels})  # each wheel once
+    # shared wheels are stored once and named by every list that installs them
+    assert manifest.lists["llamafactory"].count("transformers-5.6.0-py3-none-any.whl") == 1
+    assert "transformers-5.6.0-py3-none-any.whl" in manifest.lists["torch"]
+    assert [w.file for w in manifest.wheels if w.built_here] == ["deepspeed-0.18.4-py3-none-any.whl"]
+    assert set(manifest.data) == {"alpaca-demo/README.md", "alpaca-demo/alpaca_en_demo.json",
+                                  "alpaca-demo/alpaca_zh_demo.json"}
+    assert json.loads((dest / "manifest.json").read_text())["python"] == "3.12"
+    for name in device_bundle.list_names():  # what gpu_check.sh installs, by pin, --no-deps
+        assert (dest / f"requirements-{name}.txt").read_text().count("==") == len(manifest.lists[name])

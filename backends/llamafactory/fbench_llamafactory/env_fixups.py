@@ -22,16 +22,32 @@ from pathlib import Path
 DISABLED = "disabled-cuda-build"
 
 
+def _own(package: str) -> Path | None:
+    """The package's folder if this env installed it; None if absent or seen through
+    --system-site-packages (the machine's, which the fixups never edit)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent
+    return folder if folder.resolve().is_relative_to(Path(sys.prefix).resolve()) else None
+
+
 def remove_torchvision() -> None:
+    if _own("torchvision") is None:
+        print("torchvision: not this env's own, left as it is")
+        return
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "--yes", "--disable-pip-version-check", "torchvision"],
                    check=True)
 
 
 def disable_torchaudio_libs() -> None:
-    spec = importlib.util.find_spec("torchaudio")
-    if spec is None or spec.origin is None:
+    if importlib.util.find_spec("torchaudio") is None:
         raise SystemExit("torchaudio is not installed: llamafactory imports it, the install is incomplete")
-    lib = Path(spec.origin).parent / "lib"
+    own = _own("torchaudio")
+    if own is None:
+        print("torchaudio: not this env's own, left as it is")
+        return
+    lib = own / "lib"
     aside = lib / DISABLED
     aside.mkdir(parents=True, exist_ok=True)
     for so in lib.glob("*.so"):

@@ -34,6 +34,9 @@ def guard_torchvision_fake_ops() -> str:
     if spec is None or spec.origin is None:
         return "torchvision not installed: nothing to do"
     path = Path(spec.origin).parent / "_meta_registrations.py"
+    if not path.resolve().is_relative_to(Path(sys.prefix).resolve()):
+        # The machine's torchvision, seen through --system-site-packages: never edited from here.
+        return f"{path}: not this env's own torchvision, left as it is"
     text = original = path.read_text()
     for op in OPS:
         if _guarded(op) in text:
