@@ -142,17 +142,28 @@ class LaunchPlan(BaseModel):
     files: dict[str, Path] = Field(default_factory=dict, description="generated files, by role (shown by --dry-run)")
 
 
+# Bounds of one step's figures: whatever a worker writes must fit a SQLite integer (< 2**63)
+# and be a finite number; beyond these a line is a worker's bug, not a measurement.
+MAX_STEP_TOKENS = 2**40
+MAX_BYTES = 2**60
+MAX_RANK = 2**20
+MAX_STEP = 2**31 - 1
+
+
 class StepMetric(BaseModel):
     """One line of a worker's common metrics file (`metrics/rank<R>.jsonl`)."""
 
-    step: int = Field(ge=1)
-    seconds: float = Field(gt=0, description="wall time of the step, device-synchronised on GPU "
+    step: int = Field(ge=1, le=MAX_STEP)
+    seconds: float = Field(gt=0, allow_inf_nan=False, description="wall time of the step, device-synchronised on GPU "
                            "(the interval: see the timing contract in framework_bench/hookspecs.py)")
-    tokens: int = Field(ge=0, description="tokens this rank's model received in this step (its SP shard only)")
+    tokens: int = Field(ge=0, le=MAX_STEP_TOKENS,
+                        description="tokens this rank's model received in this step (its SP shard only)")
+    # NaN is a measurement (the training diverged), kept as NaN; infinity is no loss at all.
     loss: float | None = Field(None, description="mean training loss over the step's micro-batches, this rank")
-    peak_mem_bytes: int | None = Field(None, description="peak allocated over the step (max RSS on CPU)")
-    peak_reserved_bytes: int | None = Field(None, description="peak reserved by the allocator over the step (CUDA)")
-    rank: int = 0
+    peak_mem_bytes: int | None = Field(None, ge=0, le=MAX_BYTES, description="peak allocated over the step (max RSS on CPU)")
+    peak_reserved_bytes: int | None = Field(None, ge=0, le=MAX_BYTES,
+                                            description="peak reserved by the allocator over the step (CUDA)")
+    rank: int = Field(0, ge=0, le=MAX_RANK)
 
 
 class WorkerReport(BaseModel):

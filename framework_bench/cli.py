@@ -19,7 +19,7 @@ app.add_typer(env_app, name="env")
 results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite).")
 app.add_typer(results_app, name="results")
 DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
-OutOption = Annotated[Path, typer.Option("--out", help="folder for charts and the report")]
+OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for charts and the report (default: plots/ in FBENCH_HOME)")]
 SettingsOption = Annotated[str, typer.Option(
     "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
                        "native: each as its own docs and examples configure it")]
@@ -261,12 +261,20 @@ def check_backend(
 ) -> None:
     """Run a backend through a small scenario and every host verification; exit 1 on any failure."""
     from framework_bench import testing
+    from framework_bench.interrupts import stop_signals_interrupt
     _check_settings(settings)
+    _check_timeout(timeout)
     try:
-        with err.status(f"{name} on {scenario}: running"):
+        with stop_signals_interrupt(), err.status(f"{name} on {scenario}: running"):
             report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
     except _user_errors() as e:
         fail(str(e))
+    except KeyboardInterrupt:  # while packing or judging: no worker runs then
+        err.print("[yellow]interrupted: nothing was checked[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if report.result.status == "interrupted":  # the worker's whole process group is stopped
+        err.print(f"[yellow]interrupted: the check of {escape(name)} stopped, its worker with it[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED)
     t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
     for p in report.points:
         colour = "green" if p.status == "pass" else "red"
@@ -301,13 +309,19 @@ def env_create(
         if name not in found:
             fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
                  if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
+    from framework_bench.interrupts import stop_signals_interrupt
     try:
         envs.validate(flavour, options)
-        for name in names or list(found):
-            envs.create(name, found[name].info.env, flavour, say=lambda m: console.print(m, highlight=False, markup=False),
-                        packages=(found[name].package,), options=options)
+        with stop_signals_interrupt():  # SIGTERM too: the half-built env and pip go, not only on Ctrl-C
+            for name in names or list(found):
+                envs.create(name, found[name].info.env, flavour,
+                            say=lambda m: console.print(m, highlight=False, markup=False),
+                            packages=(found[name].package,), options=options)
     except envs.EnvError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: the half-built env was removed; an earlier env stays as it was[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @env_app.command("list")
@@ -346,7 +360,7 @@ def run(
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
-    from framework_bench.interrupts import held, stop_signals_interrupt
+    from framework_bench.interrupts import stop_signals_interrupt
     s = _load(scenario)
     _check_launcher(launcher)
     _check_timeout(timeout)
@@ -366,9 +380,8 @@ def run(
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
             r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force,
-                              settings_mode=settings)
-            with held():  # the row is stored even if a second signal comes now
-                store.add(r, s)
+                              settings_mode=settings, db=store.path)
+            _keep(store, r, s)
     except _user_errors() as e:
         fail(str(e))
     except KeyboardInterrupt:  # after the run was stored: the signal came while storing
@@ -404,7 +417,8 @@ def run(
 
 def _results_table(results, scenarios_by_name) -> Table:
     from framework_bench.compare import REFERENCE_BACKEND, percent_of_reference
-    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs) for r in results])
+    # one compare: every run of a scenario ran its one definition
+    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, "") for r in results])
     t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU", "MFU",
               "peak mem", "start-up", "published TGS", "notes", title="fbench compare")
     for r in results:
@@ -429,7 +443,7 @@ def compare(
     backends_: Annotated[Optional[str], typer.Option("--backends", help="comma-separated (default: every installed)")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="seconds per run before it is stopped")] = None,
     db: DbOption = None,
-    out: OutOption = Path("plots"),
+    out: OutOption = None,
     launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
@@ -445,16 +459,20 @@ def compare(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from framework_bench import compare as compare_, plugins
-    from framework_bench.interrupts import held, stop_signals_interrupt
+    from framework_bench.interrupts import stop_signals_interrupt
 
     _check_launcher(launcher)
     _check_timeout(timeout)
     _check_settings(settings)
+    out = _out(out)
     try:
         chosen = compare_.expand(scenario)
         names = _backend_names(backends_) if backends_ is not None else list(plugins.backends())
     except _user_errors() as e:
         fail(str(e))
+    if backends_ is None and plugins.load_errors:  # every installed backend, less the broken ones: said once
+        err.print("[yellow]skipped, broken: " + escape("; ".join(f"{n} ({why})" for n, why in plugins.load_errors.items()))
+                  + "[/yellow]", highlight=False, soft_wrap=True)
     _check_local(launcher, chosen)
     options = _sbatch_options(time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
@@ -478,9 +496,8 @@ def compare(
         progress.update(tasks["current"], completed=done, note=f"step {secs:.2f} s" if secs else "")
 
     def on_result(r, s) -> None:
-        with held():  # a second Ctrl-C now must not lose this run's row
-            r.result_id = store.add(r, s)
-            done.append(r)
+        _keep(store, r, s)
+        done.append(r)
         progress.update(tasks["current"], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
 
     interrupted = False
@@ -488,7 +505,8 @@ def compare(
         try:
             with stop_signals_interrupt():
                 compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
-                                 on_result=on_result, launcher=launcher, force=force, settings_mode=settings)
+                                 on_result=on_result, launcher=launcher, force=force, settings_mode=settings,
+                                 db=store.path)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
         except _user_errors() as e:
@@ -502,8 +520,7 @@ def compare(
         _print_differences([_result_dict(r) for r in results], settings)
         console.print(f"results stored in {store.path}")
     if results:
-        rows = [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
-        charts, md, page = _charts_and_report(rows, out)
+        charts, md, page = _charts_and_report(_stored_rows(store, by_name, settings), out)
         (err if as_json else console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
     if interrupted:
@@ -660,12 +677,12 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
         for name in backend_names:
             try:
-                p = slurm.plan_and_submit(name, s, options, force=force, settings_mode=settings)
+                p = slurm.plan_and_submit(name, s, options, force=force, settings_mode=settings, db=store.path)
             except _user_errors() as e:
                 fail(str(e))
             _print_verdict(name, "slurm", p.verdict)
             if p.result is not None:
-                store.add(p.result, s)
+                _keep(store, p.result, s)
                 results.append(p.result)
                 console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
                 continue
@@ -680,19 +697,22 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         if submitted:
             console.print("`fbench results collect` stores each run once its job has ended (or use --wait)")
         return
-    results += _wait_for_jobs(submitted, store, poll)
+    waited, interrupted = _wait_for_jobs(submitted, lambda sub: store, poll)
+    results += waited
     console.print(_results_table(results, by_name))
     _print_reasons(results)
     console.print(f"results stored in {store.path}")
     if out is not None and results:
-        rows = [r for r in store.latest_by_point() if r["scenario"] in by_name]
-        charts, md, page = _charts_and_report(rows, out)
+        charts, md, page = _charts_and_report(_stored_rows(store, by_name), out)
         console.print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; report: {md}, {page}",
                       highlight=False)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _wait_for_jobs(subs: list, store, poll: float) -> list:
-    """Poll the queue until every job has ended, storing each run as its job ends."""
+def _wait_for_jobs(subs: list, store_for, poll: float) -> tuple[list, bool]:
+    """Poll the queue until every job has ended, storing each run as its job ends; (the
+    results, whether Ctrl-C stopped the waiting)."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -709,11 +729,14 @@ def _wait_for_jobs(subs: list, store, poll: float) -> list:
         progress.update(tasks[sub.job_id], completed=slurm.steps_done(sub),
                         note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else "") + f" · stored as {r.result_id}")
 
+    def on_problem(sub, why: str) -> None:
+        progress.update(tasks[sub.job_id], note=f"not stored: {why}")
+
     waiting = subs
     with progress:
         try:
             while waiting:
-                still = slurm.collect(waiting, store, slurm.scenario_of, on_result)
+                still = slurm.collect(waiting, store_for, slurm.scenario_of, on_result, on_problem)
                 for sub, state in still:
                     progress.update(tasks[sub.job_id], completed=slurm.steps_done(sub), note=state.state.lower())
                 waiting = [sub for sub, _ in still]
@@ -722,22 +745,66 @@ def _wait_for_jobs(subs: list, store, poll: float) -> list:
         except KeyboardInterrupt:
             err.print(f"[yellow]stopped waiting: {len(waiting)} job(s) still queued or running; "
                       "`fbench results collect` stores them when they end[/yellow]")
-    return results
+            return results, True
+    return results, False
 
 
-def _store(db: Path | None):
-    from framework_bench.results import ResultsError, ResultStore
+def _store(db: Path | None, read_only: bool = False):
+    """The results store; first, the runs earlier commands could not store are stored (and said)."""
+    from framework_bench import orphans, results
+    from framework_bench.runner import runs_root
     try:
-        return ResultStore(db)
-    except ResultsError as e:
+        store = results.ResultStore(db, must_exist=read_only and db is not None)
+    except results.ResultsError as e:
         fail(str(e))
+    for line in orphans.recover(runs_root()) + results.recover(store):
+        err.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
+    return store
+
+
+def _keep(store, result, scenario) -> None:
+    """Store one run's row, whatever happens: kept beside the store for the next command when
+    the store cannot take it; printed as JSON on stderr, exit 1, when that fails too."""
+    from framework_bench import results
+    from framework_bench.interrupts import held
+    with held():  # a second Ctrl-C now must not lose this run's row
+        try:
+            kept = results.save(store, result, scenario)
+        except results.Unstored as e:
+            print(e.record, file=sys.stderr)
+            fail(f"{e}: the run is printed above as JSON")
+    if kept:
+        err.print(f"[yellow]the results file could not take the run now: kept in {escape(str(kept))}; "
+                  "the next fbench command stores it[/yellow]", highlight=False, soft_wrap=True)
+
+
+def _stored_rows(store, by_name: dict, settings: str | None = None) -> list[dict]:
+    """The stored runs of these scenarios, read back for the charts: a store locked by another
+    process now is one line and exit 1; the runs are stored already."""
+    import sqlite3
+    try:
+        return [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
+    except sqlite3.Error as e:
+        fail(f"the runs are stored, but could not be read back for the charts and report: {e}; "
+             "`fbench report` makes them later")
+
+
+def _out(out: Path | None) -> Path:
+    """--out, or the state folder's plots/: never files dropped wherever the command was typed."""
+    from framework_bench import envs
+    return out if out is not None else envs.fbench_home() / "plots"
 
 
 def _charts_and_report(rows: list[dict], out: Path):
+    """The charts and the report; the runs are stored already, so a failure here (a full disk)
+    is one line and exit 1, never a traceback."""
     from framework_bench.plotting import plot_results
     from framework_bench.report import write_report
-    charts = plot_results(rows, out)
-    md, page = write_report(rows, out, [c for c in charts if c.suffix == ".png"])
+    try:
+        charts = plot_results(rows, out)
+        md, page = write_report(rows, out, [c for c in charts if c.suffix == ".png"])
+    except Exception as e:  # noqa: BLE001 - the rows are safe; say what failed and stop
+        fail(f"the runs are stored, but the charts and report could not be written to {out}: {type(e).__name__}: {e}")
     return charts, md, page
 
 
@@ -746,17 +813,23 @@ def results_list(
     scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
     backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
     db: DbOption = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="show the latest N runs")] = 50,
+    all_: Annotated[bool, typer.Option("--all", help="show every stored run")] = False,
 ) -> None:
-    """One line per stored run."""
-    store = _store(db)
+    """One line per stored run: the latest 50 unless --limit N or --all."""
+    store = _store(db, read_only=True)
     t = Table("id", "created", "scenario", "backend", "version", "settings", "status", "TGS", "TFLOPs/GPU", "steps",
               "data sha256")
-    for r in store.list(scenario, backend):
+    rows = store.list(scenario, backend)
+    shown = rows if all_ else rows[-limit:]
+    for r in shown:
         t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
                   r["settings_mode"], r["status"], _fmt(r["tgs"]), _fmt(r["tflops"], ".3g"),
                   f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
                   (r["data_sha256"] or "-")[:12])
     console.print(t)
+    if len(shown) < len(rows):
+        console.print(f"the latest {len(shown)} of {len(rows)} runs; --all or --limit N for more", highlight=False)
 
 
 @results_app.command("show")
@@ -764,7 +837,8 @@ def results_show(run_id: int, db: DbOption = None) -> None:
     """One run as JSON: figures, per-step metrics, scenario and environment manifest."""
     from framework_bench.results import ResultsError
     try:
-        print(json.dumps(_store(db).get(run_id), indent=2, default=str))
+        from framework_bench.results import standard_json
+        print(json.dumps(standard_json(_store(db, read_only=True).get(run_id)), indent=2, default=str, allow_nan=False))
     except ResultsError as e:
         fail(str(e))
 
@@ -779,7 +853,7 @@ def results_export(
     """Print every stored run as CSV or JSON."""
     if format not in ("csv", "json"):
         fail(f"--format {format!r}: use csv or json")
-    print(_store(db).export(format, scenario, backend), end="")
+    print(_store(db, read_only=True).export(format, scenario, backend), end="")
 
 
 @results_app.command("collect")
@@ -790,17 +864,34 @@ def results_collect(
 ) -> None:
     """Store every submitted SLURM run whose job has ended; list the ones still queued or running."""
     from framework_bench import slurm
-    subs = slurm.pending()
+    problems: list[str] = []
+    subs = slurm.pending(problems=problems)
+    for line in problems:
+        err.print(f"[red]skipped[/red] {escape(line)}", highlight=False, soft_wrap=True)
     if not subs:
         console.print("no submitted runs waiting to be collected")
-        return
-    store = _store(db)
+        raise typer.Exit(1 if problems else 0)
+    # Each run goes to the store it was submitted for, unless --db names one for all of them.
+    stores: dict = {}
+
+    def store_for(sub):
+        path = db if db is not None else (Path(sub.db) if sub.db else None)
+        if path not in stores:
+            stores[path] = _store(path)
+        return stores[path]
+
+    def on_problem(sub, why: str) -> None:
+        problems.append(why)
+        err.print(f"[red]not stored[/red] SLURM job {sub.job_id} ({escape(sub.backend)} on {escape(sub.scenario)}, "
+                  f"{escape(str(sub.run_dir))}): {escape(why)}; the others are collected", highlight=False, soft_wrap=True)
+
+    interrupted = False
     if wait:
-        results = _wait_for_jobs(subs, store, poll)
+        results, interrupted = _wait_for_jobs(subs, store_for, poll)
         still = []
     else:
         results = []
-        still = slurm.collect(subs, store, slurm.scenario_of, lambda r, sub: results.append(r))
+        still = slurm.collect(subs, store_for, slurm.scenario_of, lambda r, sub: results.append(r), on_problem)
     for r in results:
         colour = "green" if r.status == "ok" else "red"
         console.print(f"[{colour}]{r.status}[/{colour}] {escape(r.backend)} on {escape(r.scenario)}: stored as result "
@@ -812,6 +903,10 @@ def results_collect(
     for sub, state in still:
         console.print(f"[yellow]{state.state.lower()}[/yellow] SLURM job {sub.job_id}: {escape(sub.backend)} on "
                       f"{escape(sub.scenario)}, {slurm.steps_done(sub)} steps so far ({sub.run_dir})", highlight=False)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if problems:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -819,17 +914,18 @@ def plot(
     published: Annotated[bool, typer.Option("--published", help="the published XTuner table alone (no runs needed)")] = False,
     scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
     db: DbOption = None,
-    out: OutOption = Path("plots"),
+    out: OutOption = None,
     settings: SettingsOption = "matched",
 ) -> None:
     """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
     from framework_bench.plotting import plot_published, plot_results
+    out = _out(out)
     _writable_folder(out, "--out")
     if published:
         paths = plot_published(out)
     else:
         _check_settings(settings)
-        rows = _store(db).latest_by_point(scenario, settings_mode=settings)
+        rows = _store(db, read_only=True).latest_by_point(scenario, settings_mode=settings)
         if not rows:
             fail(f"no stored runs with {settings} settings to plot: run `fbench compare` first, or use --published")
         paths = plot_results(rows, out)
@@ -841,12 +937,13 @@ def plot(
 def report(
     scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
     db: DbOption = None,
-    out: OutOption = Path("plots"),
+    out: OutOption = None,
     settings: SettingsOption = "matched",
 ) -> None:
     """Write report.md and a self-contained report.html from the stored runs."""
     _check_settings(settings)
-    rows = _store(db).latest_by_point(scenario, settings_mode=settings)
+    out = _out(out)
+    rows = _store(db, read_only=True).latest_by_point(scenario, settings_mode=settings)
     if not rows:
         fail(f"no stored runs with {settings} settings to report: run `fbench compare` first")
     _writable_folder(out, "--out")

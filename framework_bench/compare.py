@@ -7,6 +7,7 @@ stored at once, so Ctrl-C or a crash loses only the run in flight.
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,14 +92,21 @@ def expand(patterns: list[str]) -> list[Scenario]:
 REFERENCE_BACKEND = "torch"
 
 
-def percent_of_reference(rows: list[tuple[str, str, str, float | None]]) -> dict[tuple[str, str], float]:
+def percent_of_reference(rows: list[tuple[str, str, str, float | None, str]]) -> dict[tuple[str, str], float]:
     """TGS as % of the reference backend's on the same scenario, by (scenario, backend), from
-    (scenario, backend, status, tgs) rows; only rows that are `ok` beside an `ok` reference row.
+    (scenario, backend, status, tgs, definition) rows; only rows that are `ok` beside an `ok`
+    reference row whose scenario definition (its stored JSON) is the same: a scenario file
+    edited between two runs (512 then 2k tokens) is another scenario under the same name.
     100 % - x is the framework's overhead (or, above 100 %, what it gains) over the plain loop."""
-    ref = {scn: tgs for scn, backend, status, tgs in rows
+    ref = {(scn, definition): tgs for scn, backend, status, tgs, definition in rows
            if backend == REFERENCE_BACKEND and status == "ok" and tgs}
-    return {(scn, backend): 100.0 * tgs / ref[scn] for scn, backend, status, tgs in rows
-            if scn in ref and status == "ok" and tgs is not None}
+    return {(scn, backend): 100.0 * tgs / ref[scn, definition] for scn, backend, status, tgs, definition in rows
+            if (scn, definition) in ref and status == "ok" and tgs is not None}
+
+
+def definition(scenario_json: dict) -> str:
+    """A scenario's stored definition as one comparable string."""
+    return json.dumps(scenario_json, sort_keys=True)
 
 
 class Interrupted(Exception):
@@ -117,6 +125,7 @@ def compare(
     launcher: launch.Launcher | None = None,
     force: bool = False,
     settings_mode: str = "matched",
+    db: Path | None = None,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -133,7 +142,7 @@ def compare(
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
             result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
-                                    force=force, settings_mode=settings_mode)
+                                    force=force, settings_mode=settings_mode, db=db)
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":

@@ -268,6 +268,8 @@ def create(
         torch_index = torch_index_for(driver_cuda_version())
     requirements = Path(options.requirements) if options.requirements else spec.requirements[flavour]
     path = env_path(name)
+    for stale in sweep_building(name):
+        say(f"{name}: removed {stale}, left by a creation that was killed")
     building = path.with_name(f".{name}.building-{os.getpid()}")
     if building.exists():
         shutil.rmtree(building)
@@ -321,6 +323,19 @@ def create(
             _run([str(_python(path)), "-m", "framework_bench.deepspeed_jit", str(path)], log)
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
+
+
+def sweep_building(name: str) -> list[Path]:
+    """Remove the half-built envs (`.NAME.building-PID`, gigabytes for a real one) whose
+    creating process is gone: killed before it could clean up. A live pid's folder stays."""
+    removed = []
+    for folder in env_path(name).parent.glob(f".{name}.building-*"):
+        pid = folder.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def _swap_in(building: Path, path: Path) -> None:

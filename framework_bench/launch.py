@@ -8,6 +8,7 @@ the rendezvous host taken from the allocation.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import shutil
@@ -123,6 +124,9 @@ def sbatch_path(job: Job) -> Path:
 SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters without accounting (sacct)
 
 
+NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its GPU's name (none on CPU)
+
+
 def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
                   extra: tuple[str, ...] = ()) -> str:
     """A submit-ready sbatch script: one srun task per node, each running torchrun over that
@@ -158,6 +162,8 @@ def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus
         f"cd {shlex.quote(str(job.run_dir))}",
         *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# What ran the job, for its figures (MFU against this GPU's peak) and its manifest.",
+        f"{{ hostname; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1; }} > {NODE_FILE} || true",
         "set +e  # from here on, every ending leaves its exit status in the run folder",
         "# fbench assumes a filesystem shared by every node: check the paths on each node first.",
         f"{srun} bash -c 'for p in \"$@\"; do [ -e \"$p\" ] || {{ echo \"fbench: $p is missing on $(hostname): "
@@ -209,6 +215,30 @@ def node_log(log_path: Path, node: int) -> Path:
     return log_path if node == 0 else log_path.with_name(f"{log_path.stem}.node{node}{log_path.suffix}")
 
 
+HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host itself: torchrun's children too
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A `preexec_fn` making the started process get SIGTERM when the host dies (Linux
+    `PR_SET_PDEATHSIG`), so a `kill -9` of fbench cannot leave a worker training for ever;
+    None where prctl is not to be had. SIGTERM, not SIGKILL: torchrun then stops its workers."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    host = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != host:  # the host died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def execute(
     argvs: list[list[str]],
     env: dict[str, str],
@@ -219,21 +249,28 @@ def execute(
 ) -> Outcome:
     """Run each argv (one per node: several torchrun invocations meet at one rendezvous) in its
     own process group, output to `log_path` (node i > 0: `<stem>.node<i>.log`). Calls `poll`
-    about twice a second. When one process fails, the others are stopped: they would hang."""
+    about twice a second. When one process fails, the others are stopped: they would hang.
+    However it ends (an exception in `poll` too), no process of these groups is left running."""
     started = time.monotonic()
     oom_kills_before = kernel_oom_kills()
     logs = [node_log(log_path, i) for i in range(len(argvs))]
     procs: list[subprocess.Popen] = []
     first_bad: int | None = None
+    child_env = {**os.environ, **env, HOST_PID_ENV: str(os.getpid())}
     with ExitStack() as stack:
         try:  # starting too: an interrupt between two nodes' starts must stop the first
             for argv, path in zip(argvs, logs):
                 log = stack.enter_context(path.open("ab"))
                 log.write(f"$ {' '.join(argv)}\n".encode())
                 log.flush()
-                procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+                try:
+                    procs.append(subprocess.Popen(argv, cwd=cwd, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True,
+                                                  preexec_fn=_parent_death_signal()))
+                except (OSError, ValueError, subprocess.SubprocessError) as e:  # no such Python, a NUL, E2BIG
+                    _kill_all(procs)
+                    return Outcome("failed", None, time.monotonic() - started,
+                                   f"[fbench] could not start {argv[0]}: {type(e).__name__}: {e}")
             while None in (codes := [p.poll() for p in procs]):
                 first_bad = next((i for i, rc in enumerate(codes) if rc not in (None, 0)), None)
                 if first_bad is not None:
@@ -248,6 +285,9 @@ def execute(
             with interrupts.held(reraise=False):  # a second Ctrl-C must not orphan the workers
                 _kill_all(procs)
             return Outcome("interrupted", None, time.monotonic() - started, tail(log_path))
+        except BaseException:
+            _kill_all(procs)
+            raise
         _kill_all(procs)
     poll()
     seconds = time.monotonic() - started
@@ -300,19 +340,25 @@ def kernel_oom_kills() -> int | None:
 
 def _kill_all(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
-        if proc.poll() is None:
-            _kill(proc)
+        _kill(proc)
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """Stop the whole process group (torchrun's children too): TERM, then KILL."""
+    """Stop the whole process group (torchrun's children, anything a worker left behind when
+    it exited): TERM, then KILL. The group keeps the leader's pid while any member lives."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                continue
+            try:
+                os.killpg(proc.pid, 0)  # the leader is gone: are other members left?
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)

@@ -7,6 +7,7 @@ step's wall time (the slowest rank's). A run's TGS is the median over measured s
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -71,8 +72,23 @@ def per_step(steps: list[StepMetric]) -> list[tuple[int, float, float]]:
     ]
 
 
-def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | None) -> dict:
-    """The aggregated figures of a run (fields of RunResult)."""
+# The fields `figures` computes from the step times: left out when those are impossible.
+FIGURES = ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu", "step_seconds")
+
+
+def impossible_steps(merged: list[tuple[int, float, float]], tgs_steps: list[float]) -> str | None:
+    """Why the measured steps cannot give a throughput (a rate of infinity, no tokens at all), or None."""
+    for (step, seconds, tokens), rate in zip(merged, tgs_steps):
+        if not math.isfinite(rate):
+            return f"step {step}: {tokens:g} tokens in {seconds:g} s is no measurable rate"
+    if statistics.median(tgs_steps) <= 0:
+        return f"the measured steps fed no tokens ({sum(1 for r in tgs_steps if r <= 0)} of {len(tgs_steps)} steps with 0)"
+    return None
+
+
+def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | None, gpu_name: str | None = None) -> dict:
+    """The aggregated figures of a run (fields of RunResult). Steps that cannot give a
+    throughput leave the figures out and say why under the key `impossible`."""
     merged = [row for row in per_step(steps) if row[0] > scenario.steps.warmup]
     out: dict = {"steps_measured": len(merged), "flags": [], "step_unit": scenario.steps.unit,
                  "tokens_measured": round(sum(tokens for _, _, tokens in merged))}
@@ -80,6 +96,9 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
         out["flags"].append("no measured steps")
         return out
     tgs_steps = [tokens / seconds for _, seconds, tokens in merged]
+    if problem := impossible_steps(merged, tgs_steps):
+        out["impossible"] = problem
+        return out
     tgs = statistics.median(tgs_steps)
     recompute = scenario.activation_checkpointing
     xt = flops.xtuner_flops_per_token(scenario.arch, scenario.context_length, recompute)
@@ -90,6 +109,14 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
         step_seconds=statistics.median(s for _, s, _ in merged),
     )
     out["mfu"] = flops.mfu(out["model_tflops"], peak_tflops)
+    problem = None
+    if overflowed := [k for k in FIGURES if out.get(k) is not None and not math.isfinite(out[k])]:
+        problem = f"{', '.join(overflowed)} beyond any number: TGS {tgs:g}"
+    elif out["mfu"] is not None and out["mfu"] > 1:
+        # Above the GPU's peak: the step times, the tokens or the GPU named are wrong.
+        problem = f"MFU {out['mfu']:.0%} is above the peak of the {gpu_name or 'GPU'} ({peak_tflops:g} TFLOPs)"
+    if problem:
+        return {k: v for k, v in out.items() if k not in FIGURES} | {"impossible": problem}
     # Each step's peak is a window over that step (the worker SDK's StepTimer), so the run's
     # figure is the max over the measured steps, on every backend alike.
     measured = [m for m in steps if m.step > scenario.steps.warmup]

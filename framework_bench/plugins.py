@@ -71,13 +71,31 @@ def _missing_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
     return [hook for hook in HOOKS if hook not in implemented]
 
 
+# Where each registered plugin comes from, by entry-point name: "distribution (module:object)".
+origins: dict[str, str] = {}
+
+
+def _origin(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name if dist is not None else 'an unknown distribution'} ({ep.value})"
+
+
 def manager() -> pluggy.PluginManager:
-    """A plugin manager with every working backend of the `fbench.backends` entry-point group."""
+    """A plugin manager with every working backend of the `fbench.backends` entry-point group.
+    A name claimed by two distributions is broken for both: which one ran would depend on
+    the order of sys.path, and its rows would be stored under a name that is not its own."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs.TrainBackend)
+    claims: dict[str, dict[str, object]] = {}
     for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
-        if pm.get_plugin(ep.name) is not None:
+        claims.setdefault(ep.name, {}).setdefault(_origin(ep), ep)  # one distribution seen twice on sys.path is one
+    for name, by_origin in claims.items():
+        if len(by_origin) > 1:
+            load_errors[name] = f"the name {name!r} is claimed by {' and '.join(sorted(by_origin))}: none of them runs; " \
+                                "uninstall all but one"
             continue
+        (origin, ep), = by_origin.items()
+        origins[name] = origin
         try:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
@@ -93,7 +111,7 @@ def manager() -> pluggy.PluginManager:
 
 def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
     pm = pm or manager()
-    found = []
+    by_name: dict[str, list[tuple[str, Backend]]] = {}
     for name, plugin in pm.list_name_plugin():
         backend = Backend(pm, plugin)
         try:
@@ -103,8 +121,15 @@ def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
         except Exception as e:  # noqa: BLE001 - a plugin's own bug: report it, keep the others
             load_errors[name] = f"{type(e).__name__}: {e}"
             continue
-        found.append(backend)
-    return {b.name: b for b in sorted(found, key=lambda b: b.name)}
+        by_name.setdefault(info.name, []).append((name, backend))
+    found = {}
+    for name, claimants in sorted(by_name.items()):
+        if len(claimants) > 1:  # two plugins answering to one name: neither's rows could be told apart
+            who = " and ".join(f"entry point {ep} of {origins.get(ep, '?')}" for ep, _ in claimants)
+            load_errors[name] = f"the backend name {name!r} is given by {who}: none of them runs; uninstall all but one"
+            continue
+        found[name] = claimants[0][1]
+    return found
 
 
 def get(name: str, pm: pluggy.PluginManager | None = None) -> Backend:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench import flops
-from framework_bench.compare import NOT_ALIGNED, REFERENCE_BACKEND, SPEED_RELEVANT, percent_of_reference
+from framework_bench.compare import NOT_ALIGNED, REFERENCE_BACKEND, SPEED_RELEVANT, definition, percent_of_reference
 from framework_bench.plotting import ctx_label, hardware
 from framework_bench.scenario import Scenario
 
@@ -59,8 +59,13 @@ def _reference(spec: dict) -> str:
     return f"{ref['tgs']:,.1f} TGS, {ref['tflops']:.1f} TFLOPs ({ref['hardware']})" if ref else "-"
 
 
+def _pairing(rows: list[dict]) -> list[tuple]:
+    """Stored rows as `percent_of_reference` pairs them: by scenario name and stored definition."""
+    return [(r["scenario"], r["backend"], r["status"], r["tgs"], definition(r["scenario_json"])) for r in rows]
+
+
 def scenario_table(rows: list[dict]) -> Block:
-    share = percent_of_reference([(r["scenario"], r["backend"], r["status"], r["tgs"]) for r in rows])
+    share = percent_of_reference(_pairing(rows))
     header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "TGS median (min–max)",
               f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published",
               "flags / notes"]
@@ -142,7 +147,7 @@ def caveats(rows: list[dict]) -> list[str]:
         out.append("TFLOPs/GPU uses XTuner's published formula, which counts K and V projections at the full "
                    "head count and so over-counts grouped-query-attention models; the model-FLOPs column and MFU "
                    "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
-    if percent_of_reference([(r["scenario"], r["backend"], r["status"], r["tgs"]) for r in rows]):
+    if percent_of_reference(_pairing(rows)):
         out.append(f"\"% of {REFERENCE_BACKEND}\" is a backend's TGS as a share of the {REFERENCE_BACKEND} "
                    "backend's on the same scenario: a plain PyTorch loop over the same packed rows (the HF model class "
                    "built from the same config, AdamW with the same hyper-parameters, the same precision and "

@@ -8,10 +8,13 @@ transaction, so an interrupted compare never leaves a half-written run behind.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fnmatch
 import io
 import json
+import math
+import os
 import platform
 import socket
 import sqlite3
@@ -110,6 +113,37 @@ class ResultsError(RuntimeError):
     """A results database this version of fbench cannot use, or a run id that is not there."""
 
 
+# How long a row waits for a store another process holds locked: SQLite's own wait per try,
+# then tries again with a growing pause, up to the patience; only then is it kept aside.
+LOCK_WAIT = 30.0
+LOCK_PATIENCE = 600.0
+FIRST_PAUSE = 0.5
+
+
+def _locked(e: sqlite3.Error) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and any(w in str(e) for w in ("locked", "busy"))
+
+
+def _nan_as_text(x: float | None) -> float | str | None:
+    """SQLite stores a NaN as NULL, the same as "no loss reported": a diverged run's NaN is kept as text."""
+    return "NaN" if isinstance(x, float) and math.isnan(x) else x
+
+
+def _text_as_nan(x):
+    return float("nan") if x == "NaN" else x
+
+
+def standard_json(value):
+    """`value` with every NaN or infinity as the strings "NaN", "Infinity", "-Infinity": JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: standard_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [standard_json(v) for v in value]
+    return value
+
+
 def default_db() -> Path:
     return envs.fbench_home() / "results" / "results.sqlite"
 
@@ -180,13 +214,16 @@ def read_steps(run_dir: Path | None) -> tuple[list[StepMetric], list[str]]:
 class ResultStore:
     """`ResultStore(path)`; `path` defaults to `default_db()`. Usable as a context manager."""
 
-    def __init__(self, path: Path | str | None = None):
+    def __init__(self, path: Path | str | None = None, must_exist: bool = False):
+        """`must_exist`: for commands that only read, a missing file is a mistyped --db, not a new store."""
         self.path = Path(path) if path is not None else default_db()
         if self.path.is_dir():
             raise ResultsError(f"{self.path} is a folder, not a results file: give a file path with --db")
+        if must_exist and not self.path.exists():
+            raise ResultsError(f"no results file at {self.path}: give the --db the runs were stored in")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(self.path, timeout=30)
+            self.conn = sqlite3.connect(self.path, timeout=LOCK_WAIT)
         except (OSError, sqlite3.Error) as e:
             raise ResultsError(f"cannot open the results file {self.path}: {e}") from None
         self.conn.row_factory = sqlite3.Row
@@ -268,8 +305,9 @@ class ResultStore:
             "device": scenario.cluster.device,
             "status": result.status,
             "reason": result.reason,
+            "final_loss": _nan_as_text(result.final_loss),
             **{k: getattr(result, k) for k in ("tgs", "tgs_min", "tgs_max", "tflops", "model_tflops", "mfu",
-                                                "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
+                                                "steps_measured", "step_seconds", "peak_mem_bytes",
                                                 "data_sha256", "attention_used", "wall_seconds",
                                                 "step_unit", "tokens_measured", "peak_reserved_bytes",
                                                 "startup_seconds")},
@@ -282,11 +320,20 @@ class ResultStore:
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
         }
-        with self.conn:
-            cur = self.conn.execute(
-                f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})", row)
-            run_id = cur.lastrowid
-            _insert_steps(self.conn, run_id, steps)
+        pause, deadline = FIRST_PAUSE, time.monotonic() + LOCK_PATIENCE
+        while True:
+            try:
+                with self.conn:
+                    cur = self.conn.execute(
+                        f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})", row)
+                    run_id = cur.lastrowid
+                    _insert_steps(self.conn, run_id, steps)
+                break
+            except sqlite3.Error as e:
+                if not _locked(e) or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, 30.0)
         result.result_id = run_id
         return run_id
 
@@ -308,7 +355,7 @@ class ResultStore:
         if row is None:
             raise ResultsError(f"no run with id {run_id} in {self.path}")
         out = _decode(row)
-        out["steps"] = [dict(s) for s in self.conn.execute(
+        out["steps"] = [{**dict(s), "loss": _text_as_nan(s["loss"])} for s in self.conn.execute(
             "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes FROM steps WHERE run_id = ? "
             "ORDER BY step, rank", (run_id,))]
         return out
@@ -328,7 +375,7 @@ class ResultStore:
         """`csv`: one line per run (JSON fields as JSON text); `json`: a list of runs with their steps."""
         rows = self.list(scenario_glob, backend)
         if format == "json":
-            return json.dumps([self.get(r["id"]) for r in rows], indent=2)
+            return json.dumps(standard_json([self.get(r["id"]) for r in rows]), indent=2, allow_nan=False)
         if format == "csv":
             buf = io.StringIO()
             columns = [d[1] for d in self.conn.execute("PRAGMA table_info(runs)")]
@@ -344,11 +391,88 @@ def _insert_steps(conn: sqlite3.Connection, run_id: int, steps: list[StepMetric]
     conn.executemany(
         "INSERT INTO steps (run_id, step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [(run_id, s.step, s.rank, s.seconds, s.tokens, s.loss, s.peak_mem_bytes, s.peak_reserved_bytes) for s in steps])
+        [(run_id, s.step, s.rank, s.seconds, s.tokens, _nan_as_text(s.loss), s.peak_mem_bytes, s.peak_reserved_bytes)
+         for s in steps])
 
 
 def _decode(row: sqlite3.Row) -> dict:
     out = dict(row)
+    out["final_loss"] = _text_as_nan(out["final_loss"])
     for key in _JSON_COLUMNS:
         out[key] = json.loads(out[key])
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Rows never lost: a store that cannot take a row now (locked past the patience, a full disk,
+# a value it cannot hold) gets it later, from a file kept next to it.
+
+
+def unstored_dir(db: Path) -> Path:
+    """Where rows the store `db` could not take wait for the next command."""
+    return db.with_name(db.name + ".unstored")
+
+
+class Unstored(Exception):
+    """Neither the store nor the folder next to it could take a run: `record` is its row as JSON."""
+
+    def __init__(self, record: str, why: str):
+        super().__init__(why)
+        self.record = record
+
+
+def save(store: "ResultStore", result: RunResult, scenario: Scenario) -> Path | None:
+    """Store the run; when the store cannot take it, keep it in `unstored_dir` for the next
+    command and return that file. Raises `Unstored` when that fails too."""
+    from framework_bench import orphans
+    try:
+        manifest_ = manifest(result.backend)
+    except Exception as e:  # noqa: BLE001 - a manifest is worth less than the row
+        manifest_ = {"error": f"the manifest could not be read: {type(e).__name__}: {e}"}
+    try:
+        store.add(result, scenario, manifest_)
+        orphans.release(result.run_dir)
+        return None
+    except (sqlite3.Error, OSError, OverflowError, ValueError) as e:
+        error = f"{type(e).__name__}: {e}"
+    record = json.dumps({"result": result.model_dump(mode="json"), "scenario": scenario.model_dump(mode="json"),
+                         "manifest": manifest_, "error": error})
+    folder = unstored_dir(store.path)
+    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns()}.json"
+    tmp = path.with_suffix(".tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(record)
+        tmp.replace(path)  # whole or not at all: the next command never reads half a row
+    except OSError as e:
+        with contextlib.suppress(OSError):  # no folder at all, or a file where it belongs
+            tmp.unlink(missing_ok=True)
+        orphans.release(result.run_dir)  # the printed JSON is the row: no later command stores another
+        raise Unstored(record, f"the results file {store.path} could not take the run ({error}), "
+                               f"nor could {folder} ({e})") from None
+    orphans.release(result.run_dir)
+    return path
+
+
+def recover(store: "ResultStore") -> list[str]:
+    """Store the rows kept aside for `store` by earlier commands; one line for each."""
+    folder = unstored_dir(store.path)
+    lines = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        taken = path.with_name(f"{path.name}.{os.getpid()}")  # of two commands at once, one stores it
+        try:
+            path.rename(taken)
+        except OSError:
+            continue
+        try:
+            record = json.loads(taken.read_text())
+            result = RunResult.model_validate(record["result"])
+            store.add(result, Scenario.model_validate(record["scenario"]), record["manifest"])
+        except Exception as e:  # noqa: BLE001 - kept for the next try, said now
+            taken.rename(path)
+            lines.append(f"a run kept in {path} could not be stored yet: {type(e).__name__}: {e}")
+            continue
+        taken.unlink()
+        lines.append(f"recovered the {result.status} run of {result.backend} on {result.scenario} kept in {path} "
+                     f"({record['error']}): stored as result {result.result_id}")
+    return lines

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, plugins, verdicts, verify
+from framework_bench import envs, flops, launch, metrics, orphans, plugins, verdicts, verify
 from framework_bench.backend import Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
@@ -70,10 +70,14 @@ def memory_shortfall(scenario: Scenario, machine: Machine, declared: MemorySchem
     return None if e.fits else verdicts.fit_refusal(e, machine.gpu_name)
 
 
-def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
-             settings_mode: str = "matched") -> Job:
+def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
+    return (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
+
+
+def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
+             settings_mode: str = "matched", run_dir: Path | None = None) -> Job:
+    run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
                settings_mode=settings_mode)
@@ -91,7 +95,10 @@ def run_one(
     on_step: StepCallback = lambda done, total, secs: None,
     force: bool = False,
     settings_mode: str = "matched",
+    db: Path | None = None,
 ) -> RunResult:
+    """`db`: the results file the caller will store the run in (`results.save`); should fbench
+    die before that, the next command stores the run there as `failed` (framework_bench/orphans.py)."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
     try:
@@ -108,16 +115,65 @@ def run_one(
         setup = (not env.ready and verdicts.machine_shortfall(scenario, machine) is None
                  and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return RunResult(**base, status="failed" if setup else "unsupported", reason=reason)
+    # From here on the run is the host's to store: claimed in its run folder before packing, so
+    # that should fbench die now (packing, the worker, storing), the next command stores it.
+    run_dir = new_run_dir(backend_name, scenario, root)
+    try:
+        orphans.claim(run_dir, db, backend_name, scenario, settings_mode)
+    except OSError as e:  # a full or read-only runs folder: nothing was launched
+        return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}")
+    try:
+        return _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
+                                   launcher, on_step)
+    except BaseException:
+        orphans.release(run_dir)  # a user error while packing (bad data) is said by the CLI, not stored
+        raise
+    finally:
+        if db is None:  # nobody stores it: nothing for a later command to recover
+            orphans.release(run_dir)
+
+
+def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base: dict, machine: Machine,
+                        data: PackedData | None, run_dir: Path, settings_mode: str, timeout: float | None,
+                        launcher: launch.Launcher | None, on_step: StepCallback) -> RunResult:
     try:
         data = data or pack(scenario, progress=False, say=lambda msg: None)
     except KeyboardInterrupt:
-        return RunResult(**base, status="interrupted", reason="interrupted while packing the data")
-    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
-    job.write()
+        return RunResult(**base, status="interrupted", reason="interrupted while packing the data", run_dir=run_dir)
+    except OSError as e:  # a full disk under the data cache: the run could not start
+        return RunResult(**base, status="failed", reason=f"cannot pack the data: {e}", run_dir=run_dir)
+    try:
+        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir)
+        job.write()
+    except OSError as e:  # a full or read-only runs folder: nothing was launched
+        return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
+                         run_dir=run_dir)
+    # From here on a worker may run: whatever goes wrong in the host ends as this run's
+    # result, never as a traceback that leaves the worker behind and the row unstored.
+    try:
+        return _launch_and_finish(backend, job, scenario, env, base, machine, timeout, launcher, on_step)
+    except Exception as e:  # noqa: BLE001 - any host or plugin error after the job exists
+        result = RunResult(**base, status="failed", run_dir=job.run_dir, data_sha256=data.sha256,
+                           reason=f"fbench failed while running it: {type(e).__name__}: {e}\n{_tail_of(e)}".rstrip())
+        _save(result)
+        return result
+    except KeyboardInterrupt:  # after the worker stopped (launch.execute answers one during the run)
+        result = RunResult(**base, status="interrupted", run_dir=job.run_dir, data_sha256=data.sha256,
+                           reason="interrupted while fbench read the run back")
+        _save(result)
+        return result
+
+
+def _tail_of(e: BaseException) -> str:
+    return "".join(traceback.format_exception(e)[-HOOK_ERROR_FRAMES:])
+
+
+def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, env, base: dict, machine: Machine,
+                       timeout: float | None, launcher: launch.Launcher | None, on_step: StepCallback) -> RunResult:
     try:
         plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
     except HookError as e:
-        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=data.sha256)
+        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256)
         _save(result)
         return result
     job.write()  # the host owns job.json: whatever a plan wrote there, the worker reads the host's job
@@ -131,35 +187,69 @@ def run_one(
     seen = [0]
 
     def poll() -> None:
-        steps = read_metrics(job.run_dir)
-        done = len({s["step"] for s in steps})
+        # Progress only: a line the worker is writing now (or garbage) is read again later,
+        # and the figures come from the full read once the worker has ended.
+        try:
+            steps = read_metrics(job.run_dir)
+            done = len({s["step"] for s in steps})
+            last = float(steps[-1]["seconds"]) if steps else None
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return
         if done != seen[0]:
             seen[0] = done
-            on_step(done, total, steps[-1]["seconds"] if steps else None)
+            on_step(done, total, last)
 
     outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
     return finish(backend, job, outcome, base, machine.gpu_name)
 
 
+# A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
+REASON_LINES = 60
+REASON_CHARS = 4000
+
+
+def _shortened(reason: str) -> str:
+    lines = reason.splitlines()
+    if len(lines) > REASON_LINES:
+        lines = lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"] + lines[-REASON_LINES // 2:]
+    reason = "\n".join(lines)
+    if len(reason) > REASON_CHARS:
+        half = REASON_CHARS // 2
+        reason = f"{reason[:half]} [... {len(reason) - REASON_CHARS} characters left out ...] {reason[-half:]}"
+    return reason
+
+
 def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: dict,
            gpu_name: str | None) -> RunResult:
     """The result of a launched run once it ended (here, or as a SLURM job): read the
-    worker's report back, check the data it trained on, compute the figures, save it."""
-    scenario = job.scenario
+    worker's report back, check the data it trained on, compute the figures, save it.
+    Whatever fails here makes the run `failed` with the reason: it is never lost."""
     result = RunResult(**base, status=outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
                        data_sha256=job.data_sha256)
+    try:
+        _read_back(result, backend, job, outcome, gpu_name)
+    except Exception as e:  # noqa: BLE001 - a bug in the figures or checks must not lose the run
+        result.status = "failed"
+        result.reason = f"fbench could not read the run back: {type(e).__name__}: {e}\n{_tail_of(e)}".rstrip()
+    if result.reason:
+        result.reason = _shortened(result.reason)
+    _save(result)
+    return result
+
+
+def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: launch.Outcome,
+               gpu_name: str | None) -> None:
+    scenario = job.scenario
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
-        _save(result)
-        return result
+        return
     try:
         report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
     except HookError as e:
         cause = e.__cause__
         result.status = "failed"
         result.reason = f"the worker wrote no metrics: {cause}" if isinstance(cause, FileNotFoundError) else str(e)
-        _save(result)
-        return result
+        return
     result.notes = list(report.notes)
     result.data_sha256 = report.data_sha256
     result.attention_used = report.attention_used
@@ -169,13 +259,15 @@ def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: di
     if report.data_sha256 != job.data_sha256:
         result.status = "invalid"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"
-    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name))
-    result = result.model_copy(update=figures)
+    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name), gpu_name)
+    impossible = figures.pop("impossible", None)
+    for key, value in figures.items():
+        setattr(result, key, value)
+    if impossible and result.status == "ok":
+        result.status, result.reason = "invalid", f"impossible figures: {impossible}"
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
     _verify(result, scenario, report, job.data_dir)
-    _save(result)
-    return result
 
 
 def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> None:
@@ -189,8 +281,14 @@ def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> No
 
 
 def _save(result: RunResult) -> None:
-    if result.run_dir:
+    """A copy of the result in the run folder, for people reading it; the store holds the row.
+    A full disk or a run folder a plugin removed costs this copy only, never the row."""
+    if not result.run_dir:
+        return
+    try:
         (result.run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    except OSError as e:
+        result.notes.append(f"result.json not written in the run folder: {e.strerror or e}")
 
 
 class DryRun(BaseModel):

@@ -6,11 +6,13 @@ Every field is defined and validated here; YAML files in `scenarios/` are parsed
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from annotated_types import Le
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError,
                       field_validator, model_validator)
 
@@ -41,8 +43,12 @@ def _whole(value: object) -> object:
 
 
 # Strict: no booleans, floats or numeric strings where a count belongs.
-Int = Annotated[int, Strict()]
-Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0)]
+# Bounded so that every count fits a run folder's name, a SQLite integer and a SLURM time limit.
+MAX_COUNT = 2**31 - 1
+MAX_CONTEXT = 2**30  # a billion tokens a row: far beyond any published long-context run
+MAX_NAME = 64  # run folders are named <time>-<scenario>-<backend>-<n>: within a file name's 255 bytes
+Int = Annotated[int, Strict(), Le(MAX_COUNT)]
+Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0), Le(MAX_CONTEXT)]
 
 
 class _Strict(BaseModel):
@@ -65,6 +71,17 @@ class ModelSpec(_Strict):
     def arch(self) -> ModelArch:
         base = PRESETS[self.preset].model_dump() if self.preset else {}
         return ModelArch.model_validate({**base, **self.config})
+
+    @model_validator(mode="after")
+    def _buildable(self) -> "ModelSpec":
+        """The architecture's errors under their place in the file (`model.config.FIELD`)."""
+        try:
+            arch = self.arch()
+        except ValidationError as e:
+            raise ValueError("; ".join(f"config.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+        if not math.isfinite(arch.rope_theta):
+            raise ValueError(f"config.rope_theta: {arch.rope_theta} is not a finite number")
+        return self
 
 
 class Cluster(_Strict):
@@ -156,15 +173,15 @@ class Dataset(_Strict):
 class Reference(_Strict):
     """A published figure for this scenario, to draw and compare against."""
 
-    tgs: Annotated[float, Strict()] = Field(gt=0)
-    tflops: Annotated[float, Strict()] = Field(gt=0)
+    tgs: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
+    tflops: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
     hardware: str
     framework: str = "xtuner"
     source: str = ""
 
 
 class Scenario(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9_]+$")
+    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=MAX_NAME)
     description: str = ""
     model: ModelSpec
     cluster: Cluster = Field(default_factory=Cluster)
@@ -246,9 +263,23 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+MAX_FILE_BYTES = 1 << 20  # a scenario is a few hundred bytes: a larger file is not one (/dev/zero, a dataset)
+
+
+def _read_text(path: Path) -> str:
+    """A scenario file's text: a regular file of at most MAX_FILE_BYTES, never an endless device."""
+    if path.exists() and not path.is_file():
+        raise ScenarioError(f"{path}: cannot read: not a regular file")
+    with path.open("rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError(f"{path}: cannot read: larger than {MAX_FILE_BYTES >> 20} MiB, not a scenario file")
+    return data.decode("utf-8")
+
+
 def load_file(path: Path) -> Scenario:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(_read_text(path))
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:

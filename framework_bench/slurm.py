@@ -15,10 +15,13 @@ checks those paths on every node before it starts the workers.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -43,9 +46,9 @@ class Submission(BaseModel):
     run_dir: Path
     submitted_at: str
     time_limit: str
-    gpu_name: str | None = Field(None, description="GPU the plan targets (for the MFU figure)")
+    gpu_name: str | None = Field(None, description="GPU the plan targets (the time estimate's; MFU uses the node's)")
     result_id: int | None = None
-    db: str | None = None
+    db: str | None = Field(None, description="the results file the run was submitted for; its row goes there")
 
     @classmethod
     def load(cls, run_dir: Path) -> "Submission":
@@ -80,7 +83,7 @@ def shared_path_warnings(job: Job, python: Path) -> list[str]:
 
 def plan_and_submit(backend_name: str, scenario: Scenario, options: SbatchOptions, *, submit: bool = True,
                     machine: Machine | None = None, root: Path | None = None, force: bool = False,
-                    settings_mode: str = "matched") -> Planned:
+                    settings_mode: str = "matched", db: Path | None = None) -> Planned:
     """Judge, pack, plan and write the sbatch script; submit it when `submit` and sbatch
     exists. Nothing is written or submitted for a backend whose own check refused."""
     backend = plugins.get(backend_name)
@@ -113,7 +116,7 @@ def plan_and_submit(backend_name: str, scenario: Scenario, options: SbatchOption
         return out
     out.submission = Submission(job_id=job_id, backend=backend_name, scenario=scenario.name, run_dir=job.run_dir,
                                 submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), time_limit=limit,
-                                gpu_name=target.gpu_name)
+                                gpu_name=target.gpu_name, db=str(db) if db else None)
     out.submission.save()
     return out
 
@@ -195,31 +198,55 @@ def _output_span(sub: Submission) -> float:
         return 0.0
 
 
+def node(sub: Submission) -> tuple[str | None, str | None]:
+    """(hostname, GPU name) of the node that ran the job, as its batch script wrote them; Nones
+    where it wrote nothing (a job that never started, a CPU node has no GPU name)."""
+    try:
+        lines = (sub.run_dir / launch.NODE_FILE).read_text().splitlines()
+    except OSError:
+        return None, None
+    return (lines[0].strip() or None) if lines else None, (lines[1].strip() or None) if len(lines) > 1 else None
+
+
 def ingest(sub: Submission, state: JobState) -> RunResult:
-    """The stored-to-be result of an ended job."""
+    """The stored-to-be result of an ended job; its MFU against the GPU of the node that ran it
+    (none when that is unknown: the plan's target GPU may not be what the scheduler gave)."""
     job = Job.model_validate_json((sub.run_dir / "job.json").read_text())
     backend = plugins.get(sub.backend)
     base = dict(backend=sub.backend, scenario=sub.scenario, framework_version=None, settings_mode=job.settings_mode)
-    return runner.finish(backend, job, outcome_of(sub, state), base, sub.gpu_name)
+    return runner.finish(backend, job, outcome_of(sub, state), base, node(sub)[1])
+
+
+def node_manifest(sub: Submission) -> dict:
+    """The run's manifest: this machine's backend env and checkout, with the node's name and GPU."""
+    from framework_bench import results
+    hostname, gpu = node(sub)
+    return {**results.manifest(sub.backend), "hostname": hostname, "gpu": gpu, "collected_on": socket.gethostname()}
 
 
 def steps_done(sub: Submission) -> int:
     return len({s["step"] for s in read_metrics(sub.run_dir)})
 
 
-def pending(root: Path | None = None) -> list[Submission]:
+def pending(root: Path | None = None, problems: list[str] | None = None) -> list[Submission]:
     """Submitted runs not yet stored, oldest first; a script submitted by hand (where this
-    machine had no sbatch) is found by the `slurm-<job id>.out` its job wrote."""
+    machine had no sbatch) is found by the `slurm-<job id>.out` its job wrote. A run folder
+    that cannot be read (a corrupt `slurm.json`) is named in `problems` and skipped."""
     root = root or runner.runs_root()
     found = []
     for script in sorted(root.glob(f"*/{launch.SBATCH_FILE}")):
         run_dir = script.parent
-        if (run_dir / SUBMISSION).exists():
-            sub = Submission.load(run_dir)
-        elif outputs := sorted(run_dir.glob("slurm-*.out")):
-            sub = _hand_submitted(run_dir, outputs[-1], script)
-            sub.save()
-        else:
+        try:
+            if (run_dir / SUBMISSION).exists():
+                sub = Submission.load(run_dir)
+            elif outputs := sorted(run_dir.glob("slurm-*.out")):
+                sub = _hand_submitted(run_dir, outputs[-1], script)
+                sub.save()
+            else:
+                continue
+        except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            if problems is not None:
+                problems.append(f"{run_dir}: cannot be read: {type(e).__name__}: {e}".splitlines()[0])
             continue
         if sub.result_id is None:
             found.append(sub)
@@ -234,20 +261,60 @@ def _hand_submitted(run_dir: Path, output: Path, script: Path) -> Submission:
                       run_dir=run_dir, submitted_at="(by hand)", time_limit=limit)
 
 
-def collect(subs: list[Submission], store, scenario_of: Callable[[Submission], Scenario],
-            on_result: Callable[[RunResult, Submission], None] = lambda r, s: None) -> list[tuple[Submission, JobState]]:
-    """Store every ended job among `subs`; returns those still queued or running (or whose
-    state cannot be told yet), with their state."""
+COLLECTING = "collecting"  # in a run folder while one `collect` stores it: the pid of that process
+
+
+@contextmanager
+def _claimed(sub: Submission) -> Iterator[bool]:
+    """Whether this process may store `sub`: of two collects at once, one does (a claim whose
+    process is gone is taken over)."""
+    claim = sub.run_dir / COLLECTING
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = claim.read_text().strip() if claim.exists() else ""
+            if holder.isdigit() and Path(f"/proc/{holder}").exists():
+                yield False
+                return
+            claim.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        try:
+            yield True
+        finally:
+            claim.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultStore"],
+            scenario_of: Callable[[Submission], Scenario],
+            on_result: Callable[[RunResult, Submission], None] = lambda r, s: None,
+            on_problem: Callable[[Submission, str], None] = lambda s, why: None) -> list[tuple[Submission, JobState]]:
+    """Store every ended job among `subs`, each in `store_for(sub)`; returns those still queued
+    or running (or whose state cannot be told yet), with their state. A job that cannot be
+    stored (its plugin uninstalled, its folder damaged) goes to `on_problem` and stays to be
+    collected later; the others are stored all the same."""
     waiting = []
     for sub in subs:
-        state = job_state(sub)
-        if state.active or state.state == "UNKNOWN":
-            waiting.append((sub, state))
+        try:
+            state = job_state(sub)
+            if state.active or state.state == "UNKNOWN":
+                waiting.append((sub, state))
+                continue
+            with _claimed(sub) as mine:
+                if not mine or Submission.load(sub.run_dir).result_id is not None:
+                    continue  # another collect has it, or stored it meanwhile
+                result = ingest(sub, state)
+                store = store_for(sub)
+                store.add(result, scenario_of(sub), node_manifest(sub))
+                sub.result_id, sub.db = result.result_id, str(store.path)
+                sub.save()
+        except Exception as e:  # noqa: BLE001 - one bad submission must not stop the others
+            on_problem(sub, f"{type(e).__name__}: {e}".splitlines()[0])
             continue
-        result = ingest(sub, state)
-        store.add(result, scenario_of(sub))
-        sub.result_id, sub.db = result.result_id, str(store.path)
-        sub.save()
         on_result(result, sub)
     return waiting
 

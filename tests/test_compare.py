@@ -105,8 +105,8 @@ def test_globs_expand_in_context_order():
 
 
 def test_percent_of_the_reference_needs_an_ok_reference_row_on_the_same_scenario():
-    rows = [("a", "torch", "ok", 200.0), ("a", "xtuner", "ok", 150.0), ("a", "lf", "failed", None),
-            ("b", "torch", "failed", None), ("b", "xtuner", "ok", 90.0), ("c", "xtuner", "ok", 10.0)]
+    rows = [(*r, "") for r in [("a", "torch", "ok", 200.0), ("a", "xtuner", "ok", 150.0), ("a", "lf", "failed", None),
+                                ("b", "torch", "failed", None), ("b", "xtuner", "ok", 90.0), ("c", "xtuner", "ok", 10.0)]]
     assert compare.percent_of_reference(rows) == {("a", "torch"): 100.0, ("a", "xtuner"): 75.0}
 
 

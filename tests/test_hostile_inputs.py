@@ -60,6 +60,8 @@ def test_a_non_utf8_scenario_file(tmp_path, monkeypatch):
     (b'[{"instruction": "a", "input": "", "output": null}]', "output is NoneType"),
     (b"[]", "non-empty list"),
     (bytes(range(256)) * 4, "not an Alpaca JSON file"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # issue 19: was a RecursionError
+    (b'[{"instruction": "a\\ud800", "input": "", "output": "x"}]', "lone UTF-16 surrogate"),  # was a TypeError
 ])
 def test_bad_alpaca_files(tmp_path, fbench_home, content, needle):
     data = tmp_path / "alpaca.json"
@@ -70,6 +72,21 @@ def test_bad_alpaca_files(tmp_path, fbench_home, content, needle):
     s.write_text(f"model: {{preset: tiny-llama}}\ncluster: {{device: cpu}}\ncontext_length: 512\n"
                  f"dataset: {{sources: [{{path: {data}}}]}}\n")
     one_error(cli("pack", str(s)), str(data))
+
+
+def test_an_endless_device_is_no_scenario_and_no_alpaca_file(tmp_path, fbench_home):
+    one_error(cli("validate", "/dev/zero"), "not a regular file")
+    with pytest.raises(alpaca.DataError, match="not a regular file"):
+        alpaca.load_source(DataSource(path="/dev/zero"))
+
+
+def test_inline_model_errors_name_their_place_and_rope_theta_is_finite(tmp_path):
+    inline = tmp_path / "inline.yaml"
+    inline.write_text("model: {config: {hidden_size: 64}}\ncontext_length: 512\n")
+    assert "model: config.num_hidden_layers: Field required" in cli("validate", str(inline)).stderr
+    rope = tmp_path / "rope.yaml"
+    rope.write_text("model: {preset: tiny-llama, config: {rope_theta: .inf}}\ncontext_length: 512\n")
+    one_error(cli("validate", str(rope)), "config.rope_theta", "not a finite number")
 
 
 def test_a_null_input_is_an_empty_input(tmp_path):
@@ -162,6 +179,7 @@ def test_a_fresh_store_opened_by_several_processes_at_once(tmp_path):
 
 
 def test_results_show_with_a_huge_id(tmp_path):
+    ResultStore(tmp_path / "r.sqlite").close()
     one_error(cli("results", "show", str(10**30), "--db", str(tmp_path / "r.sqlite")), "no run with id")
 
 
@@ -276,7 +294,7 @@ def test_local_launcher_with_several_processes_is_one_error(tmp_path):
 
 def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home):
     f = tmp_path / "many.yaml"
-    f.write_text(TINY.read_text().replace("gpus_per_node: 1", f"gpus_per_node: {10**12}"))
+    f.write_text(TINY.read_text().replace("gpus_per_node: 1", f"gpus_per_node: {10**9}"))
     result = cli("run", "--backend", "xtuner", "--scenario", str(f), "--db", str(tmp_path / "r.sqlite"))
     assert result.exit_code == 0 and "unsupported" in result.stdout and "CPU cores" in result.stdout
     assert "Traceback" not in result.output

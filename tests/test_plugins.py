@@ -328,3 +328,45 @@ def test_declared_capabilities_are_enforced_by_the_host(fake):
     _, reason = runner.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
     assert reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
     assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked
+
+
+# ---------------------------------------------------------------------------------------
+# Name collisions (issue 19, items 11 and 15): every claimant broken, both named, none runs.
+
+
+@pytest.fixture
+def fake_dists(tmp_path, monkeypatch):
+    """The fake backends' module importable, and a way to install entry points as any distribution."""
+    fakes_dir = Path(__file__).parent / "fake_backends"
+    monkeypatch.syspath_prepend(str(fakes_dir))
+    import fbench_fake_backends
+    site = tmp_path / "site"
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "load_errors", {})
+    return lambda dist, eps: fbench_fake_backends.register_through_entry_points(site, eps, dist)
+
+
+def test_an_entry_point_taking_the_bundled_torch_name_breaks_both(fake_dists):
+    fake_dists("sneaky-torch", {"torch": "fbench_fake_backends:ok"})
+    assert "torch" not in plugins.backends()
+    why = plugins.load_errors["torch"]
+    assert "sneaky-torch" in why and "fbench-torch" in why and "none of them runs" in why
+    with pytest.raises(plugins.UnknownBackend, match="sneaky-torch"):
+        plugins.get("torch")
+    listed = CliRunner().invoke(app, ["backends"]).stdout
+    assert "sneaky-torch" in listed
+
+
+def test_two_plugins_giving_one_backend_name_are_both_broken(fake_dists):
+    fake_dists("fbench-twins", {"fake_twin_a": "fbench_fake_backends:twin_a", "fake_twin_b": "fbench_fake_backends:twin_b"})
+    assert "fake_twin" not in plugins.backends()
+    why = plugins.load_errors["fake_twin"]
+    assert "fake_twin_a" in why and "fake_twin_b" in why and "fbench-twins" in why
+
+
+def test_compare_without_backends_names_the_broken_ones_it_skips(fake_dists, fbench_home, tmp_path):
+    fake_dists("fbench-twins", {"fake_twin_a": "fbench_fake_backends:twin_a", "fake_twin_b": "fbench_fake_backends:twin_b"})
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    skipped = [l for l in res.stderr.splitlines() if l.startswith("skipped")]
+    assert len(skipped) == 1 and "fake_twin" in skipped[0], res.stderr

@@ -239,3 +239,120 @@ def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, m
     _collect_until_done(db)
     row = _rows(db)["fake_ok"]
     assert row["status"] == "ok" and row["steps"] == 7
+
+
+# ---------------------------------------------------------------------------------------
+# Collecting never loses or doubles a run (issue 19, item 8), and its figures are the node's (item 10).
+
+
+def _submit(db: Path, backend: str = "fake_ok") -> tuple[str, Path]:
+    res = _invoke("run", "--backend", backend, "--scenario", "tiny_cpu", "--launcher", "slurm", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    job_id = re.search(r"submitted: SLURM job (\d+)", res.stdout).group(1)
+    run_dir = Path(re.search(r"sbatch: (\S+)", res.stdout).group(1)).parent
+    return job_id, run_dir
+
+
+def _ended(cluster: Path, job_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (cluster / f"{job_id}.rc").exists():
+        assert time.monotonic() < deadline, "the stand-in job never ended"
+        time.sleep(0.2)
+
+
+def test_collect_stores_each_run_in_the_store_it_was_submitted_for(cluster, fakes, tmp_path):
+    db = tmp_path / "chosen.sqlite"
+    job_id, _ = _submit(db)
+    _ended(cluster, job_id)
+    res = _invoke("results", "collect")  # no --db: the run knows its store
+    assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
+    assert [r["status"] for r in _rows(db).values()] == ["ok"]
+    default = envs.fbench_home() / "results" / "results.sqlite"
+    assert not default.exists() or _rows(default) == {}
+
+
+def test_two_collects_at_once_store_a_run_once(cluster, fakes, tmp_path):
+    import subprocess
+    import sys
+    db = tmp_path / "r.sqlite"
+    job_id, _ = _submit(db)
+    _ended(cluster, job_id)
+    argv = [sys.executable, "-c", "from framework_bench.cli import app; app()", "results", "collect", "--db", str(db)]
+    env = {**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(sys.path)}  # the fakes too
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+
+
+def test_one_unreadable_submission_does_not_stop_the_others(cluster, fakes, tmp_path):
+    db = tmp_path / "r.sqlite"
+    bad_id, bad_dir = _submit(db)
+    good_id, _ = _submit(db)
+    _ended(cluster, bad_id)
+    _ended(cluster, good_id)
+    (bad_dir / "slurm.json").write_text("{not json")
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 1 and str(bad_dir) in res.stderr and "stored as result" in res.stdout, res.output
+    assert [r["status"] for r in _rows(db).values()] == ["ok"]
+
+
+def test_a_submission_whose_plugin_is_gone_does_not_stop_the_others(cluster, fakes, tmp_path):
+    db = tmp_path / "r.sqlite"
+    gone_id, gone_dir = _submit(db)
+    good_id, _ = _submit(db)
+    _ended(cluster, gone_id)
+    _ended(cluster, good_id)
+    record = json.loads((gone_dir / "slurm.json").read_text())
+    (gone_dir / "slurm.json").write_text(json.dumps({**record, "backend": "fake_uninstalled"}))
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 1 and f"SLURM job {gone_id}" in res.stderr and "fake_uninstalled" in res.stderr, res.output
+    assert len(_rows(db)) == 1
+    assert "Traceback" not in res.output
+
+
+def test_mfu_and_manifest_are_the_nodes_that_ran_the_job(cluster, fakes, tmp_path):
+    from framework_bench import flops
+    db = tmp_path / "r.sqlite"
+    job_id, run_dir = _submit(db)
+    _ended(cluster, job_id)
+    record = json.loads((run_dir / "slurm.json").read_text())
+    (run_dir / "slurm.json").write_text(json.dumps({**record, "gpu_name": "NVIDIA H100 80GB HBM3"}))  # the plan's target
+    (run_dir / "node.txt").write_text("gpu-node-7\nNVIDIA A100-SXM4-80GB\n")  # what the scheduler gave
+    assert _invoke("results", "collect", "--db", str(db)).exit_code == 0
+    row = next(iter(_rows(db).values()))
+    assert row["mfu"] == pytest.approx(row["model_tflops"] / flops.gpu_peak_tflops("NVIDIA A100-SXM4-80GB"))
+    manifest = json.loads(row["manifest"])
+    assert manifest["hostname"] == "gpu-node-7" and manifest["gpu"] == "NVIDIA A100-SXM4-80GB"
+
+
+def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_home_of_cluster, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", "compare", "--scenario",
+                             "tiny_cpu", "--backends", "fake_hang", "--launcher", "slurm", "--wait", "--poll", "0.2",
+                             "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 120
+        while not list(cluster.glob("*.args")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "stopped waiting" in err, (out, err)
+    finally:
+        for pid in Path("/proc").iterdir():
+            try:
+                if pid.name.isdigit() and str(fbench_home_of_cluster).encode() in (pid / "cmdline").read_bytes():
+                    os.kill(int(pid.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
+
+
+@pytest.fixture
+def fbench_home_of_cluster(cluster):
+    return envs.fbench_home()

@@ -36,6 +36,8 @@ def load_source(src: DataSource) -> tuple[list[dict], str]:
     where = src.path or src.hub
     if src.path is not None:
         path = Path(src.path)
+        if path.exists() and not path.is_file():  # /dev/zero, a FIFO: would be read for ever
+            raise DataError(f"cannot read Alpaca file {path}: not a regular file")
         try:
             raw = path.read_bytes()
         except OSError as e:
@@ -47,6 +49,8 @@ def load_source(src: DataSource) -> tuple[list[dict], str]:
         except ValueError as e:  # not UTF-8, or not JSON (a truncated file, random bytes)
             raise DataError(f"{path} is not an Alpaca JSON file (a list of records, or one record per line): "
                             f"{e}") from None
+        except RecursionError:  # valid JSON nested thousands deep: no Alpaca record is
+            raise DataError(f"{path} is not an Alpaca JSON file: nested too deeply") from None
         fingerprint = hashlib.sha256(raw).hexdigest()
     else:
         try:
@@ -85,3 +89,9 @@ def check_records(records: object, where: str) -> None:
             value = rec.get(key)
             if not isinstance(value, str) and not (key == "input" and value is None):
                 raise DataError(f"{where}: record {i}: {key} is {type(value).__name__}, not text")
+            if isinstance(value, str) and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate ("\ud800") is valid JSON but no text
+                    raise DataError(f"{where}: record {i}: {key} holds {value[e.start]!r}, half of a character "
+                                    "(a lone UTF-16 surrogate), not text") from None

@@ -11,6 +11,7 @@ host records.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,13 +24,17 @@ HERE = Path(__file__).resolve().parent
 
 
 class FakeBackend:
-    def __init__(self, name: str, mode: str):
-        self.name, self.mode = name, mode
+    """`fault`: a bug of the plugin itself (its worker runs `ok`): an unstartable plan, a report
+    hook that removes the run folder or leaves a result.json no disk can take."""
+
+    def __init__(self, name: str, mode: str, fault: str | None = None, info_name: str | None = None):
+        self.name, self.mode, self.fault = name, mode, fault
+        self.info_name = info_name or name
 
     @hookimpl
     def fbench_backend_info(self):
         return BackendInfo(
-            name=self.name, framework="fake", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+            name=self.info_name, framework="fake", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
             env=EnvSpec(requirements={"cpu": HERE / "requirements.txt"}, framework_package="pytest"),
         )
 
@@ -39,8 +44,15 @@ class FakeBackend:
 
     @hookimpl
     def fbench_plan(self, job, env):
-        return LaunchPlan(python=Path(sys.executable), module="fbench_fake_worker", args=[str(job.job_file), self.mode],
-                          env={"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+        python, args = Path(sys.executable), [str(job.job_file), self.mode]
+        extra_env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        if self.fault == "missing_python":
+            python = Path("/nonexistent/fbench-fake/bin/python")
+        elif self.fault == "nul_env":
+            extra_env["FAKE_SETTING"] = "a\0b"
+        elif self.fault == "long_argv":
+            args.append("x" * (4 << 20))  # beyond the kernel's limit on one argument list
+        return LaunchPlan(python=python, module="fbench_fake_worker", args=args, env=extra_env)
 
     @hookimpl
     def fbench_read_report(self, job):
@@ -48,6 +60,10 @@ class FakeBackend:
         steps = [StepMetric(**m) for m in read_metrics(job.run_dir)]
         # The fake's "own" figure: its fixed step time, as a framework's log would give it.
         own = {"tokens_per_sec_median": job.scenario.context_length / 0.5} if steps else {}
+        if self.fault == "rm_run_dir":
+            shutil.rmtree(job.run_dir)
+        elif self.fault == "full_disk":  # result.json lands on a device that is always full (ENOSPC)
+            (job.run_dir / "result.json").symlink_to("/dev/full")
         return WorkerReport(steps=steps, data_sha256=report.get("data_sha256"), framework_version="0",
                             framework_throughput=own, settings=report.get("settings"),
                             param_count=report.get("param_count"), consumed_rows=read_consumed(job.run_dir))
@@ -65,15 +81,35 @@ missing_steps = FakeBackend("fake_missing_steps", "missing_steps")
 wrong_rows = FakeBackend("fake_wrong_rows", "wrong_rows")
 wrong_model = FakeBackend("fake_wrong_model", "wrong_model")
 
+# Workers that write what no real measurement can be (framework_bench/backend.py bounds StepMetric):
+# a garbage line, a step too short to time, no tokens, a NaN loss, numbers beyond SQLite...
+BAD_LINES = ("garbage_line", "slow_seconds", "tiny_seconds", "inf_seconds", "zero_tokens", "nan_loss",
+             "huge_tokens", "huge_memory", "negative_rank", "extra_steps", "grandchild", "deaf")
+PLUGIN_FAULTS = ("missing_python", "nul_env", "long_argv", "rm_run_dir", "full_disk")
+for _mode in BAD_LINES:
+    globals()[_mode] = FakeBackend(f"fake_{_mode}", _mode)
+for _fault in PLUGIN_FAULTS:
+    globals()[_fault] = FakeBackend(f"fake_{_fault}", "ok", fault=_fault)
+
 ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
                 [("ok", ok), ("crash", crash), ("hang", hang), ("interrupt", interrupt), ("stubborn", stubborn)]}
-ENTRY_POINTS |= {f"fake_{mode}": f"fbench_fake_backends:{mode}" for mode in LIARS}
+ENTRY_POINTS |= {f"fake_{mode}": f"fbench_fake_backends:{mode}" for mode in LIARS + BAD_LINES + PLUGIN_FAULTS}
 
 
-def register_through_entry_points(site: Path) -> None:
-    """Write a dist-info into `site` declaring the fake backends; put `site` on sys.path to install."""
-    info = site / "fbench_fake_backends-0.0.dist-info"
+slow = FakeBackend("fake_slow", "slow")  # 0.4 s a step: the fault-injection test stops it mid-training
+ENTRY_POINTS["fake_slow"] = "fbench_fake_backends:slow"
+
+# Two plugins of one distribution answering to one backend name (issue 19, item 15).
+twin_a = FakeBackend("fake_twin_a", "ok", info_name="fake_twin")
+twin_b = FakeBackend("fake_twin_b", "ok", info_name="fake_twin")
+
+
+def register_through_entry_points(site: Path, entry_points: dict[str, str] | None = None,
+                                  distribution: str = "fbench-fake-backends") -> None:
+    """Write a dist-info into `site` declaring the fake backends (or `entry_points`, as
+    `distribution`); put `site` on sys.path to install."""
+    info = site / f"{distribution.replace('-', '_')}-0.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-fake-backends\nVersion: 0.0\n")
-    lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in ENTRY_POINTS.items()]
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.0\n")
+    lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in (entry_points or ENTRY_POINTS).items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")

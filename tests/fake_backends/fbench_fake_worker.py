@@ -5,8 +5,10 @@ tokens they hold, every step, the parameter count of the scenario's config, its 
 The other training modes each tell one lie the host must catch (framework_bench/verify.py).
 """
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -39,6 +41,10 @@ if mode == "stubborn":  # slow to stop: ignores SIGTERM, so the host waits befor
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.kill(os.getppid(), signal.SIGINT)
     time.sleep(120)
+if mode == "deaf":  # ignores SIGTERM (the parent-death signal too): only a SIGKILL ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(os.path.join(job["run_dir"], "deaf"), "w").close()
+    time.sleep(120)
 ctx = job["scenario"]["context_length"]
 writer = MetricsWriter(job["run_dir"])
 consumed = ConsumedRows(job["run_dir"], rank=0)
@@ -49,6 +55,10 @@ if mode == "echo_sha":  # never opens the data: "trains" on zeros and echoes the
 else:
     rows = PackedRows(job["data_dir"])
     rows_ids, rows_labels, sha = rows.input_ids, rows.labels, rows.sha256()
+# One field of every step's line as no measurement can be (the BAD_LINES of fbench_fake_backends).
+OVERRIDE = {"tiny_seconds": {"seconds": 1e-320}, "inf_seconds": {"seconds": float("inf")}, "zero_tokens": {"tokens": 0},
+            "nan_loss": {"loss": float("nan")}, "huge_tokens": {"tokens": 2**63}, "huge_memory": {"peak_mem_bytes": 2**64},
+            "negative_rank": {"rank": -1}}.get(mode)
 first_row = 1 if mode == "wrong_rows" else 0  # skips the stream's first row
 for step in range(1, steps["warmup"] + steps["measured"] + 1):
     if mode == "missing_steps" and step == 3:
@@ -56,7 +66,21 @@ for step in range(1, steps["warmup"] + steps["measured"] + 1):
     row = first_row + step - 1
     consumed.add(rows_ids[row], rows_labels[row])
     consumed.end_step(step)
-    writer.write(step, 0.5, ctx * (2 if mode == "double_tokens" else 1), 10.0 / step, None)
+    line = {"step": step, "seconds": 0.5, "tokens": ctx * (2 if mode == "double_tokens" else 1), "loss": 10.0 / step,
+            "peak_mem_bytes": None, "peak_reserved_bytes": None, "rank": 0, **(OVERRIDE or {})}
+    writer._fh.write(json.dumps(line) + "\n")
+    if mode == "slow":  # a run long enough to be caught mid-training
+        time.sleep(0.4)
+    if step == 3 and mode in ("garbage_line", "slow_seconds"):
+        # as a worker killed mid-write, or a buggy one, leaves it; long enough for the host's progress read
+        writer._fh.write('{"step": 3, "seconds": "slow", "tokens": 1}\n' if mode == "slow_seconds" else '{"step": 4, "secon')
+        writer._fh.write("\n" if mode == "slow_seconds" else "")
+        time.sleep(2)
+if mode == "extra_steps":  # 200,000 steps nobody asked for
+    for step in range(steps["warmup"] + steps["measured"] + 1, 200_001):
+        writer._fh.write(json.dumps({"step": step, "seconds": 0.5, "tokens": ctx, "rank": 0}) + "\n")
+if mode == "grandchild":  # exits 0, leaving a process behind in its group
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", job["run_dir"]])
 params = param_count(job["hf_config"]) - (job["hf_config"]["hidden_size"] if mode == "wrong_model" else 0)
 write_worker_report(job["run_dir"], data_sha256=sha, param_count=params, settings={
     "trainer": f"fake-loop-{mode}", "optimizer": "torch.optim.AdamW", "optimizer_impl": "for-loop", "param_dtype": "float32",

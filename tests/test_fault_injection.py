@@ -1,0 +1,234 @@
+"""Fault injection (issue 19): each fault at each stage of a compare, and then exactly one
+stored row for the run (or, where even the fallback folder's disk is full, the row printed
+as JSON and exit 1) and no process of it left.
+
+Faults: SIGKILL of the host; SIGSTOP of the worker (mid-training: the only stage with a
+worker); ENOSPC, by filling a small tmpfs holding FBENCH_HOME (the store's own tmpfs at the
+`store` stage) or, where mounting is not allowed, a read-only folder; an exclusive lock on the
+store held longer than the host waits (the waits scaled down: SQLite's wait 1 s, the patience
+3 s, the lock 5 s, where fbench's defaults are 30 s and 10 min). Stages: packing, after the
+plan, mid-training, after the worker exits, figures, store, report. The host is the real CLI
+in its own process; the fault is triggered from inside it on entering the stage's function.
+The fake backend's worker trains nothing (0.4 s a step); one real tiny run is killed mid-training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import backend_env_or_skip
+
+STAGES = {  # stage: (module, function) the fault is triggered on entering
+    "packing": ("framework_bench.runner", "pack"),
+    "after_plan": ("framework_bench.launch", "node_argvs"),
+    "mid_training": ("framework_bench.runner", "read_metrics"),
+    "worker_exited": ("framework_bench.runner", "finish"),
+    "figures": ("framework_bench.metrics", "figures"),
+    "store": ("framework_bench.results", "save"),
+    "report": ("framework_bench.cli", "_charts_and_report"),
+}
+
+# The host: the CLI with one stage's function wrapped to apply the fault first.
+HOST = r'''
+import errno, importlib, os, signal, subprocess, sys, time
+from pathlib import Path
+module, function, fault, stage, full, db = sys.argv[1:7]
+from framework_bench import cli, results
+from framework_bench.data import packing
+results.LOCK_WAIT, results.LOCK_PATIENCE = 1.0, 3.0
+packing.FREE_SPACE_MARGIN = 0  # the small disks of this test hold the tiny scenario's few kB
+target = importlib.import_module(module)
+original = getattr(target, function)
+done = []
+
+def fill(folder):
+    """ENOSPC from now on under `folder`: a tmpfs filled up, else the folder made read-only."""
+    if os.path.ismount(folder):
+        fd = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * (1 << 16))
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        finally:
+            os.close(fd)
+    else:
+        for root, dirs, files in os.walk(folder):
+            os.chmod(root, 0o555)
+
+def inject():
+    if fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault == "enospc":
+        fill(full)
+    elif fault == "lock":
+        locker = subprocess.Popen([sys.executable, "-c",
+            "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], timeout=30); c.execute('BEGIN EXCLUSIVE');"
+            "print('held', flush=True); time.sleep(5)", db], stdout=subprocess.PIPE, text=True)
+        locker.stdout.readline()
+    elif fault == "sigstop":
+        home = os.environ["FBENCH_HOME"].encode()
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and home in (entry / "cmdline").read_bytes() and int(entry.name) != os.getpid():
+                    os.kill(int(entry.name), signal.SIGSTOP)
+            except OSError:
+                pass
+
+def wrapped(*args, **kwargs):
+    if not done:
+        if stage != "mid_training":
+            done.append(1)
+            inject()
+        else:  # the poll's read: once two steps are written, the worker is mid-training
+            steps = original(*args, **kwargs)
+            if len(steps) >= 2:
+                done.append(1)
+                inject()
+            return steps
+    return original(*args, **kwargs)
+
+setattr(target, function, wrapped)
+sys.argv = ["fbench", *sys.argv[7:]]
+cli.app()
+'''
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+def _mount_tmpfs(folder: Path, size: str) -> bool:
+    folder.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def disks(tmp_path):
+    """Two small filesystems: FBENCH_HOME's and the store's (tmpfs where mounting is allowed)."""
+    home, store = tmp_path / "home", tmp_path / "store"
+    mounted = [d for d in (home, store) if _mount_tmpfs(d, "32m")]
+    yield home, store
+    for d in (home, store):
+        for root, dirs, files in os.walk(d):
+            os.chmod(root, 0o755)
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _free(folder: Path) -> None:
+    (folder / "filler").unlink(missing_ok=True)
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o755)
+
+
+def _rows(db: Path) -> list[tuple[str, str]]:
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT backend, status FROM runs").fetchall()
+
+
+def _end(home: Path) -> None:
+    for pid in processes_mentioning(str(home)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _inject(fault: str, stage: str, backend: str, home: Path, db: Path, full: Path, env: dict,
+            *extra: str) -> subprocess.CompletedProcess:
+    module, function = STAGES[stage]
+    argv = [sys.executable, "-c", HOST, module, function, fault, stage, str(full), str(db),
+            "compare", "--scenario", "tiny_cpu", "--backends", backend, "--db", str(db),
+            "--out", str(home / "plots"), *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**env, "FBENCH_HOME": str(home)})
+
+
+def _one_row_or_printed(host: subprocess.CompletedProcess, home: Path, db: Path, env: dict) -> None:
+    """After the host and one more command (which stores what the host could not): one row,
+    or the row printed as JSON; and no process of the run left."""
+    time.sleep(0.5)
+    after = subprocess.run([sys.executable, "-c", "from framework_bench.cli import app; app()", "results", "list",
+                            "--db", str(db)], capture_output=True, text=True, timeout=120,
+                           env={**env, "FBENCH_HOME": str(home)})
+    assert "Traceback" not in host.stderr + after.stderr, (host.stderr, after.stderr)
+    rows = _rows(db)
+    printed = [l for l in host.stderr.splitlines() if l.startswith('{"result"')]
+    assert len(rows) + len(printed) == 1, (rows, host.returncode, host.stderr[-3000:], after.stderr)
+    if printed:
+        assert host.returncode == 1 and json.loads(printed[0])["result"]["backend"]
+    assert processes_mentioning(str(home)) == []
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("fault", ["kill", "enospc", "lock"])
+def test_each_fault_at_each_stage_leaves_one_row_and_no_process(fakes, disks, fault, stage):
+    home, store = disks
+    db = store / "r.sqlite"
+    env = dict(os.environ)
+    full = store if stage == "store" else home
+    try:
+        host = _inject(fault, stage, "fake_slow", home, db, full, env)
+        if fault == "kill":
+            assert host.returncode == -signal.SIGKILL
+        time.sleep(5.5 if fault == "lock" else 0)  # the lock's holder ends
+        _free(full)
+        _one_row_or_printed(host, home, db, env)
+    finally:
+        _end(home)
+
+
+def test_a_worker_stopped_mid_training_ends_as_a_timeout_row(fakes, disks):
+    home, store = disks
+    db = store / "r.sqlite"
+    env = dict(os.environ)
+    try:
+        host = _inject("sigstop", "mid_training", "fake_slow", home, db, home, env, "--timeout", "6")
+        assert host.returncode == 1
+        _one_row_or_printed(host, home, db, env)
+        assert _rows(db) == [("fake_slow", "timeout")]
+    finally:
+        _end(home)
+
+
+def test_a_real_tiny_run_killed_mid_training_is_one_failed_row_and_no_process(tmp_path):
+    """The torch backend's real worker (its env from the checkout's FBENCH_HOME), its host
+    killed with SIGKILL between two steps."""
+    from framework_bench import envs
+    backend_env_or_skip("torch")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "envs").symlink_to(envs.fbench_home().resolve() / "envs")
+    db = tmp_path / "r.sqlite"
+    env = dict(os.environ)
+    try:
+        host = _inject("kill", "mid_training", "torch", home, db, home, env)
+        assert host.returncode == -signal.SIGKILL, host.stderr[-2000:]
+        _one_row_or_printed(host, home, db, env)
+        assert _rows(db) == [("torch", "failed")]
+    finally:
+        _end(home)

@@ -1,0 +1,507 @@
+"""No run lost, no impossible figure stored (issue 19): whatever happens once a worker is
+launched (a bad metrics line, an exception in the figures, a full disk, a locked store, a
+dead host), exactly one row is stored per run and no process of it is left; figures no
+step can give make the run `invalid`, never `inf`. The fake backends' workers train nothing:
+each writes one kind of line no real measurement can be, or the plugin has one bug."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from framework_bench import launch, results
+from framework_bench.cli import app
+from framework_bench.results import ResultStore
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+def cli(*args: str):
+    res = CliRunner().invoke(app, list(args))
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output  # no host traceback
+    return res
+
+
+def rows(db: Path) -> list[dict]:
+    with ResultStore(db) as store:
+        return store.list()
+
+
+def run_fake(backend: str, db: Path, *extra: str):
+    return cli("run", "--backend", backend, "--scenario", "tiny_cpu", "--db", str(db), *extra)
+
+
+def one_row(db: Path, home: Path) -> dict:
+    """The run's single stored row; and nothing of its worker left running."""
+    stored = rows(db)
+    assert len(stored) == 1, stored
+    assert processes_mentioning(str(home)) == []
+    return stored[0]
+
+
+# ---------------------------------------------------------------------------------------
+# 1-6: rows lost
+
+
+def test_a_garbage_line_read_during_the_run_is_one_failed_row(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = run_fake("fake_garbage_line", db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 1 and row["status"] == "failed" and "fbench_read_report" in row["reason"]
+
+
+def test_seconds_that_are_no_number_are_one_failed_row(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = run_fake("fake_slow_seconds", db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 1 and row["status"] == "failed" and "seconds" in row["reason"]
+
+
+def test_a_full_run_folder_costs_result_json_not_the_row(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = run_fake("fake_full_disk", db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 0 and row["status"] == "ok" and row["tgs"] > 0
+    assert any("result.json not written" in n and "No space left" in n for n in row["notes"]), row["notes"]
+
+
+def test_a_plugin_that_removes_its_run_folder_still_gets_its_row(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = run_fake("fake_rm_run_dir", db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 0 and row["status"] == "ok"
+    assert any("result.json not written" in n for n in row["notes"])
+
+
+def _hold_lock(db: Path, seconds: float, held: threading.Event) -> threading.Thread:
+    def hold():
+        conn = sqlite3.connect(db, timeout=5, check_same_thread=False)
+        conn.execute("BEGIN EXCLUSIVE")
+        held.set()
+        time.sleep(seconds)
+        conn.rollback()
+        conn.close()
+    return threading.Thread(target=hold, daemon=True)
+
+
+def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing_off(fakes, fbench_home, tmp_path,
+                                                                                    monkeypatch):
+    db = tmp_path / "r.sqlite"
+    ResultStore(db).close()
+    monkeypatch.setattr(results, "LOCK_WAIT", 0.2)  # SQLite's own wait, short: the back-off must do the rest
+    monkeypatch.setattr(results, "LOCK_PATIENCE", 60.0)
+    held = threading.Event()
+    with ResultStore(db) as store:
+        thread = _hold_lock(db, 3, held)
+        thread.start()
+        held.wait(10)
+        from framework_bench import scenario
+        started = time.monotonic()
+        results.save(store, results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="failed", reason="x"),
+                     scenario.load("tiny_cpu"))
+        assert time.monotonic() - started > 2  # it waited for the lock rather than failing
+    thread.join()
+    assert [r["reason"] for r in rows(db)] == ["x"]
+
+
+def test_a_store_locked_past_the_patience_keeps_the_row_for_the_next_command(fakes, fbench_home, tmp_path,
+                                                                            monkeypatch):
+    db = tmp_path / "r.sqlite"
+    ResultStore(db).close()
+    monkeypatch.setattr(results, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(results, "LOCK_PATIENCE", 1.0)
+    conn = sqlite3.connect(db, timeout=5)
+
+    def lock_once_training_ends(*args, **kwargs):
+        conn.execute("BEGIN EXCLUSIVE")  # another process holds the store when the row comes
+        return real_save(*args, **kwargs)
+
+    real_save = results.save
+    monkeypatch.setattr(results, "save", lock_once_training_ends)
+    res = run_fake("fake_ok", db)
+    assert res.exit_code == 0 and "kept in" in res.stderr and "next fbench command stores it" in res.stderr
+    conn.rollback()
+    conn.close()
+    monkeypatch.setattr(results, "save", real_save)
+    assert rows(db) == []
+    res = cli("results", "list", "--db", str(db))
+    assert "recovered the ok run of fake_ok on tiny_cpu" in res.stderr and "database is locked" in res.stderr
+    assert [r["status"] for r in rows(db)] == ["ok"]
+    assert "recovered" not in cli("results", "list", "--db", str(db)).stderr  # stored once, never twice
+
+
+def test_when_neither_the_store_nor_the_folder_beside_it_can_take_a_row_it_is_printed(fakes, fbench_home, tmp_path,
+                                                                                     monkeypatch):
+    db = tmp_path / "r.sqlite"
+    ResultStore(db).close()
+    (tmp_path / "r.sqlite.unstored").write_text("a file where the fallback folder belongs")
+    monkeypatch.setattr(results, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(results, "LOCK_PATIENCE", 0.5)
+    conn = sqlite3.connect(db, timeout=5)
+    real_save = results.save
+
+    def lock_then_save(*args, **kwargs):
+        conn.execute("BEGIN EXCLUSIVE")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(results, "save", lock_then_save)
+    res = run_fake("fake_ok", db)
+    conn.rollback()
+    assert res.exit_code == 1 and "printed above as JSON" in res.stderr
+    record = json.loads(next(l for l in res.stderr.splitlines() if l.startswith("{")))
+    assert record["result"]["backend"] == "fake_ok" and record["result"]["status"] == "ok"
+    assert processes_mentioning(str(fbench_home)) == []
+
+
+@pytest.mark.parametrize("backend", ["fake_huge_tokens", "fake_huge_memory", "fake_negative_rank"])
+def test_values_sqlite_cannot_hold_are_one_failed_row(fakes, fbench_home, tmp_path, backend):
+    db = tmp_path / "r.sqlite"
+    res = run_fake(backend, db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 1 and row["status"] == "failed" and "fbench_read_report" in row["reason"]
+
+
+def test_a_context_no_row_can_hold_is_refused_when_the_scenario_is_read(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text("model: {preset: tiny}\ncontext_length: 1000000000000000000000000000000\nextend_positions: true\n")
+    res = cli("validate", str(path))
+    assert res.exit_code == 1 and "context_length" in res.stderr and "less than or equal" in res.stderr
+
+
+@pytest.mark.parametrize("first", ["fake_inf_seconds", "fake_zero_tokens"])
+def test_steps_without_a_rate_do_not_abort_the_compare(fakes, fbench_home, tmp_path, first):
+    db = tmp_path / "r.sqlite"
+    res = cli("compare", "--scenario", "tiny_cpu", "--backends", f"{first},fake_ok", "--db", str(db),
+              "--out", str(tmp_path / "plots"))
+    stored = {r["backend"]: r for r in rows(db)}
+    assert stored["fake_ok"]["status"] == "ok"  # the later backend ran
+    assert stored[first]["status"] in ("failed", "invalid") and stored[first]["tgs"] is None
+    assert res.exit_code == 1
+
+
+@pytest.mark.parametrize("backend, needle", [("fake_missing_python", "could not start /nonexistent"),
+                                             ("fake_nul_env", "embedded null byte"),
+                                             ("fake_long_argv", "could not start")])
+def test_a_launch_that_cannot_start_is_a_failed_row(fakes, fbench_home, tmp_path, backend, needle):
+    db = tmp_path / "r.sqlite"
+    res = run_fake(backend, db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 1 and row["status"] == "failed" and needle in row["reason"], row["reason"]
+
+
+def test_an_exception_in_the_figures_is_a_failed_row(fakes, fbench_home, tmp_path, monkeypatch):
+    from framework_bench import metrics
+
+    def broken(*args, **kwargs):
+        raise ArithmeticError("a bug in the figures")
+
+    monkeypatch.setattr(metrics, "figures", broken)
+    db = tmp_path / "r.sqlite"
+    res = run_fake("fake_ok", db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 1 and row["status"] == "failed" and "a bug in the figures" in row["reason"]
+
+
+def test_an_exception_in_the_hosts_poll_stops_the_worker(tmp_path):
+    marker = str(tmp_path / "poll-raises")
+
+    def poll():
+        raise RuntimeError("the host fell over")
+
+    with pytest.raises(RuntimeError):
+        launch.execute([[sys.executable, "-c", "import time; time.sleep(60)", marker]], {}, tmp_path,
+                       tmp_path / "w.log", poll=poll)
+    assert processes_mentioning(marker) == []
+
+
+# ---------------------------------------------------------------------------------------
+# 7: orphans
+
+
+def _start_host(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(home: Path, proc: subprocess.Popen, text: str = "fbench_fake_worker") -> None:
+    deadline = time.monotonic() + 120
+    while not any(text in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                  for p in processes_mentioning(str(home))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.1)
+
+
+def _gone(home: Path, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while processes_mentioning(str(home)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _end(home: Path) -> None:
+    for pid in processes_mentioning(str(home)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_kill_9_of_the_host_ends_its_worker(fakes, fbench_home, tmp_path):
+    proc = _start_host("run", "--backend", "fake_hang", "--scenario", "tiny_cpu", "--db", str(tmp_path / "r.sqlite"))
+    try:
+        _wait_for(fbench_home, proc)
+        proc.kill()
+        proc.wait()
+        assert _gone(fbench_home, 15), "the worker outlived its host"
+    finally:
+        _end(fbench_home)
+
+
+def test_the_next_command_stores_the_run_of_a_dead_host_and_says_so(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    proc = _start_host("run", "--backend", "fake_deaf", "--scenario", "tiny_cpu", "--db", str(db))
+    try:
+        deadline = time.monotonic() + 120
+        while not list((fbench_home / "runs").glob("*/deaf")):  # the worker now ignores the parent-death signal
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait()
+        res = cli("results", "list", "--db", str(db))
+        assert "ended before storing the run" in res.stderr and "now stopped" in res.stderr, res.stderr
+        row = one_row(db, fbench_home)
+        assert row["status"] == "failed" and "died during the run" in row["reason"]
+        assert "ended before storing" not in cli("results", "list", "--db", str(db)).stderr  # once
+    finally:
+        _end(fbench_home)
+
+
+def test_the_worker_is_given_the_hosts_pid(tmp_path):
+    out = tmp_path / "env.txt"
+    launch.execute([[sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ['FBENCH_HOST_PID'])"]],
+                   {}, tmp_path, tmp_path / "w.log")
+    assert out.read_text() == str(os.getpid())
+
+
+def test_a_process_left_behind_by_a_worker_that_exits_0_is_ended(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    try:
+        res = run_fake("fake_grandchild", db)
+        assert res.exit_code == 0
+        assert one_row(db, fbench_home)["status"] == "ok"
+    finally:
+        _end(fbench_home)
+
+
+def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_home, tmp_path):
+    from framework_bench import orphans
+    run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000001"
+    run_dir.mkdir(parents=True)
+    (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": 2**22 + 1, "started": "1", "db": None}))
+    named = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir / "job.json")],
+                             start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path / "elsewhere")],
+                             start_new_session=True)
+    try:
+        lines = orphans.recover(fbench_home / "runs")
+        assert named.wait(timeout=10) is not None and other.poll() is None
+        assert len(lines) == 1 and "1 process(es)" in lines[0]
+        assert not (run_dir / orphans.HOST_FILE).exists()
+    finally:
+        named.kill()
+        other.kill()
+
+
+def test_a_live_hosts_run_is_left_alone(fbench_home, tmp_path):
+    from framework_bench import orphans
+    run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000002"
+    run_dir.mkdir(parents=True)
+    from framework_bench import scenario
+    orphans.claim(run_dir, tmp_path / "r.sqlite", "fake_ok", scenario.load("tiny_cpu"), "matched")  # this process is the host
+    assert orphans.recover(fbench_home / "runs") == [] and (run_dir / orphans.HOST_FILE).exists()
+
+
+def test_sigterm_to_check_backend_stops_its_worker_and_says_so(fakes, fbench_home):
+    proc = _start_host("check-backend", "fake_hang")
+    try:
+        _wait_for(fbench_home, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "interrupted" in err, (out, err)
+        assert processes_mentioning(str(fbench_home)) == []
+    finally:
+        _end(fbench_home)
+
+
+def test_sigterm_to_env_create_removes_the_half_built_env_and_its_children(fakes, fbench_home):
+    proc = _start_host("env", "create", "fake_ok", "--flavour", "cpu")
+    try:
+        deadline = time.monotonic() + 120
+        while not processes_mentioning(".fake_ok.building-"):  # `python -m venv` is building it
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "interrupted" in err, (out, err)
+        assert not list((fbench_home / "envs").glob(".fake_ok.building-*"))
+        assert _gone(fbench_home, 5)
+    finally:
+        _end(fbench_home)
+
+
+def test_a_half_built_env_left_by_a_killed_create_is_swept(fbench_home):
+    from framework_bench import envs
+    stale = envs.env_path("fake_ok").with_name(".fake_ok.building-4194305")  # above any pid Linux hands out
+    (stale / "bin").mkdir(parents=True)
+    live = envs.env_path("fake_ok").with_name(f".fake_ok.building-{os.getpid()}")
+    live.mkdir()
+    assert envs.sweep_building("fake_ok") == [stale]
+    assert not stale.exists() and live.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# 9: impossible figures
+
+
+def test_a_step_too_short_to_time_makes_the_run_invalid_never_inf(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = run_fake("fake_tiny_seconds", db)
+    row = one_row(db, fbench_home)
+    assert res.exit_code == 1 and row["status"] == "invalid" and "impossible figures" in row["reason"]
+    assert row["tgs"] is None and row["tflops"] is None
+    assert "Infinity" not in cli("results", "export", "--format", "json", "--db", str(db)).stdout
+
+
+def test_a_nan_loss_is_stored_as_nan_not_as_no_loss(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    run_fake("fake_nan_loss", db)
+    row = one_row(db, fbench_home)
+    assert math.isnan(row["final_loss"])
+    with ResultStore(db) as store:
+        assert all(math.isnan(s["loss"]) for s in store.get(row["id"])["steps"])
+    exported = cli("results", "export", "--format", "json", "--db", str(db)).stdout
+    assert json.loads(exported)[0]["final_loss"] == "NaN"  # standard JSON: no bare NaN
+
+
+def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
+    from framework_bench import metrics, scenario
+    from framework_bench.backend import StepMetric
+    s = scenario.load("tiny_cpu")
+    steps = [StepMetric(step=i, seconds=1e-9, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
+    out = metrics.figures(s, steps, peak_tflops=1.0, gpu_name="NVIDIA H100")
+    assert "above the peak" in out["impossible"] and out.get("mfu") is None and out.get("tgs") is None
+
+
+def test_the_share_of_torch_pairs_runs_by_their_stored_definition(tmp_path, fbench_home):
+    from framework_bench import report, scenario
+    short = scenario.load("tiny_cpu")
+    longer = short.model_copy(update={"context_length": 2048})  # the same file, edited between the runs
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as store:
+        store.add(results.RunResult(backend="torch", scenario="tiny_cpu", status="ok", tgs=400.0), longer, manifest_={})
+        store.add(results.RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", tgs=1600.0), short, manifest_={})
+        rows = store.latest_by_point()
+    table = report.scenario_table(rows)
+    assert "400%" not in str(table) and "400 %" not in str(table)
+    from framework_bench.compare import percent_of_reference
+    assert ("tiny_cpu", "xtuner") not in percent_of_reference(report._pairing(rows))
+
+
+# ---------------------------------------------------------------------------------------
+# 13, 15: edges and defaults
+
+
+def test_a_long_scenario_name_is_refused_when_read(tmp_path):
+    path = tmp_path / f"{'a' * 240}.yaml"
+    path.write_text("model: {preset: tiny}\ncontext_length: 512\n")
+    res = cli("validate", str(path))
+    assert res.exit_code == 1 and "name" in res.stderr and "at most 64" in res.stderr
+
+
+def test_an_infinite_reference_figure_is_refused(tmp_path):
+    path = tmp_path / "inf_ref.yaml"
+    path.write_text("model: {preset: tiny}\ncontext_length: 512\nreference: {tgs: .inf, tflops: 1.0, hardware: A100}\n")
+    res = cli("validate", str(path))
+    assert res.exit_code == 1 and "reference.tgs" in res.stderr
+
+
+def test_check_backend_refuses_a_negative_timeout():
+    res = cli("check-backend", "torch", "--timeout", "-1")
+    assert res.exit_code == 1 and "--timeout" in res.stderr
+
+
+@pytest.mark.parametrize("command", [["results", "list"], ["results", "show", "1"], ["results", "export"], ["report"]])
+def test_a_mistyped_db_on_a_reading_command_creates_nothing(tmp_path, fbench_home, command):
+    db = tmp_path / "typo" / "resluts.sqlite"
+    res = cli(*command, "--db", str(db))
+    assert res.exit_code == 1 and "no results file" in res.stderr
+    assert not db.parent.exists()
+
+
+def test_a_full_disk_under_out_is_one_line_after_the_rows_are_stored(fakes, fbench_home, tmp_path, monkeypatch):
+    from framework_bench import plotting
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plotting, "plot_results", full)
+    db = tmp_path / "r.sqlite"
+    res = cli("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--db", str(db), "--out", str(tmp_path / "p"))
+    assert res.exit_code == 1 and "the runs are stored" in res.stderr and "No space left" in res.stderr
+    assert [r["status"] for r in rows(db)] == ["ok"]
+
+
+def test_a_worker_writing_200k_extra_steps_gets_a_short_reason(fakes, fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    run_fake("fake_extra_steps", db)
+    row = one_row(db, fbench_home)
+    assert row["status"] == "invalid" and "repeated or extra" in row["reason"]
+    assert len(row["reason"].splitlines()) <= 61 and len(row["reason"]) < 4200  # was 1.5 MB on one line
+
+
+def test_out_defaults_to_the_state_folder(fakes, fbench_home, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--db", str(tmp_path / "r.sqlite"))
+    assert res.exit_code == 0, res.output
+    assert (fbench_home / "plots" / "report.md").is_file() and not (tmp_path / "plots").exists()
+
+
+def test_results_list_shows_the_latest_50_unless_asked(tmp_path, fbench_home):
+    from framework_bench import scenario
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as store:
+        for i in range(60):
+            store.add(results.RunResult(backend="x", scenario="tiny_cpu", status="failed", reason=str(i)),
+                      scenario.load("tiny_cpu"), manifest_={})
+    shown = cli("results", "list", "--db", str(db)).stdout
+    assert "the latest 50 of 60 runs" in shown and "│ 10 " not in shown and "│ 11 " in shown
+    assert "latest" not in cli("results", "list", "--all", "--db", str(db)).stdout
+    assert "the latest 5 of 60" in cli("results", "list", "--limit", "5", "--db", str(db)).stdout
