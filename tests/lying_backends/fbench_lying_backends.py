@@ -33,10 +33,6 @@ class LyingBackend:
         self.lie = lie
         self.info_fields = info_fields
 
-    @property
-    def name(self) -> str:
-        return f"lying_{self.lie}"
-
     @hookimpl
     def fbench_backend_info(self):
         info = torch_plugin.fbench_backend_info()
@@ -59,9 +55,16 @@ class LyingBackend:
         return torch_plugin.fbench_read_report(job)
 
 
-BACKENDS = {lie: LyingBackend(lie) for lie in LIES}
-globals().update({f"lying_{lie}": backend for lie, backend in BACKENDS.items()})
-ENTRY_POINTS = {backend.name: f"fbench_lying_backends:{backend.name}" for backend in BACKENDS.values()}
+    @property
+    def name(self) -> str:
+        return f"lying_{self.lie}" + (f"_contract{self.info_fields['contract']}" if "contract" in self.info_fields else "")
+
+
+# Each lie at the current contract (the torch plugin's), and the claimless one and the honest
+# copy also as plugins of contract 1, written before the claims were required.
+BACKENDS = [LyingBackend(lie) for lie in LIES] + [LyingBackend(lie, contract=1) for lie in ("honest", "no_claims")]
+globals().update({backend.name: backend for backend in BACKENDS})
+ENTRY_POINTS = {backend.name: f"fbench_lying_backends:{backend.name}" for backend in BACKENDS}
 
 
 def register_through_entry_points(site: Path, entry_points: dict[str, str] | None = None,
