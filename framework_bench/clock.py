@@ -17,6 +17,11 @@ its ranks) at each stamp of a measured step. The stamps are kept in the run fold
     `MIN_CPU_SHARE` of its wall time: a worker asleep through its steps computed them
     elsewhere (where /proc cannot be read, or the span is too short to, it is said unavailable).
 
+Under SLURM the batch script runs the watcher on the job's first node, beside the workers
+(`python -m framework_bench.clock RUN_DIR WARMUP`, stopped by SIGTERM once they end): lines
+of ranks on other nodes reach it through the shared filesystem, read every 0.1 s, and the
+CPU share is not read there (the workers are no descendants of the watcher).
+
 A pause not followed by a resume stops the step's clock (its `end` line may come later, once
 the framework logged the loss). `REFEREE_ENV=off` switches these checks (and the claims the
 contract requires, `framework_bench/verify.py`) off: for tests that show a lie is live, and
@@ -29,11 +34,12 @@ import ctypes
 import json
 import os
 import select
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
-from framework_bench.verify import Check
 from framework_bench.worker_io import CLOCK_DIR
 
 REFEREE_ENV = "FBENCH_REFEREE"
@@ -148,8 +154,11 @@ class Watcher:
         self._read()
         for fd, _ in self._files.values():
             os.close(fd)
-        self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "poll_seconds": POLL_SECONDS,
-                                        "ranks": {str(r): ev for r, ev in self.events.items()}}))
+        try:
+            self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu,
+                                            "ranks": {str(r): ev for r, ev in self.events.items()}}))
+        except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
+            pass
 
     def _run(self) -> None:
         try:
@@ -238,12 +247,16 @@ def windows(events: list[list]) -> list[StepWindow]:
     return out
 
 
-def checks(run_dir: Path, warmup: int, claimed: dict[int, dict[int, float]], cpu: bool) -> list[Check]:
+def checks(run_dir: Path, warmup: int, claimed: dict[int, dict[int, float]], cpu: bool) -> list:
     """The clock, pauses and (on CPU) cpu checks of a finished run. `claimed`: {rank: {step:
     seconds}} from the worker's metrics. No clock lines at all: `clock` is unverified (a
     claim not made)."""
+    from framework_bench.verify import Check  # here: the node-side watcher runs with no host dependencies
+
     path = Path(run_dir) / STAMPS_FILE
-    stamps = json.loads(path.read_text()) if path.exists() else {"ranks": {}}
+    if not path.exists():
+        return [Check(name="clock", status="unverified", detail=f"unverified: the host kept no stamps ({STAMPS_FILE})")]
+    stamps = json.loads(path.read_text())
     per_rank = {int(r): [w for w in windows(ev) if w.step > warmup] for r, ev in stamps["ranks"].items()}
     per_rank = {r: ws for r, ws in per_rank.items() if ws}
     if not per_rank:
@@ -299,3 +312,15 @@ def checks(run_dir: Path, warmup: int, claimed: dict[int, dict[int, float]], cpu
         out[0].detail += "; CPU share unavailable: " + ("no /proc to read" if u is None else
                                                         f"{u['wall_seconds']:.3f} s of steps is too short to read")
     return out
+
+
+def _watch_until_terminated(run_dir: str, warmup: str) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with Watcher(Path(run_dir), int(warmup), cpu=False):
+        while not stop.wait(0.5):
+            pass
+
+
+if __name__ == "__main__":
+    _watch_until_terminated(*sys.argv[1:3])

@@ -111,4 +111,7 @@ def test_the_stamps_judge_a_run_as_written(tmp_path):
     assert out["cpu"].status == "fail" and out["cpu"].figures["share"] == pytest.approx(1.1 / 2.5, abs=1e-3)
     fine = {c.name: c for c in clock.checks(tmp_path, 1, {0: {2: 1.0, 3: 1.3}}, cpu=False)}
     assert fine["clock"].status == "pass" and "cpu" not in fine
-    assert clock.checks(tmp_path / "nothing", 1, {}, cpu=True)[0].status == "unverified"
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {}}))
+    assert "no clock lines" in clock.checks(tmp_path / "none", 1, {}, cpu=True)[0].detail
+    assert "no stamps" in clock.checks(tmp_path / "nothing", 1, {}, cpu=True)[0].detail
