@@ -22,6 +22,9 @@ Under SLURM the batch script runs the watcher on the job's first node, beside th
 of ranks on other nodes reach it through the shared filesystem, read every 0.1 s, and the
 CPU share is not read there (the workers are no descendants of the watcher).
 
+On GPU the watcher also records what NVML reports over the measured steps (busy samples,
+energy: `NvmlSampler`), "unavailable" where it cannot be read; never a pass or a fail.
+
 A pause not followed by a resume stops the step's clock (its `end` line may come later, once
 the framework logged the loss). `REFEREE_ENV=off` switches these checks (and the claims the
 contract requires, `framework_bench/verify.py`) off: for tests that show a lie is live, and
@@ -35,6 +38,7 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -131,11 +135,14 @@ class Watcher:
     Use as a context manager around the launch; on exit the stamps are written to
     `run_dir/STAMPS_FILE`."""
 
-    def __init__(self, run_dir: Path, warmup: int, cpu: bool):
+    def __init__(self, run_dir: Path, warmup: int, cpu: bool, gpus: str | None = None):
+        """`cpu`: read the process tree's CPU share; `gpus`: sample NVML for these GPU indices
+        ("all": every GPU of the node; None: no GPU run)."""
         self.dir = Path(run_dir) / CLOCK_DIR
         self.dir.mkdir(parents=True, exist_ok=True)  # here before the worker, for inotify to watch
         self.out = Path(run_dir) / STAMPS_FILE
         self.warmup, self.cpu = warmup, cpu
+        self.nvml = NvmlSampler(gpus) if gpus else None
         self.events: dict[int, list[list]] = {}  # rank -> [stamp, event, step, cpu seconds or None]
         self._files: dict[int, tuple[int, bytearray]] = {}
         self._measuring: dict[int, bool] = {}
@@ -146,6 +153,8 @@ class Watcher:
 
     def __enter__(self) -> Watcher:
         self._thread.start()
+        if self.nvml:
+            self.nvml.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -154,8 +163,9 @@ class Watcher:
         self._read()
         for fd, _ in self._files.values():
             os.close(fd)
+        nvml = self.nvml.stop() if self.nvml else None
         try:
-            self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu,
+            self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "nvml": nvml,
                                             "ranks": {str(r): ev for r, ev in self.events.items()}}))
         except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
             pass
@@ -219,6 +229,78 @@ class Watcher:
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
         self.events.setdefault(rank, []).append([stamp, event, step, cpu])
+
+
+NVML_QUERY = "index,utilization.gpu,total_energy_consumption"  # %, mJ since the driver loaded
+NVML_PERIOD_MS = 200
+
+
+class NvmlSampler:
+    """What NVML says of the GPUs while the run goes (`nvidia-smi` sampling every
+    `NVML_PERIOD_MS`, each line stamped on arrival like a clock line): busy samples and
+    energy. Recorded, never judged; unreadable, it says why."""
+
+    def __init__(self, gpus: str):
+        self.gpus, self.samples, self.problem = gpus, [], None
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        argv = ["nvidia-smi", f"--query-gpu={NVML_QUERY}", "--format=csv,noheader,nounits", "-lms", str(NVML_PERIOD_MS)]
+        try:
+            self._proc = subprocess.Popen(argv + ([] if self.gpus == "all" else ["-i", self.gpus]), text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            self.problem = f"nvidia-smi cannot run: {e.strerror or e}"
+            return
+        self._thread = threading.Thread(target=self._read, name="fbench-nvml", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            stamp = time.monotonic()
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) != 3 or not fields[0].isdigit():
+                continue
+            self.samples.append([stamp, int(fields[0]), _number(fields[1]), _number(fields[2])])
+
+    def stop(self) -> dict:
+        if self._proc:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+            self._thread.join(timeout=5)
+            if not self.samples:
+                self.problem = f"nvidia-smi gave no samples (exit {self._proc.returncode})"
+        return {"samples": self.samples, "problem": self.problem}
+
+
+def _number(field: str) -> float | None:
+    try:
+        return float(field)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+def nvml_figures(nvml: dict | None, begin: float, stop: float) -> dict:
+    """Busy share and energy over [begin, stop] from the samples; "unavailable" where none."""
+    if not nvml:
+        return {}
+    inside = [s for s in nvml["samples"] if begin <= s[0] <= stop]
+    busy = [s[2] for s in inside if s[2] is not None]
+    if not busy:
+        return {"nvml": f"unavailable: {nvml['problem'] or 'no sample inside the measured steps'}"}
+    energy: float | None = 0.0
+    for gpu in {s[1] for s in inside}:
+        millijoules = [s[3] for s in inside if s[1] == gpu and s[3] is not None]
+        if len(millijoules) < 2:  # a GPU without an energy counter: no total
+            energy = None
+            break
+        energy += (millijoules[-1] - millijoules[0]) / 1e3
+    return {"nvml_busy_percent": round(sum(busy) / len(busy), 1), "nvml_samples": len(busy),
+            "nvml_energy_joules": None if energy is None else round(energy, 1)}
 
 
 class StepWindow:
@@ -288,8 +370,13 @@ def checks(run_dir: Path, warmup: int, claimed: dict[int, dict[int, float]], cpu
                 worst["cpu"] = share
     out = []
     c = worst["clock"]
+    c |= nvml_figures(stamps.get("nvml"), min(ws[0].begin for ws in per_rank.values()),
+                      max(ws[-1].stop for ws in per_rank.values()))
     detail = (f"rank {c['rank']}: claimed {c['claimed_seconds']:.3f} s over {c['steps']} measured steps, the host saw "
               f"{c['observed_seconds']:.3f} s less {c['declared_pause_seconds']:.3f} s of declared pauses")
+    if "nvml" in c or "nvml_busy_percent" in c:  # recorded, never judged
+        detail += "; NVML " + (c.get("nvml") or f"{c['nvml_busy_percent']:g}% busy over {c['nvml_samples']} samples, "
+                                                f"{c['nvml_energy_joules']} J")
     # No time seen at all (every line in one read) is no claim beyond the time that passed.
     ok = c["claimed_seconds"] >= MIN_CLAIMED_SHARE * (c["observed_seconds"] - c["declared_pause_seconds"])
     out.append(Check(name="clock", status="pass" if ok else "fail", figures=c,
@@ -314,13 +401,13 @@ def checks(run_dir: Path, warmup: int, claimed: dict[int, dict[int, float]], cpu
     return out
 
 
-def _watch_until_terminated(run_dir: str, warmup: str) -> None:
+def _watch_until_terminated(run_dir: str, warmup: str, gpus: str | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with Watcher(Path(run_dir), int(warmup), cpu=False):
+    with Watcher(Path(run_dir), int(warmup), cpu=False, gpus=gpus):
         while not stop.wait(0.5):
             pass
 
 
 if __name__ == "__main__":
-    _watch_until_terminated(*sys.argv[1:3])
+    _watch_until_terminated(*sys.argv[1:4])

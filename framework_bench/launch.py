@@ -173,7 +173,7 @@ def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus
         f"# One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
         "if [ $status -eq 0 ]; then",
         "  # The host's clock, beside the workers: stamps their clock lines as they arrive (framework_bench/clock.py).",
-        f"  {shlex.join([str(plan.python), '-m', 'framework_bench.clock', str(job.run_dir), str(job.scenario.steps.warmup)])} &",
+        f"  {shlex.join([str(plan.python), '-m', 'framework_bench.clock', str(job.run_dir), str(job.scenario.steps.warmup)] + (['all'] if job.device == 'cuda' else []))} &",
         "  clock_watcher=$!",
         f"  {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
         "  status=$?",

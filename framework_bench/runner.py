@@ -200,7 +200,8 @@ def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, e
             on_step(done, total, last)
 
     # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/clock.py).
-    with clock.Watcher(job.run_dir, scenario.steps.warmup, cpu=job.device == "cpu"):
+    gpus = launch.visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
+    with clock.Watcher(job.run_dir, scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus):
         outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
     return finish(backend, job, outcome, base, machine.gpu_name)
 

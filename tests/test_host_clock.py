@@ -8,6 +8,7 @@ folder again is what running the lie with the checks off would give."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -115,3 +116,42 @@ def test_the_stamps_judge_a_run_as_written(tmp_path):
     (tmp_path / "none" / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {}}))
     assert "no clock lines" in clock.checks(tmp_path / "none", 1, {}, cpu=True)[0].detail
     assert "no stamps" in clock.checks(tmp_path / "nothing", 1, {}, cpu=True)[0].detail
+
+
+FAKE_NVIDIA_SMI = """#!{python}
+import time
+for i in range(10000):  # as `nvidia-smi --query-gpu=index,utilization.gpu,total_energy_consumption -lms N`
+    print(f"0, 97, {{1000000 + 50000 * i}}", flush=True)
+    print("1, [N/A], [N/A]", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(tmp_path, monkeypatch):
+    from framework_bench.worker.steps import ClockLines
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.format(python=sys.executable))
+    (bin_dir / "nvidia-smi").chmod(0o755)
+
+    def watched_run(run_dir, gpus):
+        lines = ClockLines(run_dir, 0)
+        with clock.Watcher(run_dir, warmup=0, cpu=False, gpus=gpus):
+            import time
+            time.sleep(0.3)  # nvidia-smi started
+            lines.write("begin")
+            time.sleep(0.5)
+            lines.write("end", 1)
+            time.sleep(0.1)
+        lines.close()
+        return clock.checks(run_dir, 0, {0: {1: 0.5}}, cpu=False)[0]
+
+    monkeypatch.setenv("PATH", f"{bin_dir}:{tmp_path / 'nothing'}")
+    seen = watched_run(tmp_path / "a", "0,1")
+    assert seen.status == "pass" and seen.figures["nvml_busy_percent"] == 97
+    assert seen.figures["nvml_samples"] >= 10 and seen.figures["nvml_energy_joules"] is None  # GPU 1 has no counter
+    assert "NVML 97% busy" in seen.detail
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    unread = watched_run(tmp_path / "b", "0")
+    assert unread.status == "pass" and unread.figures["nvml"].startswith("unavailable: nvidia-smi cannot run")
