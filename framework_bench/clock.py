@@ -329,16 +329,24 @@ def windows(events: list[list]) -> list[StepWindow]:
     return out
 
 
-def checks(run_dir: Path, warmup: int, claimed: dict[int, dict[int, float]], cpu: bool) -> list:
-    """The clock, pauses and (on CPU) cpu checks of a finished run. `claimed`: {rank: {step:
-    seconds}} from the worker's metrics. No clock lines at all: `clock` is unverified (a
-    claim not made)."""
+def load_stamps(run_dir: Path) -> dict | None:
+    """The watcher's stamps of a finished run; read before the plugin's `fbench_read_report`,
+    which could change the run folder."""
+    path = Path(run_dir) / STAMPS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]], cpu: bool) -> list:
+    """The clock, pauses and (on CPU) cpu checks of a finished run from its `load_stamps`.
+    `claimed`: {rank: {step: seconds}} from the worker's metrics. No clock lines at all:
+    `clock` is unverified (a claim not made)."""
     from framework_bench.verify import Check  # here: the node-side watcher runs with no host dependencies
 
-    path = Path(run_dir) / STAMPS_FILE
-    if not path.exists():
+    if stamps is None:
         return [Check(name="clock", status="unverified", detail=f"unverified: the host kept no stamps ({STAMPS_FILE})")]
-    stamps = json.loads(path.read_text())
     per_rank = {int(r): [w for w in windows(ev) if w.step > warmup] for r, ev in stamps["ranks"].items()}
     per_rank = {r: ws for r, ws in per_rank.items() if ws}
     if not per_rank:

@@ -246,6 +246,7 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: l
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
         return
+    stamps = clock.load_stamps(job.run_dir)
     try:
         report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
     except HookError as e:
@@ -270,10 +271,10 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: l
         result.status, result.reason = "invalid", f"impossible figures: {impossible}"
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
-    _verify(result, scenario, report, job, backend.info.contract)
+    _verify(result, scenario, report, job, backend.info.contract, stamps)
 
 
-def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: int) -> None:
+def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: int, stamps: dict | None) -> None:
     """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`;
     a claim not made too, from a backend of the current contract (one of an older contract
     is `unverified`: shown, kept out of "% of reference" and the charts)."""
@@ -284,7 +285,7 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
         claimed: dict[int, dict[int, float]] = {}
         for m in report.steps:
             claimed.setdefault(m.rank, {})[m.step] = m.seconds
-        result.checks += clock.checks(job.run_dir, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
+        result.checks += clock.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
     reason, flags = verify.verdict(result.checks)
     result.flags += flags
     if reason and result.status == "ok":
