@@ -155,3 +155,17 @@ def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(t
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     unread = watched_run(tmp_path / "b", "0")
     assert unread.status == "pass" and unread.figures["nvml"].startswith("unavailable: nvidia-smi cannot run")
+
+
+def test_an_mfu_above_80_percent_of_the_dense_bf16_peak_is_impossible():
+    from framework_bench import metrics, scenario
+    from framework_bench.backend import StepMetric
+
+    s = scenario.load("tiny_cpu")
+    steps = [StepMetric(step=i, seconds=0.01, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
+    model_tflops = metrics.figures(s, steps, peak_tflops=None)["model_tflops"]
+    below = metrics.figures(s, steps, peak_tflops=model_tflops / 0.79, gpu_name="NVIDIA H200")
+    assert "impossible" not in below and below["mfu"] == pytest.approx(0.79)
+    above = metrics.figures(s, steps, peak_tflops=model_tflops / 0.81, gpu_name="NVIDIA H200")
+    assert "MFU 81% is above the peak a GPU sustains, 80% of the NVIDIA H200's dense bf16" in above["impossible"]
+    assert above.get("mfu") is None and above.get("tgs") is None
