@@ -4,8 +4,8 @@ its worker claims.
 The worker SDK's step timer writes a line per clock event (`framework_bench/worker/steps.py`:
 begin, pause, resume, end) the moment it happens, carrying no time. While the run goes,
 `Watcher` reads those files and stamps each line as it arrives with the host's monotonic
-clock; on CPU it also reads the CPU time (and run-queue wait) of the host's process tree (the worker, torchrun,
-its ranks) at each stamp of a measured step. The stamps are kept in the run folder
+clock; on CPU it also reads the CPU time (and run-queue wait) of the host's process tree
+(the worker, torchrun, its ranks) at each stamp of a measured step. The stamps are kept in the run folder
 (`STAMPS_FILE`), and `checks` judges them after the run, per rank, over the measured steps:
 
   - clock: the claimed seconds must be at least `MIN_CLAIMED_SHARE` of the observed span
@@ -23,12 +23,12 @@ of ranks on other nodes reach it through the shared filesystem, read every 0.1 s
 CPU share is not read there (the workers are no descendants of the watcher).
 
 On GPU the watcher also records what NVML reports over the measured steps (busy samples,
-energy: `NvmlSampler`), "unavailable" where it cannot be read; never a pass or a fail.
+energy: `framework_bench/nvml.py`), "unavailable" where it cannot be read; never a pass or a fail.
 
 A pause not followed by a resume stops the step's clock (its `end` line may come later, once
 the framework logged the loss). `REFEREE_ENV=off` switches these checks (and the claims the
-contract requires, `framework_bench/verify.py`) off: for tests that show a lie is live, and
-for check-backend's internals; never for a figure anyone reads.
+contract requires, `framework_bench/runner.py`) off: for tests that show a lie is live;
+never for a figure anyone reads.
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ import json
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from framework_bench.nvml import NvmlSampler, nvml_figures
 from framework_bench.worker_io import CLOCK_DIR
 
 REFEREE_ENV = "FBENCH_REFEREE"
@@ -231,88 +232,21 @@ class Watcher:
         self.events.setdefault(rank, []).append([stamp, event, step, cpu])
 
 
-NVML_QUERY = "index,utilization.gpu,total_energy_consumption"  # %, mJ since the driver loaded
-NVML_PERIOD_MS = 200
-
-
-class NvmlSampler:
-    """What NVML says of the GPUs while the run goes (`nvidia-smi` sampling every
-    `NVML_PERIOD_MS`, each line stamped on arrival like a clock line): busy samples and
-    energy. Recorded, never judged; unreadable, it says why."""
-
-    def __init__(self, gpus: str):
-        self.gpus, self.samples, self.problem = gpus, [], None
-        self._proc: subprocess.Popen | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        argv = ["nvidia-smi", f"--query-gpu={NVML_QUERY}", "--format=csv,noheader,nounits", "-lms", str(NVML_PERIOD_MS)]
-        try:
-            self._proc = subprocess.Popen(argv + ([] if self.gpus == "all" else ["-i", self.gpus]), text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        except OSError as e:
-            self.problem = f"nvidia-smi cannot run: {e.strerror or e}"
-            return
-        self._thread = threading.Thread(target=self._read, name="fbench-nvml", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        for line in self._proc.stdout:
-            stamp = time.monotonic()
-            fields = [f.strip() for f in line.split(",")]
-            if len(fields) != 3 or not fields[0].isdigit():
-                continue
-            self.samples.append([stamp, int(fields[0]), _number(fields[1]), _number(fields[2])])
-
-    def stop(self) -> dict:
-        if self._proc:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-            self._thread.join(timeout=5)
-            if not self.samples:
-                self.problem = f"nvidia-smi gave no samples (exit {self._proc.returncode})"
-        return {"samples": self.samples, "problem": self.problem}
-
-
-def _number(field: str) -> float | None:
-    try:
-        return float(field)
-    except ValueError:  # "[N/A]", "[Not Supported]"
-        return None
-
-
-def nvml_figures(nvml: dict | None, begin: float, stop: float) -> dict:
-    """Busy share and energy over [begin, stop] from the samples; "unavailable" where none."""
-    if not nvml:
-        return {}
-    inside = [s for s in nvml["samples"] if begin <= s[0] <= stop]
-    busy = [s[2] for s in inside if s[2] is not None]
-    if not busy:
-        return {"nvml": f"unavailable: {nvml['problem'] or 'no sample inside the measured steps'}"}
-    energy: float | None = 0.0
-    for gpu in {s[1] for s in inside}:
-        millijoules = [s[3] for s in inside if s[1] == gpu and s[3] is not None]
-        if len(millijoules) < 2:  # a GPU without an energy counter: no total
-            energy = None
-            break
-        energy += (millijoules[-1] - millijoules[0]) / 1e3
-    return {"nvml_busy_percent": round(sum(busy) / len(busy), 1), "nvml_samples": len(busy),
-            "nvml_energy_joules": None if energy is None else round(energy, 1)}
-
-
+@dataclass
 class StepWindow:
-    """One step of one rank as the host stamped it."""
+    """One step of one rank as the host stamped it: its clock ran from `begin` to `stop`,
+    less `paused` (declared pauses); CPU seconds read at both ends (None where not read)."""
 
-    def __init__(self, step: int, begin: float, stop: float, paused: float, cpu_begin: float | None,
-                 cpu_stop: float | None):
-        self.step, self.begin, self.stop, self.paused = step, begin, stop, paused
-        self.cpu_begin, self.cpu_stop = cpu_begin, cpu_stop
+    step: int
+    begin: float
+    stop: float
+    paused: float
+    cpu_begin: float | None
+    cpu_stop: float | None
 
 
 def windows(events: list[list]) -> list[StepWindow]:
+    """A rank's stamped events ([stamp, event, step, cpu]) as its steps' windows."""
     out, begin, paused, pause_at, stop = [], None, 0.0, None, None
     for stamp, event, step, cpu in events:
         if event == "begin":
