@@ -55,6 +55,13 @@ class EnvSpec(BaseModel):
     )
 
 
+# The plugin contract this host implements. 1: the claims are optional (a claim not made is
+# flagged "unverified"). 2: the step timer's clock lines (framework_bench/clock.py) and every
+# claim of `WorkerReport` are required; a run missing one is `invalid`. A plugin declares the
+# version it was written against (`BackendInfo.contract`); one declaring none is of contract 1.
+CONTRACT = 2
+
+
 class BackendInfo(BaseModel):
     name: str
     framework: str
@@ -64,6 +71,9 @@ class BackendInfo(BaseModel):
     memory: MemoryScheme = Field(default_factory=MemoryScheme, description=(
         "how it holds a training step: its AdamW table (per settings mode and device) and its "
         "sequence-parallel engine, the only backend-specific input of the memory estimate"))
+    contract: int = Field(1, ge=1, le=CONTRACT, description=(
+        "the plugin contract it was written against (`CONTRACT`): at the current one every claim is required, "
+        "at an older one a claim not made leaves its runs `unverified`"))
 
 
 class Machine(BaseModel):

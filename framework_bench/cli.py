@@ -64,7 +64,7 @@ EXIT_INTERRUPTED = 130
 def _exit_code(results) -> int:
     if any(r.status == "interrupted" for r in results):
         return EXIT_INTERRUPTED
-    return 1 if any(r.status not in ("ok", "unsupported") for r in results) else 0
+    return 1 if any(r.status not in ("ok", "unsupported", "unverified") for r in results) else 0
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -919,6 +919,8 @@ def plot(
     db: DbOption = None,
     out: OutOption = None,
     settings: SettingsOption = "matched",
+    include_unverified: Annotated[bool, typer.Option(
+        "--include-unverified", help="also runs of old-contract plugins that did not make every claim")] = False,
 ) -> None:
     """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
     from framework_bench.plotting import plot_published, plot_results
@@ -931,7 +933,7 @@ def plot(
         rows = _store(db, read_only=True).latest_by_point(scenario, settings_mode=settings)
         if not rows:
             fail(f"no stored runs with {settings} settings to plot: run `fbench compare` first, or use --published")
-        paths = plot_results(rows, out)
+        paths = plot_results(rows, out, include_unverified=include_unverified)
     for p in paths:
         console.print(str(p), highlight=False)
 

@@ -38,6 +38,10 @@ keeps it by construction):
   step's window (counters reset at its start); on CPU, the process's max RSS (not resettable).
 - `loss`: this rank's mean training loss over the step's micro-batches (None if unknown).
 - Steps are numbered 1..warmup+measured with no gaps; the first `warmup` are not measured.
+- Beside the lines, `StepTimer` writes its clock events to `RUN_DIR/clock/rank<R>.jsonl` as
+  they happen; the host stamps them with its own clock and holds the claimed seconds against
+  what it saw pass (`framework_bench/clock.py`). Backends declaring the current contract
+  (`BackendInfo.contract`, `framework_bench.backend.CONTRACT`) must make every claim.
 """
 
 from __future__ import annotations

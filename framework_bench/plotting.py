@@ -102,8 +102,11 @@ def _latest_per_point(rows: list[dict]) -> list[dict]:
     return list(latest.values())
 
 
-def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool = True) -> list[Path]:
-    """Per model: `tgs_tflops_<model>.png/.svg`, TGS and TFLOPs/GPU against context, a line per backend."""
+def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool = True,
+                 include_unverified: bool = False) -> list[Path]:
+    """Per model: `tgs_tflops_<model>.png/.svg`, TGS and TFLOPs/GPU against context, a line per backend.
+    `ok` runs only, and `unverified` ones (an old-contract plugin's missing claims) if asked."""
+    shown = ("ok", "unverified") if include_unverified else ("ok",)
     import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.transforms import blended_transform_factory
@@ -126,7 +129,7 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                 bottom = blended_transform_factory(ax.transData, ax.transAxes)
                 for i, backend in enumerate(sorted({r["backend"] for r in mrows})):
                     brows = sorted((r for r in mrows if r["backend"] == backend), key=lambda r: r["context_length"])
-                    ok = [r for r in brows if r["status"] == "ok" and r[metric] is not None]
+                    ok = [r for r in brows if r["status"] in shown and r[metric] is not None]
                     line, = ax.plot([r["context_length"] for r in ok], [r[metric] for r in ok], marker="o",
                                     color=colours[backend], label=backend, linewidth=2)
                     line.set_gid(f"{metric}-line-{_slug(backend)}")

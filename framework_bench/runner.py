@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, orphans, plugins, verdicts, verify
-from framework_bench.backend import Job, LaunchPlan, Machine, WorkerReport
+from framework_bench import clock, envs, flops, launch, metrics, orphans, plugins, verdicts, verify
+from framework_bench.backend import CONTRACT, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.packed import TOKENIZER_DIR
@@ -199,7 +199,10 @@ def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, e
             seen[0] = done
             on_step(done, total, last)
 
-    outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+    # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/clock.py).
+    gpus = launch.visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
+    with clock.Watcher(job.run_dir, scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus):
+        outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
     return finish(backend, job, outcome, base, machine.gpu_name)
 
 
@@ -243,6 +246,7 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: l
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
         return
+    stamps = clock.load_stamps(job.run_dir)
     try:
         report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
     except HookError as e:
@@ -267,17 +271,34 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: l
         result.status, result.reason = "invalid", f"impossible figures: {impossible}"
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
-    _verify(result, scenario, report, job.data_dir)
+    _verify(result, scenario, report, job, backend.info.contract, stamps)
 
 
-def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> None:
-    """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`."""
+def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: int, stamps: dict | None) -> None:
+    """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`;
+    a claim not made too, from a backend of the current contract (one of an older contract
+    is `unverified`: shown, kept out of "% of reference" and the charts)."""
     result.settings = dict(report.settings or {})
-    result.checks = verify.verify(scenario, report, data_dir, result.tgs)
+    result.checks = verify.verify(scenario, report, job.data_dir, result.tgs)
+    referee = clock.referee_on()
+    if referee:
+        claimed: dict[int, dict[int, float]] = {}
+        for m in report.steps:
+            claimed.setdefault(m.rank, {})[m.step] = m.seconds
+        result.checks += clock.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
     reason, flags = verify.verdict(result.checks)
     result.flags += flags
     if reason and result.status == "ok":
         result.status, result.reason = "invalid", reason
+    missing = [c.name for c in result.checks if c.status == "unverified"]
+    if referee and missing and result.status == "ok":
+        if contract >= CONTRACT:
+            result.status = "invalid"
+            result.reason = f"claims missing, which plugin contract {contract} requires: {', '.join(missing)}"
+        else:
+            result.status = "unverified"
+            result.reason = (f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires "
+                             f"them): {', '.join(missing)}")
 
 
 def _save(result: RunResult) -> None:

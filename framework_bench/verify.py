@@ -35,7 +35,7 @@ from framework_bench.worker.rows import row_fingerprint
 
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
-BLOCKING = ("tokens", "steps", "rows", "parameters")
+BLOCKING = ("tokens", "steps", "rows", "parameters", "clock", "pauses", "cpu")
 # What every worker must record (issue #11); `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
@@ -45,6 +45,8 @@ class Check(BaseModel):
     name: str
     status: Literal["pass", "fail", "unverified"]
     detail: str = ""
+    figures: dict[str, float | int | str | bool | None] = Field(
+        default_factory=dict, description="what the check measured (the host clock's seconds, shares...)")
 
 
 def expected_param_count(arch: ModelArch) -> int:

@@ -66,3 +66,24 @@ def fakes(tmp_path, monkeypatch, fbench_home):
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")]))
     return fbench_fake_backends
+
+
+# Third-party backends that lie (tests/lying_backends): the torch worker with one lie each.
+LIARS = Path(__file__).parent / "lying_backends"
+
+
+@pytest.fixture(scope="module")
+def liars(tmp_path_factory):
+    """The lying backends, installed for this module through a dist-info entry point like any
+    third-party plugin. They run in the torch env (the real FBENCH_HOME's): skipped without
+    it on a developer machine, failed under CI."""
+    backend_env_or_skip("torch")
+    site = tmp_path_factory.mktemp("lying-site")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(LIARS))
+        import fbench_lying_backends
+
+        fbench_lying_backends.register_through_entry_points(site)
+        mp.syspath_prepend(str(site))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(LIARS), str(site), os.environ.get("PYTHONPATH", "")]))
+        yield fbench_lying_backends

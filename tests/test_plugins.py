@@ -308,7 +308,8 @@ def test_notes_are_kept_stored_shown_and_job_json_is_the_hosts(probes, tmp_path)
 
     with ResultStore(db) as store:
         row = store.list()[0]
-        assert row["status"] == "ok" and row["notes"] == ["the probe trained nothing", "[red]not markup[/red]"]
+        # a contract-1 probe that makes no claim: its run `unverified` (issue 20), its notes kept alike
+        assert row["status"] == "unverified" and row["notes"] == ["the probe trained nothing", "[red]not markup[/red]"]
         job = Job.model_validate_json((Path(row["run_dir"]) / "job.json").read_text())
     assert job.backend == "probe_ok" and job.scenario.name == "tiny_cpu"  # not the plan's "{}"
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from framework_bench.packed import PackedRows
 from framework_bench.worker.rows import ConsumedRows
+from framework_bench.worker.steps import ClockLines
 from framework_bench.worker_io import MetricsWriter, load_job, write_worker_report
 
 
@@ -47,6 +48,7 @@ if mode == "deaf":  # ignores SIGTERM (the parent-death signal too): only a SIGK
     time.sleep(120)
 ctx = job["scenario"]["context_length"]
 writer = MetricsWriter(job["run_dir"])
+clock = ClockLines(job["run_dir"], rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes less
 consumed = ConsumedRows(job["run_dir"], rank=0)
 steps = job["scenario"]["steps"]
 if mode == "echo_sha":  # never opens the data: "trains" on zeros and echoes the host's sha256
@@ -64,11 +66,13 @@ for step in range(1, steps["warmup"] + steps["measured"] + 1):
     if mode == "missing_steps" and step == 3:
         continue
     row = first_row + step - 1
+    clock.write("begin")
     consumed.add(rows_ids[row], rows_labels[row])
     consumed.end_step(step)
     line = {"step": step, "seconds": 0.5, "tokens": ctx * (2 if mode == "double_tokens" else 1), "loss": 10.0 / step,
             "peak_mem_bytes": None, "peak_reserved_bytes": None, "rank": 0, **(OVERRIDE or {})}
     writer._fh.write(json.dumps(line) + "\n")
+    clock.write("end", step)
     if mode == "slow":  # a run long enough to be caught mid-training
         time.sleep(0.4)
     if step == 3 and mode in ("garbage_line", "slow_seconds"):

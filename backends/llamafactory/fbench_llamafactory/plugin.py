@@ -12,6 +12,7 @@ from pathlib import Path
 
 from framework_bench import worker_io
 from framework_bench.backend import (
+    CONTRACT,
     BackendEnv,
     BackendInfo,
     Capabilities,
@@ -54,6 +55,7 @@ def fbench_backend_info() -> BackendInfo:
         # Sequence parallel runs on the v1 trainer (FSDP2), which builds torch AdamW with no flag.
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
                             sequence_parallel="fsdp2", sequence_parallel_adamw="foreach"),
+        contract=CONTRACT,  # every claim made: the step timer's clock lines included
     )
 
 

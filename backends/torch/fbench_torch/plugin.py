@@ -11,6 +11,7 @@ from pathlib import Path
 
 from framework_bench import worker_io
 from framework_bench.backend import (
+    CONTRACT,
     BackendEnv,
     BackendInfo,
     Capabilities,
@@ -47,6 +48,7 @@ def fbench_backend_info() -> BackendInfo:
         # The reference has no framework default to keep: fused AdamW on CUDA in both modes
         # (the worker sets `fused=True` there), torch's own choice on CPU.
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}),
+        contract=CONTRACT,  # every claim made: the step timer's clock lines included
     )
 
 

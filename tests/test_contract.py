@@ -1,0 +1,63 @@
+"""Claims required by contract (issue 20, item 6): a plugin declares the contract it was
+written against; at the current one a claim not made makes the run `invalid` (the claimless
+fake: tests/test_host_clock.py), at contract 1 the run still goes, `unverified`, kept out of
+"% of reference" and of the charts unless asked."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from backend_helpers import CPU
+from framework_bench import plugins
+from framework_bench.backend import CONTRACT, BackendInfo, Capabilities, EnvSpec
+from framework_bench.compare import percent_of_reference
+
+
+def test_a_plugin_declaring_no_contract_is_of_contract_1_and_none_beyond_the_hosts():
+    base = dict(name="x", framework="x", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+                env=EnvSpec(requirements={}, framework_package="x"))
+    assert BackendInfo(**base).contract == 1 and CONTRACT == 2
+    with pytest.raises(pydantic.ValidationError):
+        BackendInfo(**base, contract=CONTRACT + 1)
+
+
+def test_the_bundled_backends_declare_the_current_contract():
+    for name in ("torch", "xtuner", "llamafactory"):
+        assert plugins.get(name).info.contract == CONTRACT, name
+
+
+def test_an_unverified_run_is_no_share_of_the_reference():
+    rows = [("s", "torch", "ok", 100.0, ""), ("s", "old", "unverified", 300.0, ""), ("s", "new", "ok", 90.0, "")]
+    assert percent_of_reference(rows) == {("s", "torch"): 100.0, ("s", "new"): 90.0}
+
+
+@pytest.mark.slow
+def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_it_makes_them(liars, tmp_path):
+    from framework_bench import runner
+    from framework_bench.data.packing import pack
+    from framework_bench.plotting import _slug, plot_results
+    from framework_bench.results import ResultStore
+
+    from test_host_clock import SCENARIO
+
+    data = pack(SCENARIO, progress=False, say=lambda msg: None)
+    claimless = runner.run_one("lying_no_claims_contract1", SCENARIO, data=data, root=tmp_path, machine=CPU)
+    assert claimless.status == "unverified", claimless.reason
+    assert claimless.reason.startswith("claims not made by this contract-1 plugin (contract 2 requires them):")
+    for claim in ("clock", "rows", "throughput", "parameters", "settings"):
+        assert claim in claimless.reason
+    assert claimless.tgs > 0  # shown, with its figures
+    honest = runner.run_one("lying_honest_contract1", SCENARIO, data=data, root=tmp_path, machine=CPU)
+    assert honest.status == "ok", honest.reason
+
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        store.add(claimless, SCENARIO)
+        rows = store.latest_by_point()
+    assert [r["status"] for r in rows] == ["unverified"]
+    spread = f'id="tgs-spread-{_slug("lying_no_claims_contract1")}"'  # drawn only for a plotted figure
+    svg = next(p for p in plot_results(rows, tmp_path / "plots", published=False) if p.suffix == ".svg")
+    assert spread not in svg.read_text()
+    svg = next(p for p in plot_results(rows, tmp_path / "asked", published=False, include_unverified=True)
+               if p.suffix == ".svg")
+    assert spread in svg.read_text()

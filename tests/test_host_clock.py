@@ -1,0 +1,171 @@
+"""The host's own clock (issue 20, item 1): each lie about time, told by a third-party
+backend that is the torch reference worker with a few lines changed (tests/lying_backends),
+ends `invalid` naming the check that caught it, while the honest copy ends `ok`; judged again
+with the checks switched off (`FBENCH_REFEREE=off`), each lie's run ends `ok`, so the lie is
+live. The switch acts in the host only (the worker never reads it), so judging the same run
+folder again is what running the lie with the checks off would give."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from backend_helpers import CPU, tiny
+from conftest import LIARS
+from framework_bench import clock, launch, plugins, runner
+from framework_bench.backend import Job
+from framework_bench.data.packing import pack
+
+# Four measured steps after one warm-up: a span of a second or more on this CPU.
+SCENARIO = tiny(name="tiny_lies", steps={"warmup": 1, "measured": 4})
+
+
+def test_each_lie_is_the_torch_worker_with_at_most_10_changed_lines(monkeypatch):
+    monkeypatch.syspath_prepend(str(LIARS))
+    import fbench_lying_worker as kit
+
+    assert kit.changed_lines("honest") == 0
+    for lie in kit.LIES:
+        assert kit.changed_lines(lie) <= kit.MAX_CHANGED_LINES, lie
+        assert kit.lied_source(lie) != kit.worker_path().read_text() or lie == "honest"
+
+
+@pytest.fixture(scope="module")
+def lie_runs(liars, tmp_path_factory):
+    """Runs each backend of the kit once, on demand: {backend name: RunResult}."""
+    data = pack(SCENARIO, progress=False, say=lambda msg: None)
+    root = tmp_path_factory.mktemp("lie-runs")
+    done = {}
+
+    def run(name: str):
+        if name not in done:
+            done[name] = runner.run_one(name, SCENARIO, data=data, root=root, machine=CPU)
+        return done[name]
+    return run
+
+
+def judged_again(result, monkeypatch):
+    """The same run folder read back and judged with the issue-20 checks switched off."""
+    monkeypatch.setenv(clock.REFEREE_ENV, "off")
+    job = Job.model_validate_json((result.run_dir / "job.json").read_text())
+    base = dict(backend=result.backend, scenario=result.scenario, framework_version=result.framework_version,
+                settings_mode=result.settings_mode)
+    return runner.finish(plugins.get(result.backend), job, launch.Outcome("ok", 0, result.wall_seconds, ""), base, None)
+
+
+# lie -> the check that must catch it
+CAUGHT_BY = {
+    "halved_seconds": "clock",
+    "backward_untimed": "clock",
+    "declared_pause": "pauses",
+    "compute_then_write": "cpu",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lie", list(CAUGHT_BY))
+def test_a_lie_about_time_is_invalid_naming_its_check_and_the_honest_copy_is_ok(lie, lie_runs, monkeypatch):
+    honest = lie_runs("lying_honest")
+    assert honest.status == "ok", honest.reason
+    checks = {c.name: c for c in honest.checks}
+    assert {checks[n].status for n in ("clock", "pauses", "cpu")} == {"pass"}, checks
+    assert checks["clock"].figures["share"] >= clock.MIN_CLAIMED_SHARE
+
+    result = lie_runs(f"lying_{lie}")
+    check = CAUGHT_BY[lie]
+    assert result.status == "invalid", (result.status, result.reason)
+    assert f"{check} check failed" in result.reason, result.reason
+    assert {c.name: c.status for c in result.checks}[check] == "fail"
+
+    off = judged_again(result, monkeypatch)
+    assert off.status == "ok", off.reason
+    assert not {"clock", "pauses", "cpu"} & {c.name for c in off.checks}
+    assert off.tgs == pytest.approx(result.tgs or off.tgs)
+
+
+@pytest.mark.slow
+def test_the_claimless_fake_of_the_current_contract_is_invalid(lie_runs, monkeypatch):
+    result = lie_runs("lying_no_claims")
+    assert result.status == "invalid"
+    assert result.reason.startswith("claims missing, which plugin contract 2 requires:")
+    for claim in ("clock", "rows", "throughput", "parameters", "settings"):
+        assert claim in result.reason
+    off = judged_again(result, monkeypatch)
+    assert off.status == "ok", off.reason
+    assert len([f for f in off.flags if "unverified: " in f]) == 4  # what the host said before issue 20
+
+
+def test_the_stamps_judge_a_run_as_written(tmp_path):
+    """The judgement from stamps alone: claimed vs observed less pauses, a pause's share of
+    its step, a pause without resume ending the step's window, the CPU share."""
+    events = {"0": [[0.0, "begin", None, 0.0], [1.0, "end", 1, 1.0],            # warm-up: not judged
+                    [1.0, "begin", None, 1.0], [1.2, "pause", None, 1.2], [1.3, "resume", None, 1.2],
+                    [2.0, "pause", None, 2.0], [2.5, "end", 2, 2.0],            # window ends at the pause
+                    [2.5, "begin", None, 2.0], [3.5, "end", 3, 2.1]]}
+    (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"ranks": events}))
+    out = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 0.9, 3: 1.0}}, cpu=True)}
+    # observed 1.0 -> 3.5 = 2.5 s, less 0.1 s paused: 2.4 s; claimed 1.9 s is 79 %
+    assert out["clock"].status == "fail" and out["clock"].figures["share"] == pytest.approx(1.9 / 2.4, abs=1e-4)
+    assert out["pauses"].status == "fail" and out["pauses"].figures["step"] == 2  # 0.1 s of a 1.0 s step
+    assert out["cpu"].status == "fail" and out["cpu"].figures["share"] == pytest.approx(1.1 / 2.5, abs=1e-3)
+    fine = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 1.0, 3: 1.3}}, cpu=False)}
+    assert fine["clock"].status == "pass" and "cpu" not in fine
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {}}))
+    assert "no clock lines" in clock.checks(clock.load_stamps(tmp_path / "none"), 1, {}, cpu=True)[0].detail
+    assert "no stamps" in clock.checks(clock.load_stamps(tmp_path / "nothing"), 1, {}, cpu=True)[0].detail
+
+
+FAKE_NVIDIA_SMI = """#!{python}
+import time
+for i in range(10000):  # as `nvidia-smi --query-gpu=index,utilization.gpu,total_energy_consumption -lms N`
+    print(f"0, 97, {{1000000 + 50000 * i}}", flush=True)
+    print("1, [N/A], [N/A]", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(tmp_path, monkeypatch):
+    from framework_bench.worker.steps import ClockLines
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.format(python=sys.executable))
+    (bin_dir / "nvidia-smi").chmod(0o755)
+
+    def watched_run(run_dir, gpus):
+        lines = ClockLines(run_dir, 0)
+        with clock.Watcher(run_dir, warmup=0, cpu=False, gpus=gpus):
+            import time
+            time.sleep(0.3)  # nvidia-smi started
+            lines.write("begin")
+            time.sleep(0.5)
+            lines.write("end", 1)
+            time.sleep(0.1)
+        lines.close()
+        return clock.checks(clock.load_stamps(run_dir), 0, {0: {1: 0.5}}, cpu=False)[0]
+
+    monkeypatch.setenv("PATH", f"{bin_dir}:{tmp_path / 'nothing'}")
+    seen = watched_run(tmp_path / "a", "0,1")
+    assert seen.status == "pass" and seen.figures["nvml_busy_percent"] == 97
+    assert seen.figures["nvml_samples"] >= 10 and seen.figures["nvml_energy_joules"] is None  # GPU 1 has no counter
+    assert "NVML 97% busy" in seen.detail
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    unread = watched_run(tmp_path / "b", "0")
+    assert unread.status == "pass" and unread.figures["nvml"].startswith("unavailable: nvidia-smi cannot run")
+
+
+def test_an_mfu_above_80_percent_of_the_dense_bf16_peak_is_impossible():
+    from framework_bench import metrics, scenario
+    from framework_bench.backend import StepMetric
+
+    s = scenario.load("tiny_cpu")
+    steps = [StepMetric(step=i, seconds=0.01, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
+    model_tflops = metrics.figures(s, steps, peak_tflops=None)["model_tflops"]
+    below = metrics.figures(s, steps, peak_tflops=model_tflops / 0.79, gpu_name="NVIDIA H200")
+    assert "impossible" not in below and below["mfu"] == pytest.approx(0.79)
+    above = metrics.figures(s, steps, peak_tflops=model_tflops / 0.81, gpu_name="NVIDIA H200")
+    assert "MFU 81% is above the peak a GPU sustains, 80% of the NVIDIA H200's dense bf16" in above["impossible"]
+    assert above.get("mfu") is None and above.get("tgs") is None
