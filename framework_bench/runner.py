@@ -15,11 +15,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import envs, flops, launch, metrics, orphans, plugins, verdicts, verify
+from framework_bench import envs, flops, launch, losses, metrics, orphans, plugins, verdicts, verify
 from framework_bench.backend import Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.packed import TOKENIZER_DIR
+from framework_bench.worker.hparams import SEED
 from framework_bench.machine import detect
 from framework_bench.memory import MemoryScheme, estimate
 from framework_bench.metrics import RunResult
@@ -76,7 +77,7 @@ def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
 
 
 def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
-             settings_mode: str = "matched", run_dir: Path | None = None) -> Job:
+             settings_mode: str = "matched", run_dir: Path | None = None, seed: int = SEED) -> Job:
     run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
@@ -96,6 +97,7 @@ def run_one(
     force: bool = False,
     settings_mode: str = "matched",
     db: Path | None = None,
+    seed: int = SEED,
 ) -> RunResult:
     """`db`: the results file the caller will store the run in (`results.save`); should fbench
     die before that, the next command stores the run there as `failed` (framework_bench/orphans.py)."""
@@ -108,7 +110,7 @@ def run_one(
     if reason is None and not force:
         reason = memory_shortfall(scenario, machine, backend.info.memory, settings_mode)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
-                settings_mode=settings_mode)
+                settings_mode=settings_mode, seed=seed)
     if reason:
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run
         # (a scenario outside its declared capabilities stays unsupported, env or not).
@@ -143,7 +145,7 @@ def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base:
     except OSError as e:  # a full disk under the data cache: the run could not start
         return RunResult(**base, status="failed", reason=f"cannot pack the data: {e}", run_dir=run_dir)
     try:
-        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir)
+        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir, base["seed"])
         job.write()
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
@@ -267,13 +269,14 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: l
         result.status, result.reason = "invalid", f"impossible figures: {impossible}"
     if result.status == "ok" and result.steps_measured == 0:
         result.status, result.reason = "failed", "no measured steps in the metrics file"
-    _verify(result, scenario, report, job.data_dir)
+    _verify(result, scenario, report, job)
 
 
-def _verify(result: RunResult, scenario: Scenario, report, data_dir: Path) -> None:
+def _verify(result: RunResult, scenario: Scenario, report, job: Job) -> None:
     """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`."""
     result.settings = dict(report.settings or {})
-    result.checks = verify.verify(scenario, report, data_dir, result.tgs)
+    result.loss_curve = losses.canonical_losses(job.run_dir)
+    result.checks = verify.verify(scenario, report, job.data_dir, result.tgs, job)
     reason, flags = verify.verdict(result.checks)
     result.flags += flags
     if reason and result.status == "ok":

@@ -9,6 +9,8 @@ host's packed stream say it must be:
   - throughput: the framework's own tokens/s figure within 10 % of the host's;
   - parameters: the model the framework built has the scenario's parameter count;
   - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
+  - initial_weights: the sampled initial weights read from the live model are the compare's
+    (seed, name, index) values (`framework_bench/initial_weights.py`), over every parameter;
   - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
     measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
     thermals or a regression: the reader should look before trusting the row).
@@ -19,6 +21,7 @@ A throughput disagreement is flagged, not invalidating: the frameworks time othe
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -27,7 +30,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from framework_bench.backend import StepMetric, WorkerReport
+from framework_bench import initial_weights
+from framework_bench.backend import Job, StepMetric, WorkerReport
 from framework_bench.models import ModelArch
 from framework_bench.packed import PackedRows
 from framework_bench.scenario import Scenario
@@ -35,7 +39,7 @@ from framework_bench.worker.rows import row_fingerprint
 
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
-BLOCKING = ("tokens", "steps", "rows", "parameters")
+BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights")
 # What every worker must record (issue #11); `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
@@ -175,6 +179,15 @@ def check_settings(report: WorkerReport) -> Check:
     return Check(name="settings", status="pass", detail=f"{len(report.settings)} settings recorded")
 
 
+def check_initial_weights(job: Job) -> Check:
+    """The worker's sampled initial weights (`RUN_DIR/initial_weights.json`) against the host's
+    own computation of the same elements."""
+    path = job.run_dir / initial_weights.REPORT_FILE
+    report = json.loads(path.read_text()) if path.exists() else None
+    status, detail = initial_weights.check(report, job.seed, job.hf_config, expected_param_count(job.scenario.arch))
+    return Check(name="initial_weights", status=status, detail=detail)
+
+
 class Anchor(BaseModel):
     """A step time measured once, which a run of the same loop on the same scenario and GPU
     should reproduce within `tolerance`."""
@@ -215,10 +228,14 @@ def check_anchor(scenario: Scenario, report: WorkerReport) -> Check | None:
                  "or a regression, look before trusting this row")
 
 
-def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None) -> list[Check]:
+def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None,
+           job: Job | None = None) -> list[Check]:
+    """`job`: the run's job, for the checks of what the worker left in its run folder."""
     checks = [check_tokens(scenario, report.steps), check_steps(scenario, report.steps),
               check_rows(scenario, report.consumed_rows, data_dir), check_throughput(scenario, report, host_tgs),
               check_parameters(scenario, report), check_settings(report)]
+    if job is not None:
+        checks.append(check_initial_weights(job))
     anchor = check_anchor(scenario, report)
     return checks + ([anchor] if anchor else [])
 
