@@ -282,7 +282,7 @@ def check_backend(
         raise typer.Exit(EXIT_INTERRUPTED)
     t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
     for p in report.points:
-        colour = "green" if p.status == "pass" else "red"
+        colour = {"pass": "green", "skipped": "yellow"}.get(p.status, "red")
         t.add_row(p.name, f"[{colour}]{p.status}[/{colour}]", escape(p.detail))
     console.print(t)
     if report.result.run_dir:

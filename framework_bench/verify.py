@@ -47,7 +47,7 @@ REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "a
 
 class Check(BaseModel):
     name: str
-    status: Literal["pass", "fail", "unverified"]
+    status: Literal["pass", "fail", "unverified", "skipped"]  # skipped: a conformance variant the backend refuses
     detail: str = ""
 
 
