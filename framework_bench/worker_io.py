@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 METRICS_DIR = "metrics"
+CLOCK_DIR = "clock"  # the step timer's clock events, which the host stamps (framework_bench/clock.py)
 WORKER_REPORT = "worker.json"
 
 

@@ -66,3 +66,23 @@ def fakes(tmp_path, monkeypatch, fbench_home):
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")]))
     return fbench_fake_backends
+
+
+# Third-party backends that lie (tests/lying_backends): the torch worker with one lie each.
+LIARS = Path(__file__).parent / "lying_backends"
+
+
+@pytest.fixture
+def liars(tmp_path, monkeypatch):
+    """The lying backends, installed for this test through a dist-info entry point like any
+    third-party plugin. They run in the torch env (the real FBENCH_HOME's): skipped without
+    it on a developer machine, failed under CI."""
+    backend_env_or_skip("torch")
+    monkeypatch.syspath_prepend(str(LIARS))
+    import fbench_lying_backends
+
+    site = tmp_path / "lying-site"
+    fbench_lying_backends.register_through_entry_points(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(LIARS), str(site), os.environ.get("PYTHONPATH", "")]))
+    return fbench_lying_backends

@@ -1,0 +1,75 @@
+"""Third-party backends that lie: each is the torch reference backend whose worker carries
+one named lie (`fbench_lying_worker.LIES`), at most 10 lines changed from the real worker.
+
+They are what a framework vendor with an incentive to look fast could install: registered
+through the `fbench.backends` entry points (`register_through_entry_points`) like any other
+plugin, launched with the torch env's Python, read back with the torch plugin's own
+`fbench_read_report`. The honest copy (`lying_honest`, no lie) must end `ok` beside them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fbench_torch import plugin as torch_plugin
+
+from framework_bench import envs
+from framework_bench.backend import BackendEnv
+from framework_bench.hookspecs import hookimpl
+
+from fbench_lying_worker import LIES
+
+HERE = Path(__file__).resolve().parent
+
+
+def torch_env() -> BackendEnv:
+    """The torch backend's env: every liar runs in it (a copy of the torch loop needs nothing else)."""
+    return envs.inspect(torch_plugin.NAME, torch_plugin.fbench_backend_info().env)
+
+
+class LyingBackend:
+    def __init__(self, lie: str, **info_fields):
+        self.lie = lie
+        self.info_fields = info_fields
+
+    @property
+    def name(self) -> str:
+        return f"lying_{self.lie}"
+
+    @hookimpl
+    def fbench_backend_info(self):
+        info = torch_plugin.fbench_backend_info()
+        return info.model_copy(update={"name": self.name, "framework": f"PyTorch, lying: {self.lie}",
+                                       **self.info_fields})
+
+    @hookimpl
+    def fbench_check(self, scenario, machine, env):
+        return torch_plugin.fbench_check(scenario, machine, torch_env())
+
+    @hookimpl
+    def fbench_plan(self, job, env):
+        plan = torch_plugin.fbench_plan(job, torch_env())
+        path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+        return plan.model_copy(update={"module": "fbench_lying_worker", "args": [str(job.job_file), self.lie],
+                                       "env": {**plan.env, "PYTHONPATH": path}})
+
+    @hookimpl
+    def fbench_read_report(self, job):
+        return torch_plugin.fbench_read_report(job)
+
+
+BACKENDS = {lie: LyingBackend(lie) for lie in LIES}
+globals().update({f"lying_{lie}": backend for lie, backend in BACKENDS.items()})
+ENTRY_POINTS = {backend.name: f"fbench_lying_backends:{backend.name}" for backend in BACKENDS.values()}
+
+
+def register_through_entry_points(site: Path, entry_points: dict[str, str] | None = None,
+                                  distribution: str = "fbench-lying-backends") -> None:
+    """Write a dist-info into `site` declaring the lying backends (or `entry_points`);
+    put `site` on sys.path to install them."""
+    info = site / f"{distribution.replace('-', '_')}-0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.0\n")
+    lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in (entry_points or ENTRY_POINTS).items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,84 @@
+"""The torch reference worker with one lie: `python -m fbench_lying_worker JOB LIE`.
+
+Each lie is a list of (line of `fbench_torch/worker.py`, what replaces it). The worker's
+source is read, each line replaced (it must occur exactly once, so a change of the real
+worker breaks the lie loudly instead of leaving it dead) and run as `__main__`. No lie
+changes more than `MAX_CHANGED_LINES` lines. Stdlib only at import: the host imports
+`LIES` (and `lied_source`) too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import sys
+from pathlib import Path
+
+MAX_CHANGED_LINES = 10
+
+TIMER = '    timer = StepTimer(job["run_dir"], job["device"], rank=dist.rank)\n'
+BACKWARD = "                loss.backward()\n"
+LOOP_SECONDS = "    loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None\n"
+CLOSE = "    timer.close()\n"
+
+LIES: dict[str, list[tuple[str, str]]] = {
+    "honest": [],
+    # Every step's claimed seconds halved, and the framework's own figure from the same clock.
+    "halved_seconds": [
+        (TIMER, TIMER + '    timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] / 2}))'
+                        '(timer.writer.write)\n'),
+        (LOOP_SECONDS, LOOP_SECONDS.replace("time.perf_counter() - measured_from", "(time.perf_counter() - measured_from) / 2")),
+    ],
+    # The backward pass outside the timed window with pause()/resume(), the pauses kept from the host.
+    "backward_untimed": [
+        (TIMER, TIMER + '    timer.clock.write = (lambda w: lambda e, s=None: None if e in ("pause", "resume") '
+                        'else w(e, s))(timer.clock.write)\n'),
+        (BACKWARD, "                timer.pause()\n" + BACKWARD + "                timer.resume()\n"),
+    ],
+    # The same, the pause declared: claimed = observed - pauses holds.
+    "declared_pause": [
+        (BACKWARD, "                timer.pause()\n" + BACKWARD + "                timer.resume()\n"),
+    ],
+    # Every step computed first, the clock lines held back; then written at the claimed pace.
+    "compute_then_write": [
+        (TIMER, TIMER + "    held, write = [], timer.clock.write\n"
+                        "    timer.clock.write = lambda e, s=None: held.append((e, s))\n"),
+        (CLOSE, "    claimed = iter(__import__('json').loads(l)['seconds'] for l in timer.writer.path.read_text().splitlines())\n"
+                "    for e, s in held:\n"
+                "        write(e, s), time.sleep(next(claimed) if e == 'begin' else 0)\n" + CLOSE),
+    ],
+    # No claim at all: no clock lines, no rows, no settings, no parameter count, no own throughput.
+    "no_claims": [
+        (TIMER, TIMER + "    timer.clock.write = lambda e, s=None: None\n"),
+        ('    consumed = ConsumedRows(job["run_dir"], dist.rank)\n',
+         '    consumed = type("NoRows", (), {"add": lambda *a: None, "end_step": lambda *a: None, "close": lambda *a: None})()\n'),
+        ("        settings=settings,\n", ""),
+        ("        param_count=capture.param_count(model),\n", ""),
+        ('        loop_throughput={"tokens_per_sec": measured_tokens / loop_seconds} if loop_seconds else {},\n', ""),
+    ],
+}
+
+
+def worker_path() -> Path:
+    return Path(importlib.util.find_spec("fbench_torch.worker").origin)
+
+
+def lied_source(lie: str) -> str:
+    source = worker_path().read_text()
+    for line, replacement in LIES[lie]:
+        if source.count(line) != 1:
+            raise SystemExit(f"lie {lie!r}: {line.strip()!r} occurs {source.count(line)} times in {worker_path()}")
+        source = source.replace(line, replacement)
+    return source
+
+
+def changed_lines(lie: str) -> int:
+    """Lines added plus lines removed from the real worker (a replaced line counts twice)."""
+    diff = list(difflib.ndiff(worker_path().read_text().splitlines(), lied_source(lie).splitlines()))
+    return sum(d.startswith(("+ ", "- ")) for d in diff)
+
+
+if __name__ == "__main__":
+    job_file, lie = sys.argv[1], sys.argv[2]
+    sys.argv = [str(worker_path()), job_file]
+    exec(compile(lied_source(lie), str(worker_path()), "exec"), {"__name__": "__main__", "__file__": str(worker_path())})
