@@ -43,10 +43,11 @@ def relative_difference(a: float, b: float) -> float:
 
 
 def parity(run: RunResult, reference: RunResult, precision: str, name: str = "parity") -> Check:
-    """The run's canonical step-1 loss against the reference's on the same rows, seed and
-    scenario: from the same initial weights, step 1 is one forward pass, the same for every
-    framework whatever its normalisation. Later steps are shown, not judged: a framework that
-    divides by another count (HF's labels before the shift) takes a slightly different update."""
+    """The run's canonical losses against the reference's on the same rows, seed and scenario.
+    Step 1 always: from the same initial weights it is one forward pass, the same for every
+    framework whatever its normalisation. Later steps too where both normalise the loss alike
+    (the same `loss_normalization` setting); otherwise they are shown, not judged: a framework
+    dividing by another count (HF's labels before the shift) takes a slightly different update."""
     for who, r in (("the run", run), ("the reference", reference)):
         if r.status != "ok":
             return Check(name=name, status="fail", detail=f"{who} ({r.backend}) ended {r.status}: {r.reason or ''}"[:300])
@@ -55,10 +56,17 @@ def parity(run: RunResult, reference: RunResult, precision: str, name: str = "pa
     if run.seed != reference.seed:
         return Check(name=name, status="fail", detail=f"seeds differ: {run.seed} vs the reference's {reference.seed}")
     tolerance = PARITY_TOLERANCE[precision]
-    first = relative_difference(run.loss_curve[1], reference.loss_curve[1])
-    later = [relative_difference(run.loss_curve[s], reference.loss_curve[s])
-             for s in sorted(set(run.loss_curve) & set(reference.loss_curve)) if s > 1]
+    same = run.settings.get("loss_normalization") == reference.settings.get("loss_normalization")
+    steps = sorted(set(run.loss_curve) & set(reference.loss_curve))
+    off = {s: relative_difference(run.loss_curve[s], reference.loss_curve[s]) for s in steps}
+    judged = steps if same else [1]
+    worst = max(judged, key=lambda s: off[s] if off[s] == off[s] else math.inf)
+    later = [off[s] for s in steps if s > 1]
     detail = (f"step 1: {run.loss_curve[1]:.7f} vs {reference.backend} {reference.loss_curve[1]:.7f} "
-              f"(relative {first:.1e}, at most {tolerance:g})"
-              + (f"; later steps at most {max(later):.1e} apart" if later else ""))
-    return Check(name=name, status="pass" if first <= tolerance else "fail", detail=detail)
+              f"(relative {off[1]:.1e}, at most {tolerance:g})"
+              + (f"; later steps at most {max(later):.1e} apart" if later else "")
+              + ("; same normalisation, every step judged" if same else
+                 f"; normalisation differs ({run.settings.get('loss_normalization')}), step 1 judged"))
+    if not off[worst] <= tolerance:  # NaN fails too
+        return Check(name=name, status="fail", detail=f"step {worst} off by {off[worst]:.1e} (relative): {detail}")
+    return Check(name=name, status="pass", detail=detail)

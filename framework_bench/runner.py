@@ -98,9 +98,12 @@ def run_one(
     settings_mode: str = "matched",
     db: Path | None = None,
     seed: int = SEED,
+    reference: RunResult | None = None,
 ) -> RunResult:
     """`db`: the results file the caller will store the run in (`results.save`); should fbench
-    die before that, the next command stores the run there as `failed` (framework_bench/orphans.py)."""
+    die before that, the next command stores the run there as `failed` (framework_bench/orphans.py).
+    `reference`: the torch reference's run on the same scenario and seed; the run's parity with
+    it is then one more blocking check."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
     try:
@@ -125,14 +128,27 @@ def run_one(
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}")
     try:
-        return _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
-                                   launcher, on_step)
+        result = _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
+                                     launcher, on_step)
     except BaseException:
         orphans.release(run_dir)  # a user error while packing (bad data) is said by the CLI, not stored
         raise
     finally:
         if db is None:  # nobody stores it: nothing for a later command to recover
             orphans.release(run_dir)
+    if reference is not None and result.status == "ok":
+        _judge_parity(result, reference, scenario)
+    return result
+
+
+def _judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
+    """The run's canonical step-1 loss against the reference's (framework_bench/losses.py)."""
+    check = losses.parity(result, reference, scenario.precision)
+    result.checks.append(check)
+    reason, _ = verify.verdict([check])
+    if reason:
+        result.status, result.reason = "invalid", reason
+    _save(result)
 
 
 def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base: dict, machine: Machine,

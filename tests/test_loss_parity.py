@@ -19,13 +19,20 @@ from framework_bench.testing import parity_variants
 BACKENDS = ("torch", "xtuner", "llamafactory")
 
 
-def ok(backend: str, curve: dict[int, float], seed: int = 1024) -> RunResult:
-    return RunResult(backend=backend, scenario="tiny_cpu", status="ok", seed=seed, loss_curve=curve)
+def ok(backend: str, curve: dict[int, float], seed: int = 1024, normalisation: str = "token mean") -> RunResult:
+    return RunResult(backend=backend, scenario="tiny_cpu", status="ok", seed=seed, loss_curve=curve,
+                     settings={"loss_normalization": normalisation})
 
 
 def test_parity_judges_step_one_and_names_what_is_missing():
     ref = ok("torch", {1: 6.2760124, 2: 6.2086824})
-    assert parity(ok("xtuner", {1: 6.2760124 * (1 + 5e-6), 2: 6.3}), ref, "fp32").status == "pass"
+    # another normalisation: step 1 judged, later steps shown
+    other = parity(ok("xtuner", {1: 6.2760124 * (1 + 5e-6), 2: 6.3}, normalisation="mean of means"), ref, "fp32")
+    assert other.status == "pass" and "normalisation differs" in other.detail
+    # the same normalisation: every step judged (an update skipped shows at step 2)
+    same = parity(ok("torch_copy", {1: 6.2760124, 2: 6.2760124}), ref, "fp32")
+    assert same.status == "fail" and same.detail.startswith("step 2 off")
+    assert parity(ok("torch_copy", {1: 6.2760124, 2: 6.2086824}), ref, "fp32").status == "pass"
     off = parity(ok("xtuner", {1: 6.3272, 2: 6.3}), ref, "fp32")
     assert off.status == "fail" and "6.3272000 vs torch 6.2760124" in off.detail
     assert parity(ok("xtuner", {1: 6.30}), ref, "bf16").status == "pass"  # 0.4 % within bf16's 1e-2
