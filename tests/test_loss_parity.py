@@ -69,6 +69,9 @@ def test_same_initial_weights_and_step_one_loss_as_the_reference(three_runs):
         assert checks["initial_weights"].status == "pass", (b, checks["initial_weights"])
         assert r.seed == 1024 and sorted(r.loss_curve) == list(range(1, scn.steps.total + 1))
         assert r.settings["loss_normalization"], b
+        # keys once recorded on one side only appear for every backend, read from its live objects
+        assert r.settings["sequence_parallel"] == 1 and r.settings["token_count_sync"] is False, b
+        assert r.settings["compile"] is False, b
         check = parity(r, runs["torch"], scn.precision)
         assert check.status == "pass", (b, check.detail)
         assert abs(r.loss_curve[1] / runs["torch"].loss_curve[1] - 1) <= 1e-5

@@ -112,6 +112,8 @@ def effective_settings(args, model, trained_model, optimizer, loader, job: dict)
         "ddp_find_unused_parameters": args.ddp_find_unused_parameters if args.world_size > 1 else None,
         # counting tokens seen all-gathers and syncs every micro-batch, inside the step
         "token_count_sync": str(args.include_num_input_tokens_seen) not in ("no", "False"),
+        # the HF Trainer splits sequences only through accelerate's context parallelism (v0 path: none asked)
+        "sequence_parallel": getattr(args.parallelism_config, "cp_size", 1) if args.parallelism_config else 1,
         **capture.runtime_settings(trained_model),
         **capture.versions(),
     }

@@ -256,12 +256,23 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
         **capture.dataloader_settings(runner.train_dataloader),
         "sequence_parallel": sp_size,
         "seed": runner.seed,
-        "compile": bool(getattr(runner, "_compile", False)),
+        "compile": compiled(runner),
+        "token_count_sync": False,  # XTuner's ThroughputHook counts each rank's tokens with no collective
         "loss_normalization": loss_normalization(llm, sp_size, accumulation),
         "ddp_find_unused_parameters": getattr(runner.model, "find_unused_parameters", None),  # DDP-wrapped only
         **capture.runtime_settings(runner.model),
         **capture.versions(),
     }
+
+
+def compiled(runner) -> bool:
+    """Whether what trains went through torch.compile: mmengine's Runner replaces the model's
+    `train_step` with torch.compile's wrapper (`_maybe_compile`), the FlexibleRunner's strategy
+    compiles the module itself. Read from the live objects: mmengine 0.10's Runner has no
+    `_compile` attribute to read (only the FlexibleRunner has)."""
+    step = getattr(runner.model, "train_step", None)
+    return hasattr(step, "_torchdynamo_orig_callable") or any(
+        type(m).__name__ == "OptimizedModule" for m in (runner.model, getattr(runner.model, "module", None)))
 
 
 def loss_normalization(llm, sp_size: int, accumulation: int) -> str:
