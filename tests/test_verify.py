@@ -25,12 +25,15 @@ def _run(backend: str, tmp_path: Path):
 def test_an_honest_backend_passes_every_check(fakes, tmp_path):
     result, checks = _run("fake_ok", tmp_path)
     assert result.status == "ok", result.reason
-    assert {n: c.status for n, c in checks.items()} == {n: "pass" for n in
-                                                         ("tokens", "steps", "rows", "throughput", "parameters", "settings")}
-    assert result.settings["trainer"] == "fake-loop-ok" and not result.flags
+    # The fake builds no model: it has no initial weights to report (unverified, flagged only).
+    assert {n: c.status for n, c in checks.items()} == {
+        **{n: "pass" for n in ("tokens", "steps", "rows", "throughput", "parameters", "settings")},
+        "initial_weights": "unverified"}
+    assert result.settings["trainer"] == "fake-loop-ok" and result.flags == [
+        f"initial_weights: {checks['initial_weights'].detail}"]
     with ResultStore(tmp_path / "r.sqlite") as store:
         row = store.get(store.add(result, scenario.load("tiny_cpu")))
-    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 6
+    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 6 + ["unverified"]
     assert row["settings"]["zero_stage"] == 0 and row["settings_mode"] == "matched"
 
 
@@ -81,10 +84,12 @@ def test_expected_parameter_count_of_the_published_models():
     assert verify.expected_param_count(PRESETS["yi-34b-200k"]) == 34_388_917_248
 
 
-def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path):
+def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from framework_bench.cli import app
+
+    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity")  # the fakes build no model
 
     ok = CliRunner().invoke(app, ["check-backend", "fake_ok"])
     assert ok.exit_code == 0, ok.output
@@ -96,8 +101,10 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
     assert "fail" in liar.output and "reports 1024 tokens" in liar.output
 
 
-def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path):
+def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path, monkeypatch):
     from framework_bench import testing
+
+    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity")  # the fakes build no model
 
     report = testing.assert_conforms("fake_ok", tmp_path)
     assert report.passed and [p.name for p in report.points][0] == "run"
