@@ -64,12 +64,12 @@ def fill(model, seed: int, hf_config: dict) -> None:
     import torch
 
     std, pad = float(hf_config.get("initializer_range", 0.02)), hf_config.get("pad_token_id")
-    params = list(model.named_parameters())
-    with torch.no_grad(), _gathered([p for _, p in params], modifier_rank=0):
-        for name, p in params:
-            if p.numel() >= 2**32:
-                raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
-            _fill_tensor(p.data.view(-1), name, seed, std, p.shape[-1] if p.dim() > 1 else None, pad)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            with _gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
+                if p.numel() >= 2**32:
+                    raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
+                _fill_tensor(p.data.view(-1), name, seed, std, p.shape[-1] if p.dim() > 1 else None, pad)
 
 
 def report(model, seed: int, run_dir: str | Path) -> None:
@@ -78,14 +78,15 @@ def report(model, seed: int, run_dir: str | Path) -> None:
 
     rank = int(os.environ.get("RANK", "0"))
     tensors = {}
-    params = list(model.named_parameters())
-    with torch.no_grad(), _gathered([p for _, p in params], modifier_rank=None):
-        if rank != 0:
-            return
-        for name, p in params:
-            idx = torch.from_numpy(sample_indices(seed, name, p.numel()))
-            values = p.data.reshape(-1)[idx.to(p.device)].float().cpu().tolist()
-            tensors[canonical_name(name)] = {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."),
-                                             "values": values}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            with _gathered([p], modifier_rank=None):  # every rank gathers (a collective); rank 0 reads
+                if rank == 0:
+                    idx = torch.from_numpy(sample_indices(seed, name, p.numel()))
+                    tensors[canonical_name(name)] = {
+                        "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."),
+                        "values": p.data.reshape(-1)[idx.to(p.device)].float().cpu().tolist()}
+    if rank != 0:
+        return
     path = Path(run_dir) / REPORT_FILE
     path.write_text(json.dumps({"seed": seed, "tensors": tensors}))
