@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from framework_bench.worker.hparams import SEED
 from framework_bench.memory import MemoryScheme
 from framework_bench.scenario import Scenario
 
@@ -125,6 +126,8 @@ class Job(BaseModel):
     settings_mode: Literal["matched", "native"] = Field(
         "matched", description="matched: both frameworks configured alike where both allow; native: as each "
                                "framework's own docs and examples configure it")
+    seed: int = Field(SEED, ge=0, lt=2**32, description="one per compare: the initial weights "
+                      "(framework_bench/initial_weights.py) and the framework's own seeding")
 
     @computed_field
     @property

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
+from framework_bench.worker.hparams import SEED
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
 env_app = typer.Typer(no_args_is_help=True, help="Each backend's own virtual environment.")
@@ -25,6 +27,9 @@ OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for cha
 SettingsOption = Annotated[str, typer.Option(
     "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
                        "native: each as its own docs and examples configure it")]
+SeedOption = Annotated[int, typer.Option(
+    "--seed", min=0, max=2**32 - 1, help="one per compare: every backend starts from the same initial weights "
+                                          "drawn from it (checked by the host) and seeds its framework with it")]
 TimeOption = Annotated[Optional[str], typer.Option(
     "--time", help="slurm: the job's time limit, [D-]HH:MM:SS (default: estimated from the scenario, shown in the plan)")]
 CpusOption = Annotated[Optional[int], typer.Option(
@@ -279,7 +284,7 @@ def check_backend(
         raise typer.Exit(EXIT_INTERRUPTED)
     t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
     for p in report.points:
-        colour = "green" if p.status == "pass" else "red"
+        colour = {"pass": "green", "skipped": "yellow"}.get(p.status, "red")
         t.add_row(p.name, f"[{colour}]{p.status}[/{colour}]", escape(p.detail))
     console.print(t)
     if report.result.run_dir:
@@ -359,6 +364,7 @@ def run(
     sbatch_arg: SbatchArgOption = None,
     wait: WaitOption = False,
     poll: PollOption = 30.0,
+    seed: SeedOption = SEED,
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench import runner
@@ -382,7 +388,7 @@ def run(
             def on_step(done, total, secs):
                 status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
             r = runner.run_one(backend, s, timeout=timeout, on_step=on_step, launcher=launcher, force=force,
-                              settings_mode=settings, db=store.path)
+                              settings_mode=settings, db=store.path, seed=seed)
             _keep(store, r, s)
     except _user_errors() as e:
         fail(str(e))
@@ -457,6 +463,7 @@ def compare(
     sbatch_arg: SbatchArgOption = None,
     wait: WaitOption = False,
     poll: PollOption = 30.0,
+    seed: SeedOption = SEED,
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -509,7 +516,7 @@ def compare(
             with stop_signals_interrupt():
                 compare_.compare(chosen, names, timeout=timeout, on_start=on_start, on_step=on_step,
                                  on_result=on_result, launcher=launcher, force=force, settings_mode=settings,
-                                 db=store.path)
+                                 db=store.path, seed=seed)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
         except _user_errors() as e:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from framework_bench import launch, plugins, runner, scenario as scenarios_
+from framework_bench.worker.hparams import SEED
 from framework_bench.metrics import RunResult
 from framework_bench.scenario import Scenario, ScenarioError
 
@@ -126,6 +127,7 @@ def compare(
     force: bool = False,
     settings_mode: str = "matched",
     db: Path | None = None,
+    seed: int = SEED,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -136,13 +138,18 @@ def compare(
     if missing:
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     results: list[RunResult] = []
+    # The reference first: every other backend's run is then judged for parity with it.
+    ordered = sorted(backend_names, key=lambda b: b != REFERENCE_BACKEND)
     for s in scenarios:
-        for name in backend_names:
+        reference = None
+        for name in ordered:
             on_start(name, s)
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
             result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
-                                    force=force, settings_mode=settings_mode, db=db)
+                                    force=force, settings_mode=settings_mode, db=db, seed=seed, reference=reference)
+            if name == REFERENCE_BACKEND and result.status == "ok":
+                reference = result
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":

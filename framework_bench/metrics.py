@@ -61,6 +61,9 @@ class RunResult(BaseModel):
     settings: dict[str, str | int | float | bool | None] = Field(
         default_factory=dict, description="the settings in effect, as the worker read them from the live objects")
     checks: list[Check] = Field(default_factory=list, description="the host's verification of the worker's claims")
+    seed: int | None = Field(None, description="the compare's seed: initial weights and the framework's seeding")
+    loss_curve: dict[int, float] = Field(default_factory=dict, description=(
+        "canonical loss per optimizer step: the token mean over all ranks (framework_bench/losses.py)"))
 
 
 def per_step(steps: list[StepMetric]) -> list[tuple[int, float, float]]:

@@ -167,6 +167,42 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
             fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
                          f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
             paths += _save(fig, Path(out_dir), f"tgs_tflops_{_slug(model)}")
+    return paths + plot_loss_curves(rows, out_dir)
+
+
+def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT) -> list[Path]:
+    """Per scenario: `loss_<scenario>.png/.svg`, the canonical loss per optimizer step (the token
+    mean, framework_bench/losses.py) of each backend's latest run: from the same initial
+    weights and rows, backends that computed the same steps draw one curve."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    latest: dict[tuple[str, str], dict] = {}  # the newest run per scenario and backend
+    for r in sorted(rows, key=lambda r: r.get("id") or 0):
+        if r.get("loss_curve"):
+            latest[(r["scenario"], r["backend"])] = r
+    by_scenario: dict[str, list[dict]] = defaultdict(list)
+    for (scenario, _), r in latest.items():
+        by_scenario[scenario].append(r)
+    backends = sorted({r["backend"] for r in rows})
+    colours = {b: matplotlib.colormaps["tab10"](i % 10) for i, b in enumerate(backends)}
+    paths: list[Path] = []
+    for name, runs in sorted(by_scenario.items()):
+        with matplotlib.rc_context(_RC):
+            fig = Figure(figsize=(7, 4.5), layout="constrained")
+            ax = fig.subplots()
+            # Identical curves would hide each other: later backends are drawn thinner, on top.
+            for i, r in enumerate(sorted(runs, key=lambda r: r["backend"])):
+                curve = sorted((int(step), loss) for step, loss in r["loss_curve"].items())
+                line, = ax.plot([s for s, _ in curve], [loss for _, loss in curve], marker="o", markersize=4,
+                                linewidth=max(4 - 1.2 * i, 1), color=colours[r["backend"]],
+                                label=f"{r['backend']} (seed {r.get('seed')})")
+                line.set_gid(f"loss-line-{_slug(r['backend'])}")
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel("loss (token mean over the step)")
+            ax.legend(loc="best", fontsize=8, framealpha=0.9)
+            fig.suptitle(f"{name}: loss per step", fontsize=12)
+            paths += _save(fig, Path(out_dir), f"loss_{_slug(name)}")
     return paths
 
 

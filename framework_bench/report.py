@@ -115,8 +115,10 @@ def environment(rows: list[dict]) -> list[Block]:
 
 
 def caveats(rows: list[dict]) -> list[str]:
-    out = ["Models are built from their config with random weights (nothing is downloaded): speed does not "
-           "depend on the values, but the losses mean nothing."]
+    out = ["Models are built from their config with random weights (nothing is downloaded), the same for every "
+           "backend: each parameter is drawn from (seed, name, element index) and the host checks a sample. The "
+           "loss charts show each backend's loss per step as the token mean over the step (whatever the framework "
+           "divides by, named by the loss_normalization setting): backends that trained the same steps overlap."]
     specs = {r["scenario"]: Scenario.model_validate(r["scenario_json"]) for r in rows}
     cpu = sorted({r["scenario"] for r in rows if r["device"] == "cpu"})
     if cpu:

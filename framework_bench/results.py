@@ -32,7 +32,7 @@ from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker_io import read_metrics
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
 # into a new file or one that carries it (or, from before it was set, holds fbench's tables).
 APPLICATION_ID = 0x66626E63
@@ -99,10 +99,17 @@ _MIGRATIONS = [
     ALTER TABLE runs ADD COLUMN startup_seconds REAL;
     ALTER TABLE steps ADD COLUMN peak_reserved_bytes INTEGER;
     """,
+    # 6: the compare's seed (the initial weights every backend starts from) and the canonical
+    # loss per optimizer step, {step: loss} as JSON (issue 20).
+    """
+    ALTER TABLE runs ADD COLUMN seed INTEGER;
+    ALTER TABLE runs ADD COLUMN loss_curve TEXT NOT NULL DEFAULT '{}';
+    """,
 ]
 
 # Columns holding JSON text, decoded when rows are read back.
-_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks", "notes")
+_JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks", "notes",
+                 "loss_curve")
 
 # Distributions of a backend env worth naming in the manifest (those that exist are kept).
 _ENV_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets",
@@ -317,6 +324,8 @@ class ResultStore:
             "settings_mode": result.settings_mode,
             "checks": json.dumps([c.model_dump() for c in result.checks]),
             "notes": json.dumps(result.notes),
+            "seed": result.seed,
+            "loss_curve": json.dumps(result.loss_curve),
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
         }

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench import clock, envs, flops, launch, metrics, orphans, plugins, verdicts, verify
+from framework_bench import clock, envs, flops, launch, losses, metrics, orphans, plugins, verdicts, verify
 from framework_bench.backend import CONTRACT, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.packed import TOKENIZER_DIR
+from framework_bench.worker.hparams import SEED
 from framework_bench.machine import detect
 from framework_bench.memory import MemoryScheme, estimate
 from framework_bench.metrics import RunResult
@@ -76,7 +77,7 @@ def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
 
 
 def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machine, root: Path | None,
-             settings_mode: str = "matched", run_dir: Path | None = None) -> Job:
+             settings_mode: str = "matched", run_dir: Path | None = None, seed: int = SEED) -> Job:
     run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
@@ -96,9 +97,13 @@ def run_one(
     force: bool = False,
     settings_mode: str = "matched",
     db: Path | None = None,
+    seed: int = SEED,
+    reference: RunResult | None = None,
 ) -> RunResult:
     """`db`: the results file the caller will store the run in (`results.save`); should fbench
-    die before that, the next command stores the run there as `failed` (framework_bench/orphans.py)."""
+    die before that, the next command stores the run there as `failed` (framework_bench/orphans.py).
+    `reference`: the torch reference's run on the same scenario and seed; the run's parity with
+    it is then one more blocking check."""
     backend = plugins.get(backend_name)
     machine = machine or detect()
     try:
@@ -108,7 +113,7 @@ def run_one(
     if reason is None and not force:
         reason = memory_shortfall(scenario, machine, backend.info.memory, settings_mode)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
-                settings_mode=settings_mode)
+                settings_mode=settings_mode, seed=seed)
     if reason:
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run
         # (a scenario outside its declared capabilities stays unsupported, env or not).
@@ -123,14 +128,27 @@ def run_one(
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}")
     try:
-        return _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
-                                   launcher, on_step)
+        result = _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
+                                     launcher, on_step)
     except BaseException:
         orphans.release(run_dir)  # a user error while packing (bad data) is said by the CLI, not stored
         raise
     finally:
         if db is None:  # nobody stores it: nothing for a later command to recover
             orphans.release(run_dir)
+    if reference is not None and result.status == "ok":
+        _judge_parity(result, reference, scenario)
+    return result
+
+
+def _judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
+    """The run's canonical step-1 loss against the reference's (framework_bench/losses.py)."""
+    check = losses.parity(result, reference, scenario.precision)
+    result.checks.append(check)
+    reason, _ = verify.verdict([check])
+    if reason:
+        result.status, result.reason = "invalid", reason
+    _save(result)
 
 
 def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base: dict, machine: Machine,
@@ -143,7 +161,7 @@ def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base:
     except OSError as e:  # a full disk under the data cache: the run could not start
         return RunResult(**base, status="failed", reason=f"cannot pack the data: {e}", run_dir=run_dir)
     try:
-        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir)
+        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir, base["seed"])
         job.write()
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
@@ -279,7 +297,8 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
     a claim not made too, from a backend of the current contract (one of an older contract
     is `unverified`: shown, kept out of "% of reference" and the charts)."""
     result.settings = dict(report.settings or {})
-    result.checks = verify.verify(scenario, report, job.data_dir, result.tgs)
+    result.loss_curve = losses.canonical_losses(job.run_dir)
+    result.checks = verify.verify(scenario, report, job.data_dir, result.tgs, job)
     referee = clock.referee_on()
     if referee:
         claimed: dict[int, dict[int, float]] = {}

@@ -8,9 +8,15 @@
         assert_conforms("mybackend", tmp_path)
 
 Points: the run itself ends `ok`, then each check of `framework_bench/verify.py` (tokens per
-step, step numbering, consumed rows, throughput agreement, parameter count, settings present).
-Here a claim the plugin does not report (`unverified`) fails too: conformance means every
-claim is made and holds.
+step, step numbering, consumed rows, throughput agreement, parameter count, settings present,
+initial weights). Here a claim the plugin does not report (`unverified`) fails too:
+conformance means every claim is made and holds.
+
+On the CPU conformance scenario parity is blocking too: the canonical step-1 loss of the
+backend against the torch reference's on the same rows and seed (`framework_bench/losses.py`),
+on `tiny_cpu`, a grad_accum 2 variant and a 2-process variant (with ZeRO-2 when the backend
+refuses ZeRO 0 on several CPU processes, as XTuner does). A variant the backend refuses is
+shown `skipped (refused: ...)`.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from framework_bench import runner, scenario as scenarios_
+from framework_bench import losses, runner, scenario as scenarios_
 from framework_bench.metrics import RunResult
-from framework_bench.verify import Check
+from framework_bench.verify import Check, unchecked
 
 SCENARIO = "tiny_cpu"
+REFERENCE = "torch"
+TWO_PROCESSES = ("multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2")  # the first the backend accepts
 
 
 class Conformance(BaseModel):
@@ -34,7 +42,7 @@ class Conformance(BaseModel):
 
     @property
     def passed(self) -> bool:
-        return all(p.status == "pass" for p in self.points)
+        return all(p.status in ("pass", "skipped") for p in self.points)
 
 
 def check_backend(backend: str, root: Path | None = None, scenario: str = SCENARIO,
@@ -44,15 +52,50 @@ def check_backend(backend: str, root: Path | None = None, scenario: str = SCENAR
     result = runner.run_one(backend, scn, root=root, timeout=timeout, settings_mode=settings_mode)
     run = Check(name="run", status="pass" if result.status == "ok" else "fail",
                 detail=f"status {result.status}" + (f": {result.reason.strip().splitlines()[-1]}" if result.reason else ""))
-    points = [run] + [c if c.status != "unverified" else c.model_copy(update={"status": "fail"}) for c in result.checks]
+    off = unchecked()
+    points = [run] + [c if c.status != "unverified" else c.model_copy(update={"status": "fail"})
+                      for c in result.checks if c.name not in off]
     if not result.checks:
         points.append(Check(name="checks", status="fail", detail="the run ended before the host could check it"))
+    if scenario == SCENARIO and "parity" not in off:
+        points += parity_points(backend, scn, result, root, settings_mode, timeout)
     return Conformance(backend=backend, scenario=scn.name, points=points, result=result)
+
+
+def parity_variants(scn: scenarios_.Scenario) -> list[tuple[str, list[scenarios_.Scenario]]]:
+    """Per parity variant of the conformance scenario: (label, candidates); the first candidate the
+    backend does not refuse is run (XTuner refuses ZeRO 0 on several CPU processes: ZeRO-2 then)."""
+    accumulated = scn.model_copy(update={"name": f"{scn.name}_grad_accum2", "grad_accum": 2})
+    return [("grad_accum 2", [accumulated]), ("2 processes", [scenarios_.load(n) for n in TWO_PROCESSES])]
+
+
+def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, root: Path | None, settings_mode: str,
+                  timeout: float | None) -> list[Check]:
+    def run(name: str, s: scenarios_.Scenario) -> RunResult:
+        return runner.run_one(name, s, root=root, timeout=timeout, settings_mode=settings_mode)
+
+    def against_reference(label: str, s: scenarios_.Scenario, own: RunResult) -> Check:
+        # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
+        ref_scn = s.model_copy(update={"zero_stage": 0})
+        reference = own if backend == REFERENCE and s.zero_stage == 0 else run(REFERENCE, ref_scn)
+        return losses.parity(own, reference, s.precision, name=f"parity ({label})")
+
+    points = [against_reference(scn.name, scn, result)]
+    for label, candidates in parity_variants(scn):
+        for variant in candidates:
+            own = run(backend, variant)
+            if own.status != "unsupported":
+                points.append(against_reference(f"{label}: {variant.name}", variant, own))
+                break
+        else:
+            points.append(Check(name=f"parity ({label})", status="skipped",
+                                detail=f"skipped (refused: {(own.reason or '').strip()})"))
+    return points
 
 
 def assert_conforms(backend: str, root: Path | None = None, **kwargs) -> Conformance:
     """`check_backend` for pytest: fails naming every point that did not pass."""
     report = check_backend(backend, root, **kwargs)
-    failed = [f"{p.name}: {p.detail}" for p in report.points if p.status != "pass"]
+    failed = [f"{p.name}: {p.detail}" for p in report.points if p.status not in ("pass", "skipped")]
     assert not failed, f"{backend} does not conform on {report.scenario}:\n" + "\n".join(failed)
     return report

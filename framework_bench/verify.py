@@ -9,9 +9,14 @@ host's packed stream say it must be:
   - throughput: the framework's own tokens/s figure within 10 % of the host's;
   - parameters: the model the framework built has the scenario's parameter count;
   - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
+  - initial_weights: the sampled initial weights read from the live model are the compare's
+    (seed, name, index) values (`framework_bench/initial_weights.py`), over every parameter;
   - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
     measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
     thermals or a regression: the reader should look before trusting the row).
+  - parity, when the run has a reference (`fbench compare` runs the torch reference first on
+    each scenario, `fbench check-backend` always): the canonical step-1 loss equals the
+    reference's on the same rows and seed (`framework_bench/losses.py`);
 A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
 plugin does not report (one written before these checks) is `unverified` and only flagged.
 A throughput disagreement is flagged, not invalidating: the frameworks time other windows.
@@ -19,6 +24,8 @@ A throughput disagreement is flagged, not invalidating: the frameworks time othe
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -27,7 +34,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from framework_bench.backend import StepMetric, WorkerReport
+from framework_bench import initial_weights
+from framework_bench.backend import Job, StepMetric, WorkerReport
 from framework_bench.models import ModelArch
 from framework_bench.packed import PackedRows
 from framework_bench.scenario import Scenario
@@ -35,7 +43,11 @@ from framework_bench.worker.rows import row_fingerprint
 
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
-BLOCKING = ("tokens", "steps", "rows", "parameters", "clock", "pauses", "cpu")
+BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights", "parity",
+            "clock", "pauses", "cpu")
+# Tests only: check names (comma-separated) left out of the verdict, so that a test can show
+# that a lie it catches with the check would pass without it (the lie is live).
+UNCHECKED_ENV = "FBENCH_UNCHECKED"
 # What every worker must record (issue #11); `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
@@ -43,7 +55,7 @@ REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "a
 
 class Check(BaseModel):
     name: str
-    status: Literal["pass", "fail", "unverified"]
+    status: Literal["pass", "fail", "unverified", "skipped"]  # skipped: a conformance variant the backend refuses
     detail: str = ""
     figures: dict[str, float | int | str | bool | None] = Field(
         default_factory=dict, description="what the check measured (the host clock's seconds, shares...)")
@@ -177,6 +189,15 @@ def check_settings(report: WorkerReport) -> Check:
     return Check(name="settings", status="pass", detail=f"{len(report.settings)} settings recorded")
 
 
+def check_initial_weights(job: Job) -> Check:
+    """The worker's sampled initial weights (`RUN_DIR/initial_weights.json`) against the host's
+    own computation of the same elements."""
+    path = job.run_dir / initial_weights.REPORT_FILE
+    report = json.loads(path.read_text()) if path.exists() else None
+    status, detail = initial_weights.check(report, job.seed, job.hf_config, expected_param_count(job.scenario.arch))
+    return Check(name="initial_weights", status=status, detail=detail)
+
+
 class Anchor(BaseModel):
     """A step time measured once, which a run of the same loop on the same scenario and GPU
     should reproduce within `tolerance`."""
@@ -217,16 +238,26 @@ def check_anchor(scenario: Scenario, report: WorkerReport) -> Check | None:
                  "or a regression, look before trusting this row")
 
 
-def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None) -> list[Check]:
+def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None,
+           job: Job | None = None) -> list[Check]:
+    """`job`: the run's job, for the checks of what the worker left in its run folder."""
     checks = [check_tokens(scenario, report.steps), check_steps(scenario, report.steps),
               check_rows(scenario, report.consumed_rows, data_dir), check_throughput(scenario, report, host_tgs),
               check_parameters(scenario, report), check_settings(report)]
+    if job is not None:
+        checks.append(check_initial_weights(job))
     anchor = check_anchor(scenario, report)
     return checks + ([anchor] if anchor else [])
 
 
+def unchecked() -> set[str]:
+    """The check names `FBENCH_UNCHECKED` leaves out (tests only)."""
+    return {n for n in os.environ.get(UNCHECKED_ENV, "").split(",") if n}
+
+
 def verdict(checks: list[Check]) -> tuple[str | None, list[str]]:
     """(the reason the run is invalid or None, flags for the rest)."""
+    checks = [c for c in checks if c.name not in unchecked()]
     failed = [c for c in checks if c.status == "fail" and c.name in BLOCKING]
     flags = [f"{c.name}: {c.detail}" for c in checks
              if c.status == "unverified" or (c.status == "fail" and c.name not in BLOCKING)]

@@ -68,7 +68,7 @@ def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, setting
     assert result.attention_used == "sdpa" and result.framework_version == framework_version
     assert any(k.startswith("tokens_per_sec") and v > 0 for k, v in result.framework_throughput.items())
     checks = {c.name: c for c in result.checks}
-    for name in ("tokens", "steps", "rows", "parameters", "settings", "clock", "pauses", "cpu"):  # the host clock too
+    for name in ("tokens", "steps", "rows", "parameters", "settings", "clock", "pauses", "cpu", "initial_weights"):  # the host clock too
         assert checks[name].status == "pass", checks[name]
     assert checks["throughput"].status in ("pass", "fail")  # compared (within 10 % or flagged)
     from framework_bench.verify import REQUIRED_SETTINGS

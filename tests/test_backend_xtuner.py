@@ -145,7 +145,7 @@ def test_matched_builder_keeps_fp32_weights_when_xtuner_asks_for_bf16(xtuner, tm
     job = make_job(tmp_path, tiny())
     model_dir = xtuner.plan(job, env).files["model_dir"]
     probe = ("import sys, torch; from fbench_xtuner.model_builder import build_random_llm; "
-             "print(*[next(build_random_llm(sys.argv[1], keep_fp32_weights=k, torch_dtype=torch.bfloat16)"
+             "print(*[next(build_random_llm(sys.argv[1], 1024, keep_fp32_weights=k, torch_dtype=torch.bfloat16)"
              ".parameters()).dtype for k in (True, False)])")
     out = subprocess.run([str(env.python), "-c", probe, str(model_dir)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -17,7 +17,7 @@ from framework_bench.cli import app
 MATCHED_EQUAL = ("optimizer", "optimizer_impl", "lr", "betas", "eps", "weight_decay", "grad_clip", "param_dtype",
                  "autocast_dtype", "loss_scaler", "grad_reduce_dtype", "master_weights", "attention",
                  "activation_checkpointing", "checkpointing_reentrant", "zero_stage", "dataloader_workers",
-                 "pin_memory", "shuffle", "seed", "compile")
+                 "pin_memory", "shuffle", "seed", "compile", "sequence_parallel", "token_count_sync")
 
 
 @pytest.mark.slow

@@ -82,10 +82,12 @@ def test_expected_parameter_count_of_the_published_models():
     assert verify.expected_param_count(PRESETS["yi-34b-200k"]) == 34_388_917_248
 
 
-def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path):
+def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from framework_bench.cli import app
+
+    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity")  # the fakes build no model
 
     ok = CliRunner().invoke(app, ["check-backend", "fake_ok"])
     assert ok.exit_code == 0, ok.output
@@ -98,8 +100,10 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
     assert "fail" in liar.output and "reports 1024 tokens" in liar.output
 
 
-def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path):
+def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path, monkeypatch):
     from framework_bench import testing
+
+    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity")  # the fakes build no model
 
     report = testing.assert_conforms("fake_ok", tmp_path)
     assert report.passed and [p.name for p in report.points][0] == "run"

@@ -21,10 +21,10 @@ so the host can import this package too (it never calls the torch parts).
 
 from framework_bench.worker import settings
 from framework_bench.worker.dist import DistInfo, dist_info, sync
-from framework_bench.worker.hparams import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
+from framework_bench.worker.hparams import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, SEED, WEIGHT_DECAY
 from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker.startup import StartupClock
 from framework_bench.worker.steps import PeakMemory, StepTimer
 
-__all__ = ["ADAM_BETAS", "ADAM_EPS", "LEARNING_RATE", "MAX_GRAD_NORM", "WEIGHT_DECAY", "ConsumedRows", "DistInfo",
+__all__ = ["ADAM_BETAS", "ADAM_EPS", "LEARNING_RATE", "MAX_GRAD_NORM", "SEED", "WEIGHT_DECAY", "ConsumedRows", "DistInfo",
            "PeakMemory", "StartupClock", "StepTimer", "dist_info", "settings", "sync"]

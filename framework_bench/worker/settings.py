@@ -183,6 +183,8 @@ def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | No
             "autocast_dtype": autocast_dtype, "loss_scaler": "none", **precision_recipe(param_dtype, None),
             **zero_settings(None), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
             "seed": seed, "compile": False, **runtime_settings(model if train_model is None else train_model),
+            # a plain loop has no sequence parallel, and counts its tokens with no collective
+            "sequence_parallel": 1, "token_count_sync": False,
             **versions()}
 
 

@@ -20,6 +20,8 @@ TIMER = '    timer = StepTimer(job["run_dir"], job["device"], rank=dist.rank)\n'
 BACKWARD = "                loss.backward()\n"
 LOOP_SECONDS = "    loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None\n"
 CLOSE = "    timer.close()\n"
+FORWARD = "                    loss = train_model(input_ids=ids, labels=labels, num_items_in_batch=max(labelled, 1)).loss\n"
+BUILT = "    model = build_model(job, device)\n"
 
 LIES: dict[str, list[tuple[str, str]]] = {
     "honest": [],
@@ -55,6 +57,31 @@ LIES: dict[str, list[tuple[str, str]]] = {
         ("        settings=settings,\n", ""),
         ("        param_count=capture.param_count(model),\n", ""),
         ('        loop_throughput={"tokens_per_sec": measured_tokens / loop_seconds} if loop_seconds else {},\n', ""),
+    ],
+    # The model fed the first half of each row; full rows recorded, full tokens claimed.
+    "half_rows": [
+        (FORWARD, FORWARD.replace("input_ids=ids, labels=labels", "input_ids=ids[:, :ids.shape[1] // 2], "
+                                  "labels=labels[:, :ids.shape[1] // 2]")),
+    ],
+    # No optimizer step and no clipping: the weights never change.
+    "no_update": [
+        ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n", ""),
+        ("        optimizer.step()\n", ""),
+    ],
+    # One layer of four trained; the parameter count claimed from the full model built on the meta device.
+    "one_layer": [
+        (BUILT, BUILT + "    model.model.layers = model.model.layers[:1]\n"),
+        ("        param_count=capture.param_count(model),\n",
+         '        param_count=capture.param_count(build_model(job, torch.device("meta"))),\n'),
+    ],
+    # Every label ignored: loss 0.0 every step, nothing trained.
+    "labels_ignored": [
+        (FORWARD, FORWARD.replace("labels=labels", "labels=torch.full_like(labels, -100)")),
+    ],
+    # The model never runs: a made-up loss, no backward; rows, tokens, settings and count still claimed.
+    "no_model": [
+        (FORWARD, "                    loss = torch.tensor(6.2)\n"),
+        (BACKWARD, ""),
     ],
 }
 

@@ -19,7 +19,6 @@ from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_N
 from fbench_llamafactory import run_files
 
 SEED = 42  # LLaMA-Factory's (the HF Trainer's) default: native mode
-MATCHED_SEED = 1024  # XTuner's published configs' seed: matched mode (no effect on speed; aligned anyway)
 
 # LLaMA-Factory requires a dataset name even when `tokenized_path` already holds the data;
 # it is never looked up because the tokenized data exists when training starts.
@@ -78,7 +77,7 @@ def mode_args(job: Job) -> dict:
     as every backend in matched mode: less time and memory than foreach), torch's own
     choice on CPU (`adamw_torch`: the for-loop, as the others), DDP without the
     unused-parameter search (XTuner's mmengine DDP), the data loader's worker count and
-    pinned memory as XTuner's published configs (4 workers on GPU, no pinning), XTuner's seed.
+    pinned memory as XTuner's published configs (4 workers on GPU, no pinning), the compare's seed.
     native, as LLaMA-Factory's examples run: transformers' default optimizer (fused AdamW),
     its default DDP and data-loader settings and seed; 4 loader workers on GPU (the examples' value).
     Both: no token counting (`include_num_input_tokens_seen`, an all-gather and a host sync
@@ -89,7 +88,7 @@ def mode_args(job: Job) -> dict:
         return {"dataloader_num_workers": workers, "seed": SEED}
     optim = "adamw_torch_fused" if job.device == "cuda" else "adamw_torch"
     return {"optim": optim, "ddp_find_unused_parameters": False, "dataloader_num_workers": workers,
-            "dataloader_pin_memory": False, "seed": MATCHED_SEED}
+            "dataloader_pin_memory": False, "seed": job.seed}
 
 
 def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:

@@ -22,8 +22,9 @@ import numpy as np
 
 from framework_bench import worker_io
 from framework_bench.packed import PackedRows
-from framework_bench.worker import StartupClock
+from framework_bench.worker import StartupClock, init_weights
 from framework_bench.worker import settings as capture
+from framework_bench.worker.losses import MicroLosses
 from framework_bench.worker.rows import ConsumedRows
 
 from fbench_llamafactory import run_files
@@ -111,6 +112,8 @@ def effective_settings(args, model, trained_model, optimizer, loader, job: dict)
         "ddp_find_unused_parameters": args.ddp_find_unused_parameters if args.world_size > 1 else None,
         # counting tokens seen all-gathers and syncs every micro-batch, inside the step
         "token_count_sync": str(args.include_num_input_tokens_seen) not in ("no", "False"),
+        # the HF Trainer splits sequences only through accelerate's context parallelism (v0 path: none asked)
+        "sequence_parallel": getattr(args.parallelism_config, "cp_size", 1) if args.parallelism_config else 1,
         **capture.runtime_settings(trained_model),
         **capture.versions(),
     }
@@ -132,22 +135,27 @@ class Claims:
                 claims.settings = effective_settings(args, model, trained, optimizer, train_dataloader, job)
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
+                init_weights.report(model, job["seed"], job["run_dir"])  # what the first step trains from
 
             def on_step_end(self, args, state, control, **kw):
                 for ids, labels in claims.fed:
                     claims.rows.add(ids, labels)
                 claims.fed = []
                 claims.rows.end_step(state.global_step)
+                claims.losses.end_step(state.global_step)
 
             def on_train_end(self, args, state, control, **kw):
                 claims.rows.close()
+                claims.losses.close()
 
         self.callback = Callback()
         self.prepared = None  # the model as accelerate prepared it (DDP-wrapped or not); see remember_prepared
         self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
+        self.losses = MicroLosses(job["run_dir"], int(os.environ.get("RANK", "0")))
         self.fed: list = []
         self.settings: dict = {}
         self.param_count: int | None = None
+        self.normalization: str | None = None  # set by the first loss computed (record_losses)
 
     def remember_prepared(self) -> None:
         """The model that trains is the one accelerate's `prepare_model` returns (DDP when it
@@ -173,9 +181,44 @@ class Claims:
 
         Accelerator.prepare_model = prepare_and_remember
 
+    def record_losses(self) -> None:
+        """Each micro-batch's loss as the HF Trainer computed it, with the divisor it used:
+        `num_items_in_batch` (labels counted over the step's micro-batches before the shift,
+        gathered across processes under `average_tokens_across_devices`, which then scales the
+        loss back up by the process count), or the model's own mean when it takes no such count."""
+        from transformers import Trainer
+
+        compute_loss = Trainer.compute_loss
+
+        def compute_and_record(trainer, model, inputs, *args, **kwargs):
+            out = compute_loss(trainer, model, inputs, *args, **kwargs)
+            if model.training:
+                loss = out[0] if isinstance(out, tuple) else out
+                items = kwargs.get("num_items_in_batch", args[1] if len(args) > 1 else None)
+                if items is not None and trainer.model_accepts_loss_kwargs:
+                    scaled = trainer.args.average_tokens_across_devices and trainer.accelerator.num_processes > 1
+                    divisor = items / (trainer.accelerator.num_processes if scaled else 1)
+                else:
+                    divisor = (inputs["labels"][..., 1:] != -100).sum()
+                # Tensors kept as they are: read once the step's clock stopped (MicroLosses.end_step).
+                self.losses.add(loss, divisor, inputs["labels"])
+                self.normalization = normalization(trainer, items is not None)
+            return out
+
+        Trainer.compute_loss = compute_and_record
+
     def keep(self, module, args, kwargs) -> None:
         if module.training and "input_ids" in kwargs and "labels" in kwargs:
             self.fed.append((kwargs["input_ids"], kwargs["labels"]))
+
+
+def normalization(trainer, counted: bool) -> str:
+    """The HF Trainer's loss normalisation, read from the trainer that computed the loss."""
+    if counted and trainer.model_accepts_loss_kwargs:
+        where = " across processes" if trainer.args.average_tokens_across_devices else ""
+        return ("token sum over the step's labels counted before the shift (num_items_in_batch" + where +
+                "), model_accepts_loss_kwargs")
+    return "model's token mean per micro-batch (labels after the shift), divided by gradient_accumulation_steps"
 
 
 def build_where_trained(job: dict, startup: StartupClock) -> None:
@@ -199,6 +242,7 @@ def build_where_trained(job: dict, startup: StartupClock) -> None:
                 model = from_config(cls, config, **kwargs)
         else:
             model = from_config(cls, config, **kwargs)
+        init_weights.fill(model, job["seed"], model.config.to_dict())  # before the trainer or DeepSpeed sees it
         startup.mark("model_build")
         return model
 
@@ -222,6 +266,7 @@ def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, c
     startup.mark("data")
     build_where_trained(job, startup)
     claims.remember_prepared()
+    claims.record_losses()
     run_exp(args, callbacks=[StepMetricsCallback(recorder, startup), claims.callback])
 
 
@@ -267,7 +312,7 @@ def main(job_file: str) -> None:
         startup_seconds=round(recorder.first_step_at - STARTED, 2),
         startup_breakdown=startup.phases if claims else None,
         notes=recorder.notes,
-        settings=claims.settings if claims else None,
+        settings={**claims.settings, "loss_normalization": claims.normalization} if claims else None,
         param_count=claims.param_count if claims else None,
     )
 

@@ -25,23 +25,24 @@ import torch
 import transformers
 
 from framework_bench import worker_io
-from framework_bench.packed import IGNORE_INDEX, PackedRows
+from framework_bench.packed import PackedRows
 from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StartupClock,
                                     StepTimer, dist_info)
+from framework_bench.worker import init_weights
 from framework_bench.worker import settings as capture
+from framework_bench.worker.losses import MicroLosses, supervised_after_shift
 from framework_bench.worker.rows import ConsumedRows
-
-SEED = 1024  # the seed XTuner's published configs use, which matched mode gives every backend
 
 
 def build_model(job: dict, device: torch.device) -> torch.nn.Module:
     cfg = dict(job["hf_config"])
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    torch.manual_seed(SEED)  # the same random weights on every rank, as DDP needs
+    torch.manual_seed(job["seed"])
     # Built on the device it trains on: initialising 7B fp32 weights on the CPU and copying
     # them over takes minutes, and the start-up column would measure that, not the loop.
     with device:
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    init_weights.fill(model, job["seed"], job["hf_config"])  # every backend's weights, on every rank
     if job["scenario"]["activation_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()
@@ -97,12 +98,14 @@ def main(job_file: str) -> None:
     if dist.world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None)
     optimizer = adamw(model.parameters(), cuda)
+    init_weights.report(model, job["seed"], job["run_dir"])
     startup.mark("framework_setup")
     bf16 = scenario["precision"] == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
 
     timer = StepTimer(job["run_dir"], job["device"], rank=dist.rank)
     consumed = ConsumedRows(job["run_dir"], dist.rank)
+    losses = MicroLosses(job["run_dir"], dist.rank)
     warmup = scenario["steps"]["warmup"]
     measured_tokens, measured_from = 0, None
     for step, batch in enumerate(micro_batches(packed, scenario, dist.rank, dist.world_size), start=1):
@@ -111,7 +114,7 @@ def main(job_file: str) -> None:
         # The step's loss is the mean over its labelled tokens, whichever micro-batch holds
         # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
         # adds nothing, where a per-micro-batch mean would be 0/0.
-        labelled = sum(int((labels[:, 1:] != IGNORE_INDEX).sum()) for _, labels in batch)
+        labelled = sum(supervised_after_shift(labels) for _, labels in batch)
         if step == 1:
             startup.mark("data")  # the first batch's rows
         timer.begin()
@@ -126,6 +129,7 @@ def main(job_file: str) -> None:
                     loss = train_model(input_ids=ids, labels=labels, num_items_in_batch=max(labelled, 1)).loss
                 loss.backward()
             step_loss += loss.detach()
+            losses.add(loss, max(labelled, 1), labels)
             timer.add_tokens(ids.numel())
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
@@ -134,18 +138,22 @@ def main(job_file: str) -> None:
         for ids, labels in batch:  # the CPU copies of what was fed: recorded after the step's clock stopped
             consumed.add(ids, labels)
         consumed.end_step(step)
+        losses.end_step(step)
         if step > warmup:
             measured_tokens += record["tokens"]
     loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None
     timer.close()
     consumed.close()
+    losses.close()
     ddp = train_model is not model
     settings = {
         **capture.torch_loop_settings(model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop",
-                                      grad_clip=MAX_GRAD_NORM, autocast_dtype="bfloat16" if bf16 else None, seed=SEED,
+                                      grad_clip=MAX_GRAD_NORM, autocast_dtype="bfloat16" if bf16 else None, seed=job["seed"],
                                       train_model=train_model),
         "settings_mode": job.get("settings_mode", "matched"),
         "ddp_find_unused_parameters": False if ddp else None,
+        # The step's summed token loss over its supervised tokens after the shift (the loop above).
+        "loss_normalization": "token mean over the optimizer step, labels counted after the shift, per rank",
     }
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

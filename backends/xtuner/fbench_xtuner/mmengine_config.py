@@ -38,8 +38,6 @@ from framework_bench.backend import Job
 from framework_bench.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
-# The published configs' values, which are also fbench's shared ones (framework_bench.worker.hparams).
-SEED = 1024
 
 
 def uses_deepspeed(job: Job) -> bool:
@@ -153,7 +151,7 @@ def render(job: Job) -> str:
         "    use_varlen_attn=use_varlen_attn,",
         f"    use_activation_checkpointing={s.activation_checkpointing!r},",
         "    llm=dict(type=build_random_llm, pretrained_model_name_or_path=pretrained_model_name_or_path,",
-        f"             trust_remote_code=True, keep_fp32_weights={matched!r}),",
+        f"             trust_remote_code=True, keep_fp32_weights={matched!r}, init_seed={job.seed!r}),",
         ")",
         "",
         "train_dataloader = dict(",
@@ -161,7 +159,7 @@ def render(job: Job) -> str:
         f"    num_workers={num_workers!r},",
         f"    dataset=dict(type=load_from_disk, dataset_path={str(job.run_dir / DATA_DIR)!r}),",
         "    # Rows in the host's packed order: the run trains exactly the stream that was hashed.",
-        f"    sampler=dict(type=SequenceParallelSampler, shuffle=False, seed={SEED!r}),",
+        f"    sampler=dict(type=SequenceParallelSampler, shuffle=False, seed={job.seed!r}),",
         "    collate_fn=dict(type=default_collate_fn, use_varlen_attn=use_varlen_attn),",
         ")",
         "",
@@ -202,7 +200,7 @@ def render(job: Job) -> str:
         "log_level = 'INFO'",
         "load_from = None",
         "resume = False",
-        f"randomness = dict(seed={SEED!r}, deterministic=False)",
+        f"randomness = dict(seed={job.seed!r}, deterministic=False)",
         "log_processor = dict(by_epoch=False, window_size=1)",
         f"work_dir = {str(job.run_dir / WORK_DIR)!r}",
         "",

@@ -10,6 +10,9 @@ Where the weights are made: on a GPU run they are initialised directly on this r
 fp32 on the CPU and copied over: for a 7B model that is seconds instead of minutes. Under
 ZeRO-3 transformers builds them inside DeepSpeed's `zero.Init` (XTuner's strategy registers
 the DeepSpeed config first), already partitioned, so that path is left to it.
+
+Then every parameter is overwritten with the compare's initial weights (`init_seed`: the
+SDK's `init_weights.fill`), before XTuner's model, mmengine's wrapper or DeepSpeed see it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
+from framework_bench.worker import init_weights
 
-def build_random_llm(pretrained_model_name_or_path: str, trust_remote_code: bool = False,
+
+def build_random_llm(pretrained_model_name_or_path: str, init_seed: int, trust_remote_code: bool = False,
                      keep_fp32_weights: bool = False, **kwargs):
+    model = _from_config(pretrained_model_name_or_path, trust_remote_code, keep_fp32_weights, **kwargs)
+    init_weights.fill(model, init_seed, model.config.to_dict())
+    return model
+
+
+def _from_config(pretrained_model_name_or_path: str, trust_remote_code: bool, keep_fp32_weights: bool, **kwargs):
     """`keep_fp32_weights` (matched settings): ignore the bf16 `torch_dtype` XTuner adds when it
     picks flash-attn, so the weights stay fp32 under bf16 autocast as on the other backend."""
     if keep_fp32_weights:

@@ -32,7 +32,9 @@ from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.packed import PackedRows, stream_sha256
 from framework_bench.worker import PeakMemory, StartupClock, StepTimer
+from framework_bench.worker import init_weights
 from framework_bench.worker import settings as capture
+from framework_bench.worker.losses import MicroLosses, supervised_after_shift
 from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker_io import load_job, publish_dir, write_worker_report
 
@@ -239,6 +241,7 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
     if model["attention"] == "flash_attention_2" and model["attention_kv_repeat"]:
         model["attention_kv_repeat"] = "repeated (XTuner's dispatched flash-attn forward)"
     clip = ds.get("gradient_clipping") if ds else (wrapper.clip_grad_kwargs or {}).get("max_norm")
+    accumulation = ds.get("gradient_accumulation_steps") if ds else wrapper._accumulative_counts
     return {
         "trainer": "mmengine-flexible+deepspeed" if ds else "mmengine-runner",
         "settings_mode": job.get("settings_mode", "matched"),
@@ -253,11 +256,33 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
         **capture.dataloader_settings(runner.train_dataloader),
         "sequence_parallel": sp_size,
         "seed": runner.seed,
-        "compile": bool(getattr(runner, "_compile", False)),
+        "compile": compiled(runner),
+        "token_count_sync": False,  # XTuner's ThroughputHook counts each rank's tokens with no collective
+        "loss_normalization": loss_normalization(llm, sp_size, accumulation),
         "ddp_find_unused_parameters": getattr(runner.model, "find_unused_parameters", None),  # DDP-wrapped only
         **capture.runtime_settings(runner.model),
         **capture.versions(),
     }
+
+
+def compiled(runner) -> bool:
+    """Whether what trains went through torch.compile: mmengine's Runner replaces the model's
+    `train_step` with torch.compile's wrapper (`_maybe_compile`), the FlexibleRunner's strategy
+    compiles the module itself. Read from the live objects: mmengine 0.10's Runner has no
+    `_compile` attribute to read (only the FlexibleRunner has)."""
+    step = getattr(runner.model, "train_step", None)
+    return hasattr(step, "_torchdynamo_orig_callable") or any(
+        type(m).__name__ == "OptimizedModule" for m in (runner.model, getattr(runner.model, "module", None)))
+
+
+def loss_normalization(llm, sp_size: int, accumulation: int) -> str:
+    """How XTuner's step loss is normalised: SupervisedFinetune returns the HF model's loss (a
+    mean over the micro-batch's labels after the shift; with SP, XTuner's token-weighted
+    reduction over the SP group), and mmengine (or DeepSpeed) divides each micro-batch's
+    loss by the accumulation count: a mean of per-micro-batch means."""
+    micro = ("token mean over the SP group (reduce_sequence_parallel_loss)" if sp_size > 1 else
+             f"{type(llm).__name__} token mean per micro-batch, labels counted after the shift")
+    return f"{micro}; mean over the step's {accumulation} micro-batch(es)"
 
 
 class Claims(Hook):
@@ -268,6 +293,7 @@ class Claims(Hook):
     def __init__(self, job: dict, metrics: CommonMetrics):
         self.job, self.metrics = job, metrics
         self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
+        self.losses = MicroLosses(job["run_dir"], int(os.environ.get("RANK", "0")))
         self.micro = 0
         self.settings: dict = {}
         self.param_count: int | None = None
@@ -275,16 +301,23 @@ class Claims(Hook):
     def before_train(self, runner) -> None:
         self.settings = effective_settings(runner, self.job, self.metrics.sp_size)
         self.param_count = capture.param_count(_unwrap(runner.model).llm)
+        # The weights the first step trains from, read after mmengine's init_weights ran.
+        init_weights.report(_unwrap(runner.model).llm, self.job["seed"], self.job["run_dir"])
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.rows.add(data_batch["data"]["input_ids"], data_batch["data"]["labels"])
+        labels = data_batch["data"]["labels"]
+        self.rows.add(data_batch["data"]["input_ids"], labels)
+        # The HF loss XTuner returns divides by the micro-batch's labels after the shift.
+        self.losses.add(outputs["loss"], supervised_after_shift(labels), labels)
         self.micro += 1
         per_step = iterations_per_step(self.job["scenario"])
         if self.micro % per_step == 0:
             self.rows.end_step(self.micro // per_step)
+            self.losses.end_step(self.micro // per_step)
 
     def after_train(self, runner) -> None:
         self.rows.close()
+        self.losses.close()
 
 
 def zero_stage_in_effect(runner) -> int:

@@ -1,0 +1,92 @@
+"""The same initial weights for every backend (worker side, torch): see
+`framework_bench.initial_weights`, the numpy twin the host checks with.
+
+- `fill(model, seed, hf_config)`: right after the framework built the model, before any
+  optimizer, DDP or DeepSpeed engine sees it (under ZeRO-3 inside `GatheredParameters`),
+  overwrite every parameter in place from (seed, canonical name, element index).
+- `report(model, seed, run_dir)`: later, when training is about to start, read the sampled
+  elements back from the live parameters into `RUN_DIR/initial_weights.json` (rank 0), so the
+  host sees what the framework really trains from, not what `fill` wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from framework_bench.initial_weights import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32, kind,
+                                             sample_indices, tensor_key)
+
+CHUNK = 1 << 22  # elements per fill chunk: float64 temporaries of 32 MiB, whatever the model size
+
+
+@contextmanager
+def _gathered(params, modifier_rank):
+    """ZeRO-3 keeps each rank's partition only: gather the full tensors while they are read or
+    written (the modifier rank's writes are scattered back on exit); a no-op otherwise."""
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank):
+            yield
+    else:
+        yield
+
+
+def _standard_normal(indices, key: int):
+    import torch
+
+    base = hash32((indices ^ key) & MASK32)
+    u1 = (hash32(base ^ _STREAM_A).to(torch.float64) + 1.0) / 2.0**32
+    u2 = hash32(base ^ _STREAM_B).to(torch.float64) / 2.0**32
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)
+
+
+def _fill_tensor(flat, name: str, seed: int, std: float, row: int | None, pad_token_id: int | None) -> None:
+    import torch
+
+    how = kind(canonical_name(name), 1 if row is None else 2)
+    if how != "normal":
+        flat.fill_(1.0 if how == "ones" else 0.0)
+        return
+    key = tensor_key(seed, name)
+    for lo in range(0, flat.numel(), CHUNK):
+        idx = torch.arange(lo, min(lo + CHUNK, flat.numel()), dtype=torch.int64, device=flat.device)
+        flat[lo:lo + idx.numel()].copy_(_standard_normal(idx, key) * std)
+    if canonical_name(name).endswith("embed_tokens.weight") and pad_token_id is not None:
+        flat.view(-1, row)[pad_token_id].zero_()
+
+
+def fill(model, seed: int, hf_config: dict) -> None:
+    """Overwrite every parameter of the freshly built model in place (tied ones once)."""
+    import torch
+
+    std, pad = float(hf_config.get("initializer_range", 0.02)), hf_config.get("pad_token_id")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            with _gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
+                if p.numel() >= 2**32:
+                    raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
+                _fill_tensor(p.data.view(-1), name, seed, std, p.shape[-1] if p.dim() > 1 else None, pad)
+
+
+def report(model, seed: int, run_dir: str | Path) -> None:
+    """Rank 0 writes the sampled elements of every parameter, read from the live model."""
+    import torch
+
+    rank = int(os.environ.get("RANK", "0"))
+    tensors = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            with _gathered([p], modifier_rank=None):  # every rank gathers (a collective); rank 0 reads
+                if rank == 0:
+                    idx = torch.from_numpy(sample_indices(seed, name, p.numel()))
+                    tensors[canonical_name(name)] = {
+                        "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."),
+                        "values": p.data.reshape(-1)[idx.to(p.device)].float().cpu().tolist()}
+    if rank != 0:
+        return
+    path = Path(run_dir) / REPORT_FILE
+    path.write_text(json.dumps({"seed": seed, "tensors": tensors}))

@@ -1,0 +1,88 @@
+"""The same initial weights everywhere (issue 20, item 2): the host's numpy generator, its
+torch twin in the worker SDK (run in the torch env on a real HF Llama built from the tiny
+preset), and the host's sampled check of what a worker reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import backend_env_or_skip
+
+from framework_bench import initial_weights as iw
+from framework_bench import scenario
+from framework_bench.verify import expected_param_count
+
+
+def test_values_are_random_access_and_hf_distributed():
+    idx = np.arange(200_000)
+    whole = iw.expected_values(7, "model.layers.0.mlp.up_proj.weight", [400, 500], idx, 0.02, None)
+    # any subset, in any order, is the same figures: the host can recompute a sample alone
+    picked = np.array([199_999, 3, 123_456, 0])
+    assert np.array_equal(iw.expected_values(7, "model.layers.0.mlp.up_proj.weight", [400, 500], picked, 0.02, None),
+                          whole[picked])
+    assert abs(whole.mean()) < 2e-4 and whole.std() == pytest.approx(0.02, rel=0.01)
+    assert np.all(iw.expected_values(7, "model.norm.weight", [64], np.arange(64), 0.02, None) == 1.0)
+    assert np.all(iw.expected_values(7, "lm_head.bias", [64], np.arange(64), 0.02, None) == 0.0)
+    embed = iw.expected_values(7, "model.embed_tokens.weight", [10, 8], np.arange(80), 0.02, pad_token_id=2)
+    assert np.all(embed[16:24] == 0.0) and np.all(embed[:16] != 0.0)
+
+
+def test_keys_follow_seed_and_canonical_name():
+    idx = np.arange(1000)
+    a = iw.expected_values(1024, "model.layers.1.self_attn.q_proj.weight", [100, 10], idx, 0.02, None)
+    for wrapped in ("llm.model.layers.1.self_attn.q_proj.weight", "module.llm.model.layers.1.self_attn.q_proj.weight"):
+        assert np.array_equal(iw.expected_values(1024, wrapped, [100, 10], idx, 0.02, None), a)
+    assert not np.allclose(iw.expected_values(1025, "model.layers.1.self_attn.q_proj.weight", [100, 10], idx, 0.02,
+                                              None), a)
+    assert not np.allclose(iw.expected_values(1024, "model.layers.1.self_attn.k_proj.weight", [100, 10], idx, 0.02,
+                                              None), a)
+    assert len(set(iw.sample_indices(1024, "x", 10**6))) > 1000 * 0.99  # spread, not a few positions
+    assert list(iw.sample_indices(1024, "x", 10)) == list(range(10))
+
+
+FILL_AND_REPORT = """
+import json, sys, torch, transformers
+from framework_bench.worker import init_weights
+cfg = json.loads(sys.argv[1]); run_dir = sys.argv[2]
+config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+model = transformers.AutoModelForCausalLM.from_config(config)
+init_weights.fill(model, 1024, config.to_dict())
+init_weights.report(model, 1024, run_dir)
+"""
+
+
+@pytest.fixture(scope="module")
+def torch_filled(tmp_path_factory):
+    """The torch twin's fill of a real HF Llama (tiny preset), read back from the live model."""
+    env = backend_env_or_skip("torch")
+    scn = scenario.load("tiny_cpu")
+    run_dir = tmp_path_factory.mktemp("run")
+    subprocess.run([str(env.python), "-c", FILL_AND_REPORT, json.dumps(scn.model_config_for_run), str(run_dir)],
+                   check=True, timeout=300)
+    return scn, json.loads((run_dir / iw.REPORT_FILE).read_text())
+
+
+def test_the_torch_twin_fills_what_the_host_computes(torch_filled):
+    scn, report = torch_filled
+    status, detail = iw.check(report, 1024, scn.model_config_for_run, expected_param_count(scn.arch))
+    assert status == "pass", detail
+    assert len(report["tensors"]) == 4 * 9 + 3  # per layer: 7 linears, 2 norms; embeddings, final norm, lm_head
+
+
+def test_the_check_fails_a_changed_value_seed_or_missing_tensor(torch_filled):
+    scn, report = torch_filled
+    hf, count = scn.model_config_for_run, expected_param_count(scn.arch)
+    changed = json.loads(json.dumps(report))
+    changed["tensors"]["model.layers.2.mlp.down_proj.weight"]["values"][17] *= 1.001
+    status, detail = iw.check(changed, 1024, hf, count)
+    assert status == "fail" and "model.layers.2.mlp.down_proj.weight" in detail
+    assert iw.check(report, 1025, hf, count)[0] == "fail"
+    fewer = json.loads(json.dumps(report))
+    del fewer["tensors"]["model.layers.3.self_attn.v_proj.weight"]
+    status, detail = iw.check(fewer, 1024, hf, count)
+    assert status == "fail" and "cover" in detail
+    assert iw.check(None, 1024, hf, count)[0] == "unverified"

@@ -1,0 +1,32 @@
+"""The report draws loss vs step per scenario for every backend (issue 20, item 4), from the
+canonical loss curves the store keeps."""
+
+from __future__ import annotations
+
+from framework_bench import plotting
+from framework_bench.metrics import RunResult
+from framework_bench.report import write_report
+from framework_bench.results import ResultStore
+from framework_bench.scenario import load
+
+
+def test_one_loss_chart_per_scenario_with_a_line_per_backend(tmp_path):
+    curve = {1: 6.276, 2: 6.209, 3: 6.112}
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        for backend in ("torch", "xtuner", "llamafactory"):
+            store.add(RunResult(backend=backend, scenario="tiny_cpu", status="ok", tgs=100.0, seed=1024,
+                                loss_curve=curve), load("tiny_cpu"), manifest_={})
+        store.add(RunResult(backend="xtuner", scenario="tiny_cpu_1k", status="ok", tgs=90.0, seed=1024,
+                            loss_curve={1: 7.0, 2: 6.5}), load("tiny_cpu_1k"), manifest_={})
+        store.add(RunResult(backend="torch", scenario="tiny_cpu_1k", status="failed", reason="boom"),
+                  load("tiny_cpu_1k"), manifest_={})
+        rows = store.list()
+    paths = plotting.plot_results(rows, tmp_path / "plots", published=False)
+    names = {p.name for p in paths}
+    assert {"loss_tiny_cpu.png", "loss_tiny_cpu.svg", "loss_tiny_cpu_1k.png", "loss_tiny_cpu_1k.svg"} <= names
+    svg = (tmp_path / "plots" / "loss_tiny_cpu.svg").read_text()
+    assert all(f'id="loss-line-{b}"' in svg for b in ("torch", "xtuner", "llamafactory"))
+    other = (tmp_path / "plots" / "loss_tiny_cpu_1k.svg").read_text()
+    assert 'id="loss-line-xtuner"' in other and 'id="loss-line-torch"' not in other  # no curve: no line
+    md, _ = write_report(rows, tmp_path / "report", paths)
+    assert "loss_tiny_cpu" in md.read_text()

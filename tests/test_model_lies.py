@@ -1,0 +1,75 @@
+"""Lies about the model (issue 20): third-party backends that are the torch reference worker
+with a few lines changed (tests/lying_backends) — the model fed half of each row, no
+optimizer step, one layer of four with a meta-built full count, every label ignored, no
+model run at all. Each ended `ok` under the host's earlier checks; judged against the torch
+reference's run on the same rows and seed, each now ends `invalid` naming the check that
+caught it, while the honest copy ends `ok`. Only issue 20's checks fail for a lie, so with
+them off (`FBENCH_UNCHECKED`) each would pass: the test's lie is live, shown on one run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from backend_helpers import CPU
+from conftest import LIARS, backend_env_or_skip
+
+from framework_bench import runner, scenario
+from framework_bench.data.packing import pack
+from framework_bench.verify import BLOCKING, UNCHECKED_ENV
+
+ISSUE_20_CHECKS = {"initial_weights", "parity"}
+# The check that catches each lie first (a lie may trip several).
+CAUGHT_BY = {"half_rows": "parity", "no_update": "parity", "one_layer": "initial_weights",
+             "labels_ignored": "parity", "no_model": "parity"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The lying backends installed through entry points, the packed stream and the reference run."""
+    backend_env_or_skip("torch")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(LIARS))
+        import fbench_lying_backends
+
+        site = tmp_path_factory.mktemp("lying-site")
+        fbench_lying_backends.register_through_entry_points(site)
+        mp.syspath_prepend(str(site))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(LIARS), str(site), os.environ.get("PYTHONPATH", "")]))
+        scn = scenario.load("tiny_cpu")
+        data = pack(scn, progress=False, say=lambda msg: None)
+        root = tmp_path_factory.mktemp("runs")
+        reference = runner.run_one("torch", scn, data=data, root=root, machine=CPU)
+        assert reference.status == "ok", reference.reason
+        yield scn, data, root, reference, mp
+
+
+def run(world, name: str):
+    scn, data, root, reference, _ = world
+    return runner.run_one(name, scn, data=data, root=root, machine=CPU, reference=reference)
+
+
+def test_the_honest_copy_passes_parity(world):
+    r = run(world, "lying_honest")
+    assert r.status == "ok", r.reason
+    assert {c.name: c.status for c in r.checks}["parity"] == "pass"
+
+
+@pytest.mark.parametrize("lie", sorted(CAUGHT_BY))
+def test_a_model_lie_ends_invalid_naming_the_check(world, lie):
+    r = run(world, f"lying_{lie}")
+    assert r.status == "invalid", (lie, r.status, r.reason)
+    assert f"{CAUGHT_BY[lie]} check failed" in r.reason, r.reason
+    # Every other blocking check held: without issue 20's checks the run was `ok`.
+    failing = {c.name for c in r.checks if c.status == "fail" and c.name in BLOCKING}
+    assert failing and failing <= ISSUE_20_CHECKS, (lie, failing)
+
+
+def test_with_the_checks_off_a_lie_passes(world):
+    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(ISSUE_20_CHECKS)))
+    try:
+        r = run(world, "lying_one_layer")
+    finally:
+        world[4].delenv(UNCHECKED_ENV)
+    assert r.status == "ok", r.reason
