@@ -57,7 +57,8 @@ def check_backend(backend: str, root: Path | None = None, scenario: str = SCENAR
                       for c in result.checks if c.name not in off]
     if not result.checks:
         points.append(Check(name="checks", status="fail", detail="the run ended before the host could check it"))
-    if scenario == SCENARIO and "parity" not in off:
+    # an interrupted run (Ctrl-C, SIGTERM) stops the conformance run: no reference, no variants
+    if scenario == SCENARIO and "parity" not in off and result.status != "interrupted":
         points += parity_points(backend, scn, result, root, settings_mode, timeout)
     return Conformance(backend=backend, scenario=scn.name, points=points, result=result)
 

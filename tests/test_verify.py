@@ -27,11 +27,11 @@ def test_an_honest_backend_passes_every_check(fakes, tmp_path):
     assert result.status == "ok", result.reason
     assert {n: c.status for n, c in checks.items()} == {n: "pass" for n in
                                                          ("tokens", "steps", "rows", "throughput", "parameters", "settings",
-                                                          "clock", "pauses")}  # its steps are too short for a CPU share
+                                                          "clock", "pauses", "initial_weights")}  # too short for a CPU share
     assert result.settings["trainer"] == "fake-loop-ok" and not result.flags
     with ResultStore(tmp_path / "r.sqlite") as store:
         row = store.get(store.add(result, scenario.load("tiny_cpu")))
-    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 8
+    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 9
     assert row["settings"]["zero_stage"] == 0 and row["settings_mode"] == "matched"
 
 

@@ -1,7 +1,9 @@
 """Worker of the fake backends: writes real metrics files, then ends as its mode says.
 
 `ok` claims only what holds: the rows it read (through the SDK's consumed-rows record), the
-tokens they hold, every step, the parameter count of the scenario's config, its settings.
+tokens they hold, every step, the parameter count of the scenario's config, its settings, and
+the initial weights a Llama of that config gets from the seed (it builds no model: the samples
+come from the host's own generator, so the host's bookkeeping is what these tests exercise).
 The other training modes each tell one lie the host must catch (framework_bench/verify.py).
 """
 
@@ -14,6 +16,7 @@ import time
 
 import numpy as np
 
+from framework_bench import initial_weights
 from framework_bench.packed import PackedRows
 from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker.steps import ClockLines
@@ -25,6 +28,32 @@ def param_count(cfg: dict) -> int:
     h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
     return layers * (2 * h * h + 2 * h * kv + 3 * h * cfg["intermediate_size"] + 2 * h) + 2 * vocab * h + h
+
+
+def llama_shapes(cfg: dict) -> dict[str, list[int]]:
+    """The parameters (HF names, shapes) of the Llama `param_count` counts."""
+    h, vocab, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    shapes = {"model.embed_tokens.weight": [vocab, h]}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": [h, h], p + "self_attn.k_proj.weight": [kv, h],
+                   p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, h],
+                   p + "mlp.gate_proj.weight": [inter, h], p + "mlp.up_proj.weight": [inter, h],
+                   p + "mlp.down_proj.weight": [h, inter], p + "input_layernorm.weight": [h],
+                   p + "post_attention_layernorm.weight": [h]}
+    return shapes | {"model.norm.weight": [h], "lm_head.weight": [vocab, h]}
+
+
+def write_initial_weights(run_dir: str, seed: int, cfg: dict) -> None:
+    std, pad = float(cfg.get("initializer_range", 0.02)), cfg.get("pad_token_id")
+    tensors = {}
+    for name, shape in llama_shapes(cfg).items():
+        idx = initial_weights.sample_indices(seed, name, int(np.prod(shape)))
+        values = initial_weights.expected_values(seed, name, shape, idx, std, pad)
+        tensors[name] = {"shape": shape, "dtype": "float32", "values": values.astype(np.float32).tolist()}
+    with open(os.path.join(run_dir, initial_weights.REPORT_FILE), "w") as f:
+        json.dump({"seed": seed, "tensors": tensors}, f)
 
 
 job_file, mode = sys.argv[1], sys.argv[2]
@@ -85,6 +114,7 @@ if mode == "extra_steps":  # 200,000 steps nobody asked for
         writer._fh.write(json.dumps({"step": step, "seconds": 0.5, "tokens": ctx, "rank": 0}) + "\n")
 if mode == "grandchild":  # exits 0, leaving a process behind in its group
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", job["run_dir"]])
+write_initial_weights(job["run_dir"], job["seed"], job["hf_config"])
 params = param_count(job["hf_config"]) - (job["hf_config"]["hidden_size"] if mode == "wrong_model" else 0)
 write_worker_report(job["run_dir"], data_sha256=sha, param_count=params, settings={
     "trainer": f"fake-loop-{mode}", "optimizer": "torch.optim.AdamW", "optimizer_impl": "for-loop", "param_dtype": "float32",
