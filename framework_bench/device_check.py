@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from framework_bench import envs, flops, plugins, scenario as scenario_mod
-from framework_bench.compare import REFERENCE_BACKEND, percent_of_reference
+from framework_bench.compare import REFERENCE_BACKEND, definition, percent_of_reference
 from framework_bench.metrics import RunResult
 from framework_bench.scenario import PROJECT_ROOT, Scenario
 
@@ -266,7 +266,8 @@ class Check:
                 shutil.copy2(page, self.out / "report.html")
 
     def table(self) -> str:
-        share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs) for r, *_ in self.rows])
+        share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, definition(s.model_dump(mode="json")))
+                                       for r, s, *_ in self.rows])
         header = ("scenario", "backend", "status", "TGS", f"% {REFERENCE_BACKEND}", "TFLOPs", "MFU%", "alloc GiB",
                   "reserved GiB", "start-up s", "wall s", "SM MHz", "power W", "version")
         lines = [header]

@@ -143,8 +143,9 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     report = WorkerReport.model_validate(plugin.fbench_read_report(job))
     assert report.data_sha256 == data.sha256 and report.settings["trainer"] == "minimal-loop"
-    checks = verify.verify(scn, report, data.dir, metrics.figures(scn, report.steps, None)["tgs"])
-    assert {c.name for c in checks} == {"tokens", "steps", "rows", "throughput", "parameters", "settings"}
+    checks = verify.verify(scn, report, data.dir, metrics.figures(scn, report.steps, None)["tgs"], job)
+    assert {c.name for c in checks} == {"tokens", "steps", "rows", "throughput", "parameters", "settings",
+                                        "initial_weights"}
     assert all(c.status == "pass" for c in checks), [c for c in checks if c.status != "pass"]
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import framework_bench
 from backend_helpers import contributing_backend
+from conftest import backend_env_or_skip
 
 PYPROJECT = '''
 [build-system]
@@ -42,7 +43,8 @@ fbench_mybackend = ["*.txt"]
 
 WORKER, PLUGIN = contributing_backend()
 # What `fbench check-backend` judges: the run, then every host verification.
-POINTS = ("run", "tokens", "steps", "rows", "throughput", "parameters", "settings")
+POINTS = ("run", "tokens", "steps", "rows", "throughput", "parameters", "settings", "initial_weights", "clock",
+          "pauses", "cpu", "parity (tiny_cpu)")
 REQUIREMENTS = "torch==2.13.0\ntransformers==5.6.0\nnumpy\n"
 
 
@@ -96,6 +98,8 @@ def test_contributings_backend_outside_the_repo_installed_non_editable_passes_ch
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
     assert (purelib / "fbench_mybackend" / "worker.py").read_text() == WORKER
 
+    # check-backend judges the loss against the torch reference's: the repo's torch env serves here
+    (tmp_path / "fbench_home" / "envs" / "torch").symlink_to(backend_env_or_skip("torch").path)
     checked = fbench("check-backend", "mybackend")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rows = [[cell.strip() for cell in line.split("│")] for line in checked.stdout.splitlines()]
