@@ -38,6 +38,23 @@ def alpaca_dir() -> Path:
     return ALPACA_DIR
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `text` (a worker's job file lies
+    under FBENCH_HOME), this one excepted."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
 def backend_env_or_skip(name: str):
     """The ready env of backend `name`. Missing: skipped on a developer machine, but a
     failure under CI, whose setup creates every env (a skip must never pass as a result)."""

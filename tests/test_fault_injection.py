@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import backend_env_or_skip
+from conftest import backend_env_or_skip, processes_mentioning
 
 STAGES = {  # stage: (module, function) the fault is triggered on entering
     "packing": ("framework_bench.runner", "pack"),
@@ -102,21 +101,6 @@ setattr(target, function, wrapped)
 sys.argv = ["fbench", *sys.argv[7:]]
 cli.app()
 '''
-
-
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
-        except OSError:
-            continue
-        if text in cmdline and "zombie" not in state:
-            found.append(int(entry.name))
-    return found
 
 
 def _mount_tmpfs(folder: Path, size: str) -> bool:

@@ -23,22 +23,7 @@ from typer.testing import CliRunner
 from framework_bench import launch, results
 from framework_bench.cli import app
 from framework_bench.results import ResultStore
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live (not zombie) processes whose command line holds `text`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
-        except OSError:
-            continue
-        if text in cmdline and "zombie" not in state:
-            found.append(int(entry.name))
-    return found
+from conftest import processes_mentioning
 
 
 def cli(*args: str):
