@@ -126,7 +126,7 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
 
     env = backend_env_or_skip("torch")
     worker, plugin_code = helpers.contributing_backend()
-    assert len(worker.strip().splitlines()) <= 60
+    assert len(worker.strip().splitlines()) <= 65  # with the initial-weights and loss claims
     (tmp_path / "minimal_worker.py").write_text(worker)
     (tmp_path / "minimal_plugin.py").write_text(plugin_code)
     spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")

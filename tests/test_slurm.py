@@ -337,10 +337,11 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_ho
                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         deadline = time.monotonic() + 120
-        while not list(cluster.glob("*.args")):
+        # submitted and recorded (slurm.json is written right before the wait begins)
+        while not list(Path(fbench_home_of_cluster).rglob("slurm.json")):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
-        time.sleep(1)
+        time.sleep(2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130 and "stopped waiting" in err, (out, err)
