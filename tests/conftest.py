@@ -55,6 +55,17 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def end_processes_mentioning(text: str | Path) -> None:
+    """SIGKILL what `processes_mentioning(text)` finds: a test's leftovers."""
+    import signal
+
+    for pid in processes_mentioning(str(text)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def backend_env_or_skip(name: str):
     """The ready env of backend `name`. Missing: skipped on a developer machine, but a
     failure under CI, whose setup creates every env (a skip must never pass as a result)."""

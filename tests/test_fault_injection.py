@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import backend_env_or_skip, processes_mentioning
+from conftest import backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
 
 STAGES = {  # stage: (module, function) the fault is triggered on entering
     "packing": ("framework_bench.runner", "pack"),
@@ -133,14 +133,6 @@ def _rows(db: Path) -> list[tuple[str, str]]:
         return []
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT backend, status FROM runs").fetchall()
-
-
-def _end(home: Path) -> None:
-    for pid in processes_mentioning(str(home)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _inject(fault: str, stage: str, backend: str, home: Path, db: Path, full: Path, env: dict,

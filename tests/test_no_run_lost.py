@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from framework_bench import launch, results
 from framework_bench.cli import app
 from framework_bench.results import ResultStore
-from conftest import processes_mentioning
+from conftest import end_processes_mentioning as _end, processes_mentioning
 
 
 def cli(*args: str):
@@ -251,14 +251,6 @@ def _gone(home: Path, within: float) -> bool:
             return False
         time.sleep(0.1)
     return True
-
-
-def _end(home: Path) -> None:
-    for pid in processes_mentioning(str(home)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_kill_9_of_the_host_ends_its_worker(fakes, fbench_home, tmp_path):
