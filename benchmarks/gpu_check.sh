@@ -11,8 +11,8 @@
 # DIR is made beforehand, where there is network: `fbench device bundle DIR --python 3.12`.
 # Real mode installs fbench's missing host wheels into a venv layered over the machine's
 # python3 and fbench with its backends editable from this checkout
-# (framework_bench/device_install.py), builds every backend env over the machine's own torch
-# from DIR (--no-index --no-deps), then runs `fbench device check` (framework_bench/device_check.py:
+# (framework_bench/device/install.py), builds every backend env over the machine's own torch
+# from DIR (--no-index --no-deps), then runs `fbench device check` (framework_bench/device/check.py:
 # the order, the budget, the files of OUTDIR). On a machine without a GPU it does the same with
 # the cpu flavour and tiny_cpu: the rehearsal (tests/test_device_rehearsal.py).
 # Nothing here reads .venv, ../shared, the user's pip configuration or the network.
@@ -52,7 +52,7 @@ fi
 bundle=$(cd "$bundle" && pwd)
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 started=$(date +%s)
-host_python=$(PYTHONPATH="$root" "$PY" -m framework_bench.device_install --bundle "$bundle" --work "$work" | tail -n 1)
+host_python=$(PYTHONPATH="$root" "$PY" -m framework_bench.device.install --bundle "$bundle" --work "$work" | tail -n 1)
 export FBENCH_HOME="$work/home" FBENCH_DATA="$bundle/data/alpaca-demo"
 fb=("$(dirname "$host_python")/fbench")
 extra=()

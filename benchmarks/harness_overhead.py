@@ -8,7 +8,7 @@ Runs each backend once on a scenario (default tiny_cpu) and prints, from that on
     median step time;
   - the run's wall time against the sum of its step times (start-up: imports, data
     conversion, model build: paid once per run, not per step);
-  - the host clock's cost (framework_bench/clock.py): one clock-line write in the worker
+  - the host clock's cost (framework_bench/measure/clock.py): one clock-line write in the worker
     (four a step at most) against the median step, and the host's watcher thread's CPU
     while it stamps lines at a pace of 10 steps a second, as a share of one core and of the
     machine (the watcher must stay under 1 %), with the lag from a line's write to its stamp.
@@ -26,9 +26,11 @@ from pathlib import Path
 import os
 import threading
 
-from framework_bench import clock, runner, scenario
+from framework_bench.measure import clock
+from framework_bench.run import runner
+from framework_bench.spec import scenario
 from framework_bench.worker.steps import ClockLines
-from framework_bench.worker_io import MetricsWriter, read_metrics
+from framework_bench.worker.files import MetricsWriter, read_metrics
 
 
 def metrics_write_seconds(n: int = 20000) -> float:

@@ -87,7 +87,7 @@ def repeat_for(base_tokens: int, target: int) -> int:
 
 def stage_tokenize(args) -> dict:
     from framework_bench.data import alpaca, packing, tokenizer
-    from framework_bench.scenario import DataSource
+    from framework_bench.spec.scenario import DataSource
 
     records = [r for p in SOURCES for r in alpaca.load_source(DataSource(path=str(p)))[0]]
     t = time.perf_counter()
@@ -98,7 +98,7 @@ def stage_tokenize(args) -> dict:
 
 
 def stage_fbench(args) -> dict:
-    from framework_bench import packed
+    from framework_bench.worker import packed
     from framework_bench.data import packing
 
     ids, labels, lengths = load_stream(args.work)
@@ -133,7 +133,7 @@ def _documents(args):
 
 
 def _summarise_rows(rows_ids, rows_labels, row: int) -> dict:
-    from framework_bench.packed import sha256_of  # stdlib + numpy: importable in the xtuner env
+    from framework_bench.worker.packed import sha256_of  # stdlib + numpy: importable in the xtuner env
 
     full = [i for i, r in enumerate(rows_ids) if len(r) == row]
     short = len(rows_ids) - len(full)

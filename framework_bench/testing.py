@@ -7,13 +7,13 @@
     def test_my_backend_conforms(tmp_path):
         assert_conforms("mybackend", tmp_path)
 
-Points: the run itself ends `ok`, then each check of `framework_bench/verify.py` (tokens per
+Points: the run itself ends `ok`, then each check of `framework_bench/measure/verify.py` (tokens per
 step, step numbering, consumed rows, throughput agreement, parameter count, settings present,
 initial weights). Here a claim the plugin does not report (`unverified`) fails too:
 conformance means every claim is made and holds.
 
 On the CPU conformance scenario parity is blocking too: the canonical step-1 loss of the
-backend against the torch reference's on the same rows and seed (`framework_bench/losses.py`),
+backend against the torch reference's on the same rows and seed (`framework_bench/measure/losses.py`),
 on `tiny_cpu`, a grad_accum 2 variant and a 2-process variant (with ZeRO-2 when the backend
 refuses ZeRO 0 on several CPU processes, as XTuner does). A variant the backend refuses is
 shown `skipped (refused: ...)`.
@@ -25,9 +25,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from framework_bench import losses, runner, scenario as scenarios_
-from framework_bench.metrics import RunResult
-from framework_bench.verify import Check, unchecked
+from framework_bench.measure import losses
+from framework_bench.run import runner
+from framework_bench.spec import scenario as scenarios_
+from framework_bench.measure.metrics import RunResult
+from framework_bench.measure.verify import Check, unchecked
 
 SCENARIO = "tiny_cpu"
 REFERENCE = "torch"

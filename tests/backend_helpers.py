@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from framework_bench import scenario
-from framework_bench.backend import BackendEnv, Job, Machine
+from framework_bench.spec import scenario
+from framework_bench.plugins.backend import BackendEnv, Job, Machine
 
 CPU = Machine(gpus=0, cpu_count=2)
 H100x8 = Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80)
@@ -46,14 +46,14 @@ def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, setting
     """Train `tiny_cpu` with the backend's real trainer and check what every backend must
     deliver: a metrics line per step, tokens per step = context length, finite loss, the
     host's packed data (same sha256), figures over the measured steps, the framework's own
-    throughput, every host verification passed (framework_bench/verify.py; the throughput
+    throughput, every host verification passed (framework_bench/measure/verify.py; the throughput
     agreement is timing, so only its presence is asserted) and the settings recorded.
     Returns (scenario, result) for backend-specific checks."""
     import math
 
-    from framework_bench import runner
+    from framework_bench.run import runner
     from framework_bench.data.packing import pack
-    from framework_bench.worker_io import read_metrics
+    from framework_bench.worker.files import read_metrics
 
     scn = scenario.load("tiny_cpu")
     data = pack(scn, progress=False, say=lambda msg: None)
@@ -71,7 +71,7 @@ def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, setting
     for name in ("tokens", "steps", "rows", "parameters", "settings", "clock", "pauses", "cpu", "initial_weights"):  # the host clock too
         assert checks[name].status == "pass", checks[name]
     assert checks["throughput"].status in ("pass", "fail")  # compared (within 10 % or flagged)
-    from framework_bench.verify import REQUIRED_SETTINGS
+    from framework_bench.measure.verify import REQUIRED_SETTINGS
     assert set(REQUIRED_SETTINGS) <= set(result.settings)
     assert result.settings_mode == result.settings["settings_mode"] == settings_mode
     return scn, result

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from framework_bench.losses import canonical_losses
+from framework_bench.measure.losses import canonical_losses
 
 
 def write(run_dir, rank, records):

@@ -10,7 +10,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import flops, scenario
+from framework_bench.measure import flops
+from framework_bench.spec import scenario
 from framework_bench.cli import app
 
 runner = CliRunner()

@@ -13,9 +13,10 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import compare, scenario
+from framework_bench.run import compare
+from framework_bench.spec import scenario
 from framework_bench.cli import app
-from framework_bench.results import ResultStore
+from framework_bench.store.results import ResultStore
 
 
 

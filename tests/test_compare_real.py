@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from conftest import backend_env_or_skip
+from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
 
 
@@ -25,7 +25,7 @@ def test_compare_both_real_backends_on_tiny_cpu(tmp_path, monkeypatch):
     for name in ("xtuner", "llamafactory"):
         backend_env_or_skip(name)
     # Runs and packed data go to a private home; the envs stay where setup made them.
-    from framework_bench import envs
+    from framework_bench.envs import venvs as envs
     real_envs = envs.fbench_home() / "envs"
     monkeypatch.setenv("FBENCH_HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()

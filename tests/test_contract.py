@@ -9,9 +9,9 @@ import pydantic
 import pytest
 
 from backend_helpers import CPU
-from framework_bench import plugins
-from framework_bench.backend import CONTRACT, BackendInfo, Capabilities, EnvSpec
-from framework_bench.compare import percent_of_reference
+from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.backend import CONTRACT, BackendInfo, Capabilities, EnvSpec
+from framework_bench.run.compare import percent_of_reference
 
 
 def test_a_plugin_declaring_no_contract_is_of_contract_1_and_none_beyond_the_hosts():
@@ -34,10 +34,10 @@ def test_an_unverified_run_is_no_share_of_the_reference():
 
 @pytest.mark.slow
 def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_it_makes_them(liars, tmp_path):
-    from framework_bench import runner
+    from framework_bench.run import runner
     from framework_bench.data.packing import pack
-    from framework_bench.plotting import _slug, plot_results
-    from framework_bench.results import ResultStore
+    from framework_bench.present.plotting import _slug, plot_results
+    from framework_bench.store.results import ResultStore
 
     from test_host_clock import SCENARIO
 

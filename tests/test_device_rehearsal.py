@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench.device_check import OUT_FILES
+from framework_bench.device.check import OUT_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 ABSENT = ("pydantic", "deepspeed", "hjson", "flash_attn")

@@ -4,8 +4,9 @@ packing or launching anything, on a machine that has none of the GPUs they need.
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import runner, scenario
-from framework_bench.backend import Machine
+from framework_bench.run import runner
+from framework_bench.spec import scenario
+from framework_bench.plugins.backend import Machine
 from framework_bench.cli import app
 
 PUBLISHED = [s.name for s in scenario.load_all() if s.reference]
@@ -54,8 +55,8 @@ def test_without_dry_run_it_says_what_is_missing(fbench_home, tmp_path):
 
 def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypatch):
     """Beside the GPU shortfall: XTuner's flash-attn requirement, LLaMA-Factory's verdict on SP 16 with 8 KV heads."""
-    from conftest import backend_env_or_skip
-    from framework_bench import envs
+    from fbench_fixtures import backend_env_or_skip
+    from framework_bench.envs import venvs as envs
     for name in ("xtuner", "llamafactory"):
         backend_env_or_skip(name)
     home = tmp_path / "home"  # the plans' files go here; the envs stay where setup made them

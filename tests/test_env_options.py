@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench import envs
-from framework_bench.backend import EnvSpec
+from framework_bench.envs import venvs as envs
+from framework_bench.plugins.backend import EnvSpec
 
 
 def build_wheel(folder: Path, name: str, version: str) -> Path:
@@ -151,7 +151,7 @@ def test_smoke_test_without_gpu_is_not_a_pass(tmp_path):
 def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_path, monkeypatch):
     """Run in a real env (torch's): no CUDA here, so it fails on that alone; a deepspeed that is
     installed but fails to import is recorded as such, an absent flash-attn as absent."""
-    from conftest import backend_env_or_skip
+    from fbench_fixtures import backend_env_or_skip
 
     env = backend_env_or_skip("torch")
     broken = tmp_path / "site" / "deepspeed"

@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
+from fbench_fixtures import backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
 
 STAGES = {  # stage: (module, function) the fault is triggered on entering
-    "packing": ("framework_bench.runner", "pack"),
-    "after_plan": ("framework_bench.launch", "node_argvs"),
-    "mid_training": ("framework_bench.runner", "read_metrics"),
-    "worker_exited": ("framework_bench.runner", "finish"),
-    "figures": ("framework_bench.metrics", "figures"),
-    "store": ("framework_bench.results", "save"),
+    "packing": ("framework_bench.run.runner", "pack"),
+    "after_plan": ("framework_bench.run.launch", "node_argvs"),
+    "mid_training": ("framework_bench.run.runner", "read_metrics"),
+    "worker_exited": ("framework_bench.run.runner", "finish"),
+    "figures": ("framework_bench.measure.metrics", "figures"),
+    "store": ("framework_bench.store.results", "save"),
     "report": ("framework_bench.cli", "_charts_and_report"),
 }
 
@@ -42,7 +42,8 @@ HOST = r'''
 import errno, importlib, os, signal, subprocess, sys, time
 from pathlib import Path
 module, function, fault, stage, full, db = sys.argv[1:7]
-from framework_bench import cli, results
+from framework_bench import cli
+from framework_bench.store import results
 from framework_bench.data import packing
 results.LOCK_WAIT, results.LOCK_PATIENCE = 1.0, 3.0
 packing.FREE_SPACE_MARGIN = 0  # the small disks of this test hold the tiny scenario's few kB
@@ -196,7 +197,7 @@ def test_a_worker_stopped_mid_training_ends_as_a_timeout_row(fakes, disks):
 def test_a_real_tiny_run_killed_mid_training_is_one_failed_row_and_no_process(tmp_path):
     """The torch backend's real worker (its env from the checkout's FBENCH_HOME), its host
     killed with SIGKILL between two steps."""
-    from framework_bench import envs
+    from framework_bench.envs import venvs as envs
     backend_env_or_skip("torch")
     home = tmp_path / "home"
     home.mkdir()

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework_bench import flops, scenario
-from framework_bench.models import PRESETS, ModelArch
+from framework_bench.measure import flops
+from framework_bench.spec import scenario
+from framework_bench.spec.models import PRESETS, ModelArch
 
 SEED = Path(__file__).resolve().parents[1].parent / "shared/seeds/xtuner_speed_benchmark.txt"
 MODEL_PREFIX = {"Llama2-7B": "llama2_7b", "Yi-34B-200K": "yi34b", "Llama2-70B": "llama2_70b"}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench import device_bundle, device_check
+from framework_bench.device import bundle as device_bundle
+from framework_bench.device import check as device_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("tiny_cuda", "llama2_7b_8k_1gpu", "llama2_7b_32k_1gpu", "llama2_7b_8k_1gpu_zero3")

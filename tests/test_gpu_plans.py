@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from backend_helpers import H100x8, make_job, ready_env, tiny
-from framework_bench import launch, plugins, scenario
-from framework_bench.backend import Machine
+from framework_bench.run import launch
+from framework_bench.plugins import registry as plugins
+from framework_bench.spec import scenario
+from framework_bench.plugins.backend import Machine
 
 ONE_GPU = Machine(gpus=1, gpu_name="NVIDIA H200", gpu_memory_gib=139)
 PG_VARS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}

@@ -13,9 +13,12 @@ import sys
 import pytest
 
 from backend_helpers import CPU, tiny
-from conftest import LIARS
-from framework_bench import clock, launch, plugins, runner
-from framework_bench.backend import Job
+from fbench_fixtures import LIARS
+from framework_bench.measure import clock
+from framework_bench.run import launch
+from framework_bench.plugins import registry as plugins
+from framework_bench.run import runner
+from framework_bench.plugins.backend import Job
 from framework_bench.data.packing import pack
 
 # Four measured steps after one warm-up: a span of a second or more on this CPU.
@@ -158,8 +161,9 @@ def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(t
 
 
 def test_an_mfu_above_80_percent_of_the_dense_bf16_peak_is_impossible():
-    from framework_bench import metrics, scenario
-    from framework_bench.backend import StepMetric
+    from framework_bench.measure import metrics
+    from framework_bench.spec import scenario
+    from framework_bench.plugins.backend import StepMetric
 
     s = scenario.load("tiny_cpu")
     steps = [StepMetric(step=i, seconds=0.01, tokens=s.context_length) for i in range(1, s.steps.total + 1)]

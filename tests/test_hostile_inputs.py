@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import scenario
+from framework_bench.spec import scenario
 from framework_bench.cli import app
 from framework_bench.data import alpaca
-from framework_bench.metrics import RunResult
-from framework_bench.results import SCHEMA_VERSION, ResultStore
-from framework_bench.scenario import DataSource, ScenarioError
+from framework_bench.measure.metrics import RunResult
+from framework_bench.store.results import SCHEMA_VERSION, ResultStore
+from framework_bench.spec.scenario import DataSource, ScenarioError
 
 TINY = scenario.SCENARIO_DIR / "tiny_cpu.yaml"
 
@@ -168,7 +168,7 @@ def test_an_empty_file_and_a_store_from_before_the_application_id_are_ours(tmp_p
 
 def test_a_fresh_store_opened_by_several_processes_at_once(tmp_path):
     db = tmp_path / "new.sqlite"
-    code = ("import sys; from framework_bench.results import ResultStore; ResultStore(sys.argv[1]).close(); "
+    code = ("import sys; from framework_bench.store.results import ResultStore; ResultStore(sys.argv[1]).close(); "
             "print('ok')")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(6)]

@@ -10,11 +10,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import backend_env_or_skip
+from fbench_fixtures import backend_env_or_skip
 
-from framework_bench import initial_weights as iw
-from framework_bench import scenario
-from framework_bench.verify import expected_param_count
+from framework_bench.measure import initial_weights as iw
+from framework_bench.spec import scenario
+from framework_bench.measure.verify import expected_param_count
 
 
 def test_values_are_random_access_and_hf_distributed():

@@ -3,8 +3,9 @@
 import sys
 from pathlib import Path
 
-from framework_bench import launch, scenario
-from framework_bench.backend import Job, LaunchPlan
+from framework_bench.run import launch
+from framework_bench.spec import scenario
+from framework_bench.plugins.backend import Job, LaunchPlan
 
 
 def _job(name: str, tmp_path: Path) -> Job:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 
 from backend_helpers import CPU
-from conftest import backend_env_or_skip
+from fbench_fixtures import backend_env_or_skip
 
-from framework_bench import runner, scenario
+from framework_bench.run import runner
+from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
-from framework_bench.losses import parity
-from framework_bench.metrics import RunResult
+from framework_bench.measure.losses import parity
+from framework_bench.measure.metrics import RunResult
 from framework_bench.testing import parity_variants
 
 BACKENDS = ("torch", "xtuner", "llamafactory")

@@ -6,9 +6,10 @@ import pytest
 
 from pathlib import Path
 
-from framework_bench import memory, plugins
-from framework_bench.memory import GIB, estimate, gpu_memory_for
-from framework_bench.scenario import Scenario, load, load_all
+from framework_bench.measure import memory
+from framework_bench.plugins import registry as plugins
+from framework_bench.measure.memory import GIB, estimate, gpu_memory_for
+from framework_bench.spec.scenario import Scenario, load, load_all
 
 # Measured peaks, ../shared/notes/backend-facts.md: plain PyTorch on one H200, random-init
 # Llama2-7B, batch 1, bf16 autocast over fp32 parameters, gradient checkpointing, SDPA,
@@ -78,7 +79,7 @@ def test_foreach_adamw_peaks_at_the_optimizer_step():
 def test_fit_check_refuses_a_ddp_wrapped_world_of_one_naming_the_phase():
     """What XTuner did before issue 17 on one H200: DDP around one process (a bucket copy of
     every gradient) plus foreach AdamW: ~6 x 25 GiB at the step, out of memory at 8k and 32k."""
-    from framework_bench.verdicts import fit_refusal
+    from framework_bench.run.verdicts import fit_refusal
 
     for ctx in (8192, 32768):
         e = estimate(make(context_length=ctx), gpu="NVIDIA H200", optimizer_impl="foreach", ddp_wrapped=True)
@@ -157,7 +158,7 @@ def test_every_published_scenario_fits_on_its_a100(scenario, backend, mode):
 def test_sequence_parallel_engines_as_the_backends_declare_them(scenario):
     """LLaMA-Factory's SP modelled as its v1 FSDP2 trainer (fp32 params, grads and Adam states
     sharded over the world: 16 bytes/param / world, its own foreach AdamW), XTuner's as DeepSpeed."""
-    from framework_bench.memory import parameter_count
+    from framework_bench.measure.memory import parameter_count
     v1 = estimate(scenario, declared=declared("llamafactory"))
     n, world = parameter_count(scenario.arch), scenario.cluster.gpus
     assert v1.scheme == "fsdp2" and v1.optimizer_impl == "foreach"

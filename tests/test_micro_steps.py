@@ -7,13 +7,14 @@ from typer.testing import CliRunner
 
 import backend_helpers as helpers
 from backend_helpers import CPU, tiny
-from conftest import backend_env_or_skip
+from fbench_fixtures import backend_env_or_skip
 
-from framework_bench import plugins, runner
+from framework_bench.plugins import registry as plugins
+from framework_bench.run import runner
 from framework_bench.cli import app
 from framework_bench.data.packing import pack
-from framework_bench.results import ResultStore
-from framework_bench.worker_io import read_metrics
+from framework_bench.store.results import ResultStore
+from framework_bench.worker.files import read_metrics
 
 
 def test_micro_steps_need_fewer_rows_and_lf_refuses_them():

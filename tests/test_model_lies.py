@@ -13,11 +13,12 @@ import os
 import pytest
 
 from backend_helpers import CPU
-from conftest import LIARS, backend_env_or_skip
+from fbench_fixtures import LIARS, backend_env_or_skip
 
-from framework_bench import runner, scenario
+from framework_bench.run import runner
+from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
-from framework_bench.verify import BLOCKING, UNCHECKED_ENV
+from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
 
 # issue 20's checks: the initial weights, parity with the reference, and the host's clock (a
 # model that never runs leaves steps so short that the time between them is most of the span)

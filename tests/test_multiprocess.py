@@ -5,9 +5,10 @@ import statistics
 
 import pytest
 
-from conftest import backend_env_or_skip
-from framework_bench import runner, scenario
-from framework_bench.worker_io import read_metrics
+from fbench_fixtures import backend_env_or_skip
+from framework_bench.run import runner
+from framework_bench.spec import scenario
+from framework_bench.worker.files import read_metrics
 
 
 @pytest.mark.slow

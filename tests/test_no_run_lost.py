@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import launch, results
+from framework_bench.run import launch
+from framework_bench.store import results
 from framework_bench.cli import app
-from framework_bench.results import ResultStore
-from conftest import end_processes_mentioning as _end, processes_mentioning
+from framework_bench.store.results import ResultStore
+from fbench_fixtures import end_processes_mentioning as _end, processes_mentioning
 
 
 def cli(*args: str):
@@ -107,7 +108,7 @@ def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing
         thread = _hold_lock(db, 3, held)
         thread.start()
         held.wait(10)
-        from framework_bench import scenario
+        from framework_bench.spec import scenario
         started = time.monotonic()
         results.save(store, results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="failed", reason="x"),
                      scenario.load("tiny_cpu"))
@@ -202,7 +203,7 @@ def test_a_launch_that_cannot_start_is_a_failed_row(fakes, fbench_home, tmp_path
 
 
 def test_an_exception_in_the_figures_is_a_failed_row(fakes, fbench_home, tmp_path, monkeypatch):
-    from framework_bench import metrics
+    from framework_bench.measure import metrics
 
     def broken(*args, **kwargs):
         raise ArithmeticError("a bug in the figures")
@@ -301,7 +302,7 @@ def test_a_process_left_behind_by_a_worker_that_exits_0_is_ended(fakes, fbench_h
 
 
 def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_home, tmp_path):
-    from framework_bench import orphans
+    from framework_bench.run import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000001"
     run_dir.mkdir(parents=True)
     (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": 2**22 + 1, "started": "1", "db": None,
@@ -321,7 +322,7 @@ def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_h
 
 
 def test_a_run_of_another_machine_sharing_fbench_home_is_left_alone(fbench_home, tmp_path):
-    from framework_bench import orphans
+    from framework_bench.run import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000003"
     run_dir.mkdir(parents=True)
     (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": 2**22 + 1, "started": "1", "db": None,
@@ -330,10 +331,10 @@ def test_a_run_of_another_machine_sharing_fbench_home_is_left_alone(fbench_home,
 
 
 def test_a_live_hosts_run_is_left_alone(fbench_home, tmp_path):
-    from framework_bench import orphans
+    from framework_bench.run import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000002"
     run_dir.mkdir(parents=True)
-    from framework_bench import scenario
+    from framework_bench.spec import scenario
     orphans.claim(run_dir, tmp_path / "r.sqlite", "fake_ok", scenario.load("tiny_cpu"), "matched")  # this process is the host
     assert orphans.recover(fbench_home / "runs") == [] and (run_dir / orphans.HOST_FILE).exists()
 
@@ -367,7 +368,7 @@ def test_sigterm_to_env_create_removes_the_half_built_env_and_its_children(fakes
 
 
 def test_a_half_built_env_left_by_a_killed_create_is_swept(fbench_home):
-    from framework_bench import envs
+    from framework_bench.envs import venvs as envs
     stale = envs.env_path("fake_ok").with_name(".fake_ok.building-4194305")  # above any pid Linux hands out
     (stale / "bin").mkdir(parents=True)
     live = envs.env_path("fake_ok").with_name(f".fake_ok.building-{os.getpid()}")
@@ -401,8 +402,9 @@ def test_a_nan_loss_is_stored_as_nan_not_as_no_loss(fakes, fbench_home, tmp_path
 
 
 def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
-    from framework_bench import metrics, scenario
-    from framework_bench.backend import StepMetric
+    from framework_bench.measure import metrics
+    from framework_bench.spec import scenario
+    from framework_bench.plugins.backend import StepMetric
     s = scenario.load("tiny_cpu")
     steps = [StepMetric(step=i, seconds=1e-9, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
     out = metrics.figures(s, steps, peak_tflops=1.0, gpu_name="NVIDIA H100")
@@ -410,7 +412,8 @@ def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
 
 
 def test_the_share_of_torch_pairs_runs_by_their_stored_definition(tmp_path, fbench_home):
-    from framework_bench import report, scenario
+    from framework_bench.present import report
+    from framework_bench.spec import scenario
     short = scenario.load("tiny_cpu")
     longer = short.model_copy(update={"context_length": 2048})  # the same file, edited between the runs
     db = tmp_path / "r.sqlite"
@@ -420,7 +423,7 @@ def test_the_share_of_torch_pairs_runs_by_their_stored_definition(tmp_path, fben
         rows = store.latest_by_point()
     table = report.scenario_table(rows)
     assert "400%" not in str(table) and "400 %" not in str(table)
-    from framework_bench.compare import percent_of_reference
+    from framework_bench.run.compare import percent_of_reference
     assert ("tiny_cpu", "xtuner") not in percent_of_reference(report._pairing(rows))
 
 
@@ -456,7 +459,7 @@ def test_a_mistyped_db_on_a_reading_command_creates_nothing(tmp_path, fbench_hom
 
 
 def test_a_full_disk_under_out_is_one_line_after_the_rows_are_stored(fakes, fbench_home, tmp_path, monkeypatch):
-    from framework_bench import plotting
+    from framework_bench.present import plotting
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -484,7 +487,7 @@ def test_out_defaults_to_the_state_folder(fakes, fbench_home, tmp_path, monkeypa
 
 
 def test_results_list_shows_the_latest_50_unless_asked(tmp_path, fbench_home):
-    from framework_bench import scenario
+    from framework_bench.spec import scenario
     db = tmp_path / "r.sqlite"
     with ResultStore(db) as store:
         for i in range(60):

@@ -12,8 +12,11 @@ import subprocess
 import pytest
 
 from backend_helpers import CPU, make_job, ready_env, tiny
-from conftest import backend_env_or_skip
-from framework_bench import launch, plugins, runner, scenario
+from fbench_fixtures import backend_env_or_skip
+from framework_bench.run import launch
+from framework_bench.plugins import registry as plugins
+from framework_bench.run import runner
+from framework_bench.spec import scenario
 
 VERSIONS = {"xtuner": {"xtuner": "0.2.0"}, "llamafactory": {"llamafactory": "0.9.5"}, "torch": {"torch": "2.13.0"}}
 BACKENDS = sorted(VERSIONS)

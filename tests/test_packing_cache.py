@@ -13,9 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from framework_bench import packed, scenario
+from framework_bench.worker import packed
+from framework_bench.spec import scenario
 from framework_bench.data import alpaca, packing
-from framework_bench.packed import PackedRows
+from framework_bench.worker.packed import PackedRows
 
 
 def _pack(s=None, said=None):

@@ -2,8 +2,8 @@
 (the SDK's StepTimer), and a run's figure is the max over its measured steps, warm-up excluded."""
 
 from backend_helpers import tiny
-from framework_bench import metrics
-from framework_bench.backend import StepMetric
+from framework_bench.measure import metrics
+from framework_bench.plugins.backend import StepMetric
 
 GiB = 2**30
 

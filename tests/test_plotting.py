@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from framework_bench import plotting
-from framework_bench.metrics import RunResult
-from framework_bench.results import ResultStore
-from framework_bench.scenario import PROJECT_ROOT, load
+from framework_bench.present import plotting
+from framework_bench.measure.metrics import RunResult
+from framework_bench.store.results import ResultStore
+from framework_bench.spec.scenario import PROJECT_ROOT, load
 
 CPU_MANIFEST = {"hostname": "h", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0}
 
@@ -100,6 +100,6 @@ def test_labels():
 
 
 def test_importing_the_modules_does_not_import_matplotlib():
-    code = ("import sys, framework_bench.plotting, framework_bench.report, framework_bench.results; "
+    code = ("import sys, framework_bench.present.plotting, framework_bench.present.report, framework_bench.store.results; "
             "assert 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,7 +19,7 @@ import pytest
 
 import framework_bench
 from backend_helpers import contributing_backend
-from conftest import backend_env_or_skip
+from fbench_fixtures import backend_env_or_skip
 
 PYPROJECT = '''
 [build-system]

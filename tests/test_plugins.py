@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import hookspecs, plugins, scenario
-from framework_bench.backend import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.plugins import hookspecs
+from framework_bench.plugins import registry as plugins
+from framework_bench.spec import scenario
+from framework_bench.plugins.backend import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.cli import app
 
 FAKE_MODULE = '''
 """A third-party fbench backend living in another package."""
 from pathlib import Path
 
-from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
-from framework_bench.hookspecs import hookimpl
+from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.plugins.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
 calls = []
@@ -199,8 +201,8 @@ PROBE_MODULE = '''
 import sys
 from pathlib import Path
 
-from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
-from framework_bench.hookspecs import hookimpl
+from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.plugins.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
 MODE = "{mode}"
@@ -252,7 +254,7 @@ def probes(site):
 
 def test_a_plugin_missing_hooks_is_listed_broken_and_run_says_why(site):
     install_dist(site, "half_backend", "half", "half_backend_mod", textwrap.dedent('''
-        from framework_bench.hookspecs import hookimpl
+        from framework_bench.plugins.hookspecs import hookimpl
 
         @hookimpl
         def fbench_check(scenario, machine, env):
@@ -287,8 +289,8 @@ def test_backend_info_raising_is_a_broken_plugin(probes):
     ("report", "fbench_read_report raised KeyError: 'steps'"),
 ])
 def test_a_raising_hook_is_a_failed_row_with_its_traceback(probes, tmp_path, mode, says):
-    from framework_bench import runner
-    from framework_bench.results import ResultStore
+    from framework_bench.run import runner
+    from framework_bench.store.results import ResultStore
 
     s = scenario.load("tiny_cpu")
     r = runner.run_one(f"probe_{mode}", s, root=tmp_path / "runs", machine=Machine())
@@ -304,7 +306,7 @@ def test_notes_are_kept_stored_shown_and_job_json_is_the_hosts(probes, tmp_path)
     res = CliRunner().invoke(app, ["run", "--backend", "probe_ok", "--scenario", "tiny_cpu", "--db", str(db)])
     assert res.exit_code == 0, res.output
     assert "note: the probe trained nothing" in res.output and "note: [red]not markup[/red]" in res.output
-    from framework_bench.results import ResultStore
+    from framework_bench.store.results import ResultStore
 
     with ResultStore(db) as store:
         row = store.list()[0]
@@ -323,7 +325,7 @@ def test_dry_run_shows_the_verdict_then_the_plan_error(probes):
 
 
 def test_declared_capabilities_are_enforced_by_the_host(fake):
-    from framework_bench import runner
+    from framework_bench.run import runner
 
     gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
     _, reason = runner.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))

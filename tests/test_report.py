@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from framework_bench import plotting
-from framework_bench.metrics import RunResult
-from framework_bench.report import write_report
-from framework_bench.results import ResultStore
-from framework_bench.scenario import load
+from framework_bench.present import plotting
+from framework_bench.measure.metrics import RunResult
+from framework_bench.present.report import write_report
+from framework_bench.store.results import ResultStore
+from framework_bench.spec.scenario import load
 
 MANIFEST = {"hostname": "bench-host", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0,
             "git_commit": "0123abc", "backend_env": {"flavour": "cpu", "versions": {"torch": "2.13.0+cpu"}}}
@@ -65,8 +65,8 @@ def test_markdown_links_the_charts_relatively(report):
 
 
 def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
-    from framework_bench.compare import setting_differences
-    from framework_bench.verify import Check
+    from framework_bench.run.compare import setting_differences
+    from framework_bench.measure.verify import Check
 
     base = {"trainer": "t", "optimizer": "torch.optim.adamw.AdamW", "optimizer_impl": "foreach", "seed": 1,
             "param_dtype": "float32", "attention": "sdpa", "activation_checkpointing": False, "zero_stage": 0}

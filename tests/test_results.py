@@ -9,11 +9,11 @@ import sqlite3
 
 import pytest
 
-from framework_bench import results
-from framework_bench.metrics import RunResult
-from framework_bench.results import ResultsError, ResultStore
-from framework_bench.scenario import Scenario, load
-from framework_bench.worker_io import MetricsWriter
+from framework_bench.store import results
+from framework_bench.measure.metrics import RunResult
+from framework_bench.store.results import ResultsError, ResultStore
+from framework_bench.spec.scenario import Scenario, load
+from framework_bench.worker.files import MetricsWriter
 
 
 def write_steps(run_dir, ranks=2, steps=7):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from framework_bench import results
-from framework_bench.metrics import RunResult
-from framework_bench.results import ResultStore
-from framework_bench.scenario import load
+from framework_bench.store import results
+from framework_bench.measure.metrics import RunResult
+from framework_bench.store.results import ResultStore
+from framework_bench.spec.scenario import load
 
 
 def test_seed_and_loss_curve_round_trip(tmp_path):

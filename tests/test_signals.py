@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench import launch
+from framework_bench.run import launch
 from framework_bench.cli import app
-from framework_bench.results import ResultStore
-from conftest import processes_mentioning
+from framework_bench.store.results import ResultStore
+from fbench_fixtures import processes_mentioning
 
 
 def start_fbench(*args: str) -> subprocess.Popen:

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import backend_env_or_skip
-from framework_bench import envs, scenario
+from fbench_fixtures import backend_env_or_skip
+from framework_bench.envs import venvs as envs
+from framework_bench.spec import scenario
 from framework_bench.cli import app
-from framework_bench.sbatch import MARGIN, STARTUP_S, estimate_time
+from framework_bench.run.sbatch import MARGIN, STARTUP_S, estimate_time
 
 STANDINS = Path(__file__).parent / "slurm_standins"
 FAKES = Path(__file__).parent / "fake_backends"
@@ -177,8 +178,8 @@ def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_pat
     import os
     import subprocess
 
-    from framework_bench import launch
-    from framework_bench.backend import Job, LaunchPlan
+    from framework_bench.run import launch
+    from framework_bench.plugins.backend import Job, LaunchPlan
     s = scenario.load("tiny_cpu")
     job = Job(backend="fake_ok", scenario=s, data_dir=tmp_path, data_sha256="0" * 64, run_dir=tmp_path / "run",
               device="cpu")
@@ -197,7 +198,8 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     words in the job output when it killed the job."""
     import os
 
-    from framework_bench import launch, slurm
+    from framework_bench.run import launch
+    from framework_bench.run import slurm
     quiet = tmp_path / "bin"
     quiet.mkdir()
     for name in ("squeue", "sacct"):  # the job is gone from the queue; no accounting kept
@@ -312,7 +314,7 @@ def test_a_submission_whose_plugin_is_gone_does_not_stop_the_others(cluster, fak
 
 
 def test_mfu_and_manifest_are_the_nodes_that_ran_the_job(cluster, fakes, tmp_path):
-    from framework_bench import flops
+    from framework_bench.measure import flops
     db = tmp_path / "r.sqlite"
     job_id, run_dir = _submit(db)
     _ended(cluster, job_id)

@@ -1,5 +1,5 @@
 """The host verifies what a worker claims: each lie of a throwaway backend ends `invalid`,
-never `ok`, and an honest one passes every check (framework_bench/verify.py).
+never `ok`, and an honest one passes every check (framework_bench/measure/verify.py).
 
 The liars are registered through the `fbench.backends` entry points like any third-party
 backend (tests/fake_backends); each writes real metrics, rows and report files.
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench import runner, scenario, verify
-from framework_bench.backend import StepMetric, WorkerReport
-from framework_bench.models import PRESETS
-from framework_bench.results import ResultStore
+from framework_bench.run import runner
+from framework_bench.spec import scenario
+from framework_bench.measure import verify
+from framework_bench.plugins.backend import StepMetric, WorkerReport
+from framework_bench.spec.models import PRESETS
+from framework_bench.store.results import ResultStore
 
 
 

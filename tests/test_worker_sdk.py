@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from framework_bench.worker import StepTimer, dist_info
-from framework_bench.worker_io import read_metrics
+from framework_bench.worker.files import read_metrics
 
 
 def test_step_timer_writes_one_line_per_step_and_excludes_paused_time(tmp_path):

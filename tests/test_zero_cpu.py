@@ -5,9 +5,10 @@ DeepSpeed at the asked stage; both ranks must train every step on their own rows
 
 import pytest
 
-from conftest import backend_env_or_skip
-from framework_bench import runner, scenario
-from framework_bench.worker_io import read_metrics, read_worker_report
+from fbench_fixtures import backend_env_or_skip
+from framework_bench.run import runner
+from framework_bench.spec import scenario
+from framework_bench.worker.files import read_metrics, read_worker_report
 
 
 @pytest.mark.slow

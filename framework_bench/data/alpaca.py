@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from framework_bench.scenario import DataSource
+from framework_bench.spec.scenario import DataSource
 
 TEMPLATE_NAME = "alpaca-v1"
 _PROMPT = (

@@ -3,7 +3,7 @@
 - `dist_info()` -> `DistInfo`: rank, world size, local rank, as the launcher set them.
 - `sync(device)`: wait for the device's queued work (a no-op on CPU).
 - `StepTimer`: one common-metrics line per optimizer step, kept to the timing contract
-  (`framework_bench/hookspecs.py`); `PeakMemory`: the per-step peak-memory window it uses.
+  (`framework_bench/plugins/hookspecs.py`); `PeakMemory`: the per-step peak-memory window it uses.
 - `StartupClock`: start-up seconds by phase (imports, data, model build, framework set-up).
 - `ConsumedRows`: the record of the rows each step fed, which the host checks
   (`framework_bench.worker.rows`; the plugin reads it back with `read_consumed`).
@@ -12,8 +12,8 @@
 - `LEARNING_RATE`, `ADAM_BETAS`, `ADAM_EPS`, `WEIGHT_DECAY`, `MAX_GRAD_NORM`: the optimizer
   settings every backend uses, so that only the framework differs.
 
-The file formats (job, metrics, worker report) are in `framework_bench.worker_io`, the
-packed rows in `framework_bench.packed`. CONTRIBUTING.md shows a complete worker on this.
+The file formats (job, metrics, worker report) are in `framework_bench.worker.files`, the
+packed rows in `framework_bench.worker.packed`. CONTRIBUTING.md shows a complete worker on this.
 
 Stdlib + numpy at import time; torch is imported lazily inside the helpers that need it,
 so the host can import this package too (it never calls the torch parts).

@@ -8,7 +8,7 @@ losses cannot be compared. Per micro-batch the worker records, in `RUN_DIR/losse
     the framework (so `loss * divisor` is the summed token loss);
   - `supervised`: the worker's own count of supervised tokens after the shift (labels
     [:, 1:] not ignored).
-The host (`framework_bench/losses.py`) restates each optimizer step's loss as the token mean
+The host (`framework_bench/measure/losses.py`) restates each optimizer step's loss as the token mean
 sum(loss * divisor) / sum(supervised) over ranks and micro-batches: the same figure for every
 framework that computed the same step.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench.packed import IGNORE_INDEX
+from framework_bench.worker.packed import IGNORE_INDEX
 
 LOSSES_DIR = "losses"
 

@@ -7,7 +7,7 @@ optimizer step goes to `RUN_DIR/consumed_rows/rank<R>.jsonl`:
 {"step": k, "rows": [fingerprint, ...]}, a fingerprint being the first 16 hex digits of
 the sha256 of the row's input ids and labels (little-endian int32), as `row_fingerprint`.
 
-The host (`framework_bench/verify.py`) recomputes the fingerprints of the rows each step
+The host (`framework_bench/measure/verify.py`) recomputes the fingerprints of the rows each step
 must consume from its own packed stream and compares. Stdlib + numpy at import; tensors
 are moved to the CPU only here, once per micro-batch, outside the timed window when the
 caller pauses its step timer around it.

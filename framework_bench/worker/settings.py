@@ -5,7 +5,7 @@ loader, merges their flat dicts with what only it can know (trainer, precision r
 and writes the result as `settings` in its worker report; the host stores it with the run
 and shows the differences between backends (issue #11). Values are str / int / float /
 bool / None, so the dict is one flat JSON object. Keys every worker must fill are in
-`framework_bench.verify.REQUIRED_SETTINGS`.
+`framework_bench.measure.verify.REQUIRED_SETTINGS`.
 
 Stdlib at import; torch is imported inside the functions that need it.
 """

@@ -1,14 +1,14 @@
 """The step timer: one common-metrics line per optimizer step, timed and measured alike
 for every backend.
 
-The timing contract it implements is written once, in `framework_bench/hookspecs.py`: a
+The timing contract it implements is written once, in `framework_bench/plugins/hookspecs.py`: a
 step's seconds run from `begin()` (a device synchronise before the first micro-batch's
 forward) to `end()` (a device synchronise after the optimizer update), less any
 `pause()` ... `resume()` around data loading; tokens are this rank's (`add_tokens`, or
 `end(tokens=...)`); peak memory is the window `begin()` resets and `end()` reads.
 
 Beside the claims, the timer writes its clock events as they happen (`ClockLines`): the host
-stamps each line on arrival with its own clock (`framework_bench/clock.py`), so the seconds a
+stamps each line on arrival with its own clock (`framework_bench/measure/clock.py`), so the seconds a
 worker claims are held against the time the host saw pass.
 """
 
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from framework_bench.worker.dist import sync
-from framework_bench.worker_io import CLOCK_DIR, MetricsWriter, rank as env_rank
+from framework_bench.worker.files import CLOCK_DIR, MetricsWriter, rank as env_rank
 
 
 class PeakMemory:

@@ -15,10 +15,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, WorkerReport, StepMetric
-from framework_bench.hookspecs import hookimpl
+from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, WorkerReport, StepMetric
+from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.worker.rows import read_consumed
-from framework_bench.worker_io import read_metrics, read_worker_report
+from framework_bench.worker.files import read_metrics, read_worker_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -81,7 +81,7 @@ missing_steps = FakeBackend("fake_missing_steps", "missing_steps")
 wrong_rows = FakeBackend("fake_wrong_rows", "wrong_rows")
 wrong_model = FakeBackend("fake_wrong_model", "wrong_model")
 
-# Workers that write what no real measurement can be (framework_bench/backend.py bounds StepMetric):
+# Workers that write what no real measurement can be (framework_bench/plugins/backend.py bounds StepMetric):
 # a garbage line, a step too short to time, no tokens, a NaN loss, numbers beyond SQLite...
 BAD_LINES = ("garbage_line", "slow_seconds", "tiny_seconds", "inf_seconds", "zero_tokens", "nan_loss",
              "huge_tokens", "huge_memory", "negative_rank", "extra_steps", "grandchild", "deaf")

@@ -4,7 +4,7 @@
 tokens they hold, every step, the parameter count of the scenario's config, its settings, and
 the initial weights a Llama of that config gets from the seed (it builds no model: the samples
 come from the host's own generator, so the host's bookkeeping is what these tests exercise).
-The other training modes each tell one lie the host must catch (framework_bench/verify.py).
+The other training modes each tell one lie the host must catch (framework_bench/measure/verify.py).
 """
 
 import json
@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from framework_bench import initial_weights
-from framework_bench.packed import PackedRows
+from framework_bench.measure import initial_weights
+from framework_bench.worker.packed import PackedRows
 from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker.steps import ClockLines
-from framework_bench.worker_io import MetricsWriter, load_job, write_worker_report
+from framework_bench.worker.files import MetricsWriter, load_job, write_worker_report
 
 
 def param_count(cfg: dict) -> int:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from fbench_torch import plugin as torch_plugin
 
-from framework_bench import envs
-from framework_bench.backend import BackendEnv
-from framework_bench.hookspecs import hookimpl
+from framework_bench.envs import venvs as envs
+from framework_bench.plugins.backend import BackendEnv
+from framework_bench.plugins.hookspecs import hookimpl
 
 from fbench_lying_worker import LIES
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench import worker_io
-from framework_bench.backend import (
+from framework_bench.worker import files as worker_io
+from framework_bench.plugins.backend import (
     CONTRACT,
     BackendEnv,
     BackendInfo,
@@ -23,12 +23,13 @@ from framework_bench.backend import (
     StepMetric,
     WorkerReport,
 )
-from framework_bench.hookspecs import hookimpl
-from framework_bench.memory import AdamWImpl, MemoryScheme
-from framework_bench import deepspeed_jit, launch
+from framework_bench.plugins.hookspecs import hookimpl
+from framework_bench.measure.memory import AdamWImpl, MemoryScheme
+from framework_bench.envs import deepspeed_jit
+from framework_bench.run import launch
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker.startup import startup_note
-from framework_bench.scenario import Scenario
+from framework_bench.spec.scenario import Scenario
 
 from fbench_llamafactory import run_files, train_args
 
@@ -117,7 +118,7 @@ def framework_throughput(job: Job) -> dict[str, float]:
     """The HF Trainer's own figure under LLaMA-Factory: `train_results.json` in output_dir
     (written by LLaMA-Factory's SFT workflow) holds `train_runtime`, the seconds of the whole
     training loop, warm-up included. Tokens per GPU over that run / that runtime is its rate
-    per GPU, which the host compares with its own whole-run figure (framework_bench/verify.py).
+    per GPU, which the host compares with its own whole-run figure (framework_bench/measure/verify.py).
     Its per-step log has no token rate unless `include_num_input_tokens_seen` adds a sync to
     every micro-batch, which fbench no longer asks for.
     """

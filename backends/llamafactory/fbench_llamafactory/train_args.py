@@ -12,8 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from framework_bench.backend import Job
-from framework_bench.packed import TOKENIZER_DIR
+from framework_bench.plugins.backend import Job
+from framework_bench.worker.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
 from fbench_llamafactory import run_files

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench import worker_io
-from framework_bench.packed import PackedRows
+from framework_bench.worker import files as worker_io
+from framework_bench.worker.packed import PackedRows
 from framework_bench.worker import StartupClock, init_weights
 from framework_bench.worker import settings as capture
 from framework_bench.worker.losses import MicroLosses
@@ -120,7 +120,7 @@ def effective_settings(args, model, trained_model, optimizer, loader, job: dict)
 
 
 class Claims:
-    """Records what the host verifies (framework_bench/verify.py): the rows the model was fed
+    """Records what the host verifies (framework_bench/measure/verify.py): the rows the model was fed
     (kept by a forward pre-hook, read back after the step's clock has stopped, so no device
     sync lands inside a step), the settings in effect and the parameter count."""
 

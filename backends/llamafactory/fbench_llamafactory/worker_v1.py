@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench.packed import IGNORE_INDEX, PackedRows
+from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
 
 from fbench_llamafactory import run_files
 from fbench_llamafactory.run_files import V1_INIT, publish_once

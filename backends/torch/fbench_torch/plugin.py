@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from framework_bench import worker_io
-from framework_bench.backend import (
+from framework_bench.worker import files as worker_io
+from framework_bench.plugins.backend import (
     CONTRACT,
     BackendEnv,
     BackendInfo,
@@ -22,12 +22,12 @@ from framework_bench.backend import (
     StepMetric,
     WorkerReport,
 )
-from framework_bench import launch
-from framework_bench.hookspecs import hookimpl
-from framework_bench.memory import AdamWImpl, MemoryScheme
+from framework_bench.run import launch
+from framework_bench.plugins.hookspecs import hookimpl
+from framework_bench.measure.memory import AdamWImpl, MemoryScheme
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker.startup import startup_note
-from framework_bench.scenario import Scenario
+from framework_bench.spec.scenario import Scenario
 
 NAME = "torch"
 HERE = Path(__file__).resolve().parent

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import transformers
 
-from framework_bench import worker_io
-from framework_bench.packed import PackedRows
+from framework_bench.worker import files as worker_io
+from framework_bench.worker.packed import PackedRows
 from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, StartupClock,
                                     StepTimer, dist_info)
 from framework_bench.worker import init_weights

@@ -9,14 +9,15 @@ import json
 from pathlib import Path
 from statistics import mean, median
 
-from framework_bench.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
-from framework_bench import deepspeed_jit, launch
-from framework_bench.hookspecs import hookimpl
-from framework_bench.memory import AdamWImpl, MemoryScheme
-from framework_bench.scenario import Scenario
+from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
+from framework_bench.envs import deepspeed_jit
+from framework_bench.run import launch
+from framework_bench.plugins.hookspecs import hookimpl
+from framework_bench.measure.memory import AdamWImpl, MemoryScheme
+from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker.startup import startup_note
-from framework_bench.worker_io import read_metrics, read_worker_report
+from framework_bench.worker.files import read_metrics, read_worker_report
 
 from fbench_xtuner import mmengine_config, run_layout
 

@@ -30,13 +30,13 @@ from mmengine.runner import Runner
 
 from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
-from framework_bench.packed import PackedRows, stream_sha256
+from framework_bench.worker.packed import PackedRows, stream_sha256
 from framework_bench.worker import PeakMemory, StartupClock, StepTimer
 from framework_bench.worker import init_weights
 from framework_bench.worker import settings as capture
 from framework_bench.worker.losses import MicroLosses, supervised_after_shift
 from framework_bench.worker.rows import ConsumedRows
-from framework_bench.worker_io import load_job, publish_dir, write_worker_report
+from framework_bench.worker.files import load_job, publish_dir, write_worker_report
 
 DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
 DATA_WAIT_SECONDS = 1800
@@ -286,7 +286,7 @@ def loss_normalization(llm, sp_size: int, accumulation: int) -> str:
 
 
 class Claims(Hook):
-    """Records what the host verifies (framework_bench/verify.py): the rows fed in each
+    """Records what the host verifies (framework_bench/measure/verify.py): the rows fed in each
     optimizer step, read from the data batch (whole rows, before any SP split), the settings
     in effect and the parameter count. Runs after CommonMetrics has closed the step's clock."""
 

@@ -1,0 +1,174 @@
+"""The torch backend, the plain-PyTorch reference: discovery, refusals, its plan, a real
+single-process run and a real two-process (DDP over gloo) run of its loop on tiny_cpu."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import backend_helpers as helpers
+from backend_helpers import CPU, H100x8, tiny
+from fbench_fixtures import backend_env_or_skip
+
+from framework_bench.run import launch
+from framework_bench.plugins import registry as plugins
+from framework_bench.run import runner
+from framework_bench.spec import scenario
+from framework_bench.plugins.backend import BackendEnv, Job
+from framework_bench.worker.files import read_metrics, read_worker_report
+
+
+@pytest.fixture(scope="module")
+def torch_backend():
+    return plugins.get("torch")
+
+
+def ready_env(flavour: str) -> BackendEnv:
+    return helpers.ready_env("torch", {"transformers": "5.6.0"}, flavour)
+
+
+def test_discovered_through_entry_point(torch_backend):
+    info = torch_backend.info
+    assert info.name == "torch" and info.framework == "PyTorch" and info.env.framework_package == "torch"
+    assert torch_backend.package == "fbench_torch"
+    caps = info.capabilities
+    assert caps.cpu and caps.gpu and not caps.sequence_parallel and not caps.varlen and caps.zero_stages == [0]
+    cpu, cuda = (info.env.requirements[f].read_text().splitlines() for f in ("cpu", "cuda"))
+    assert "torch==2.13.0" in cpu and "torch==2.13.0, !=2.13.0+cpu" in cuda
+    assert "transformers==5.6.0" in cpu and "transformers==5.6.0" in cuda
+
+
+def test_refusals_name_what_the_reference_does_not_do(torch_backend):
+    env = ready_env("cpu")
+    assert torch_backend.check(tiny(), CPU, env) is None
+    assert "ZeRO stage 3" in torch_backend.check(tiny(zero_stage=3), CPU, env)
+    assert "no sequence parallel" in torch_backend.check(tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU, env)
+    assert "varlen" in torch_backend.check(tiny(attention="varlen"), CPU, env)
+    gpu = scenario.load("llama2_7b_8k")
+    assert "CPU flavour" in torch_backend.check(gpu, H100x8, env)
+    assert torch_backend.check(gpu.model_copy(update={"zero_stage": 0}), H100x8, ready_env("cuda")) is None
+    assert "has none" in torch_backend.check(gpu, CPU, ready_env("cuda"))
+    missing = BackendEnv(name="torch", path=Path("/x"), python=Path("/x/bin/python"), problem="not created")
+    assert "not created" in torch_backend.check(tiny(), CPU, missing)
+
+
+def test_host_refuses_outside_the_declared_capabilities(torch_backend, fbench_home):
+    """The host asks the declared capabilities before the plugin's own check."""
+    r = runner.run_one("torch", tiny(zero_stage=2), machine=CPU)
+    assert r.status == "unsupported" and r.reason == "torch: the torch backend declares ZeRO stages 0; the scenario asks for 2"
+
+
+def test_plan_runs_the_worker_on_the_host_job(torch_backend, tmp_path):
+    job = helpers.make_job("torch", tmp_path, tiny())
+    job.write()
+    plan = torch_backend.plan(job, ready_env("cpu"))
+    assert plan.module == "fbench_torch.worker" and plan.args == [str(job.job_file)]
+    assert plan.python == Path("/nonexistent/bin/python") and plan.files == {"job": job.job_file}
+
+
+def test_worker_refuses_data_other_than_the_job_names(torch_backend, tmp_path):
+    from framework_bench.data.packing import pack
+
+    env = backend_env_or_skip("torch")
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    job = Job(backend="torch", scenario=scn, data_dir=data.dir, data_sha256="0" * 64, run_dir=tmp_path / "run",
+              device="cpu")
+    job.write()
+    plan = torch_backend.plan(job, env)
+    out = subprocess.run(launch.argv_for(plan, job, "local"), capture_output=True, text=True)
+    assert out.returncode != 0
+    assert f"has sha256 {data.sha256}, the host expected {'0' * 64}" in out.stderr
+    assert not read_metrics(job.run_dir)
+
+
+@pytest.mark.slow
+def test_tiny_cpu_trains_with_the_torch_loop(torch_backend, tmp_path):
+    env = backend_env_or_skip("torch")
+    scn, result = helpers.train_tiny_cpu("torch", tmp_path, env.version("torch"))
+    report = read_worker_report(result.run_dir)
+    assert report["transformers_version"] == "5.6.0" and report["param_dtype"] == "float32"
+    # The loop's own clock (data preparation included) agrees with the host's per-step figure.
+    assert 0.75 < result.tgs / result.framework_throughput["tokens_per_sec"] < 1.33
+    losses = [s["loss"] for s in read_metrics(result.run_dir)]
+    assert losses[-1] < losses[0]  # AdamW at lr 2e-5 on the same rows: the loss goes down
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_with_ddp(torch_backend):
+    backend_env_or_skip("torch")
+    s = scenario.load("multiproc_tiny_cpu_1x2")
+    r = runner.run_one("torch", s, timeout=900)
+    assert r.status == "ok", r.reason
+    assert "DDP over 2 processes (gloo)" in r.notes
+    # read from the model that trained, in a process group of two
+    assert r.settings["ddp_wrapped"] is True and r.settings["process_group_size"] == 2
+    steps = read_metrics(r.run_dir)
+    by_rank = {rank: [m for m in steps if m["rank"] == rank] for rank in (0, 1)}
+    assert [len(v) for v in by_rank.values()] == [s.steps.total] * 2
+    assert all(m["tokens"] == s.context_length for m in steps)
+    # Each rank trained other rows: their losses differ at step 1 (same weights, other data).
+    assert by_rank[0][0]["loss"] != by_rank[1][0]["loss"]
+    expected = statistics.median(
+        s.context_length / max(by_rank[0][i]["seconds"], by_rank[1][i]["seconds"])
+        for i in range(s.steps.warmup, s.steps.total))
+    assert r.tgs == pytest.approx(expected)
+
+
+def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
+    """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
+    report read back by the plugin CONTRIBUTING shows passes every host verification."""
+    import importlib.util
+
+    from framework_bench.measure import metrics
+    from framework_bench.measure import verify
+    from framework_bench.plugins.backend import WorkerReport
+    from framework_bench.data.packing import pack
+
+    env = backend_env_or_skip("torch")
+    worker, plugin_code = helpers.contributing_backend()
+    assert len(worker.strip().splitlines()) <= 65  # with the initial-weights and loss claims
+    (tmp_path / "minimal_worker.py").write_text(worker)
+    (tmp_path / "minimal_plugin.py").write_text(plugin_code)
+    spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    scn = scenario.load("tiny_cpu")
+    assert plugin.fbench_check(scn, CPU, env) is None
+    assert "one process" in plugin.fbench_check(scenario.load("multiproc_tiny_cpu_1x2"), CPU, env)
+    data = pack(scn, progress=False, say=lambda msg: None)
+    job = Job(backend="mybackend", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
+              device="cpu")
+    out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job.write())],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = WorkerReport.model_validate(plugin.fbench_read_report(job))
+    assert report.data_sha256 == data.sha256 and report.settings["trainer"] == "minimal-loop"
+    checks = verify.verify(scn, report, data.dir, metrics.figures(scn, report.steps, None)["tgs"], job)
+    assert {c.name for c in checks} == {"tokens", "steps", "rows", "throughput", "parameters", "settings",
+                                        "initial_weights"}
+    assert all(c.status == "pass" for c in checks), [c for c in checks if c.status != "pass"]
+
+
+@pytest.mark.slow
+def test_bf16_autocast_checkpointing_and_accumulation_paths(torch_backend, tmp_path):
+    """bf16 autocast over fp32 weights, activation checkpointing, two micro-batches a step;
+    at 128 tokens the stream's first row holds a prompt only (no labelled token), which must
+    not turn the step's loss into 0/0."""
+    backend_env_or_skip("torch")
+    s = tiny(context_length=128, precision="bf16", activation_checkpointing=True, grad_accum=2,
+             steps={"warmup": 0, "measured": 2})
+    r = runner.run_one("torch", s, root=tmp_path, machine=CPU)
+    assert r.status == "ok", r.reason
+    from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
+    from framework_bench.worker.files import load_job
+
+    rows = PackedRows(load_job(r.run_dir / "job.json")["data_dir"])
+    assert (rows.labels[0, 1:] == IGNORE_INDEX).all()  # the premise: step 1's first micro-batch is unlabelled
+    steps = read_metrics(r.run_dir)
+    assert [(m["step"], m["tokens"]) for m in steps] == [(1, 256), (2, 256)]
+    assert all(m["loss"] is not None and m["loss"] == m["loss"] for m in steps)  # finite, not NaN
+    assert read_worker_report(r.run_dir)["param_dtype"] == "float32"  # autocast: fp32 master weights

@@ -1,0 +1,59 @@
+"""`fbench device ...`: the offline GPU machine: its bundle, its check and the check's estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+device_app = typer.Typer(no_args_is_help=True, help="The offline one-GPU machine: bundle, check, estimate.")
+console = Console(highlight=False)
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    raise typer.Exit(1)
+
+
+@device_app.command("bundle")
+def bundle(
+    dest: Annotated[Path, typer.Argument(help="folder for the bundle (wheels/, requirements-*.txt, data/, manifest.json)")],
+    python: Annotated[str, typer.Option(help="the target machine's Python, MAJOR.MINOR")] = "3.12",
+    max_mib: Annotated[float, typer.Option(help="refuse a bundle larger than this")] = 45.0,
+) -> None:
+    """Fetch (or build) the wheels the offline machine lacks for its Python; one copy each, tag-checked."""
+    from framework_bench.device import bundle as device_bundle
+    try:
+        m = device_bundle.build(dest, python, max_bytes=int(max_mib * 2**20), say=lambda s: console.print(s, markup=False))
+    except device_bundle.BundleError as e:
+        _fail(str(e))
+    console.print(f"{dest}: {len(m.wheels)} wheels for Python {m.python}, {m.total_bytes / 2**20:.1f} MiB "
+                  f"(lists: {', '.join(f'{k} {len(v)}' for k, v in m.lists.items())})", markup=False)
+
+
+@device_app.command("check")
+def check(
+    out: Annotated[Path, typer.Option(help="results.sqlite, runs.json, report.html, logs.txt, table.txt")],
+    budget: Annotated[float, typer.Option(help="seconds for all runs; a run that cannot fit is not started")] = 420.0,
+    device: Annotated[str, typer.Option(help="cuda (the GPU check) or cpu (its rehearsal: tiny_cpu)")] = "cuda",
+) -> None:
+    """The one-GPU check: tiny first, then the 7B runs, bounded by the budget; --out rewritten after each run."""
+    from framework_bench.device import check as device_check
+    if device not in device_check.TINY:
+        _fail(f"unknown device {device!r}: use cuda or cpu")
+    results = device_check.check(out, budget, device, say=lambda s: console.print(s, markup=False))
+    typer.echo((out / "table.txt").read_text())
+    if not any(r.status == "ok" for r in results):
+        raise typer.Exit(1)
+
+
+@device_app.command("estimate")
+def estimate(
+    budget: Annotated[float, typer.Option(help="seconds for all runs")] = 420.0,
+) -> None:
+    """The check's runs and their estimated seconds on one H200."""
+    from framework_bench.device import check as device_check
+    for line in device_check.dry_lines(budget):
+        typer.echo(line)

@@ -1,0 +1,414 @@
+"""One virtual environment per backend, made and reused by the project.
+
+XTuner 0.2.0 pins transformers==4.48.0 and LLaMA-Factory 0.9.5 needs >=4.55: no single
+environment holds both, so each backend's worker runs with its own env's Python.
+
+Layout: `$FBENCH_HOME/envs/<backend>/` (default `FBENCH_HOME=<project>/.fbench`), with
+`fbench-env.json` recording the flavour, the requirements hash, the resolved versions
+and how long creation took. Creating again with unchanged requirements does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from framework_bench.envs import site_layers
+from framework_bench.plugins.backend import BackendEnv, EnvSpec
+from framework_bench.spec.scenario import PROJECT_ROOT
+
+RECORD = "fbench-env.json"
+PTH_NAME = "fbench_host.pth"
+COPY_MARK = ".fbench-copy"  # in a package folder `_link_packages` copied into an env
+Flavour = Literal["cpu", "cuda"]
+
+
+class EnvError(RuntimeError):
+    pass
+
+
+def fbench_home() -> Path:
+    return Path(os.environ.get("FBENCH_HOME", PROJECT_ROOT / ".fbench"))
+
+
+def env_path(name: str) -> Path:
+    return fbench_home() / "envs" / name
+
+
+FLAVOURS: tuple[Flavour, ...] = ("cpu", "cuda")
+
+# PyTorch's wheel indexes by CUDA build, newest first. PyPI's own torch 2.13.0 is the
+# CUDA 13.0 build; a driver that supports less takes the newest index it can run.
+# Assumed, not checked here (no network to the indexes, no GPU): that torch 2.13.0 is
+# published on each of them; `--torch-index URL` overrides the choice.
+TORCH_INDEXES = ((13, 0, None), (12, 8, "https://download.pytorch.org/whl/cu128"),
+                 (12, 6, "https://download.pytorch.org/whl/cu126"))
+
+
+class Options(BaseModel):
+    """How pip builds the env, beyond the requirements file; recorded, and a change rebuilds."""
+
+    find_links: list[str] = Field(default_factory=list, description="wheelhouse folders (offline installs)")
+    no_index: bool = False
+    with_specs: list[str] = Field(default_factory=list, description="extra requirement specs or wheel paths")
+    system_site_packages: bool = False
+    no_deps: bool = Field(False, description="install exactly what is listed, no dependency resolution")
+    torch_index: str | None = Field(None, description="extra wheel index for torch (cuda flavour)")
+    requirements: str | None = Field(None, description="a requirements file replacing the flavour's own")
+
+
+def default_flavour() -> Flavour:
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+def driver_cuda_version(run=subprocess.run) -> tuple[int, int] | None:
+    """The CUDA version this machine's driver supports, from nvidia-smi's banner; None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_driver_cuda(out)
+
+
+def parse_driver_cuda(nvidia_smi_output: str) -> tuple[int, int] | None:
+    match = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", nvidia_smi_output)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def torch_index_for(driver_cuda: tuple[int, int] | None) -> str | None:
+    """The torch wheel index for a driver: PyPI (None) when it runs CUDA 13 builds or when no
+    driver is seen (a login node: the build is for the compute nodes), else the newest older
+    CUDA build it supports. A driver older than every build is an error, before anything is built."""
+    if driver_cuda is None:
+        return None
+    for major, minor, index in TORCH_INDEXES:
+        if driver_cuda >= (major, minor):
+            return index
+    oldest = TORCH_INDEXES[-1]
+    raise EnvError(f"this machine's driver supports CUDA {driver_cuda[0]}.{driver_cuda[1]}; torch 2.13 "
+                   f"needs CUDA {oldest[0]}.{oldest[1]} or newer: update the driver or pass --torch-index")
+
+
+def _python(path: Path) -> Path:
+    return path / "bin" / "python"
+
+
+def _requirements_hash(spec: EnvSpec, flavour: Flavour) -> str:
+    return hashlib.sha256(spec.requirements[flavour].read_bytes()).hexdigest()
+
+
+def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
+    """The env as found on disk; `ready` only if it was completed and still matches its requirements."""
+    path = env_path(name)
+    env = BackendEnv(name=name, path=path, python=_python(path))
+    record_file = path / RECORD
+    if not record_file.exists():
+        env.problem = "not created (run `fbench env create %s`)" % name
+        return env
+    try:
+        record = json.loads(record_file.read_text())
+        env.flavour = record["flavour"]
+        made_from = record.get("requirements_sha256")
+        site_dirs = list(record.get("site_dirs", []))
+        if env.flavour not in ("cpu", "cuda"):
+            raise ValueError(env.flavour)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a damaged record: remade, never a traceback
+        env.flavour = None
+        env.problem = f"broken: its record {record_file} is unreadable ({type(e).__name__}; run `fbench env create {name}`)"
+        return env
+    # Read afresh each time, not frozen at creation: a package installed by hand (flash-attn,
+    # say) is seen, and the plugins stop refusing what it enables.
+    env.versions = installed_versions(path, site_dirs)
+    # An optional package the smoke test saw fail to import is not there for the plugins
+    # (`env.has` reads metadata only): its scenarios are refused until the env is re-created.
+    for module, state in (record.get("smoke_test") or {}).items():
+        if module in OPTIONAL_IMPORTS and str(state).startswith("import fails"):
+            for dist in [d for d in env.versions if d.lower().replace("-", "_") == module]:
+                del env.versions[dist]
+    if not env.python.exists():
+        env.problem = "broken: its Python is missing"
+    elif spec is not None and made_from != _requirements_hash(spec, env.flavour):
+        env.problem = "stale: requirements changed since it was made (run `fbench env create %s`)" % name
+    else:
+        env.ready = True
+    return env
+
+
+def installed_versions(path: Path, extra_site_dirs: list[str] = ()) -> dict[str, str]:
+    """Distribution name -> version, read from the `*.dist-info/METADATA` files of the env's
+    site-packages (then of `extra_site_dirs`, e.g. the system's with --system-site-packages;
+    the env's own copy wins, as on its sys.path). Milliseconds, where `pip list` takes seconds."""
+    versions: dict[str, str] = {}
+    dirs = [*sorted(path.glob("lib/python3*/site-packages")), *map(Path, extra_site_dirs)]
+    for site in dirs:
+        for metadata in sorted(site.glob("*.dist-info/METADATA")):
+            name = version = None
+            with metadata.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("Name:"):
+                        name = line.split(":", 1)[1].strip()
+                    elif line.startswith("Version:"):
+                        version = line.split(":", 1)[1].strip()
+                    if (name and version) or not line.strip():
+                        break
+            if name and version:
+                versions.setdefault(name, version)
+    return versions
+
+
+def _run(argv: list[str], log, **kw) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, **kw)
+    if proc.returncode:
+        raise EnvError(f"`{' '.join(argv[:4])} ...` exited {proc.returncode}; see {log.name}")
+
+
+OPTIONAL_IMPORTS = ("deepspeed", "flash_attn")  # recorded by the smoke test, never required
+# Run inside a cuda-flavour env after creation: what every GPU run needs, checked once.
+# DeepSpeed and flash-attn are optional (a scenario needing one is refused by its backend):
+# recorded as a version, "absent" or "import fails: ...", never required. Importing, not reading
+# metadata: an installed package that fails to import must not count as present.
+SMOKE_TEST = """
+import json, torch
+out = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+if out["cuda_available"]:
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    out["bf16_matmul"] = bool(torch.isfinite(a @ a).all())
+    out["gpu"] = torch.cuda.get_device_name(0)
+for name in ("deepspeed", "flash_attn"):  # OPTIONAL_IMPORTS
+    try:
+        out[name] = __import__(name).__version__
+    except ModuleNotFoundError as e:
+        out[name] = "absent" if e.name == name else "import fails: %s" % e
+    except Exception as e:
+        out[name] = "import fails: %s: %s" % (type(e).__name__, e)
+print(json.dumps(out))
+"""
+
+
+def smoke_test(python: Path, gpu_here: bool) -> dict:
+    """The cuda flavour's check inside the env: CUDA available and a bf16 matmul on the GPU pass
+    it; deepspeed's and flash-attn's state is recorded. Without a GPU here it is not run, and says so."""
+    if not gpu_here:
+        return {"status": "not run: no GPU here"}
+    proc = subprocess.run([str(python), "-c", SMOKE_TEST], capture_output=True, text=True)
+    if proc.returncode:
+        return {"status": "failed", "error": proc.stderr.strip().splitlines()[-1:]}
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    ok = found["cuda_available"] and found.get("bf16_matmul")
+    return {"status": "passed" if ok else "failed", **found}
+
+
+def _site_dirs(python: Path) -> list[str]:
+    """The site-packages folders outside the env that its Python also reads (--system-site-packages)."""
+    out = subprocess.run([str(python), "-c", "import json, site, sys; print(json.dumps([p for p in site.getsitepackages()"
+                          " if not p.startswith(sys.prefix)]))"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def pip_argv(python: Path, requirements: Path, options: Options, torch_index: str | None) -> list[str]:
+    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", str(requirements)]
+    for folder in options.find_links:
+        argv += ["--find-links", folder]
+    if options.no_index:
+        argv.append("--no-index")
+    if options.no_deps:
+        argv.append("--no-deps")
+    if torch_index:
+        argv += ["--extra-index-url", torch_index]
+    return argv + options.with_specs
+
+
+def validate(flavour: str | None, options: Options) -> None:
+    """Everything that can be checked before an existing env is touched."""
+    if flavour is not None and flavour not in FLAVOURS:
+        raise EnvError(f"unknown flavour {flavour!r}: use {' or '.join(FLAVOURS)}")
+    for folder in options.find_links:
+        if not Path(folder).is_dir():
+            raise EnvError(f"--find-links {folder}: no such folder")
+    if options.requirements and not Path(options.requirements).is_file():
+        raise EnvError(f"--requirements {options.requirements}: no such file")
+    if any(not s.strip() for s in options.with_specs):
+        raise EnvError("--with needs a requirement spec or a wheel path, not an empty string")
+
+
+def create(
+    name: str,
+    spec: EnvSpec,
+    flavour: Flavour | None = None,
+    say: Callable[[str], None] = lambda msg: None,
+    packages: tuple[str, ...] = (),
+    options: Options | None = None,
+) -> BackendEnv:
+    """Create (or reuse) the env of backend `name`; idempotent. `packages` are the plugin's
+    top-level import packages its worker needs (besides `framework_bench`).
+
+    The new env is built in a temporary folder beside the old one and swapped in only once
+    it is complete: a failed or interrupted creation leaves the old env as it was."""
+    options = options or Options()
+    validate(flavour, options)
+    flavour = flavour or default_flavour()
+    current = inspect(name, spec)
+    record_file = current.path / RECORD
+    old_options = json.loads(record_file.read_text()).get("options", {}) if record_file.exists() else None
+    if current.ready and current.flavour == flavour and old_options == options.model_dump():
+        _link_packages(current.python, ("framework_bench", *packages))
+        say(f"{name}: ready at {current.path} (nothing to do)")
+        return current
+    torch_index = options.torch_index
+    if flavour == "cuda" and torch_index is None:
+        torch_index = torch_index_for(driver_cuda_version())
+    requirements = Path(options.requirements) if options.requirements else spec.requirements[flavour]
+    path = env_path(name)
+    for stale in sweep_building(name):
+        say(f"{name}: removed {stale}, left by a creation that was killed")
+    building = path.with_name(f".{name}.building-{os.getpid()}")
+    if building.exists():
+        shutil.rmtree(building)
+    building.mkdir(parents=True)
+    started = time.monotonic()
+    python = _python(building)
+    log_path = path.with_name(f"{name}.create.log")
+    try:
+        with log_path.open("w") as log:
+            say(f"{name}: creating venv in {building} (swapped in for {path} when complete)")
+            venv = [sys.executable, "-m", "venv", "--prompt", name, str(building)]
+            # A venv host's own packages are what "the system's" means here (site_layers says why).
+            layered = options.system_site_packages and site_layers.is_venv()
+            _run(venv + (["--system-site-packages"] if options.system_site_packages and not layered else []), log)
+            inherited = site_layers.inherit(python) if layered else None
+            say(f"{name}: pip install -r {requirements.name} (a few minutes)"
+                + (f", torch from {torch_index}" if torch_index else ""))
+            # pip, not uv: only pip sees the local CPU torch build this machine offers.
+            _run(pip_argv(python, requirements, options, torch_index), log)
+            _link_packages(python, ("framework_bench", *packages))
+            for module in spec.post_install:
+                say(f"{name}: post-install {module}")
+                _run([str(python), "-m", module, flavour], log, cwd=building)
+            smoke = None
+            if flavour == "cuda":
+                smoke = smoke_test(python, gpu_here=driver_cuda_version() is not None)
+                say(f"{name}: smoke test {smoke['status']}")
+                if smoke["status"] == "failed":
+                    raise EnvError(f"the cuda env's smoke test failed: {smoke}; see {log_path}")
+        record = {
+            "name": name,
+            "flavour": flavour,
+            "requirements": str(requirements),
+            "requirements_sha256": _requirements_hash(spec, flavour),
+            "options": options.model_dump(),
+            "torch_index": torch_index,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.monotonic() - started, 1),
+            "host_python": sysconfig.get_python_version(),
+            "site_dirs": inherited if layered else _site_dirs(python) if options.system_site_packages else [],
+            "smoke_test": smoke,
+            "versions": installed_versions(building),
+        }
+        (building / RECORD).write_text(json.dumps(record, indent=2))
+        shutil.copy2(log_path, building / "create.log")
+        _swap_in(building, path)
+    except BaseException:  # a failure or Ctrl-C: the old env stays, the half-built one goes
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    if flavour == "cpu" and "deepspeed" in record["versions"]:
+        # At the final path only: the op's build line names the env's folders (see deepspeed_jit).
+        say(f"{name}: prebuilding DeepSpeed's CPU communication op (a few minutes)")
+        with log_path.open("a") as log:
+            _run([str(_python(path)), "-m", "framework_bench.envs.deepspeed_jit", str(path)], log)
+    say(f"{name}: ready in {record['seconds']:.0f} s")
+    return inspect(name, spec)
+
+
+def sweep_building(name: str) -> list[Path]:
+    """Remove the half-built envs (`.NAME.building-PID`, gigabytes for a real one) whose
+    creating process is gone: killed before it could clean up. A live pid's folder stays."""
+    removed = []
+    for folder in env_path(name).parent.glob(f".{name}.building-*"):
+        pid = folder.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _swap_in(building: Path, path: Path) -> None:
+    """Replace `path` by the completed env. A venv's scripts and activate files name the
+    folder they were made in: rewritten to the final path before the swap."""
+    old, new = str(building).encode(), str(path).encode()
+    for f in (building / "bin").iterdir():
+        if f.is_file() and not f.is_symlink():
+            data = f.read_bytes()
+            if old in data[:4096] or (f.name.startswith("activate") and old in data):
+                f.write_bytes(data.replace(old, new))
+    aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if path.exists():
+        path.rename(aside)
+    building.rename(path)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
+    """Make the host's `framework_bench` and the plugin's own package importable by the
+    worker. A package imported from a source folder (an editable install, a checkout) is
+    reached through a .pth in the env listing that folder; a .pth *appends* to sys.path, so
+    the env's own packages always win. A package installed as files into a site-packages
+    (a non-editable `pip install`) is copied into the env instead: listing that site-packages
+    would put every host package on the worker's path. Redone on every create, so the env
+    follows the checkout or the installed version the host runs."""
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    roots = []
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise EnvError(f"cannot find the package {package!r} to make it importable in the env")
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        copy = purelib / package
+        if (copy / COPY_MARK).exists():
+            shutil.rmtree(copy)  # ours, from an earlier create: refreshed below or dropped
+        elif copy.exists():
+            raise EnvError(f"the env's own {package!r} at {copy} hides the host's: a requirement installs it")
+        if _installed_as_files(package, folder):
+            shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+            (copy / COPY_MARK).write_text(f"copied from {folder} by fbench env create\n")
+        elif str(folder.parent) not in roots:
+            roots.append(str(folder.parent))
+    Path(purelib, PTH_NAME).write_text("".join(r + "\n" for r in roots))
+
+
+def _installed_as_files(package: str, folder: Path) -> bool:
+    """Whether `package` at `folder` is a distribution's installed files (an installer's
+    RECORD lists them there) rather than a source folder: an editable install's RECORD
+    lists only its path hook, and a checkout's egg-info has no RECORD."""
+    from importlib.metadata import distributions, packages_distributions
+
+    names = set(packages_distributions().get(package, []))
+    for dist in (d for name in names for d in distributions(name=name)):
+        if dist.read_text("RECORD") is None:
+            continue
+        init = next((f for f in dist.files or [] if f.parts[:1] == (package,) and f.name == "__init__.py"), None)
+        if init is not None and Path(dist.locate_file(init)).resolve().parent == folder.resolve():
+            return True
+    return False
+
+
+def size_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

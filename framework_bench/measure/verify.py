@@ -1,0 +1,265 @@
+"""The host checks what a worker claims, from the host's own inputs (never the worker's word).
+
+After a run, `verify(...)` compares the worker's report with what the scenario and the
+host's packed stream say it must be:
+  - tokens: every step of every rank carries micro batch x context x grad accum / SP tokens;
+  - steps: every warm-up and measured optimizer step, numbered 1..N without gaps, on every rank;
+  - rows: the rows each step fed to the trainer (`framework_bench/worker/rows.py`) are the
+    rows that step must consume from the packed stream, input ids and labels alike;
+  - throughput: the framework's own tokens/s figure within 10 % of the host's;
+  - parameters: the model the framework built has the scenario's parameter count;
+  - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
+  - initial_weights: the sampled initial weights read from the live model are the compare's
+    (seed, name, index) values (`framework_bench/measure/initial_weights.py`), over every parameter;
+  - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
+    measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
+    thermals or a regression: the reader should look before trusting the row).
+  - parity, when the run has a reference (`fbench compare` runs the torch reference first on
+    each scenario, `fbench check-backend` always): the canonical step-1 loss equals the
+    reference's on the same rows and seed (`framework_bench/measure/losses.py`);
+A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
+plugin does not report (one written before these checks) is `unverified` and only flagged.
+A throughput disagreement is flagged, not invalidating: the frameworks time other windows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from framework_bench.measure import initial_weights
+from framework_bench.plugins.backend import Job, StepMetric, WorkerReport
+from framework_bench.spec.models import ModelArch
+from framework_bench.worker.packed import PackedRows
+from framework_bench.spec.scenario import Scenario
+from framework_bench.worker.rows import row_fingerprint
+
+THROUGHPUT_TOLERANCE = 0.10
+# Checks whose failure makes a run invalid; the others are flagged only.
+BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights", "parity",
+            "clock", "pauses", "cpu")
+# Tests only: check names (comma-separated) left out of the verdict, so that a test can show
+# that a lie it catches with the check would pass without it (the lie is live).
+UNCHECKED_ENV = "FBENCH_UNCHECKED"
+# What every worker must record (issue #11); `fbench check-backend` requires them.
+REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
+                     "activation_checkpointing", "zero_stage")
+
+
+class Check(BaseModel):
+    name: str
+    status: Literal["pass", "fail", "unverified", "skipped"]  # skipped: a conformance variant the backend refuses
+    detail: str = ""
+    figures: dict[str, float | int | str | bool | None] = Field(
+        default_factory=dict, description="what the check measured (the host clock's seconds, shares...)")
+
+
+def expected_param_count(arch: ModelArch) -> int:
+    """Parameters of the HF Llama built from `arch.hf_config()` (no biases, untied embeddings)."""
+    h, kv = arch.hidden_size, arch.num_key_value_heads * arch.head_dim
+    layer = 2 * h * h + 2 * h * kv + 3 * h * arch.intermediate_size + 2 * h  # q o, k v, mlp, two norms
+    return arch.num_hidden_layers * layer + 2 * arch.vocab_size * h + h  # embeddings, lm_head, final norm
+
+
+def tokens_per_step(scenario: Scenario) -> int:
+    return scenario.tokens_per_gpu_step
+
+
+def check_tokens(scenario: Scenario, steps: list[StepMetric]) -> Check:
+    want = tokens_per_step(scenario)
+    wrong = [m for m in steps if m.tokens != want]
+    if not steps:
+        return Check(name="tokens", status="fail", detail="no step records")
+    if wrong:
+        m = wrong[0]
+        return Check(name="tokens", status="fail",
+                     detail=f"{len(wrong)} step record(s) off: rank {m.rank} step {m.step} reports {m.tokens} "
+                            f"tokens, the scenario makes {want} (micro batch x context / SP x micro-iterations per step)")
+    return Check(name="tokens", status="pass", detail=f"{want} tokens per step per rank")
+
+
+def check_steps(scenario: Scenario, steps: list[StepMetric]) -> Check:
+    total, ranks = scenario.steps.total, scenario.cluster.gpus
+    by_rank: dict[int, list[int]] = defaultdict(list)
+    for m in steps:
+        by_rank[m.rank].append(m.step)
+    problems = []
+    for rank in range(ranks):
+        got = by_rank.get(rank, [])
+        if got != list(range(1, total + 1)):
+            missing = sorted(set(range(1, total + 1)) - set(got))
+            extra = sorted(s for s, n in Counter(got).items() if n > 1 or s > total)
+            problems.append(f"rank {rank}: " + ", ".join(
+                p for p in (f"missing {missing}" if missing else "", f"repeated or extra {extra}" if extra else "",
+                            "out of order" if not missing and not extra else "") if p))
+    strays = sorted(set(by_rank) - set(range(ranks)))
+    if strays:
+        problems.append(f"records from ranks {strays} outside the {ranks} processes")
+    if problems:
+        return Check(name="steps", status="fail", detail="; ".join(problems))
+    return Check(name="steps", status="pass",
+                 detail=f"steps 1..{total} ({scenario.steps.warmup} warm-up) on each of {ranks} rank(s)")
+
+
+def rows_per_step(scenario: Scenario) -> int:
+    """Distinct packed rows one step (of `steps.unit`) consumes across all data-parallel ranks."""
+    return scenario.micro_batch * scenario.micro_per_step * scenario.data_parallel
+
+
+def check_rows(scenario: Scenario, consumed: dict[int, dict[int, list[str]]] | None, data_dir: Path) -> Check:
+    if consumed is None:
+        return Check(name="rows", status="unverified", detail="unverified: the worker recorded no consumed rows")
+    packed = PackedRows(data_dir)
+    per_step, total = rows_per_step(scenario), scenario.steps.total
+    need = per_step * total
+    if packed.rows < need:
+        return Check(name="rows", status="fail", detail=f"the stream holds {packed.rows} rows, the run needs {need}")
+    expected = [row_fingerprint(packed.input_ids[r], packed.labels[r]) for r in range(need)]
+    index = {fp: r for r, fp in enumerate(expected)}
+    for step in range(1, total + 1):
+        fed = Counter(fp for steps in consumed.values() for fp in steps.get(step, []))
+        block = expected[(step - 1) * per_step: step * per_step]
+        want = Counter({fp: scenario.sequence_parallel for fp in block})
+        if fed != want:
+            strange = [fp for fp in fed if fp not in want]
+            where = ", ".join(f"row {index[fp]}" if fp in index else "a row not in the stream" for fp in strange[:3])
+            return Check(name="rows", status="fail", detail=(
+                f"step {step} fed {sum(fed.values())} row(s) ({where or 'wrong counts'}), not stream rows "
+                f"{(step - 1) * per_step}..{step * per_step - 1} x SP {scenario.sequence_parallel}"))
+    return Check(name="rows", status="pass", detail=f"rows 0..{need - 1} in order, input ids and labels")
+
+
+def host_throughput(scenario: Scenario, steps: list[StepMetric], whole_run: bool) -> float | None:
+    """Tokens per second per GPU over the measured steps (or all steps), as total tokens / total seconds."""
+    by_step: dict[int, list[StepMetric]] = defaultdict(list)
+    for m in steps:
+        if whole_run or m.step > scenario.steps.warmup:
+            by_step[m.step].append(m)
+    if not by_step:
+        return None
+    tokens = sum(statistics.mean(m.tokens for m in ms) for ms in by_step.values())
+    seconds = sum(max(m.seconds for m in ms) for ms in by_step.values())
+    return tokens / seconds
+
+
+def check_throughput(scenario: Scenario, report: WorkerReport, host_tgs: float | None) -> Check:
+    """Compares like windows: the framework's median per-step rate with the host's median TGS,
+    its mean over the measured steps with the host's, or its whole-run figure with the host's
+    whole-run figure (LLaMA-Factory's HF Trainer publishes only that one)."""
+    own = report.framework_throughput
+    if "tokens_per_sec_median" in own:
+        key, host = "tokens_per_sec_median", host_tgs
+    elif "tokens_per_sec" in own:
+        key, host = "tokens_per_sec", host_throughput(scenario, report.steps, whole_run=False)
+    elif "tokens_per_sec_whole_run" in own:
+        key, host = "tokens_per_sec_whole_run", host_throughput(scenario, report.steps, whole_run=True)
+    else:
+        return Check(name="throughput", status="unverified", detail="unverified: no framework throughput figure")
+    if not host:
+        return Check(name="throughput", status="unverified", detail="unverified: no host figure to compare")
+    ratio = own[key] / host
+    detail = f"framework {key} {own[key]:,.1f} vs host {host:,.1f} ({ratio - 1:+.1%})"
+    return Check(name="throughput", status="pass" if abs(ratio - 1) <= THROUGHPUT_TOLERANCE else "fail",
+                 detail=detail)
+
+
+def check_parameters(scenario: Scenario, report: WorkerReport) -> Check:
+    want = expected_param_count(scenario.arch)
+    if report.param_count is None:
+        return Check(name="parameters", status="unverified", detail="unverified: the worker reported no parameter count")
+    if report.param_count != want:
+        return Check(name="parameters", status="fail",
+                     detail=f"the built model has {report.param_count:,} parameters, the scenario's config {want:,}")
+    return Check(name="parameters", status="pass", detail=f"{want:,} parameters")
+
+
+def check_settings(report: WorkerReport) -> Check:
+    if not report.settings:
+        return Check(name="settings", status="unverified", detail="unverified: the worker recorded no settings")
+    missing = [k for k in REQUIRED_SETTINGS if k not in report.settings]
+    if missing:
+        return Check(name="settings", status="fail", detail=f"settings lack {', '.join(missing)}")
+    return Check(name="settings", status="pass", detail=f"{len(report.settings)} settings recorded")
+
+
+def check_initial_weights(job: Job) -> Check:
+    """The worker's sampled initial weights (`RUN_DIR/initial_weights.json`) against the host's
+    own computation of the same elements."""
+    path = job.run_dir / initial_weights.REPORT_FILE
+    report = json.loads(path.read_text()) if path.exists() else None
+    status, detail = initial_weights.check(report, job.seed, job.hf_config, expected_param_count(job.scenario.arch))
+    return Check(name="initial_weights", status=status, detail=detail)
+
+
+class Anchor(BaseModel):
+    """A step time measured once, which a run of the same loop on the same scenario and GPU
+    should reproduce within `tolerance`."""
+
+    scenario: str
+    trainer: str = Field(description="the `trainer` setting of the loop it was measured with")
+    gpu: str = Field(description="part of the GPU's name (the worker's `device_name` setting)")
+    step_seconds: float
+    tolerance: float = 0.10
+    source: str
+
+
+ANCHORS = [
+    Anchor(scenario="llama2_7b_8k_1gpu", trainer="torch-loop", gpu="H200", step_seconds=1.170,
+           source="issue 17: plain PyTorch on one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 "
+                  "weights, SDPA, activation checkpointing, fused AdamW"),
+]
+
+
+def check_anchor(scenario: Scenario, report: WorkerReport) -> Check | None:
+    """The median measured step time (slowest rank) against the anchor for this run, if any."""
+    settings = report.settings or {}
+    anchor = next((a for a in ANCHORS if a.scenario == scenario.name and a.trainer == settings.get("trainer")
+                   and a.gpu.lower() in str(settings.get("device_name") or "").lower()), None)
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for m in report.steps:
+        if m.step > scenario.steps.warmup:
+            by_step[m.step].append(m.seconds)
+    if anchor is None or not by_step:
+        return None
+    seconds = statistics.median(max(s) for s in by_step.values())
+    off = seconds / anchor.step_seconds - 1
+    detail = (f"step {seconds:.3f} s vs {anchor.step_seconds:.3f} s ({off:+.1%}) measured for {anchor.scenario} "
+              f"on {anchor.gpu} ({anchor.source})")
+    if abs(off) <= anchor.tolerance:
+        return Check(name="anchor", status="pass", detail=detail)
+    return Check(name="anchor", status="fail", detail=f"{detail}: outside ±{anchor.tolerance:.0%}; clocks, thermals "
+                 "or a regression, look before trusting this row")
+
+
+def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None,
+           job: Job | None = None) -> list[Check]:
+    """`job`: the run's job, for the checks of what the worker left in its run folder."""
+    checks = [check_tokens(scenario, report.steps), check_steps(scenario, report.steps),
+              check_rows(scenario, report.consumed_rows, data_dir), check_throughput(scenario, report, host_tgs),
+              check_parameters(scenario, report), check_settings(report)]
+    if job is not None:
+        checks.append(check_initial_weights(job))
+    anchor = check_anchor(scenario, report)
+    return checks + ([anchor] if anchor else [])
+
+
+def unchecked() -> set[str]:
+    """The check names `FBENCH_UNCHECKED` leaves out (tests only)."""
+    return {n for n in os.environ.get(UNCHECKED_ENV, "").split(",") if n}
+
+
+def verdict(checks: list[Check]) -> tuple[str | None, list[str]]:
+    """(the reason the run is invalid or None, flags for the rest)."""
+    checks = [c for c in checks if c.name not in unchecked()]
+    failed = [c for c in checks if c.status == "fail" and c.name in BLOCKING]
+    flags = [f"{c.name}: {c.detail}" for c in checks
+             if c.status == "unverified" or (c.status == "fail" and c.name not in BLOCKING)]
+    reason = "; ".join(f"{c.name} check failed: {c.detail}" for c in failed) or None
+    return reason, flags

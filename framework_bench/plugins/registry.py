@@ -1,0 +1,141 @@
+"""The plugin manager: backends are found through the `fbench.backends` entry points only.
+
+The bundled backends are registered by this project's own `pyproject.toml` entry points,
+exactly as a third-party package would register one.
+"""
+
+from __future__ import annotations
+
+import types
+from functools import cached_property
+from importlib.metadata import entry_points
+
+import pluggy
+
+from framework_bench.plugins import hookspecs
+from framework_bench.plugins.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.spec.scenario import Scenario
+
+
+class UnknownBackend(LookupError):
+    pass
+
+
+class Backend:
+    """One registered backend; calls its hooks (and only its hooks) through pluggy."""
+
+    def __init__(self, pm: pluggy.PluginManager, plugin: object):
+        self._pm = pm
+        self._plugin = plugin
+
+    def _call(self, hook: str, **kwargs):
+        others = [p for p in self._pm.get_plugins() if p is not self._plugin]
+        return self._pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
+    @cached_property
+    def info(self) -> BackendInfo:
+        return self._call("fbench_backend_info")
+
+    @property
+    def package(self) -> str:
+        """The plugin's top-level import package (its worker module lives under it)."""
+        plugin = self._plugin
+        module = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+        return module.split(".")[0]
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        return self._call("fbench_check", scenario=scenario, machine=machine, env=env)
+
+    def plan(self, job: Job, env: BackendEnv) -> LaunchPlan:
+        return self._call("fbench_plan", job=job, env=env)
+
+    def read_report(self, job: Job) -> WorkerReport:
+        return self._call("fbench_read_report", job=job)
+
+
+# Backends that are installed but broken, by entry-point name: an import error, a missing
+# hook, or a `fbench_backend_info` that raises or returns something else. Shown by
+# `fbench backends` and by `fbench run --backend NAME`, instead of letting one broken
+# third-party package take the whole host down.
+load_errors: dict[str, str] = {}
+
+HOOKS = tuple(name for name in vars(hookspecs.TrainBackend) if name.startswith("fbench_"))
+
+
+def _missing_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    implemented = {caller.name for caller in pm.get_hookcallers(plugin) or []}
+    return [hook for hook in HOOKS if hook not in implemented]
+
+
+# Where each registered plugin comes from, by entry-point name: "distribution (module:object)".
+origins: dict[str, str] = {}
+
+
+def _origin(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name if dist is not None else 'an unknown distribution'} ({ep.value})"
+
+
+def manager() -> pluggy.PluginManager:
+    """A plugin manager with every working backend of the `fbench.backends` entry-point group.
+    A name claimed by two distributions is broken for both: which one ran would depend on
+    the order of sys.path, and its rows would be stored under a name that is not its own."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs.TrainBackend)
+    claims: dict[str, dict[str, object]] = {}
+    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+        claims.setdefault(ep.name, {}).setdefault(_origin(ep), ep)  # one distribution seen twice on sys.path is one
+    for name, by_origin in claims.items():
+        if len(by_origin) > 1:
+            load_errors[name] = f"the name {name!r} is claimed by {' and '.join(sorted(by_origin))}: none of them runs; " \
+                                "uninstall all but one"
+            continue
+        (origin, ep), = by_origin.items()
+        origins[name] = origin
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except Exception as e:  # noqa: BLE001 - any import/validation error of a plugin
+            load_errors[ep.name] = f"{type(e).__name__}: {e}"
+            continue
+        missing = _missing_hooks(pm, plugin)
+        if missing:
+            pm.unregister(plugin)
+            load_errors[ep.name] = f"missing hook{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    return pm
+
+
+def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
+    pm = pm or manager()
+    by_name: dict[str, list[tuple[str, Backend]]] = {}
+    for name, plugin in pm.list_name_plugin():
+        backend = Backend(pm, plugin)
+        try:
+            info = backend.info
+            if not isinstance(info, BackendInfo):
+                raise TypeError(f"fbench_backend_info returned {type(info).__name__}, not BackendInfo")
+        except Exception as e:  # noqa: BLE001 - a plugin's own bug: report it, keep the others
+            load_errors[name] = f"{type(e).__name__}: {e}"
+            continue
+        by_name.setdefault(info.name, []).append((name, backend))
+    found = {}
+    for name, claimants in sorted(by_name.items()):
+        if len(claimants) > 1:  # two plugins answering to one name: neither's rows could be told apart
+            who = " and ".join(f"entry point {ep} of {origins.get(ep, '?')}" for ep, _ in claimants)
+            load_errors[name] = f"the backend name {name!r} is given by {who}: none of them runs; uninstall all but one"
+            continue
+        found[name] = claimants[0][1]
+    return found
+
+
+def get(name: str, pm: pluggy.PluginManager | None = None) -> Backend:
+    found = backends(pm)
+    if name not in found:
+        if name in load_errors:
+            raise UnknownBackend(f"the backend {name!r} is installed but broken: {load_errors[name]}")
+        raise UnknownBackend(f"no backend named {name!r}; installed: {', '.join(found) or 'none'}")
+    return found[name]

@@ -1,0 +1,293 @@
+"""Charts: TGS and TFLOPs/GPU against context length, per model, from results-store rows.
+
+Rows are the dicts `ResultStore.list()`/`latest_by_point()` return. matplotlib is imported
+inside the drawing functions only (so `fbench --help` stays fast), and figures are drawn
+on a bare `Figure` (Agg, no pyplot state). Each element a test or a reader may look for in
+the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-spread-<backend>` (min-max over
+steps), `<metric>-line-published`,
+`<metric>-failed-<backend>-<context>` (the x of a point without a figure),
+`<metric>-status-<backend>-<context>-<status>` (its label), with metric `tgs` or `tflops`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from framework_bench.spec.scenario import Scenario, load_all
+
+DEFAULT_OUT = Path("plots")
+METRICS = (("tgs", "tokens / s / GPU (TGS)"), ("tflops", "TFLOPs / GPU (XTuner formula)"))
+FRAMEWORK_NAMES = {"xtuner": "XTuner", "llamafactory": "LLaMA-Factory"}
+# Fixed so committed SVGs only change when the picture does.
+_RC = {"svg.hashsalt": "fbench", "font.size": 10}
+_SAVE_META = {"png": {"Software": None}, "svg": {"Date": None}}
+
+
+def ctx_label(n: int) -> str:
+    """512, 1k, 8k, 128k, 1M: binary multiples, as the published table writes them."""
+    for div, suffix in ((1024 * 1024, "M"), (1024, "k")):
+        if n % div == 0:
+            return f"{n // div}{suffix}"
+    return str(n)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+def hardware(rows: list[dict]) -> str:
+    """The machines the rows ran on, from their manifests (this machine when there are none)."""
+    machines = [r["manifest"] for r in rows if r.get("manifest")]
+    if not machines:
+        from framework_bench.measure.machine import detect
+        m = detect()
+        machines = [{"gpu": m.gpu_name, "gpu_count": m.gpus, "cpu": m.cpu, "cpu_count": m.cpu_count}]
+    names = []
+    for m in machines:
+        name = f"{m['gpu_count']} x {m['gpu']}" if m.get("gpu_count") else f"{m['cpu']} CPU x {m['cpu_count']}, no GPU"
+        if name not in names:
+            names.append(name)
+    return " / ".join(names)
+
+
+def gpus_label(rows: list[dict]) -> str:
+    """What one run used: `8 GPUs`, `8/32 GPUs` across contexts, `1 process (CPU)`."""
+    counts = sorted({r["gpus"] for r in rows})
+    on_cpu = all(r.get("device") == "cpu" for r in rows)
+    unit = ("process" if counts == [1] else "processes") + " (CPU)" if on_cpu else ("GPU" if counts == [1] else "GPUs")
+    return f"{'/'.join(map(str, counts))} {unit}"
+
+
+def references(model: str, rows: list[dict], scenarios: list[Scenario] | None = None) -> dict[str, list[dict]]:
+    """Published points for `model`, by line label: from the rows' scenarios and the scenario files."""
+    specs = [r["scenario_json"] for r in rows] + [s.model_dump(mode="json") for s in (scenarios or [])]
+    points: dict[str, dict[int, dict]] = defaultdict(dict)
+    for spec in specs:
+        ref = spec.get("reference")
+        if not ref or (spec["model"].get("preset") or "inline") != model:
+            continue
+        label = f"{FRAMEWORK_NAMES.get(ref['framework'], ref['framework'])} published ({ref['hardware']})"
+        points[label].setdefault(spec["context_length"], {
+            "context_length": spec["context_length"], "tgs": ref["tgs"], "tflops": ref["tflops"],
+            "gpus": spec["cluster"]["gpus"]})
+    return {label: sorted(p.values(), key=lambda p: p["context_length"]) for label, p in points.items()}
+
+
+def _context_axis(ax, contexts: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [ctx_label(c) for c in contexts])
+    ax.minorticks_off()
+    ax.set_xlim(min(contexts) / 1.5, max(contexts) * 1.5)
+    ax.set_xlabel("context length (tokens per packed row)")
+    ax.grid(True, alpha=0.3)
+
+
+def _save(fig, out_dir: Path, stem: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "svg"):
+        path = out_dir / f"{stem}.{ext}"
+        fig.savefig(path, dpi=120, metadata=_SAVE_META[ext])
+        paths.append(path)
+    return paths
+
+
+def _latest_per_point(rows: list[dict]) -> list[dict]:
+    """One row per backend x context (the newest), so a re-run replaces the older point."""
+    latest: dict[tuple[str, int], dict] = {}
+    for r in sorted(rows, key=lambda r: r.get("id") or 0):
+        latest[(r["backend"], r["context_length"])] = r
+    return list(latest.values())
+
+
+def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool = True,
+                 include_unverified: bool = False) -> list[Path]:
+    """Per model: `tgs_tflops_<model>.png/.svg`, TGS and TFLOPs/GPU against context, a line per backend.
+    `ok` runs only, and `unverified` ones (an old-contract plugin's missing claims) if asked."""
+    shown = ("ok", "unverified") if include_unverified else ("ok",)
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import blended_transform_factory
+
+    scenarios = load_all() if published else []
+    by_model: dict[str, list[dict]] = defaultdict(list)
+    for r in _latest_per_point(rows):
+        by_model[r["model"]].append(r)
+    backends = sorted({r["backend"] for r in rows})
+    colours = {b: matplotlib.colormaps["tab10"](i % 10) for i, b in enumerate(backends)}
+    paths: list[Path] = []
+    for model, mrows in sorted(by_model.items()):
+        refs = references(model, mrows, scenarios) if published else {}
+        contexts = sorted({r["context_length"] for r in mrows}
+                          | {p["context_length"] for pts in refs.values() for p in pts})
+        with matplotlib.rc_context(_RC):
+            fig = Figure(figsize=(13, 5.2), layout="constrained")
+            axes = fig.subplots(1, 2)
+            for ax, (metric, ylabel) in zip(axes, METRICS):
+                bottom = blended_transform_factory(ax.transData, ax.transAxes)
+                for i, backend in enumerate(sorted({r["backend"] for r in mrows})):
+                    brows = sorted((r for r in mrows if r["backend"] == backend), key=lambda r: r["context_length"])
+                    ok = [r for r in brows if r["status"] in shown and r[metric] is not None]
+                    line, = ax.plot([r["context_length"] for r in ok], [r[metric] for r in ok], marker="o",
+                                    color=colours[backend], label=backend, linewidth=2)
+                    line.set_gid(f"{metric}-line-{_slug(backend)}")
+                    # The step-to-step spread (min-max of step TGS; TFLOPs scale with it) as a bar at each point.
+                    spread = [r for r in ok if r["tgs_min"] is not None and r["tgs_max"] is not None and r["tgs"]]
+                    if spread:
+                        dodge = 2 ** (0.03 * (i - (len(backends) - 1) / 2))  # backends' bars side by side
+                        bars = ax.vlines([r["context_length"] * dodge for r in spread],
+                                         [r[metric] * r["tgs_min"] / r["tgs"] for r in spread],
+                                         [r[metric] * r["tgs_max"] / r["tgs"] for r in spread],
+                                         color=colours[backend], alpha=0.5, linewidth=4)
+                        bars.set_gid(f"{metric}-spread-{_slug(backend)}")
+                    # Points without a figure stay visible: an x at the foot of the axis, with the status.
+                    y = 0.04 + 0.07 * i
+                    for r in (r for r in brows if r not in ok):
+                        marker, = ax.plot([r["context_length"]], [y], transform=bottom, marker="x", markersize=9,
+                                          markeredgewidth=2, color=colours[backend], linestyle="none")
+                        marker.set_gid(f"{metric}-failed-{_slug(backend)}-{ctx_label(r['context_length'])}")
+                        last = r["context_length"] == contexts[-1]  # write inwards so the text stays inside
+                        text = ax.annotate(r["status"], (r["context_length"], y), xycoords=bottom,
+                                           xytext=(-7 if last else 7, 0), textcoords="offset points",
+                                           ha="right" if last else "left", va="center", fontsize=8,
+                                           color=colours[backend])
+                        # SVG text is drawn as paths, so the status is also spelled out in the gid.
+                        text.set_gid(f"{metric}-status-{_slug(backend)}-{ctx_label(r['context_length'])}-{r['status']}")
+                for label, pts in refs.items():
+                    line, = ax.plot([p["context_length"] for p in pts], [p[metric] for p in pts], linestyle="--",
+                                    marker="s", markersize=5, color="0.35", label=label)
+                    line.set_gid(f"{metric}-line-published")
+                _context_axis(ax, contexts)
+                ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)  # headroom keeps the legend off the lines
+                ax.set_ylabel(ylabel)
+                ax.legend(loc="best", fontsize=8, framealpha=0.9)
+            modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in mrows}))
+            fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
+                         f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
+            paths += _save(fig, Path(out_dir), f"tgs_tflops_{_slug(model)}")
+    return paths + plot_loss_curves(rows, out_dir)
+
+
+def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT) -> list[Path]:
+    """Per scenario: `loss_<scenario>.png/.svg`, the canonical loss per optimizer step (the token
+    mean, framework_bench/measure/losses.py) of each backend's latest run: from the same initial
+    weights and rows, backends that computed the same steps draw one curve."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    latest: dict[tuple[str, str], dict] = {}  # the newest run per scenario and backend
+    for r in sorted(rows, key=lambda r: r.get("id") or 0):
+        if r.get("loss_curve"):
+            latest[(r["scenario"], r["backend"])] = r
+    by_scenario: dict[str, list[dict]] = defaultdict(list)
+    for (scenario, _), r in latest.items():
+        by_scenario[scenario].append(r)
+    backends = sorted({r["backend"] for r in rows})
+    colours = {b: matplotlib.colormaps["tab10"](i % 10) for i, b in enumerate(backends)}
+    paths: list[Path] = []
+    for name, runs in sorted(by_scenario.items()):
+        with matplotlib.rc_context(_RC):
+            fig = Figure(figsize=(7, 4.5), layout="constrained")
+            ax = fig.subplots()
+            # Identical curves would hide each other: later backends are drawn thinner, on top.
+            for i, r in enumerate(sorted(runs, key=lambda r: r["backend"])):
+                curve = sorted((int(step), loss) for step, loss in r["loss_curve"].items())
+                line, = ax.plot([s for s, _ in curve], [loss for _, loss in curve], marker="o", markersize=4,
+                                linewidth=max(4 - 1.2 * i, 1), color=colours[r["backend"]],
+                                label=f"{r['backend']} (seed {r.get('seed')})")
+                line.set_gid(f"loss-line-{_slug(r['backend'])}")
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel("loss (token mean over the step)")
+            ax.legend(loc="best", fontsize=8, framealpha=0.9)
+            fig.suptitle(f"{name}: loss per step", fontsize=12)
+            paths += _save(fig, Path(out_dir), f"loss_{_slug(name)}")
+    return paths
+
+
+def plot_published(out_dir: Path = DEFAULT_OUT, scenarios: list[Scenario] | None = None) -> list[Path]:
+    """The published table alone (no runs needed): `published_<framework>_<gpu>.png/.svg`, a line per model."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    scenarios = load_all() if scenarios is None else scenarios
+    groups: dict[tuple[str, str], list[Scenario]] = defaultdict(list)
+    for s in scenarios:
+        if s.reference:
+            groups[(s.reference.framework, s.reference.hardware)].append(s)
+    paths: list[Path] = []
+    for (framework, hw), group in sorted(groups.items()):
+        by_model: dict[str, list[Scenario]] = defaultdict(list)
+        for s in group:
+            by_model[s.model.preset or "inline"].append(s)
+        contexts = sorted({s.context_length for s in group})
+        name = FRAMEWORK_NAMES.get(framework, framework)
+        with matplotlib.rc_context(_RC):
+            fig = Figure(figsize=(13, 5.2), layout="constrained")
+            axes = fig.subplots(1, 2)
+            ordered = sorted(by_model.items(), key=lambda kv: kv[1][0].arch.hidden_size)
+            for ax, (metric, ylabel) in zip(axes, METRICS):
+                for i, (model, ss) in enumerate(ordered):
+                    ss = sorted(ss, key=lambda s: s.context_length)
+                    colour = matplotlib.colormaps["tab10"](i)
+                    line, = ax.plot([s.context_length for s in ss], [getattr(s.reference, metric) for s in ss],
+                                    marker="o", linewidth=2, color=colour, label=f"{model} ({_gpus_by_context(ss)})")
+                    line.set_gid(f"{metric}-line-{_slug(model)}")
+                _label_values(ax, [[(s.context_length, getattr(s.reference, metric)) for s in ss]
+                                   for _, ss in ordered], metric)
+                _context_axis(ax, contexts)
+                if metric == "tgs":
+                    _log_y(ax)  # 7B and 70B differ by 10-100x: a linear axis flattens the big models
+                else:
+                    ax.set_ylim(0, max(s.reference.tflops for s in group) * 1.25)
+                ax.set_ylabel(ylabel)
+                ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
+            fig.suptitle(f"{name} published speed benchmark: full fine-tuning on packed Alpaca, {hw}", fontsize=12)
+            gpu = _slug(hw.split("-")[0].lower())
+            paths += _save(fig, Path(out_dir), f"published_{_slug(framework)}_{gpu}")
+    return paths
+
+
+def _gpus_by_context(scenarios: list[Scenario]) -> str:
+    """`8 GPUs`, or `8 GPUs; 32 at 1M` when some rows of the table used another count."""
+    counts = [s.cluster.gpus for s in scenarios]
+    usual = max(set(counts), key=counts.count)
+    odd = [f"{s.cluster.gpus} at {ctx_label(s.context_length)}" for s in scenarios if s.cluster.gpus != usual]
+    return "; ".join([f"{usual} GPUs", *odd])
+
+
+def _label_values(ax, lines: list[list[tuple[int, float]]], metric: str) -> None:
+    """Write each point's value where it does not hit its neighbours at the same context:
+    the highest above, the lowest below, any in between to the right."""
+    import matplotlib
+
+    at: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for i, pts in enumerate(lines):
+        for x, y in pts:
+            at[x].append((y, i))
+    for x, ys in at.items():
+        ys.sort()
+        for rank, (y, i) in enumerate(ys):
+            if rank == len(ys) - 1:
+                offset, ha, va = (0, 6), "center", "bottom"
+            elif rank == 0:
+                offset, ha, va = (0, -7), "center", "top"
+            else:
+                offset, ha, va = (7, 0), "left", "center"
+            ax.annotate(f"{y:,.0f}" if metric == "tgs" else f"{y:.0f}", (x, y), xytext=offset,
+                        textcoords="offset points", ha=ha, va=va, fontsize=7,
+                        color=matplotlib.colormaps["tab10"](i),
+                        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+
+
+def _log_y(ax) -> None:
+    """A log y axis labelled with plain numbers (1, 2, 5 per decade) rather than powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    low, high = ax.get_ylim()
+    ax.set_ylim(low / 1.5, high * 1.5)  # room for the value labels above and below the end points

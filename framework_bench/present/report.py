@@ -1,0 +1,308 @@
+"""The report: one Markdown page and one self-contained HTML page from results-store rows.
+
+Both pages are rendered from the same list of blocks (heading, paragraph, table, list,
+image, preformatted text), so they always say the same thing. The HTML embeds its images
+as base64 data URIs and its CSS inline: it can be mailed or attached as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from framework_bench.measure import flops
+from framework_bench.run.compare import NOT_ALIGNED, REFERENCE_BACKEND, SPEED_RELEVANT, definition, percent_of_reference
+from framework_bench.present.plotting import ctx_label, hardware
+from framework_bench.spec.scenario import Scenario
+
+REASON_LINES = 6  # of a failed run's error tail, enough to see the cause without the whole log
+SPEED_MARK, OTHER_MARK = "⚠ ", "≠ "  # settings rows that differ between backends (speed-relevant / not)
+
+
+@dataclass
+class Block:
+    kind: str  # h1 | h2 | p | table | list | image | pre
+    text: str = ""
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+
+def _num(x: float | None, spec: str = ",.1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _mem(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _tgs(r: dict) -> str:
+    if r["tgs"] is None:
+        return "-"
+    return f"{r['tgs']:,.1f} ({r['tgs_min']:,.1f}–{r['tgs_max']:,.1f})" if r["tgs_min"] is not None else _num(r["tgs"])
+
+
+def _tflops(r: dict) -> str:
+    """`XTuner-formula / model-FLOPs` TFLOPs per GPU."""
+    return " / ".join(_num(r[k], ".3g") for k in ("tflops", "model_tflops")) if r["tflops"] is not None else "-"
+
+
+def _reference(spec: dict) -> str:
+    ref = spec.get("reference")
+    return f"{ref['tgs']:,.1f} TGS, {ref['tflops']:.1f} TFLOPs ({ref['hardware']})" if ref else "-"
+
+
+def _pairing(rows: list[dict]) -> list[tuple]:
+    """Stored rows as `percent_of_reference` pairs them: by scenario name and stored definition."""
+    return [(r["scenario"], r["backend"], r["status"], r["tgs"], definition(r["scenario_json"])) for r in rows]
+
+
+def scenario_table(rows: list[dict]) -> Block:
+    share = percent_of_reference(_pairing(rows))
+    header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "TGS median (min–max)",
+              f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published",
+              "flags / notes"]
+    body = []
+    for r in rows:
+        pct = share.get((r["scenario"], r["backend"]))
+        spec = r["scenario_json"]
+        version = f" {r['framework_version']}" if r["framework_version"] else ""
+        body.append([
+            r["scenario"], r["model"], ctx_label(r["context_length"]),
+            f"{r['gpus']}" + (" (CPU)" if r["device"] == "cpu" else ""), str(r["sequence_parallel"]),
+            r["backend"] + version, r["status"], _tgs(r), "-" if pct is None else f"{pct:.0f}%",
+            _tflops(r),
+            "-" if r["mfu"] is None else f"{r['mfu']:.1%}", _mem(r["peak_mem_bytes"]), _reference(spec),
+            "; ".join(r["flags"] + r.get("notes", [])) or "-",
+        ])
+    return Block("table", header=header, rows=body)
+
+
+def failures(rows: list[dict]) -> list[Block]:
+    out = []
+    for r in rows:
+        if r["status"] != "ok" and r["reason"]:
+            tail = "\n".join(r["reason"].strip().splitlines()[-REASON_LINES:])
+            out += [Block("p", f"{r['backend']} on {r['scenario']} (run {r['id']}): {r['status']}"), Block("pre", tail)]
+    return out
+
+
+def environment(rows: list[dict]) -> list[Block]:
+    """Each distinct host once, then each backend's env versions once."""
+    hosts, envs_seen, blocks = [], {}, []
+    for r in rows:
+        m = dict(r["manifest"])
+        env = m.pop("backend_env", None)
+        if m not in hosts:
+            hosts.append(m)
+        if env is not None:
+            envs_seen.setdefault(r["backend"], env)
+    for m in hosts:
+        blocks.append(Block("table", header=["host", m.get("hostname") or "-"],
+                            rows=[[k, "-" if v is None else str(v)] for k, v in m.items() if k != "hostname"]))
+    if envs_seen:
+        blocks.append(Block("table", header=["backend", "env flavour", "versions"], rows=[
+            [b, e.get("flavour") or "-", ", ".join(f"{k} {v}" for k, v in e.get("versions", {}).items()) or "-"]
+            for b, e in sorted(envs_seen.items())]))
+    return blocks
+
+
+def caveats(rows: list[dict]) -> list[str]:
+    out = ["Models are built from their config with random weights (nothing is downloaded), the same for every "
+           "backend: each parameter is drawn from (seed, name, element index) and the host checks a sample. The "
+           "loss charts show each backend's loss per step as the token mean over the step (whatever the framework "
+           "divides by, named by the loss_normalization setting): backends that trained the same steps overlap."]
+    specs = {r["scenario"]: Scenario.model_validate(r["scenario_json"]) for r in rows}
+    cpu = sorted({r["scenario"] for r in rows if r["device"] == "cpu"})
+    if cpu:
+        out.append(f"CPU runs ({', '.join(cpu)}) on {hardware([r for r in rows if r['device'] == 'cpu'])}: "
+                   "their TGS measures the harness and the frameworks' code paths on a CPU, not GPU speed, and "
+                   "is not comparable with the published A100 figures; MFU needs a known GPU peak and is left out.")
+    repeats: dict[int, list[str]] = {}
+    for name, s in sorted(specs.items()):
+        repeats.setdefault(s.dataset.repeat, []).append(name)
+    out.append("Dataset repeat factor (copies of Alpaca en+zh before packing; raised automatically when the "
+               "steps need more tokens; the published runs used 6): "
+               + "; ".join(f"{k}x for {', '.join(v)}" for k, v in sorted(repeats.items())) + ".")
+    flagged = [f"{r['backend']} on {r['scenario']}: {'; '.join(r['flags'])}" for r in rows if r["flags"]]
+    if flagged:
+        out.append("Flagged rows (too few measured steps or a wide step spread; the figure is shown, but "
+                   "treat it with care): " + " | ".join(flagged) + ".")
+    ratios: dict[str, list[float]] = {}
+    for s in specs.values():
+        a = s.arch
+        if a.num_key_value_heads < a.num_attention_heads:
+            ratios.setdefault(f"{s.model.preset or 'inline'} ({a.num_attention_heads} query / "
+                              f"{a.num_key_value_heads} KV heads)", []).append(
+                flops.xtuner_flops_per_token(a, s.context_length, s.activation_checkpointing)
+                / flops.model_flops_per_token(a, s.context_length, s.activation_checkpointing))
+    gqa = [f"{model}: x{min(r):.2f}" + (f"–{max(r):.2f}" if max(r) - min(r) >= 0.005 else "")
+           for model, r in sorted(ratios.items())]
+    if gqa:
+        out.append("TFLOPs/GPU uses XTuner's published formula, which counts K and V projections at the full "
+                   "head count and so over-counts grouped-query-attention models; the model-FLOPs column and MFU "
+                   "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
+    if percent_of_reference(_pairing(rows)):
+        out.append(f"\"% of {REFERENCE_BACKEND}\" is a backend's TGS as a share of the {REFERENCE_BACKEND} "
+                   "backend's on the same scenario: a plain PyTorch loop over the same packed rows (the HF model class "
+                   "built from the same config, AdamW with the same hyper-parameters, the same precision and "
+                   "activation checkpointing). 100 % minus it is what the framework costs over that loop (negative: "
+                   "what it gains, e.g. by fused kernels).")
+    not_ok = [r for r in rows if r["status"] != "ok"]
+    if not_ok:
+        out.append(f"{len(not_ok)} of {len(rows)} runs did not produce a figure; they stay in the table and the "
+                   "charts (an x at the foot of the axis) with their status, and their error tails are listed below.")
+    return out
+
+
+def verification(rows: list[dict]) -> Block | None:
+    """The host's checks of each run's claims (framework_bench/measure/verify.py), with the throughput
+    agreement spelled out: the framework's own figure against the host's."""
+    checked = [r for r in rows if r.get("checks")]
+    if not checked:
+        return None
+    names = [c["name"] for c in checked[0]["checks"]]
+    body = []
+    for r in checked:
+        by_name = {c["name"]: c for c in r["checks"]}
+        cells = [by_name[n]["status"] if n in by_name else "-" for n in names]
+        throughput = by_name.get("throughput", {}).get("detail", "-")
+        body.append([r["scenario"], r["backend"], r["status"], *cells, throughput])
+    return Block("table", header=["scenario", "backend", "status", *names, "framework vs host throughput"], rows=body)
+
+
+def settings_sections(rows: list[dict]) -> list[Block]:
+    """Per scenario, the settings each backend really ran with, side by side; rows that differ
+    are marked, speed-relevant ones first and highlighted."""
+    out = []
+    by_scenario: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("settings"):
+            by_scenario.setdefault(r["scenario"], []).append(r)
+    for name, runs in sorted(by_scenario.items()):
+        backends = [r["backend"] for r in runs]
+        keys = sorted({k for r in runs for k in r["settings"]} - {"settings_mode"})
+        table = []
+        for key in keys:
+            values = [r["settings"].get(key) for r in runs]
+            # a key one backend does not record is unknown there ("-"), not a difference
+            differs = all(key in r["settings"] for r in runs) and len({repr(v) for v in values}) > 1
+            mark = (SPEED_MARK if key in SPEED_RELEVANT else OTHER_MARK) if differs else ""
+            table.append((0 if mark == SPEED_MARK else 1 if mark else 2, mark + key,
+                          ["-" if v is None else str(v) for v in values]))
+        table.sort(key=lambda t: t[0])
+        modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in runs}))
+        out += [Block("p", f"{name} ({modes} settings): {SPEED_MARK.strip()} differs and can move TGS, "
+                           f"{OTHER_MARK.strip()} differs without a known effect on speed."),
+                Block("table", header=["setting", *backends], rows=[[k, *v] for _, k, v in table])]
+    return out
+
+
+def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
+    modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in rows})) or "matched"
+    out = [Block("h1", "fbench report"),
+           Block("p", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS is "
+                      "tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
+                      "min–max over steps.")]
+    out += [Block("h2", "Results"), scenario_table(rows)]
+    checks = verification(rows)
+    if checks:
+        out += [Block("h2", "Host verification"),
+                Block("p", "What the host checked of each worker's claims: tokens per step, every step present, the "
+                           "rows consumed against the packed stream, the parameter count, the settings recorded "
+                           "(a failure makes the run invalid), and the framework's own throughput against the "
+                           "host's (flagged beyond 10 %)."), checks]
+    settings = settings_sections(rows)
+    if settings:
+        out += [Block("h2", "Settings in effect"), *settings]
+        if "matched" in modes:
+            out += [Block("p", "Not aligned by matched settings (inside the frameworks' own code):"),
+                    Block("list", items=list(NOT_ALIGNED))]
+    pngs = [c for c in charts if c.suffix == ".png"]
+    if pngs:
+        out.append(Block("h2", "Charts"))
+        out += [Block("image", text=c.stem, path=c) for c in pngs]
+    out += [Block("h2", "Caveats"), Block("list", items=caveats(rows))]
+    fails = failures(rows)
+    if fails:
+        out += [Block("h2", "Runs without a figure"), *fails]
+    out += [Block("h2", "Environment"), *environment(rows)]
+    return out
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(items: list[Block], base: Path) -> str:
+    lines: list[str] = []
+    for b in items:
+        if b.kind == "h1":
+            lines += [f"# {b.text}", ""]
+        elif b.kind == "h2":
+            lines += [f"## {b.text}", ""]
+        elif b.kind == "p":
+            lines += [b.text, ""]
+        elif b.kind == "table":
+            lines.append("| " + " | ".join(map(_md_cell, b.header)) + " |")
+            lines.append("|" + "---|" * len(b.header))
+            lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in b.rows]
+            lines.append("")
+        elif b.kind == "list":
+            lines += [f"- {item}" for item in b.items] + [""]
+        elif b.kind == "image":
+            lines += [f"![{b.text}]({Path(os.path.relpath(b.path, base)).as_posix()})", ""]
+        elif b.kind == "pre":
+            lines += ["```", b.text, "```", ""]
+    return "\n".join(lines)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:110em}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
+th,td{border:1px solid #ccc;padding:0.3em 0.6em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
+pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:0.85em}
+tr.speed td{background:#fff3cd;font-weight:600}"""
+
+
+def to_html(items: list[Block]) -> str:
+    e = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>fbench report</title>',
+             f"<style>{_CSS}</style></head><body>"]
+    for b in items:
+        if b.kind in ("h1", "h2", "p"):
+            parts.append(f"<{b.kind}>{e(b.text)}</{b.kind}>")
+        elif b.kind == "table":
+            parts.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.header) + "</tr></thead><tbody>")
+            parts += [("<tr class=\"speed\">" if row and row[0].startswith(SPEED_MARK) else "<tr>")
+                      + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in b.rows]
+            parts.append("</tbody></table>")
+        elif b.kind == "list":
+            parts.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")
+        elif b.kind == "image":
+            data = base64.b64encode(b.path.read_bytes()).decode()
+            parts.append(f'<figure><img alt="{e(b.text)}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{e(b.text)}</figcaption></figure>")
+        elif b.kind == "pre":
+            parts.append(f"<pre>{e(b.text)}</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(rows: list[dict], out_dir: Path, charts: list[Path]) -> tuple[Path, Path]:
+    """`report.md` (charts linked by relative path) and `report.html` (self-contained) in `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    items = blocks(rows, [Path(c) for c in charts])
+    md, page = out_dir / "report.md", out_dir / "report.html"
+    md.write_text(to_markdown(items, out_dir))
+    page.write_text(to_html(items))
+    return md, page
+

@@ -1,0 +1,160 @@
+"""`fbench compare`: every chosen backend on every chosen scenario, on one packed stream each.
+
+Runs are sequential (they would compete for the same devices). Each finished run is
+stored at once, so Ctrl-C or a crash loses only the run in flight.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from framework_bench.run import launch
+from framework_bench.plugins import registry as plugins
+from framework_bench.run import runner
+from framework_bench.spec import scenario as scenarios_
+from framework_bench.worker.hparams import SEED
+from framework_bench.measure.metrics import RunResult
+from framework_bench.spec.scenario import Scenario, ScenarioError
+
+SETTINGS_MODES = ("matched", "native")
+# Settings that change a step's time (highlighted where backends differ); the rest
+# (seed, learning rate, library versions...) are shown but do not move TGS.
+SPEED_RELEVANT = frozenset({
+    "trainer", "optimizer", "optimizer_impl", "grad_clip", "param_dtype", "autocast_dtype", "loss_scaler",
+    "grad_reduce_dtype", "master_weights", "attention", "attention_kv_repeat", "activation_checkpointing",
+    "checkpointing_reentrant", "zero_stage", "zero_reduce_bucket_size", "zero_allgather_bucket_size",
+    "zero_overlap_comm", "zero_contiguous_gradients", "zero_stage3_prefetch_bucket_size",
+    "zero_stage3_param_persistence_threshold", "zero_stage3_max_live_parameters", "deepspeed_version",
+    "flash_attn_version", "sequence_parallel", "compile", "ddp_find_unused_parameters", "token_count_sync",
+    "torch_version",
+})
+# What matched mode cannot align because it lives inside a framework's own code (fairness
+# audit rows); named in the report beside the recorded settings.
+NOT_ALIGNED = (
+    "XTuner without DeepSpeed clips gradients through mmengine, which reads the norm back to the host "
+    "(float(grad_norm)) every step; the HF Trainer does it only under DeepSpeed.",
+    "XTuner computes the loss over a shifted contiguous fp32 copy of the logits; the HF Trainer's loss "
+    "does not copy.",
+    "Each framework's transformers pin (4.48 vs 5.6) decides whether SDPA repeats grouped K/V heads "
+    "(attention_kv_repeat) and the default checkpointing variant.",
+    "DeepSpeed versions follow each framework's requirements (deepspeed_version).",
+    "Sequence-parallel rows: LLaMA-Factory has sequence parallelism only in its v1 trainer (FSDP2 + Ulysses), "
+    "XTuner only through DeepSpeed ZeRO + its Ulysses; the trainers differ.",
+    "Rows are fed in the host's order on both sides (no shuffling): the host checks each step's rows.",
+)
+
+
+def setting_differences(records: list[dict]) -> dict[str, list[tuple[str, dict[str, object], bool]]]:
+    """Per scenario, each setting whose value differs between backends: (key, {backend: value},
+    speed-relevant). `records` are run records (RunResult dumps or store rows) with `settings`."""
+    by_scenario: dict[str, dict[str, dict]] = {}
+    for r in records:
+        if r.get("settings"):
+            by_scenario.setdefault(r["scenario"], {})[r["backend"]] = r["settings"]
+    out: dict[str, list[tuple[str, dict[str, object], bool]]] = {}
+    for name, per_backend in by_scenario.items():
+        if len(per_backend) < 2:
+            continue
+        # a key one backend does not record is unknown there, not a difference
+        keys = sorted(set.intersection(*(set(s) for s in per_backend.values())) - {"settings_mode"})
+        diffs = []
+        for key in keys:
+            values = {b: s.get(key) for b, s in sorted(per_backend.items())}
+            if len({repr(v) for v in values.values()}) > 1:
+                diffs.append((key, values, key in SPEED_RELEVANT))
+        out[name] = sorted(diffs, key=lambda d: (not d[2], d[0]))
+    return out
+
+
+def expand(patterns: list[str]) -> list[Scenario]:
+    """Scenario names, globs over the names in scenarios/ (`tiny_cpu*`), or file paths; in order, no
+    repeats. Two different files with one name are refused: their runs would share one name."""
+    names = [p.stem for p in scenarios_.scenario_paths()]
+    chosen: list[str] = []
+    for pattern in patterns:
+        if any(ch in pattern for ch in "*?["):
+            hits = fnmatch.filter(names, pattern)
+            if not hits:
+                raise ScenarioError(f"no scenario matches {pattern!r}")
+            chosen += hits
+        else:
+            chosen.append(pattern)
+    seen: dict[str, tuple[Path, Scenario]] = {}
+    for name in chosen:
+        path = scenarios_.source_path(name)
+        s = scenarios_.load(name)
+        if s.name in seen and seen[s.name][0] != path:
+            raise ScenarioError(f"two scenarios named {s.name!r}: {seen[s.name][0]} and {path}; rename one")
+        seen.setdefault(s.name, (path, s))
+    return sorted((s for _, s in seen.values()), key=lambda s: (s.model.preset or "", s.context_length))
+
+
+# The no-framework reference (a plain PyTorch loop): other backends' TGS is shown as a share of its.
+REFERENCE_BACKEND = "torch"
+
+
+def percent_of_reference(rows: list[tuple[str, str, str, float | None, str]]) -> dict[tuple[str, str], float]:
+    """TGS as % of the reference backend's on the same scenario, by (scenario, backend), from
+    (scenario, backend, status, tgs, definition) rows; only rows that are `ok` beside an `ok`
+    reference row whose scenario definition (its stored JSON) is the same: a scenario file
+    edited between two runs (512 then 2k tokens) is another scenario under the same name.
+    100 % - x is the framework's overhead (or, above 100 %, what it gains) over the plain loop."""
+    ref = {(scn, definition): tgs for scn, backend, status, tgs, definition in rows
+           if backend == REFERENCE_BACKEND and status == "ok" and tgs}
+    return {(scn, backend): 100.0 * tgs / ref[scn, definition] for scn, backend, status, tgs, definition in rows
+            if (scn, definition) in ref and status == "ok" and tgs is not None}
+
+
+def definition(scenario_json: dict) -> str:
+    """A scenario's stored definition as one comparable string."""
+    return json.dumps(scenario_json, sort_keys=True)
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a compare: the results finished so far are kept."""
+
+
+def compare(
+    scenarios: list[Scenario],
+    backend_names: list[str],
+    *,
+    timeout: float | None = None,
+    on_result: Callable[[RunResult, Scenario], None] = lambda r, s: None,
+    on_start: Callable[[str, Scenario], None] = lambda b, s: None,
+    on_step: runner.StepCallback = lambda done, total, secs: None,
+    root: Path | None = None,
+    launcher: launch.Launcher | None = None,
+    force: bool = False,
+    settings_mode: str = "matched",
+    db: Path | None = None,
+    seed: int = SEED,
+) -> list[RunResult]:
+    found = plugins.backends()
+    missing = [b for b in backend_names if b not in found]
+    broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
+              if b in plugins.load_errors]
+    if broken:
+        raise plugins.UnknownBackend("\n".join(broken))
+    if missing:
+        raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
+    results: list[RunResult] = []
+    # The reference first: every other backend's run is then judged for parity with it.
+    ordered = sorted(backend_names, key=lambda b: b != REFERENCE_BACKEND)
+    for s in scenarios:
+        reference = None
+        for name in ordered:
+            on_start(name, s)
+            # run_one packs only when the backend can run the scenario; the packed data is
+            # cached by its inputs, so the second backend reads the very same files.
+            result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
+                                    force=force, settings_mode=settings_mode, db=db, seed=seed, reference=reference)
+            if name == REFERENCE_BACKEND and result.status == "ok":
+                reference = result
+            on_result(result, s)
+            results.append(result)
+            if result.status == "interrupted":
+                raise Interrupted(results)
+    return results

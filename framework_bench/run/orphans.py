@@ -1,0 +1,139 @@
+"""Runs whose fbench died before storing them (`kill -9`, a lost node, a power cut).
+
+Before launching, the host writes `host.json` into the run folder (its pid, that pid's start
+time, the results file); once the run's row is stored, or kept aside for the next command,
+the file goes. On start, fbench looks for run folders still holding one whose host is gone:
+it ends what is left of the worker and stores the run as `failed`, saying so. A process is
+ended only when its own command line names that run folder: pids are reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from framework_bench.spec.scenario import Scenario
+
+HOST_FILE = "host.json"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the
+    pid, it names one process, never a later one given the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, settings_mode: str) -> None:
+    """Mark `run_dir` (made here) as this process's to store in `db`, with what its row needs."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / HOST_FILE).write_text(json.dumps({
+        "pid": os.getpid(), "started": _start_time(os.getpid()), "hostname": socket.gethostname(),
+        "db": str(db) if db else None,
+        "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json")}))
+
+
+def release(run_dir: Path | None) -> None:
+    if run_dir is not None:
+        (Path(run_dir) / HOST_FILE).unlink(missing_ok=True)
+
+
+def _host_alive(record: dict) -> bool:
+    """Whether the run's host may still be running it. A run started on another machine sharing
+    FBENCH_HOME is that machine's to judge; without /proc, a live pid is taken as the host."""
+    if record.get("hostname") != socket.gethostname():
+        return True
+    if record.get("started") is None:
+        try:
+            os.kill(record["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _start_time(record["pid"]) == record["started"]
+
+
+def _naming(run_dir: Path) -> list[int]:
+    """Live processes whose command line names `run_dir` (the worker's job file lies there)."""
+    needle = str(run_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def end_leftovers(run_dir: Path) -> int:
+    """End every process naming `run_dir` (a group leader with its whole group): TERM, then
+    KILL after 5 s. Returns how many were found."""
+    pids = _naming(run_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                continue
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _naming(run_dir):
+            time.sleep(0.1)
+        if not _naming(run_dir):
+            break
+    return len(pids)
+
+
+def recover(root: Path) -> list[str]:
+    """Store each run under `root` whose host died before storing it; one line for each."""
+    from framework_bench.store import results
+    from framework_bench.measure.metrics import RunResult
+
+    lines = []
+    for host_file in sorted(root.glob(f"*/{HOST_FILE}")):
+        run_dir = host_file.parent
+        try:
+            record = json.loads(host_file.read_text())
+            if _host_alive(record):
+                continue
+            # The host's own file, taken so that of two commands starting at once one stores it.
+            taken = host_file.with_name(f"{HOST_FILE}.{os.getpid()}")
+            host_file.rename(taken)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        ended = end_leftovers(run_dir)
+        what = f"fbench (pid {record.get('pid')}) ended before storing the run in {run_dir}"
+        if ended:
+            what += f"; {ended} process(es) of it were still running and are now stopped"
+        if record.get("db"):
+            try:
+                scenario = Scenario.model_validate(record["scenario"])
+                job_file = run_dir / "job.json"
+                stage = "during the run" if job_file.exists() else "while packing the data"
+                sha = json.loads(job_file.read_text()).get("data_sha256") if job_file.exists() else None
+                result = RunResult(backend=record["backend"], scenario=scenario.name, status="failed", run_dir=run_dir,
+                                   settings_mode=record["settings_mode"], data_sha256=sha,
+                                   reason=f"the fbench host (pid {record['pid']}) died {stage}")
+                with results.ResultStore(record["db"]) as store:
+                    kept = results.save(store, result, scenario)
+                what += f": kept in {kept} for the next command" if kept else \
+                    f": stored as failed result {result.result_id} in {record['db']}"
+            except Exception as e:  # noqa: BLE001 - one damaged folder must not stop the others
+                taken.rename(host_file)
+                lines.append(f"{what}, but it could not be stored yet: {type(e).__name__}: {e}")
+                continue
+        taken.unlink(missing_ok=True)
+        lines.append(what)
+    return lines

@@ -1,0 +1,98 @@
+"""Every reason a run would be refused, side by side: this machine, the backend env, the
+backend's own check on the scenario's nodes, and the memory estimate.
+
+`this machine` is where fbench runs (often a login node without GPUs). A backend's own
+check is asked about the scenario's *target* nodes (the GPUs the scenario names), so a
+shortfall here never hides what the backend itself would refuse there (e.g. "needs 4 x 8
+GPUs" and "xtuner: sequence parallel 16 needs flash_attn", both).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from framework_bench.envs import venvs as envs
+from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.backend import BackendEnv, Machine
+from framework_bench.measure.memory import MemoryEstimate, estimate, gpu_memory_for
+from framework_bench.spec.scenario import Scenario
+
+
+class Verdict(BaseModel):
+    backend: str
+    machine: str | None = Field(None, description="why this machine cannot host the scenario's processes")
+    env: str | None = Field(None, description="the backend env here vs what the scenario's nodes need")
+    check: str | None = Field(None, description="the backend's own check, on the scenario's nodes")
+    memory: str | None = Field(None, description="the per-GPU memory estimate on the scenario's nodes")
+
+    @property
+    def refused_by_backend(self) -> bool:
+        """A refusal no machine can lift: the backend, its env, or memory says no. With a
+        shortfall of this machine only, the run can still be submitted to the scenario's nodes."""
+        return any((self.env, self.check, self.memory))
+
+    @property
+    def reason(self) -> str | None:
+        """Every refusal in one line (None when the run can go ahead on this machine)."""
+        parts = [self.machine, self.env and f"{self.backend} env: {self.env}",
+                 self.check and f"{self.backend}: {self.check}", self.memory and f"memory: {self.memory}"]
+        return "; ".join(p for p in parts if p) or None
+
+
+def fit_refusal(e: MemoryEstimate, gpu_name: str | None) -> str:
+    """Why an estimate refuses: the phase that does not fit first, then every term."""
+    return (f"the {e.peak_phase} would not fit on {gpu_name or 'this GPU'} ({e.total_gib:.1f} of "
+            f"{e.gpu_memory_gib:.1f} GiB): {e.summary()}; --force runs it anyway")
+
+
+def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
+    """Why this machine cannot host the scenario's processes (any backend), or None."""
+    c = scenario.cluster
+    if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
+        have = f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib} GiB)" if machine.gpus else "no GPU"
+        need = estimate(scenario, gpu=scenario.reference.hardware if scenario.reference else None).total_gib
+        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.0f} GiB each by the "
+                f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
+                "them with --launcher slurm")
+    if c.device == "cpu" and c.gpus > (machine.cpu_count or 1):
+        return (f"needs {c.gpus} worker processes ({c.nodes} node(s) x {c.gpus_per_node}), all on this machine, "
+                f"which has {machine.cpu_count} CPU cores")
+    return None
+
+
+def target_machine(scenario: Scenario, machine: Machine) -> Machine:
+    """The node the scenario runs on: this machine when it can host it, else one node of the
+    scenario's cluster with the GPUs of its published reference (the hardware it names)."""
+    if machine_shortfall(scenario, machine) is None:
+        return machine
+    name = scenario.reference.hardware if scenario.reference else machine.gpu_name
+    return Machine(gpus=scenario.cluster.gpus_per_node, gpu_name=name, gpu_memory_gib=gpu_memory_for(name),
+                   cpu=machine.cpu, cpu_count=machine.cpu_count)
+
+
+def env_for_target(scenario: Scenario, env: BackendEnv) -> tuple[BackendEnv, str | None]:
+    """The env as the scenario's nodes would run it (the same path, on a shared filesystem),
+    and what must change first. A CPU-flavour env here is judged as if it were the cuda
+    flavour, so the backend's check still names what else is missing (flash-attn...)."""
+    if env.ready and scenario.cluster.device == "cuda" and env.flavour != "cuda":
+        note = (f"the {env.name} env here is the {env.flavour} flavour; the nodes run the env at this same path, "
+                f"so recreate it with `fbench env create {env.name} --flavour cuda`")
+        return env.model_copy(update={"flavour": "cuda"}), note
+    return env, None
+
+
+def judge(backend: plugins.Backend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
+          force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Verdict]:
+    """(env, verdict) for `backend` running `scenario`, seen from `machine`."""
+    env = env or envs.inspect(backend.name, backend.info.env)
+    shortfall = machine_shortfall(scenario, machine)
+    target = target_machine(scenario, machine)
+    judged_env, env_note = env_for_target(scenario, env) if shortfall else (env, None)
+    check = backend.info.capabilities.refusal(scenario, backend.name) or backend.check(scenario, target, judged_env)
+    memory = None
+    if not force and check is None and scenario.cluster.device == "cuda" and target.gpu_memory_gib:
+        e = estimate(scenario, declared=backend.info.memory, settings_mode=settings_mode,
+                     gpu_memory_gib=target.gpu_memory_gib)
+        if not e.fits:
+            memory = fit_refusal(e, target.gpu_name)
+    return env, Verdict(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory)

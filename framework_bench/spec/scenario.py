@@ -1,0 +1,334 @@
+"""Scenarios: one validated description of a training run, shared by every backend.
+
+Every field is defined and validated here; YAML files in `scenarios/` are parsed into
+`Scenario`. Unknown keys are errors, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from annotated_types import Le
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError,
+                      field_validator, model_validator)
+
+from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET
+from framework_bench.spec.models import PRESETS, ModelArch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCENARIO_DIR = PROJECT_ROOT / "scenarios"
+
+_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def parse_length(value: object) -> object:
+    """Accept `8k`, `128k`, `1M` (binary multiples, as the published configs use) or an integer."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)\s*", value)
+        if not m:
+            raise ValueError(f"{value!r} is not a length: use an integer or a shorthand like 8k, 128k, 1M")
+        return int(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    return value
+
+
+def _whole(value: object) -> object:
+    """YAML's `true` or `2.0` where an integer belongs is a mistake, never 1 or 2."""
+    if isinstance(value, (bool, float)):
+        raise ValueError(f"{value!r} is not an integer")
+    return value
+
+
+# Strict: no booleans, floats or numeric strings where a count belongs.
+# Bounded so that every count fits a run folder's name, a SQLite integer and a SLURM time limit.
+MAX_COUNT = 2**31 - 1
+MAX_CONTEXT = 2**30  # a billion tokens a row: far beyond any published long-context run
+MAX_NAME = 64  # run folders are named <time>-<scenario>-<backend>-<n>: within a file name's 255 bytes
+Int = Annotated[int, Strict(), Le(MAX_COUNT)]
+Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0), Le(MAX_CONTEXT)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """A preset by name, optionally with some fields overridden, or a full inline architecture."""
+
+    preset: str | None = None
+    config: dict = Field(default_factory=dict, description="HF-style fields (override the preset, or all of them)")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"unknown preset {v!r}; known: {', '.join(sorted(PRESETS))}")
+        return v
+
+    def arch(self) -> ModelArch:
+        base = PRESETS[self.preset].model_dump() if self.preset else {}
+        return ModelArch.model_validate({**base, **self.config})
+
+    @model_validator(mode="after")
+    def _buildable(self) -> "ModelSpec":
+        """The architecture's errors under their place in the file (`model.config.FIELD`)."""
+        try:
+            arch = self.arch()
+        except ValidationError as e:
+            raise ValueError("; ".join(f"config.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+        if not math.isfinite(arch.rope_theta):
+            raise ValueError(f"config.rope_theta: {arch.rope_theta} is not a finite number")
+        return self
+
+
+class Cluster(_Strict):
+    nodes: Int = Field(1, gt=0)
+    gpus_per_node: Int = Field(1, gt=0, description="processes per node; on CPU, worker processes")
+    gpus: Int | None = Field(None, gt=0, description="total; optional, must equal nodes x gpus_per_node")
+    device: Literal["cpu", "cuda"] = "cuda"
+
+    @model_validator(mode="after")
+    def _total(self) -> "Cluster":
+        if self.gpus is None:
+            self.gpus = self.nodes * self.gpus_per_node
+        elif self.gpus != self.nodes * self.gpus_per_node:
+            raise ValueError(
+                f"gpus {self.gpus} != nodes {self.nodes} x gpus_per_node {self.gpus_per_node}"
+            )
+        return self
+
+
+class Steps(_Strict):
+    warmup: Int = Field(2, ge=0)
+    measured: Int = Field(5, gt=0)
+    unit: Literal["optimizer", "micro"] = Field(
+        "optimizer",
+        description="what a step is: an optimizer step (grad_accum micro-iterations and the update), or one "
+        "micro-iteration (forward + backward of one micro batch; the update only in every grad_accum-th), "
+        "for rows whose optimizer steps take hours (grad_accum = SP at 1M tokens)",
+    )
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.measured
+
+
+class TokenizerSpec(_Strict):
+    """`builtin-bytes`: the project's offline byte-level tokenizer; else a local path or hub id."""
+
+    kind: Literal["builtin-bytes", "path", "hub"] = "builtin-bytes"
+    name: str | None = Field(None, description="local path (kind=path) or hub repo id (kind=hub)")
+
+    @model_validator(mode="after")
+    def _named(self) -> "TokenizerSpec":
+        if self.kind != "builtin-bytes" and not self.name:
+            raise ValueError(f"tokenizer kind {self.kind!r} needs a name")
+        return self
+
+
+class DataSource(_Strict):
+    """Alpaca-format records: a local JSON file, or a hub dataset id (needs a network)."""
+
+    path: str | None = None
+    hub: str | None = None
+    split: str = "train"
+    columns: dict[str, str] = Field(default_factory=dict,
+                                    description="record field -> this source's column, e.g. output: output_zh")
+
+    @model_validator(mode="after")
+    def _one(self) -> "DataSource":
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give exactly one of path or hub")
+        return self
+
+
+class Dataset(_Strict):
+    """A named dataset fbench knows how to fetch, or your own sources (files or hub ids)."""
+
+    name: str | None = Field(None, description=f"one of {', '.join(DATASETS)} (default {DEFAULT_DATASET}); "
+                                                "fetched into FBENCH_DATA or fbench's cache")
+    sources: list[DataSource] | None = Field(None, min_length=1, description="your own Alpaca files or hub ids")
+    repeat: Int = Field(1, gt=0, description="at least this many copies; raised when the steps need more tokens")
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is not None and v not in DATASETS:
+            raise ValueError(f"unknown dataset {v!r}; known: {', '.join(DATASETS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "Dataset":
+        if self.name is not None and self.sources is not None:
+            raise ValueError("give a dataset name or sources, not both")
+        if self.sources is None:
+            self.name = self.name or DEFAULT_DATASET
+        return self
+
+
+class Reference(_Strict):
+    """A published figure for this scenario, to draw and compare against."""
+
+    tgs: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
+    tflops: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
+    hardware: str
+    framework: str = "xtuner"
+    source: str = ""
+
+
+class Scenario(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=MAX_NAME)
+    description: str = ""
+    model: ModelSpec
+    cluster: Cluster = Field(default_factory=Cluster)
+    context_length: Length = Field(description="packed row length, in tokens")
+    sequence_parallel: Int = Field(1, gt=0)
+    micro_batch: Int = Field(1, gt=0)
+    grad_accum: Int = Field(1, gt=0)
+    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_whole)] = 0
+    activation_checkpointing: StrictBool = True
+    precision: Literal["bf16", "fp32"] = "bf16"
+    attention: Literal["packed", "varlen"] = Field(
+        "packed", description="packed: attention may cross example boundaries (as published); varlen: per example"
+    )
+    extend_positions: StrictBool = Field(False, description="allow context_length > max_position_embeddings")
+    steps: Steps = Field(default_factory=Steps)
+    dataset: Dataset = Field(default_factory=Dataset)
+    reference: Reference | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        arch = self.arch
+        sp, gpus = self.sequence_parallel, self.cluster.gpus
+        if gpus % sp:
+            raise ValueError(f"sequence_parallel {sp} does not divide the GPU count {gpus}")
+        if self.context_length % sp:
+            raise ValueError(f"context_length {self.context_length} is not divisible by sequence_parallel {sp}")
+        if arch.num_attention_heads % sp:
+            raise ValueError(
+                f"sequence_parallel {sp} does not divide num_attention_heads {arch.num_attention_heads}"
+            )
+        if self.context_length > arch.max_position_embeddings and not self.extend_positions:
+            raise ValueError(
+                f"context_length {self.context_length} exceeds max_position_embeddings "
+                f"{arch.max_position_embeddings}; set extend_positions: true to allow it"
+            )
+        return self
+
+    @property
+    def arch(self) -> ModelArch:
+        return self.model.arch()
+
+    @property
+    def data_parallel(self) -> int:
+        return self.cluster.gpus // self.sequence_parallel
+
+    @property
+    def micro_per_step(self) -> int:
+        """Micro-iterations in one step of `steps.unit`."""
+        return 1 if self.steps.unit == "micro" else self.grad_accum
+
+    @property
+    def tokens_per_gpu_step(self) -> int:
+        """Tokens one GPU trains in one step of `steps.unit` (its sequence-parallel shard)."""
+        return self.micro_batch * self.context_length // self.sequence_parallel * self.micro_per_step
+
+    @property
+    def rows_needed(self) -> int:
+        """Packed rows consumed by warm-up + measured steps across the data-parallel group."""
+        return self.steps.total * self.micro_batch * self.micro_per_step * self.data_parallel
+
+    @property
+    def model_config_for_run(self) -> dict:
+        """The HF config a worker builds, with positions extended when the scenario asks."""
+        cfg = self.arch.hf_config()
+        cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], self.context_length)
+        return cfg
+
+
+class ScenarioError(Exception):
+    """A scenario file that cannot be used; the message names each bad field."""
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(scenario)"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {where}: {msg}")
+    return "\n".join(lines)
+
+
+MAX_FILE_BYTES = 1 << 20  # a scenario is a few hundred bytes: a larger file is not one (/dev/zero, a dataset)
+
+
+def _read_text(path: Path) -> str:
+    """A scenario file's text: a regular file of at most MAX_FILE_BYTES, never an endless device."""
+    if path.exists() and not path.is_file():
+        raise ScenarioError(f"{path}: cannot read: not a regular file")
+    with path.open("rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError(f"{path}: cannot read: larger than {MAX_FILE_BYTES >> 20} MiB, not a scenario file")
+    return data.decode("utf-8")
+
+
+def load_file(path: Path) -> Scenario:
+    try:
+        raw = yaml.safe_load(_read_text(path))
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: cannot read: not YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: a scenario file must hold a mapping")
+    raw.setdefault("name", path.stem)
+    if raw["name"] != path.stem:
+        raise ScenarioError(f"{path}: name: {raw['name']!r} differs from the file name {path.stem!r}")
+    try:
+        scenario = Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(e, str(path))) from None
+    return _resolve_paths(scenario, PROJECT_ROOT)
+
+
+def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
+    """Relative data/tokenizer paths are relative to the project root, so any cwd works."""
+    for src in scenario.dataset.sources or []:
+        if src.path is not None and not Path(src.path).is_absolute():
+            src.path = str((base / src.path).resolve())
+    tok = scenario.dataset.tokenizer
+    if tok.kind == "path" and not Path(tok.name).is_absolute():
+        tok.name = str((base / tok.name).resolve())
+    return scenario
+
+
+def scenario_paths(directory: Path = SCENARIO_DIR) -> list[Path]:
+    return sorted(directory.glob("*.yaml"))
+
+
+def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
+    """The file `load(name_or_path)` reads, resolved."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p.resolve()
+    candidate = directory / f"{name_or_path}.yaml"
+    if not candidate.exists():
+        known = ", ".join(p.stem for p in scenario_paths(directory))
+        raise ScenarioError(f"no scenario named {name_or_path!r}; known: {known}")
+    return candidate.resolve()
+
+
+def load(name_or_path: str, directory: Path = SCENARIO_DIR) -> Scenario:
+    """A scenario by name (from `scenarios/`) or by file path."""
+    return load_file(source_path(name_or_path, directory))
+
+
+def load_all(directory: Path = SCENARIO_DIR) -> list[Scenario]:
+    return [load_file(p) for p in scenario_paths(directory)]

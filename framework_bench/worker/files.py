@@ -1,0 +1,85 @@
+"""Files a worker reads and writes: the job, the common metrics file, the worker report.
+
+Stdlib + numpy only: this module is imported by workers inside each backend's own
+environment (made importable there by the `.pth` file `framework_bench/envs/venvs.py` writes).
+
+Common metrics file, one per rank: `RUN_DIR/metrics/rank<R>.jsonl`, one JSON object per
+optimizer step: {"step", "seconds", "tokens", "loss", "peak_mem_bytes", "peak_reserved_bytes", "rank"}.
+`seconds` is the step's wall time (after a device synchronise on GPU); `tokens` counts
+tokens this rank processed in the step (its sequence-parallel shard only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+METRICS_DIR = "metrics"
+CLOCK_DIR = "clock"  # the step timer's clock events, which the host stamps (framework_bench/measure/clock.py)
+WORKER_REPORT = "worker.json"
+
+
+def load_job(path: str | Path) -> dict:
+    """The job the host wrote (`Job` in framework_bench/plugins/backend.py, as JSON)."""
+    return json.loads(Path(path).read_text())
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class MetricsWriter:
+    """Appends one line per step, flushed at once so a crash keeps the steps done so far."""
+
+    def __init__(self, run_dir: str | Path, rank_: int | None = None):
+        self.rank = rank() if rank_ is None else rank_
+        directory = Path(run_dir) / METRICS_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"rank{self.rank}.jsonl"
+        self._fh = self.path.open("a", buffering=1)
+
+    def write(self, step: int, seconds: float, tokens: int, loss: float | None, peak_mem_bytes: int | None,
+              peak_reserved_bytes: int | None = None) -> None:
+        rec = {"step": step, "seconds": seconds, "tokens": tokens, "loss": loss,
+               "peak_mem_bytes": peak_mem_bytes, "peak_reserved_bytes": peak_reserved_bytes, "rank": self.rank}
+        self._fh.write(json.dumps(rec) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def write_worker_report(run_dir: str | Path, **fields) -> None:
+    """Rank 0 records what it really did: data sha256, attention used, framework version..."""
+    if rank() != 0:
+        return
+    path = Path(run_dir) / WORKER_REPORT
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fields, indent=2, default=str))
+    tmp.replace(path)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """All ranks' step records (host side reads them through `framework_bench.measure.metrics`)."""
+    out = []
+    for p in sorted((Path(run_dir) / METRICS_DIR).glob("rank*.jsonl")):
+        out.extend(json.loads(line) for line in p.read_text().splitlines() if line.strip())
+    return out
+
+
+def read_worker_report(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / WORKER_REPORT
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Move a finished folder into place atomically. Nodes sharing one run folder (loopback
+    multi-node, a shared filesystem) each build the same folder: the first rename wins, and
+    the others drop their identical copy."""
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.exists():
+            raise
+        shutil.rmtree(tmp)

@@ -1,0 +1,118 @@
+"""The suite's shared fixtures, for tests/ and for each backend's own tests (backends/<name>/tests); loaded by the root conftest.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Throwaway backends (tests/fake_backends) whose worker trains nothing: the host's bookkeeping.
+FAKES = Path(__file__).parent / "fake_backends"
+
+# The Alpaca files of the dataset `alpaca-enzh-demo` the CPU scenarios pack: the copies the
+# repository ships in data/alpaca-demo (FBENCH_DATA, unless the caller set it already), so the
+# tests never download them.
+ALPACA_DIR = Path(os.environ.get("FBENCH_DATA") or Path(__file__).resolve().parents[1] / "data/alpaca-demo")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fbench_data():
+    """FBENCH_DATA for the whole session (a test that needs it unset uses monkeypatch.delenv)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FBENCH_DATA", str(ALPACA_DIR))
+        yield ALPACA_DIR
+
+
+@pytest.fixture
+def fbench_home(tmp_path, monkeypatch) -> Path:
+    """A private FBENCH_HOME, so a test never writes into the repo's .fbench or ../shared."""
+    home = tmp_path / "fbench_home"
+    monkeypatch.setenv("FBENCH_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def alpaca_dir() -> Path:
+    assert (ALPACA_DIR / "alpaca_en_demo.json").is_file(), f"Alpaca demo data missing at {ALPACA_DIR}"
+    return ALPACA_DIR
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `text` (a worker's job file lies
+    under FBENCH_HOME), this one excepted."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+def end_processes_mentioning(text: str | Path) -> None:
+    """SIGKILL what `processes_mentioning(text)` finds: a test's leftovers."""
+    import signal
+
+    for pid in processes_mentioning(str(text)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def backend_env_or_skip(name: str):
+    """The ready env of backend `name`. Missing: skipped on a developer machine, but a
+    failure under CI, whose setup creates every env (a skip must never pass as a result)."""
+    import os
+
+    from framework_bench.envs import venvs as envs
+    from framework_bench.plugins import registry as plugins
+
+    env = envs.inspect(name, plugins.get(name).info.env)
+    if not env.ready:
+        message = f"{name} env {env.problem}; `fbench env create {name}` makes it"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return env
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch, fbench_home):
+    """The fake backends, installed for this test through a dist-info entry point like any
+    third-party plugin; their modules importable in the test and in the processes it starts."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    import fbench_fake_backends
+
+    site = tmp_path / "site"
+    fbench_fake_backends.register_through_entry_points(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")]))
+    return fbench_fake_backends
+
+
+# Third-party backends that lie (tests/lying_backends): the torch worker with one lie each.
+LIARS = Path(__file__).parent / "lying_backends"
+
+
+@pytest.fixture(scope="module")
+def liars(tmp_path_factory):
+    """The lying backends, installed for this module through a dist-info entry point like any
+    third-party plugin. They run in the torch env (the real FBENCH_HOME's): skipped without
+    it on a developer machine, failed under CI."""
+    backend_env_or_skip("torch")
+    site = tmp_path_factory.mktemp("lying-site")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(LIARS))
+        import fbench_lying_backends
+
+        fbench_lying_backends.register_through_entry_points(site)
+        mp.syspath_prepend(str(site))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(LIARS), str(site), os.environ.get("PYTHONPATH", "")]))
+        yield fbench_lying_backends
