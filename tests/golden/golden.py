@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FILES = Path(__file__).resolve().parent / "files"
 FIXTURE_STORE = Path(__file__).resolve().parent / "fixture_results.sqlite"
+CAPTURED_AT = "/work/main"  # the checkout the fixture store's runs were made in: its paths are stored
 BACKENDS = "xtuner,llamafactory,torch"
 # Each subcommand whose --help is pinned; the groups' own --help too.
 COMMANDS = [
@@ -48,7 +49,7 @@ def _run(argv: list[str]) -> str:
 
 
 def normalise(text: str) -> str:
-    text = text.replace(str(ROOT), "<ROOT>")
+    text = text.replace(str(ROOT), "<ROOT>").replace(CAPTURED_AT, "<ROOT>")
     text = re.sub(r"""\d{8}-\d{6}-[\w.-]+?-\d+(?=[/\\"'\s]|$)""", "<RUN>", text)
     text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<PORT>", text)
     text = re.sub(r"(MASTER_PORT\"?:\s*\"?)\d+", r"\1<PORT>", text)
