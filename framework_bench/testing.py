@@ -26,13 +26,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from framework_bench.measure import losses
+from framework_bench.plugins import registry
 from framework_bench.run import runner
 from framework_bench.spec import scenario as scenarios_
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
 
 SCENARIO = "tiny_cpu"
-REFERENCE = "torch"
 TWO_PROCESSES = ("multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2")  # the first the backend accepts
 
 
@@ -77,10 +77,13 @@ def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, roo
     def run(name: str, s: scenarios_.Scenario) -> RunResult:
         return runner.run_one(name, s, root=root, timeout=timeout, settings_mode=settings_mode)
 
+    found = registry.backends()
+    ref_name = next(name for name, b in found.items() if b.info.reference)
+
     def against_reference(label: str, s: scenarios_.Scenario, own: RunResult) -> Check:
         # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
         ref_scn = s.model_copy(update={"zero_stage": 0})
-        reference = own if backend == REFERENCE and s.zero_stage == 0 else run(REFERENCE, ref_scn)
+        reference = own if backend == ref_name and s.zero_stage == 0 else run(ref_name, ref_scn)
         return losses.parity(own, reference, s.precision, name=f"parity ({label})")
 
     points = [against_reference(scn.name, scn, result)]

@@ -9,7 +9,6 @@ import http.server
 import re
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -21,6 +20,7 @@ from framework_bench.spec import catalog
 from framework_bench.spec.scenario import PROJECT_ROOT
 
 FILES = ("alpaca_en_demo.json", "alpaca_zh_demo.json")
+SHIPPED = catalog.SHIPPED_DATA  # the demo files fbench ships (package data)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -48,9 +48,9 @@ def served(tmp_path, fbench_data):
 
 @pytest.fixture
 def no_data(tmp_path, monkeypatch, fbench_home):
-    """An installed fbench on a fresh machine: no FBENCH_DATA, no checkout copy, an empty user cache."""
+    """A fresh machine and an fbench without its shipped copy: no FBENCH_DATA, an empty user cache."""
     monkeypatch.delenv(catalog.DATA_ENV, raising=False)
-    monkeypatch.setattr(catalog, "CHECKOUT_DATA", tmp_path / "no-checkout")
+    monkeypatch.setattr(catalog, "SHIPPED_DATA", tmp_path / "no-checkout")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache" / "fbench" / "datasets"
 
@@ -113,7 +113,7 @@ def test_a_checkout_packs_offline_from_its_own_copy_the_same_stream(no_data, mon
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         monkeypatch.setenv(catalog.URL_ENV, f"http://127.0.0.1:{s.getsockname()[1]}/")
-    monkeypatch.setattr(catalog, "CHECKOUT_DATA", PROJECT_ROOT / "data")
+    monkeypatch.setattr(catalog, "SHIPPED_DATA", SHIPPED)
     shipped = _pack()
     assert not no_data.exists()  # nothing downloaded, nothing cached
     monkeypatch.setenv(catalog.DATA_ENV, str(fbench_data))
@@ -125,7 +125,7 @@ def test_a_damaged_checkout_copy_is_refused(tmp_path, no_data, monkeypatch):
     (tmp_path / "no-checkout" / "alpaca-demo").mkdir(parents=True)
     for name in FILES:
         (tmp_path / "no-checkout" / "alpaca-demo" / name).write_text("[]")
-    with pytest.raises(alpaca.DataError, match="checkout's copy .*alpaca_en_demo.json has sha256"):
+    with pytest.raises(alpaca.DataError, match="bundled copy .*alpaca_en_demo.json has sha256"):
         packing.pack(scenario.load("tiny_cpu"), progress=False, say=lambda m: None)
 
 

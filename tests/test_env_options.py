@@ -179,3 +179,32 @@ def test_an_optional_package_that_failed_to_import_is_not_counted(fbench_home, t
     record_file.write_text(json.dumps(record))
     again = envs.inspect("tiny", tiny_spec)
     assert again.ready and not again.has("deepspeed") and again.version("fbench_tiny_a") == "0.1"
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["source-folder", "installed-files"])
+def test_a_one_module_plugin_is_importable_in_its_env(tmp_path, monkeypatch, installed):
+    """A plugin that is one module (`name.py`, as many llm-* plugins are) gets into its env like
+    a package: its folder listed by the env's .pth, or, installed as files, copied in."""
+    import sys
+    import venv
+
+    if installed:  # pip writes the module and a RECORD listing it
+        wheel = build_wheel(tmp_path / "wheels", "fbench_one_module", "0.1")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                        str(tmp_path / "site"), str(wheel)], check=True)
+        folder = tmp_path / "site"
+    else:
+        folder = tmp_path / "src"
+        folder.mkdir()
+        (folder / "fbench_one_module.py").write_text("VERSION = '0.1'\n")
+    monkeypatch.syspath_prepend(str(folder))
+    venv.create(tmp_path / "env", with_pip=False)
+    python = tmp_path / "env" / "bin" / "python"
+    envs._link_packages(python, ("fbench_one_module",))
+    out = subprocess.run([str(python), "-c", "import fbench_one_module as m; print(m.VERSION, m.__file__)"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    version, where = out.stdout.split()
+    assert version == "0.1"
+    assert (Path(where).parent == folder) != installed  # a copy inside the env when installed as files
+    envs._link_packages(python, ("fbench_one_module",))  # again: the earlier copy is ours, refreshed

@@ -16,7 +16,7 @@ from framework_bench.device import check as device_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("tiny_cuda", "llama2_7b_8k_1gpu", "llama2_7b_32k_1gpu", "llama2_7b_8k_1gpu_zero3")
-BACKENDS = ("torch", "xtuner", "llamafactory")
+BACKENDS = ("torch", "llamafactory", "xtuner")  # the reference first, then by name (device_check.installed_backends)
 
 
 def test_dry_mode_plans_every_check_and_fits_7_minutes_on_an_h200(fbench_home):

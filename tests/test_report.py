@@ -88,6 +88,9 @@ def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
     assert "| attention | sdpa | sdpa |" in text  # equal: shown, not marked
     assert "framework 99 vs host 100 (-1.0%)" in text and "## Host verification" in text
     assert "Not aligned by matched settings" in text
+    # the common notes, then each backend's own (`BackendInfo.report_notes`), from its plugin
+    assert "Rows are fed in the host's order" in text
+    assert "mmengine, which reads the norm back" in text and "only in its v1 trainer (FSDP2 + Ulysses)" in text
     assert '<tr class="speed"><td>⚠ optimizer_impl</td>' in page.read_text()
 
 

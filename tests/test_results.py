@@ -50,7 +50,9 @@ def test_round_trip_with_steps_and_manifest(store, fbench_home, tmp_path):
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").touch()
     (env / "fbench-env.json").write_text(json.dumps({"flavour": "cpu"}))
-    for name, version in {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0"}.items():
+    # mmengine: a package the xtuner backend names (`BackendInfo.manifest_packages`); numpy: one nobody names
+    for name, version in {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0", "mmengine": "0.10.7",
+                          "numpy": "1.26.4"}.items():
         # versions are read from the env's installed distributions, as pip leaves them
         dist = env / "lib" / "python3.11" / "site-packages" / f"{name}-{version}.dist-info"
         dist.mkdir(parents=True)
@@ -76,7 +78,8 @@ def test_round_trip_with_steps_and_manifest(store, fbench_home, tmp_path):
     assert got["steps"][1]["peak_mem_bytes"] == 2 * 2**20 and got["steps"][0]["tokens"] == 512
     m = got["manifest"]
     assert m["hostname"] and m["cpu_count"] >= 1 and m["fbench_version"]
-    assert m["backend_env"]["versions"] == {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0"}
+    assert m["backend_env"]["versions"] == {"torch": "2.13.0+cpu", "transformers": "4.48.0", "xtuner": "0.2.0",
+                                            "mmengine": "0.10.7"}
     # A second connection (a later `fbench results show`) sees the same.
     with ResultStore(store.path) as again:
         assert again.get(run_id)["steps"] == got["steps"]

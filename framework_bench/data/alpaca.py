@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from framework_bench.spec.scenario import DataSource
+from framework_bench.spec.catalog import DataError
 
 TEMPLATE_NAME = "alpaca-v1"
 _PROMPT = (
@@ -14,10 +15,6 @@ _PROMPT = (
     "Write a response that appropriately completes the request.\n\n"
     "### Instruction:\n{instruction}\n\n{input}### Response:\n"
 )
-
-
-class DataError(RuntimeError):
-    pass
 
 
 def format_record(rec: dict) -> tuple[str, str]:

@@ -25,10 +25,11 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from pydantic import BaseModel
 
+from framework_bench.spec import catalog
 from framework_bench.spec.scenario import PROJECT_ROOT
 
 LISTS_DIR = PROJECT_ROOT / "benchmarks" / "device"
-DATA_DIR = PROJECT_ROOT / "data" / "alpaca-demo"
+DATA_DIR = catalog.SHIPPED_DATA / "alpaca-demo"
 MANIFEST = "manifest.json"
 MAX_BYTES = 45 * 2**20  # it travels with the checkout: 64 MiB in all
 # The GPU machine is x86-64 Linux; pip matches each manylinux tag exactly, so all are named.

@@ -36,7 +36,6 @@ from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import PROJECT_ROOT, Scenario
 
 OUT_FILES = ("results.sqlite", "runs.json", "report.html", "logs.txt", "table.txt")
-BACKENDS = (REFERENCE_BACKEND, "xtuner", "llamafactory")
 TINY = {"cuda": "tiny_cuda", "cpu": "tiny_cpu"}
 SEVEN_B = ("llama2_7b_8k_1gpu", "llama2_7b_32k_1gpu")
 ZERO3 = "llama2_7b_8k_1gpu_zero3"
@@ -95,13 +94,20 @@ def estimate_s(backend: str, s: Scenario, startups: dict[str, float]) -> float:
     return startup + s.steps.total * TINY_STEP_S
 
 
-def plan(device: str, backends: tuple[str, ...] = BACKENDS) -> list[Planned]:
+def installed_backends() -> tuple[str, ...]:
+    """What the check runs unless told: every installed backend, the reference first."""
+    found = plugins.backends()
+    return tuple(sorted(found, key=lambda b: (not found[b].info.reference, b)))
+
+
+def plan(device: str, backends: tuple[str, ...] | None = None) -> list[Planned]:
     """Every run the check may start, in order (ZeRO-3 last, conditional). A run outside its
     backend's declared capabilities (the torch reference has no ZeRO) costs nothing: it is
     stored `unsupported` at once."""
     startups = rehearsal_startups()
     names = [TINY[device]] + (list(SEVEN_B) + [ZERO3] if device == "cuda" else [])
     planned = []
+    backends = backends or installed_backends()
     for n in names:
         s = load_scenario(n)
         for b in backends:
@@ -286,17 +292,19 @@ class Check:
         text += f"\n7B runs: {steps} steps. Budget {self.budget_s:.0f} s; used {time.monotonic() - self.started:.0f} s.\n"
         for backend in self.backends:
             env = envs.inspect(backend)
+            own = plugins.get(backend).info.env.framework_package
             text += (f"{backend} env: flavour {env.flavour or '-'}; " + ", ".join(
-                f"{k} {env.version(k) or '-'}" for k in ("torch", "transformers", "xtuner", "llamafactory", "deepspeed",
-                                                         "flash-attn")) + "\n")
+                f"{k} {env.version(k) or '-'}" for k in dict.fromkeys(("torch", "transformers", own, "deepspeed",
+                                                                       "flash-attn"))) + "\n")
         for r, *_ in self.rows:
             if r.status != "ok" and r.reason:
                 text += f"{r.scenario} {r.backend}: {r.reason.splitlines()[0][:300]}\n"
         return text
 
 
-def check(out: Path, budget_s: float, device: str, backends: tuple[str, ...] = BACKENDS,
+def check(out: Path, budget_s: float, device: str, backends: tuple[str, ...] | None = None,
           say: Callable[[str], None] = lambda m: None) -> list[RunResult]:
+    backends = backends or installed_backends()
     unknown = set(backends) - set(plugins.backends())
     if unknown:
         raise ValueError(f"no backend named {', '.join(sorted(unknown))}")

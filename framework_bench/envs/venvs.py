@@ -3,7 +3,7 @@
 XTuner 0.2.0 pins transformers==4.48.0 and LLaMA-Factory 0.9.5 needs >=4.55: no single
 environment holds both, so each backend's worker runs with its own env's Python.
 
-Layout: `$FBENCH_HOME/envs/<backend>/` (default `FBENCH_HOME=<project>/.fbench`), with
+Layout: `<state folder>/envs/<backend>/` (`FBENCH_HOME`, else as `framework_bench/spec/places.py` says), with
 `fbench-env.json` recording the flavour, the requirements hash, the resolved versions
 and how long creation took. Creating again with unchanged requirements does nothing.
 """
@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.envs import site_layers
 from framework_bench.plugins.backend import BackendEnv, EnvSpec
-from framework_bench.spec.scenario import PROJECT_ROOT
+from framework_bench.spec import places
 
 RECORD = "fbench-env.json"
 PTH_NAME = "fbench_host.pth"
@@ -41,7 +41,8 @@ class EnvError(RuntimeError):
 
 
 def fbench_home() -> Path:
-    return Path(os.environ.get("FBENCH_HOME", PROJECT_ROOT / ".fbench"))
+    """The state folder: see `framework_bench/spec/places.py`."""
+    return places.state_dir()
 
 
 def env_path(name: str) -> Path:
@@ -378,37 +379,44 @@ def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
     roots = []
     for package in packages:
         spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
+        if spec is None or not (spec.submodule_search_locations or spec.origin):
             raise EnvError(f"cannot find the package {package!r} to make it importable in the env")
-        folder = Path(next(iter(spec.submodule_search_locations)))
-        copy = purelib / package
-        if (copy / COPY_MARK).exists():
-            shutil.rmtree(copy)  # ours, from an earlier create: refreshed below or dropped
+        # a package is its folder; a plugin that is one module (`name.py`) is that file
+        source = Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations \
+            else Path(spec.origin)
+        copy = purelib / source.name
+        mark = copy / COPY_MARK if spec.submodule_search_locations else purelib / (source.name + COPY_MARK)
+        if mark.exists():  # ours, from an earlier create: refreshed below or dropped
+            if copy.is_dir():
+                shutil.rmtree(copy)  # the mark inside goes with it
+            else:
+                copy.unlink(missing_ok=True)
+                mark.unlink()
         elif copy.exists():
             raise EnvError(f"the env's own {package!r} at {copy} hides the host's: a requirement installs it")
-        if _installed_as_files(package, folder):
-            shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
-            (copy / COPY_MARK).write_text(f"copied from {folder} by fbench env create\n")
-        elif str(folder.parent) not in roots:
-            roots.append(str(folder.parent))
+        if _installed_as_files(package, Path(spec.origin) if spec.origin else source / "__init__.py"):
+            if source.is_dir():
+                shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(source, copy)
+            mark.write_text(f"copied from {source} by fbench env create\n")
+        elif str(source.parent) not in roots:
+            roots.append(str(source.parent))
     Path(purelib, PTH_NAME).write_text("".join(r + "\n" for r in roots))
 
 
-def _installed_as_files(package: str, folder: Path) -> bool:
-    """Whether `package` at `folder` is a distribution's installed files (an installer's
-    RECORD lists them there) rather than a source folder: an editable install's RECORD
-    lists only its path hook, and a checkout's egg-info has no RECORD."""
+def _installed_as_files(package: str, origin: Path) -> bool:
+    """Whether `package`, imported from `origin` (its `__init__.py`, or the module file of a
+    one-module plugin), is a distribution's installed files (an installer's RECORD lists them
+    there) rather than a source folder: an editable install's RECORD lists only its path hook,
+    and a checkout's egg-info has no RECORD."""
     from importlib.metadata import distributions, packages_distributions
 
     names = set(packages_distributions().get(package, []))
     for dist in (d for name in names for d in distributions(name=name)):
         if dist.read_text("RECORD") is None:
             continue
-        init = next((f for f in dist.files or [] if f.parts[:1] == (package,) and f.name == "__init__.py"), None)
-        if init is not None and Path(dist.locate_file(init)).resolve().parent == folder.resolve():
+        if any(f.parts[:1] in ((package,), (f"{package}.py",)) and Path(dist.locate_file(f)).resolve() == origin.resolve()
+               for f in dist.files or []):
             return True
     return False
-
-
-def size_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

@@ -158,7 +158,7 @@ class Watcher:
             self.nvml.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc) -> None:
         self._stop.set()
         self._thread.join()
         self._read()

@@ -11,10 +11,11 @@ Both are per token of the full sequence; per GPU throughput = TGS x FLOPs per to
 
 from __future__ import annotations
 
+from framework_bench.measure import gpus
 from framework_bench.spec.models import ModelArch
 
-# Dense bf16 peak, TFLOP/s, by a substring of the device name.
-GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
+# Dense bf16 peak, TFLOP/s, by a substring of the device name (from the one GPU table).
+GPU_PEAK_TFLOPS = {key: gpu.peak_tflops for key, gpu in gpus.GPUS.items()}
 
 
 def xtuner_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, causal: bool = True) -> float:
@@ -49,10 +50,8 @@ def tflops(tgs: float, flops_per_token: float) -> float:
 
 
 def gpu_peak_tflops(device_name: str | None) -> float | None:
-    if not device_name:
-        return None
-    upper = device_name.upper()
-    return next((peak for key, peak in GPU_PEAK_TFLOPS.items() if key in upper), None)
+    gpu = gpus.lookup(device_name)
+    return gpu.peak_tflops if gpu else None
 
 
 def mfu(model_tflops: float, peak_tflops: float | None) -> float | None:

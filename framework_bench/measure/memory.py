@@ -59,63 +59,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
+from framework_bench.measure import gpus
+from framework_bench.plugins.backend import AdamWImpl, MemoryScheme, OptimizerImpl, SettingsMode  # noqa: F401 - the backends import them from here
 from framework_bench.spec.models import ModelArch
 from framework_bench.spec.scenario import Scenario
 
 GIB = 1024**3
 
 Scheme = Literal["amp", "deepspeed", "fp32", "fsdp2"]
-OptimizerImpl = Literal["fused", "foreach", "for-loop"]
-SettingsMode = Literal["matched", "native"]
 Phase = Literal["forward", "backward", "optimizer step"]
 
-
-class AdamWImpl(BaseModel):
-    """The AdamW implementation a backend runs, per device (one row of the AdamW table)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    cuda: OptimizerImpl
-    cpu: OptimizerImpl = "for-loop"  # torch's own choice for CPU tensors with no flag set
-
-
-class MemoryScheme(BaseModel):
-    """What a backend declares about how it holds a training step (`BackendInfo.memory`):
-    the only backend-specific input of the estimate."""
-
-    model_config = ConfigDict(frozen=True)
-
-    adamw: dict[SettingsMode, AdamWImpl] = Field(
-        default_factory=lambda: {m: AdamWImpl(cuda="fused") for m in ("matched", "native")},
-        description="the AdamW implementation per settings mode (recorded by the run as `optimizer_impl`)")
-    sequence_parallel: Literal["deepspeed", "fsdp2"] = Field(
-        "deepspeed", description="the engine its sequence parallel runs on: DeepSpeed bf16 or FSDP2 over fp32 weights")
-    sequence_parallel_adamw: OptimizerImpl | None = Field(
-        None, description="the AdamW of that engine when it builds its own (None: as `adamw`)")
-
-    def optimizer_impl(self, scenario: Scenario, mode: SettingsMode = "matched") -> OptimizerImpl:
-        if scenario.sequence_parallel > 1 and self.sequence_parallel_adamw:
-            return self.sequence_parallel_adamw
-        row = self.adamw[mode]
-        return row.cuda if scenario.cluster.device == "cuda" else row.cpu
-
-
-# GPU memory as nvidia-smi reports `memory.total` (what `machine.detect()` records), GiB.
-# The estimate itself adds the CUDA context and allocator slack (`overhead_bytes`), so it
-# is compared with the whole device. Matched by substring of the device name, most
-# specific first.
-GPU_MEMORY_GIB: dict[str, float] = {
-    "A100-SXM4-80GB": 80.0,  # 81920 MiB
-    "A100-PCIE-80GB": 80.0,
-    "A100 80GB": 80.0,
-    "A100-SXM4-40GB": 40.0,
-    "A100-PCIE-40GB": 40.0,
-    "A100": 40.0,  # unqualified A100: assume the smaller one
-    "H100": 79.6,  # H100 80GB HBM3: 81559 MiB
-    "H200": 140.4,  # 143771 MiB; ~139 GiB left to tensors after the CUDA context
-}
 
 # Fixed overheads, bytes.
 CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context + cuBLAS/cuDNN workspaces, outside the allocator
@@ -430,13 +385,8 @@ def overhead_bytes(scenario: Scenario, scheme: Scheme, n_params: int) -> float:
 
 def gpu_memory_for(name: str | None) -> float | None:
     """GiB of a GPU by (part of) its name, e.g. 'NVIDIA H200' or 'A100-SXM4-80GB'; None if unknown."""
-    if not name:
-        return None
-    upper = name.upper()
-    for key, gib in GPU_MEMORY_GIB.items():
-        if key.upper() in upper:
-            return gib
-    return None
+    gpu = gpus.lookup(name)
+    return gpu.memory_gib if gpu else None
 
 
 def phases(scheme: Scheme, resident: float, grads: float, cache: float, stored: float, working: float,
@@ -473,7 +423,7 @@ def estimate(
     """Per-GPU peak memory of `scenario` trained by a backend that declares `declared`
     (`BackendInfo.memory`; None: the common case, fused AdamW) in `settings_mode`.
     `gpu_memory_gib` (e.g. `Machine.gpu_memory_gib`) wins over `gpu`, a device name looked
-    up in GPU_MEMORY_GIB; with neither, `fits` is None. `scheme` overrides the precision
+    up in the GPU table (`measure/gpus.py`); with neither, `fits` is None. `scheme` overrides the precision
     scheme (`scheme_for`); `optimizer_impl` and `ddp_wrapped`, what a run recorded, override
     what the declaration and the scenario imply."""
     arch = scenario.arch

@@ -10,7 +10,7 @@ host's packed stream say it must be:
   - parameters: the model the framework built has the scenario's parameter count;
   - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
   - initial_weights: the sampled initial weights read from the live model are the compare's
-    (seed, name, index) values (`framework_bench/measure/initial_weights.py`), over every parameter;
+    (seed, name, index) values (`framework_bench/worker/initial_weights.py`), over every parameter;
   - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
     measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
     thermals or a regression: the reader should look before trusting the row).
@@ -31,12 +31,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, Field
 
-from framework_bench.measure import initial_weights
+from framework_bench.measure.memory import parameter_count
+from framework_bench.worker import initial_weights
 from framework_bench.plugins.backend import Job, StepMetric, WorkerReport
-from framework_bench.spec.models import ModelArch
 from framework_bench.worker.packed import PackedRows
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.rows import row_fingerprint
@@ -61,19 +60,8 @@ class Check(BaseModel):
         default_factory=dict, description="what the check measured (the host clock's seconds, shares...)")
 
 
-def expected_param_count(arch: ModelArch) -> int:
-    """Parameters of the HF Llama built from `arch.hf_config()` (no biases, untied embeddings)."""
-    h, kv = arch.hidden_size, arch.num_key_value_heads * arch.head_dim
-    layer = 2 * h * h + 2 * h * kv + 3 * h * arch.intermediate_size + 2 * h  # q o, k v, mlp, two norms
-    return arch.num_hidden_layers * layer + 2 * arch.vocab_size * h + h  # embeddings, lm_head, final norm
-
-
-def tokens_per_step(scenario: Scenario) -> int:
-    return scenario.tokens_per_gpu_step
-
-
 def check_tokens(scenario: Scenario, steps: list[StepMetric]) -> Check:
-    want = tokens_per_step(scenario)
+    want = scenario.tokens_per_gpu_step
     wrong = [m for m in steps if m.tokens != want]
     if not steps:
         return Check(name="tokens", status="fail", detail="no step records")
@@ -171,7 +159,7 @@ def check_throughput(scenario: Scenario, report: WorkerReport, host_tgs: float |
 
 
 def check_parameters(scenario: Scenario, report: WorkerReport) -> Check:
-    want = expected_param_count(scenario.arch)
+    want = parameter_count(scenario.arch)
     if report.param_count is None:
         return Check(name="parameters", status="unverified", detail="unverified: the worker reported no parameter count")
     if report.param_count != want:
@@ -194,7 +182,7 @@ def check_initial_weights(job: Job) -> Check:
     own computation of the same elements."""
     path = job.run_dir / initial_weights.REPORT_FILE
     report = json.loads(path.read_text()) if path.exists() else None
-    status, detail = initial_weights.check(report, job.seed, job.hf_config, expected_param_count(job.scenario.arch))
+    status, detail = initial_weights.check(report, job.seed, job.hf_config, parameter_count(job.scenario.arch))
     return Check(name="initial_weights", status=status, detail=detail)
 
 

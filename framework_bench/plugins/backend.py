@@ -9,11 +9,44 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from framework_bench.worker.hparams import SEED
-from framework_bench.measure.memory import MemoryScheme
 from framework_bench.spec.scenario import Scenario
+
+
+OptimizerImpl = Literal["fused", "foreach", "for-loop"]
+SettingsMode = Literal["matched", "native"]
+
+
+class AdamWImpl(BaseModel):
+    """The AdamW implementation a backend runs, per device (one row of the AdamW table)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cuda: OptimizerImpl
+    cpu: OptimizerImpl = "for-loop"  # torch's own choice for CPU tensors with no flag set
+
+
+class MemoryScheme(BaseModel):
+    """What a backend declares about how it holds a training step (`BackendInfo.memory`):
+    the only backend-specific input of the estimate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    adamw: dict[SettingsMode, AdamWImpl] = Field(
+        default_factory=lambda: {m: AdamWImpl(cuda="fused") for m in ("matched", "native")},
+        description="the AdamW implementation per settings mode (recorded by the run as `optimizer_impl`)")
+    sequence_parallel: Literal["deepspeed", "fsdp2"] = Field(
+        "deepspeed", description="the engine its sequence parallel runs on: DeepSpeed bf16 or FSDP2 over fp32 weights")
+    sequence_parallel_adamw: OptimizerImpl | None = Field(
+        None, description="the AdamW of that engine when it builds its own (None: as `adamw`)")
+
+    def optimizer_impl(self, scenario: Scenario, mode: SettingsMode = "matched") -> OptimizerImpl:
+        if scenario.sequence_parallel > 1 and self.sequence_parallel_adamw:
+            return self.sequence_parallel_adamw
+        row = self.adamw[mode]
+        return row.cuda if scenario.cluster.device == "cuda" else row.cpu
 
 
 class Capabilities(BaseModel):
@@ -75,6 +108,14 @@ class BackendInfo(BaseModel):
     contract: int = Field(1, ge=1, le=CONTRACT, description=(
         "the plugin contract it was written against (`CONTRACT`): at the current one every claim is required, "
         "at an older one a claim not made leaves its runs `unverified`"))
+    reference: bool = Field(False, description=(
+        "the no-framework reference whose TGS the report shows the others' as a share of (one installed backend)"))
+    manifest_packages: list[str] = Field(default_factory=list, description=(
+        "distributions of its env whose versions each run's manifest records, beside the framework package "
+        "and the common stack (`framework_bench/store/results.py`)"))
+    report_notes: list[str] = Field(default_factory=list, description=(
+        "what matched settings cannot align because it lives inside the framework's own code: listed in "
+        "the report beside the recorded settings"))
 
 
 class Machine(BaseModel):
@@ -127,7 +168,7 @@ class Job(BaseModel):
         "matched", description="matched: both frameworks configured alike where both allow; native: as each "
                                "framework's own docs and examples configure it")
     seed: int = Field(SEED, ge=0, lt=2**32, description="one per compare: the initial weights "
-                      "(framework_bench/measure/initial_weights.py) and the framework's own seeding")
+                      "(framework_bench/worker/initial_weights.py) and the framework's own seeding")
 
     @computed_field
     @property

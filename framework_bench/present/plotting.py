@@ -15,11 +15,11 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from framework_bench.plugins import registry
 from framework_bench.spec.scenario import Scenario, load_all
 
 DEFAULT_OUT = Path("plots")
 METRICS = (("tgs", "tokens / s / GPU (TGS)"), ("tflops", "TFLOPs / GPU (XTuner formula)"))
-FRAMEWORK_NAMES = {"xtuner": "XTuner", "llamafactory": "LLaMA-Factory"}
 # Fixed so committed SVGs only change when the picture does.
 _RC = {"svg.hashsalt": "fbench", "font.size": 10}
 _SAVE_META = {"png": {"Software": None}, "svg": {"Date": None}}
@@ -60,15 +60,22 @@ def gpus_label(rows: list[dict]) -> str:
     return f"{'/'.join(map(str, counts))} {unit}"
 
 
+def framework_names() -> dict[str, str]:
+    """How to name the framework a published figure is attributed to (a scenario's
+    `reference.framework`, a backend name): the installed backend's own display name."""
+    return {name: backend.info.framework for name, backend in registry.backends().items()}
+
+
 def references(model: str, rows: list[dict], scenarios: list[Scenario] | None = None) -> dict[str, list[dict]]:
     """Published points for `model`, by line label: from the rows' scenarios and the scenario files."""
     specs = [r["scenario_json"] for r in rows] + [s.model_dump(mode="json") for s in (scenarios or [])]
     points: dict[str, dict[int, dict]] = defaultdict(dict)
+    names = framework_names()
     for spec in specs:
         ref = spec.get("reference")
         if not ref or (spec["model"].get("preset") or "inline") != model:
             continue
-        label = f"{FRAMEWORK_NAMES.get(ref['framework'], ref['framework'])} published ({ref['hardware']})"
+        label = f"{names.get(ref['framework'], ref['framework'])} published ({ref['hardware']})"
         points[label].setdefault(spec["context_length"], {
             "context_length": spec["context_length"], "tgs": ref["tgs"], "tflops": ref["tflops"],
             "gpus": spec["cluster"]["gpus"]})
@@ -217,12 +224,13 @@ def plot_published(out_dir: Path = DEFAULT_OUT, scenarios: list[Scenario] | None
         if s.reference:
             groups[(s.reference.framework, s.reference.hardware)].append(s)
     paths: list[Path] = []
+    names = framework_names()
     for (framework, hw), group in sorted(groups.items()):
         by_model: dict[str, list[Scenario]] = defaultdict(list)
         for s in group:
             by_model[s.model.preset or "inline"].append(s)
         contexts = sorted({s.context_length for s in group})
-        name = FRAMEWORK_NAMES.get(framework, framework)
+        name = names.get(framework, framework)
         with matplotlib.rc_context(_RC):
             fig = Figure(figsize=(13, 5.2), layout="constrained")
             axes = fig.subplots(1, 2)

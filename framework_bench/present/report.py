@@ -16,6 +16,7 @@ from pathlib import Path
 
 from framework_bench.measure import flops
 from framework_bench.run.compare import NOT_ALIGNED, REFERENCE_BACKEND, SPEED_RELEVANT, definition, percent_of_reference
+from framework_bench.plugins import registry
 from framework_bench.present.plotting import ctx_label, hardware
 from framework_bench.spec.scenario import Scenario
 
@@ -205,6 +206,16 @@ def settings_sections(rows: list[dict]) -> list[Block]:
     return out
 
 
+def not_aligned(rows: list[dict]) -> list[str]:
+    """What matched settings leave to the frameworks: the common notes, then each installed
+    backend's own (`BackendInfo.report_notes`) for the backends in `rows`."""
+    installed = registry.backends()
+    notes = list(NOT_ALIGNED)
+    for name in sorted({r["backend"] for r in rows} & set(installed)):
+        notes += installed[name].info.report_notes
+    return notes
+
+
 def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in rows})) or "matched"
     out = [Block("h1", "fbench report"),
@@ -224,7 +235,7 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
         out += [Block("h2", "Settings in effect"), *settings]
         if "matched" in modes:
             out += [Block("p", "Not aligned by matched settings (inside the frameworks' own code):"),
-                    Block("list", items=list(NOT_ALIGNED))]
+                    Block("list", items=not_aligned(rows))]
     pngs = [c for c in charts if c.suffix == ".png"]
     if pngs:
         out.append(Block("h2", "Charts"))

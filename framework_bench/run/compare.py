@@ -31,18 +31,13 @@ SPEED_RELEVANT = frozenset({
     "flash_attn_version", "sequence_parallel", "compile", "ddp_find_unused_parameters", "token_count_sync",
     "torch_version",
 })
-# What matched mode cannot align because it lives inside a framework's own code (fairness
-# audit rows); named in the report beside the recorded settings.
+# What matched mode cannot align because it lives inside the frameworks' own code (fairness
+# audit rows), whatever the frameworks; each backend adds its own (`BackendInfo.report_notes`).
+# Named in the report beside the recorded settings.
 NOT_ALIGNED = (
-    "XTuner without DeepSpeed clips gradients through mmengine, which reads the norm back to the host "
-    "(float(grad_norm)) every step; the HF Trainer does it only under DeepSpeed.",
-    "XTuner computes the loss over a shifted contiguous fp32 copy of the logits; the HF Trainer's loss "
-    "does not copy.",
-    "Each framework's transformers pin (4.48 vs 5.6) decides whether SDPA repeats grouped K/V heads "
+    "Each framework's transformers pin decides whether SDPA repeats grouped K/V heads "
     "(attention_kv_repeat) and the default checkpointing variant.",
     "DeepSpeed versions follow each framework's requirements (deepspeed_version).",
-    "Sequence-parallel rows: LLaMA-Factory has sequence parallelism only in its v1 trainer (FSDP2 + Ulysses), "
-    "XTuner only through DeepSpeed ZeRO + its Ulysses; the trainers differ.",
     "Rows are fed in the host's order on both sides (no shuffling): the host checks each step's rows.",
 )
 

@@ -1,11 +1,12 @@
 """Named datasets: what each holds, where its files come from, and where fbench finds them.
 
 A scenario names its data (`dataset: {name: alpaca-enzh-demo}`). A named dataset's files are
-taken from the folder `$FBENCH_DATA` when it is set, else from the copy a source checkout ships
-(`data/alpaca-demo/` beside the package: the README's job runs offline), else from fbench's user
-cache (`$XDG_CACHE_HOME/fbench/datasets`, default `~/.cache/fbench/datasets`), else downloaded
-there from their public home on first use (an installed fbench ships no data). Every file is checked against its sha256, wherever it
-was found: a name always means the same bytes, so the same packed stream.
+taken from the folder `$FBENCH_DATA` when it is set, else from the copy fbench ships as package
+data (`framework_bench/datasets/alpaca-demo/`, also reached as `data/alpaca-demo/` in a checkout:
+the README's job runs offline, installed or not), else from fbench's user cache
+(`$XDG_CACHE_HOME/fbench/datasets`, default `~/.cache/fbench/datasets`), else downloaded there
+from their public home on first use. Every file is checked against its sha256, wherever it was
+found: a name always means the same bytes, so the same packed stream.
 
 Imported by `scenario.py` (for the names): keep it free of imports from the rest of fbench
 at module level.
@@ -17,11 +18,16 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 DATA_ENV = "FBENCH_DATA"
 URL_ENV = "FBENCH_DATA_URL"  # overrides every download base URL (a mirror; the tests' loopback server)
 DOWNLOAD_TIMEOUT_S = 60
+
+
+class DataError(RuntimeError):
+    """The data cannot be had or read (`framework_bench.data` raises it too)."""
 
 
 @dataclass(frozen=True)
@@ -37,17 +43,17 @@ class Named:
     files: tuple[File, ...] = ()
     # hub id -> record field -> that dataset's column (sets too large to ship as files)
     hub: tuple[tuple[str, dict[str, str]], ...] = field(default_factory=tuple)
-    shipped: str = ""  # the folder, under the checkout's `data/`, that holds the files
+    shipped: str = ""  # the folder, under the package's `datasets/`, that holds the files
 
 
-LLAMA_FACTORY_DATA = "https://raw.githubusercontent.com/hiyouga/LLaMA-Factory/main/data/"
+DEMO_DATA_URL = "https://raw.githubusercontent.com/hiyouga/LLaMA-Factory/main/data/"
 # The data a source checkout ships (outside the package: a wheel carries none of it).
-CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "data"
+SHIPPED_DATA = Path(str(resources.files("framework_bench") / "datasets"))  # package data
 
 DATASETS: dict[str, Named] = {
     "alpaca-enzh-demo": Named(
         "999 English + 1000 Chinese Alpaca records (LLaMA-Factory's demo files): the CPU scenarios",
-        base_url=LLAMA_FACTORY_DATA, shipped="alpaca-demo",
+        base_url=DEMO_DATA_URL, shipped="alpaca-demo",
         files=(File("alpaca_en_demo.json", "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318"),
                File("alpaca_zh_demo.json", "d5a4be46ae70d23a461ffc16048069324c0865ee9aa0c8730e21ac4b65ea0f08")),
     ),
@@ -81,7 +87,6 @@ def sources(dataset, progress: bool = True) -> list:
 
 
 def _file(name: str, named: Named, f: File, progress: bool) -> Path:
-    from framework_bench.data.alpaca import DataError
 
     folder = os.environ.get(DATA_ENV)
     if folder:
@@ -91,9 +96,9 @@ def _file(name: str, named: Named, f: File, progress: bool) -> Path:
                             f"{', '.join(x.name for x in named.files)})")
         _check(path, f, f"{DATA_ENV}={folder}: ")
         return path
-    if named.shipped and (CHECKOUT_DATA / named.shipped / f.name).is_file():
-        path = CHECKOUT_DATA / named.shipped / f.name
-        _check(path, f, "the checkout's copy ")
+    if named.shipped and (SHIPPED_DATA / named.shipped / f.name).is_file():
+        path = SHIPPED_DATA / named.shipped / f.name
+        _check(path, f, "the bundled copy ")
         return path
     path = user_cache() / name / f.name
     if path.is_file():
@@ -105,7 +110,6 @@ def _file(name: str, named: Named, f: File, progress: bool) -> Path:
 
 
 def _check(path: Path, f: File, where: str) -> None:
-    from framework_bench.data.alpaca import DataError
 
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != f.sha256:
@@ -121,7 +125,6 @@ def _download(url: str, path: Path, f: File, name: str, named: Named, progress: 
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from framework_bench.data.alpaca import DataError
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.part{os.getpid()}-{time.monotonic_ns()}")

@@ -16,11 +16,12 @@ from annotated_types import Le
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError,
                       field_validator, model_validator)
 
+from framework_bench.spec import places
 from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET
 from framework_bench.spec.models import PRESETS, ModelArch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SCENARIO_DIR = PROJECT_ROOT / "scenarios"
+SCENARIO_DIR = places.BUNDLED_SCENARIOS
 
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
 
@@ -176,7 +177,7 @@ class Reference(_Strict):
     tgs: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
     tflops: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
     hardware: str
-    framework: str = "xtuner"
+    framework: str = Field(description="whose figure it is: a backend name (the report names it by its display name)")
     source: str = ""
 
 
@@ -310,7 +311,9 @@ def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
 
 
 def scenario_paths(directory: Path = SCENARIO_DIR) -> list[Path]:
-    return sorted(directory.glob("*.yaml"))
+    """Every scenario file by name: the user's own (`places.user_scenarios()`) over `directory`'s."""
+    by_name = {p.stem: p for folder in (directory, places.user_scenarios()) for p in sorted(folder.glob("*.yaml"))}
+    return sorted(by_name.values(), key=lambda p: p.stem)
 
 
 def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
@@ -318,15 +321,16 @@ def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p.resolve()
-    candidate = directory / f"{name_or_path}.yaml"
-    if not candidate.exists():
+    candidate = next((c for c in (places.user_scenarios() / f"{name_or_path}.yaml", directory / f"{name_or_path}.yaml")
+                      if c.exists()), None)
+    if candidate is None:
         known = ", ".join(p.stem for p in scenario_paths(directory))
         raise ScenarioError(f"no scenario named {name_or_path!r}; known: {known}")
     return candidate.resolve()
 
 
 def load(name_or_path: str, directory: Path = SCENARIO_DIR) -> Scenario:
-    """A scenario by name (from `scenarios/`) or by file path."""
+    """A scenario by name (the bundled ones and the user's: `scenario_paths`) or by file path."""
     return load_file(source_path(name_or_path, directory))
 
 

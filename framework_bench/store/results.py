@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from framework_bench import __version__
 from framework_bench.envs import venvs as envs
+from framework_bench.plugins import registry
 from framework_bench.plugins.backend import StepMetric
 from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
@@ -112,9 +113,9 @@ _MIGRATIONS = [
 _JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks", "notes",
                  "loss_curve")
 
-# Distributions of a backend env worth naming in the manifest (those that exist are kept).
-_ENV_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets",
-                 "xtuner", "mmengine", "llamafactory")
+# The common stack of a backend env worth naming in the manifest (those that exist are kept);
+# each backend adds its framework package and its own (`BackendInfo.manifest_packages`).
+_STACK_PACKAGES = ("torch", "transformers", "deepspeed", "accelerate", "peft", "flash-attn", "datasets")
 
 
 class ResultsError(RuntimeError):
@@ -179,7 +180,12 @@ def host_manifest() -> dict:
 def manifest(backend: str) -> dict:
     """The environment a run of `backend` had: the host, plus the versions in the backend's env."""
     env = envs.inspect(backend)
-    versions = {name: v for name in _ENV_PACKAGES if (v := env.version(name))}
+    try:
+        info = registry.get(backend).info
+        own = [info.env.framework_package, *info.manifest_packages]
+    except registry.UnknownBackend:  # uninstalled since it ran (a run stored by a later command)
+        own = []
+    versions = {name: v for name in dict.fromkeys([*_STACK_PACKAGES, *own]) if (v := env.version(name))}
     return {**host_manifest(), "backend_env": {"path": str(env.path), "flavour": env.flavour, "versions": versions}}
 
 
@@ -259,7 +265,7 @@ class ResultStore:
     def __enter__(self) -> "ResultStore":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc) -> None:
         self.close()
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from framework_bench.measure import initial_weights
+from framework_bench.worker import initial_weights
 from framework_bench.worker.packed import PackedRows
 from framework_bench.worker.rows import ConsumedRows
 from framework_bench.worker.steps import ClockLines

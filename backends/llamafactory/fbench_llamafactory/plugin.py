@@ -57,6 +57,10 @@ def fbench_backend_info() -> BackendInfo:
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
                             sequence_parallel="fsdp2", sequence_parallel_adamw="foreach"),
         contract=CONTRACT,  # every claim made: the step timer's clock lines included
+        report_notes=[
+            "LLaMA-Factory 0.9.5 runs on transformers 5.6 (it needs >= 4.55).",
+            "Sequence-parallel rows: LLaMA-Factory has sequence parallelism only in its v1 trainer (FSDP2 + Ulysses).",
+        ],
     )
 
 

@@ -49,6 +49,7 @@ def fbench_backend_info() -> BackendInfo:
         # (the worker sets `fused=True` there), torch's own choice on CPU.
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}),
         contract=CONTRACT,  # every claim made: the step timer's clock lines included
+        reference=True,
     )
 
 

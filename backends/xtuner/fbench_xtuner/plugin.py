@@ -43,6 +43,15 @@ def fbench_backend_info() -> BackendInfo:
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="foreach")},
                             sequence_parallel="deepspeed"),
         contract=CONTRACT,  # every claim made: the step timer's clock lines included
+        report_notes=[
+            "XTuner without DeepSpeed clips gradients through mmengine, which reads the norm back to the host "
+            "(float(grad_norm)) every step; the HF Trainer does it only under DeepSpeed.",
+            "XTuner computes the loss over a shifted contiguous fp32 copy of the logits; the HF Trainer's loss "
+            "does not copy.",
+            "XTuner 0.2.0 pins transformers 4.48.",
+            "Sequence-parallel rows: XTuner has sequence parallelism only through DeepSpeed ZeRO + its Ulysses.",
+        ],
+        manifest_packages=["mmengine"],
     )
 
 
