@@ -358,3 +358,32 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_ho
 @pytest.fixture
 def fbench_home_of_cluster(cluster):
     return envs.fbench_home()
+
+
+def test_ctrl_c_while_submitting_exits_130_and_never_waits(cluster, fakes, tmp_path):
+    """An sbatch that hangs (a slow scheduler): Ctrl-C stops the submission, says so, exits 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    marker = tmp_path / "sbatch-started"
+    (slow / "sbatch").write_text(f"#!/bin/sh\ntouch {marker}\nsleep 60\n")
+    (slow / "sbatch").chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", "run", "--backend",
+                             "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--wait", "--poll", "0.2",
+                             "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}",
+                                            "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "interrupted: 0 job(s) submitted" in err, (out, err)
+        assert "Traceback" not in err
+    finally:
+        proc.kill()

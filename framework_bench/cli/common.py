@@ -113,7 +113,8 @@ def check_settings(mode: str) -> None:
 
 
 def check_launcher(launcher: str | None) -> None:
-    if launcher not in (None, "local", "torchrun", "slurm"):
+    from framework_bench.run.launchers.base import LAUNCHERS
+    if launcher is not None and launcher not in LAUNCHERS:
         fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
 
 

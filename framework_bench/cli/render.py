@@ -164,3 +164,16 @@ def print_plan(d, s, options, machine, show) -> None:
             show.print(f"    | {line}", highlight=False, markup=False)
         if len(lines) > 40:
             show.print(f"    | ... ({len(lines) - 40} more lines)", highlight=False, markup=False)
+
+
+def print_submission(name: str, p, options) -> None:
+    """One backend x scenario given to SLURM: the verdicts, then the script and the job, or nothing."""
+    print_verdict(name, "slurm", p.verdict)
+    if p.result is not None:
+        return
+    common.console.print(time_line(p.time, options.sbatch), highlight=False, markup=False)
+    common.console.print(f"  sbatch: {p.sbatch}", highlight=False, markup=False)
+    if p.note:
+        common.console.print(f"  [yellow]{escape(p.note)}[/yellow]", highlight=False)
+    if p.submission:
+        common.console.print(f"  submitted: SLURM job {p.submission.job_id}", highlight=False)

@@ -232,30 +232,31 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
     whose hooks raised); those are stored at once, submitted runs when their jobs end (--wait,
     or `results collect`)."""
     from framework_bench.run import pipeline
+    from framework_bench.run.interrupts import stop_signals_interrupt
     store = common.open_store(options.db)
     options = options.model_copy(update={"db": store.path})
     by_name = {s.name: s for s in chosen}
     results, submitted = [], []
-    for s in chosen:
-        common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
-        for name in backend_names:
-            try:
-                p = pipeline.submit(name, s, options)
-            except common.user_errors() as e:
-                common.fail(str(e))
-            render.print_verdict(name, "slurm", p.verdict)
-            if p.result is not None:
-                common.keep(store, p.result, s)
-                results.append(p.result)
-                common.console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
-                continue
-            common.console.print(render.time_line(p.time, options.sbatch), highlight=False, markup=False)
-            common.console.print(f"  sbatch: {p.sbatch}", highlight=False, markup=False)
-            if p.note:
-                common.console.print(f"  [yellow]{escape(p.note)}[/yellow]", highlight=False)
-            if p.submission:
-                common.console.print(f"  submitted: SLURM job {p.submission.job_id}", highlight=False)
-                submitted.append(p.submission)
+    try:
+        with stop_signals_interrupt():
+            for s in chosen:
+                common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+                for name in backend_names:
+                    p = pipeline.submit(name, s, options)
+                    render.print_submission(name, p, options)
+                    if p.result is not None:
+                        common.keep(store, p.result, s)
+                        results.append(p.result)
+                        common.console.print(f"  nothing submitted; stored as result {p.result.result_id}",
+                                             highlight=False)
+                    elif p.submission:
+                        submitted.append(p.submission)
+    except common.user_errors() as e:
+        common.fail(str(e))
+    except KeyboardInterrupt:  # while judging, packing or submitting: what was submitted stays recorded
+        common.err.print(f"[yellow]interrupted: {len(submitted)} job(s) submitted; `fbench results collect` "
+                         "stores them when they end[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
     if not wait:
         if submitted:
             common.console.print("`fbench results collect` stores each run once its job has ended (or use --wait)")

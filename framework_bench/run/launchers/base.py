@@ -37,7 +37,6 @@ class Executor(ABC):
     """One launcher: the command that starts a planned run, and how it is started."""
 
     name: ClassVar[Launcher]
-    waits: ClassVar[bool] = True  # runs here until the worker ends (False: a scheduler runs it later)
 
     @abstractmethod
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
@@ -48,7 +47,8 @@ class Executor(ABC):
         return [self.argv(plan, job)]
 
     def run(self, plan: LaunchPlan, job: Job, timeout: float | None, poll: Callable[[], None]) -> Outcome:
-        """Start the run here and wait for its end; `poll` is called about twice a second."""
+        """Start the run here and wait for its end; `poll` is called about twice a second. A
+        launcher whose runs a scheduler starts (slurm) has none."""
         raise NotImplementedError(f"the {self.name} launcher does not run jobs here")
 
 

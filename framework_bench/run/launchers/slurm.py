@@ -209,7 +209,6 @@ class SlurmExecutor(Executor):
     stored when its job has ended (`fbench results collect`, or `--wait`)."""
 
     name = "slurm"
-    waits = False
 
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
         return ["sbatch", str(sbatch_path(job))]
