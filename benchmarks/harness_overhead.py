@@ -27,7 +27,7 @@ import os
 import threading
 
 from framework_bench.measure import clock
-from framework_bench.run import runner
+from framework_bench.run import pipeline
 from framework_bench.spec import scenario
 from framework_bench.worker.steps import ClockLines
 from framework_bench.worker.files import MetricsWriter, read_metrics
@@ -96,7 +96,7 @@ def main() -> None:
           f"core ({share / (os.cpu_count() or 1):.2%} of this machine's {os.cpu_count()} CPUs), a line stamped "
           f"{lag * 1e3:.2f} ms after its write (median)")
     for name in [n for n in args.backends.split(",") if n]:
-        r = runner.run_one(name, s)
+        r = pipeline.run_one(name, s)
         if r.status != "ok":
             print(f"{name}: {r.status}: {(r.reason or '').splitlines()[:1]}")
             continue

@@ -27,7 +27,8 @@ from pydantic import BaseModel
 
 from framework_bench.measure import losses
 from framework_bench.plugins import registry
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario as scenarios_
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
@@ -51,7 +52,7 @@ def check_backend(backend: str, root: Path | None = None, scenario: str = SCENAR
                   settings_mode: str = "matched", timeout: float | None = 900) -> Conformance:
     """Run `backend` on `scenario` (the CPU conformance scenario by default) and judge each point."""
     scn = scenarios_.load(scenario)
-    result = runner.run_one(backend, scn, root=root, timeout=timeout, settings_mode=settings_mode)
+    result = pipeline.run_one(backend, scn, RunOptions(root=root, timeout=timeout, settings_mode=settings_mode))
     run = Check(name="run", status="pass" if result.status == "ok" else "fail",
                 detail=f"status {result.status}" + (f": {result.reason.strip().splitlines()[-1]}" if result.reason else ""))
     off = unchecked()
@@ -75,7 +76,7 @@ def parity_variants(scn: scenarios_.Scenario) -> list[tuple[str, list[scenarios_
 def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, root: Path | None, settings_mode: str,
                   timeout: float | None) -> list[Check]:
     def run(name: str, s: scenarios_.Scenario) -> RunResult:
-        return runner.run_one(name, s, root=root, timeout=timeout, settings_mode=settings_mode)
+        return pipeline.run_one(name, s, RunOptions(root=root, timeout=timeout, settings_mode=settings_mode))
 
     found = registry.backends()
     ref_name = next(name for name, b in found.items() if b.info.reference)

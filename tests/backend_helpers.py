@@ -51,13 +51,14 @@ def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, setting
     Returns (scenario, result) for backend-specific checks."""
     import math
 
-    from framework_bench.run import runner
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
     from framework_bench.data.packing import pack
     from framework_bench.worker.files import read_metrics
 
     scn = scenario.load("tiny_cpu")
     data = pack(scn, progress=False, say=lambda msg: None)
-    result = runner.run_one(backend, scn, data=data, root=tmp_path, machine=CPU, settings_mode=settings_mode)
+    result = pipeline.run_one(backend, scn, RunOptions(root=tmp_path, settings_mode=settings_mode), data=data, machine=CPU)
     assert result.status == "ok", result.reason
     steps = read_metrics(result.run_dir)
     assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from framework_bench.run import compare
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
@@ -24,7 +25,7 @@ def _run(backends, tmp_path, **kw):
     store = ResultStore(tmp_path / "results.sqlite")
     tiny = scenario.load("tiny_cpu")
     try:
-        results = compare.compare([tiny], backends, on_result=lambda r, s: store.add(r, s), **kw)
+        results = compare.compare([tiny], backends, RunOptions(**kw), on_result=lambda r, s: store.add(r, s))
     except compare.Interrupted as stop:
         results = stop.args[0]
     return results, store

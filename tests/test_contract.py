@@ -34,7 +34,8 @@ def test_an_unverified_run_is_no_share_of_the_reference():
 
 @pytest.mark.slow
 def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_it_makes_them(liars, tmp_path):
-    from framework_bench.run import runner
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
     from framework_bench.data.packing import pack
     from framework_bench.present.plotting import _slug, plot_results
     from framework_bench.store.results import ResultStore
@@ -42,13 +43,13 @@ def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_
     from test_host_clock import SCENARIO
 
     data = pack(SCENARIO, progress=False, say=lambda msg: None)
-    claimless = runner.run_one("lying_no_claims_contract1", SCENARIO, data=data, root=tmp_path, machine=CPU)
+    claimless = pipeline.run_one("lying_no_claims_contract1", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert claimless.status == "unverified", claimless.reason
     assert claimless.reason.startswith("claims not made by this contract-1 plugin (contract 2 requires them):")
     for claim in ("clock", "rows", "throughput", "parameters", "settings"):
         assert claim in claimless.reason
     assert claimless.tgs > 0  # shown, with its figures
-    honest = runner.run_one("lying_honest_contract1", SCENARIO, data=data, root=tmp_path, machine=CPU)
+    honest = pipeline.run_one("lying_honest_contract1", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert honest.status == "ok", honest.reason
 
     with ResultStore(tmp_path / "r.sqlite") as store:

@@ -28,13 +28,13 @@ import pytest
 from fbench_fixtures import backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
 
 STAGES = {  # stage: (module, function) the fault is triggered on entering
-    "packing": ("framework_bench.run.runner", "pack"),
-    "after_plan": ("framework_bench.run.launch", "node_argvs"),
-    "mid_training": ("framework_bench.run.runner", "read_metrics"),
-    "worker_exited": ("framework_bench.run.runner", "finish"),
+    "packing": ("framework_bench.run.pipeline", "pack"),
+    "after_plan": ("framework_bench.run.launchers.local", "execute"),
+    "mid_training": ("framework_bench.run.pipeline", "read_metrics"),
+    "worker_exited": ("framework_bench.run.pipeline", "finish"),
     "figures": ("framework_bench.measure.metrics", "figures"),
     "store": ("framework_bench.store.results", "save"),
-    "report": ("framework_bench.cli", "_charts_and_report"),
+    "report": ("framework_bench.cli.common", "charts_and_report"),
 }
 
 # The host: the CLI with one stage's function wrapped to apply the fault first.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend_helpers import H100x8, make_job, ready_env, tiny
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
 from framework_bench.plugins.backend import Machine
@@ -41,7 +41,7 @@ def test_one_gpu_zero3_plans_a_process_group(backend, versions, tmp_path, monkey
     assert 1024 <= int(plan.env["MASTER_PORT"]) < 65536
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "0"  # one process on an 8-GPU host sees one GPU
     assert launch.default_launcher(job) == "local"
-    assert launch.argv_for(plan, job, "local")[1:3] == ["-m", plan.module]
+    assert launch.executor_for("local").argv(plan, job)[1:3] == ["-m", plan.module]
     if backend == "xtuner":
         values = {n.targets[0].id: ast.unparse(n.value) for n in ast.parse(plan.files["mmengine_config"].read_text()).body
                   if isinstance(n, ast.Assign)}

@@ -15,9 +15,10 @@ import pytest
 from backend_helpers import CPU, tiny
 from fbench_fixtures import LIARS
 from framework_bench.measure import clock
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.plugins.backend import Job
 from framework_bench.data.packing import pack
 
@@ -44,7 +45,7 @@ def lie_runs(liars, tmp_path_factory):
 
     def run(name: str):
         if name not in done:
-            done[name] = runner.run_one(name, SCENARIO, data=data, root=root, machine=CPU)
+            done[name] = pipeline.run_one(name, SCENARIO, RunOptions(root=root), data=data, machine=CPU)
         return done[name]
     return run
 
@@ -55,7 +56,7 @@ def judged_again(result, monkeypatch):
     job = Job.model_validate_json((result.run_dir / "job.json").read_text())
     base = dict(backend=result.backend, scenario=result.scenario, framework_version=result.framework_version,
                 settings_mode=result.settings_mode)
-    return runner.finish(plugins.get(result.backend), job, launch.Outcome("ok", 0, result.wall_seconds, ""), base, None)
+    return pipeline.finish(plugins.get(result.backend), job, launch.Outcome("ok", 0, result.wall_seconds, ""), base, None)
 
 
 # lie -> the check that must catch it

@@ -3,7 +3,8 @@
 import sys
 from pathlib import Path
 
-from framework_bench.run import launch
+from framework_bench.run.launchers import base, local, slurm
+from framework_bench.run.launchers.torchrun import TorchrunExecutor
 from framework_bench.spec import scenario
 from framework_bench.plugins.backend import Job, LaunchPlan
 
@@ -20,7 +21,7 @@ PLAN = LaunchPlan(python=Path("/envs/xtuner/bin/python"), module="fbench_xtuner.
 
 
 def test_torchrun_argv_wraps_the_worker_module(tmp_path):
-    argv = launch.argv_for(PLAN, _job("llama2_7b_8k", tmp_path), "torchrun")
+    argv = base.executor_for("torchrun").argv(PLAN, _job("llama2_7b_8k", tmp_path))
     assert argv[:3] == ["/envs/xtuner/bin/python", "-m", "torch.distributed.run"]
     assert argv[argv.index("--nnodes") + 1] == "1"
     assert argv[argv.index("--nproc-per-node") + 1] == "8"
@@ -31,7 +32,7 @@ def test_torchrun_argv_wraps_the_worker_module(tmp_path):
 def test_local_launcher_refuses_several_processes(tmp_path):
     job = _job("llama2_7b_8k", tmp_path)
     try:
-        launch.argv_for(PLAN, job, "local")
+        base.executor_for("local").argv(PLAN, job)
     except ValueError as e:
         assert "torchrun" in str(e)
     else:
@@ -40,7 +41,7 @@ def test_local_launcher_refuses_several_processes(tmp_path):
 
 def test_sbatch_for_yi34b_128k(tmp_path):
     job = _job("yi34b_128k", tmp_path)
-    text = launch.sbatch_script(PLAN, job)
+    text = slurm.sbatch_script(PLAN, job)
     assert "#SBATCH --nodes=4" in text
     assert "#SBATCH --gpus-per-node=8" in text
     assert "#SBATCH --ntasks-per-node=1" in text
@@ -54,14 +55,14 @@ def test_sbatch_for_yi34b_128k(tmp_path):
     assert '--rdzv-endpoint "$head_node:29500" --rdzv-id "$SLURM_JOB_ID" -m fbench_xtuner.worker' in srun[0]
     # the plan's environment goes into the script, quoted
     assert "export DS_CONFIG='/run/ds config.json'" in text
-    text = launch.sbatch_script(PLAN, job, "3-04:00:00", cpus_per_task=64, extra=("--partition=gpu", "--qos=high"))
+    text = slurm.sbatch_script(PLAN, job, "3-04:00:00", cpus_per_task=64, extra=("--partition=gpu", "--qos=high"))
     assert "#SBATCH --time=3-04:00:00" in text and "#SBATCH --cpus-per-task=64" in text
     assert "#SBATCH --partition=gpu\n#SBATCH --qos=high" in text and "--cpus-per-task=64 --kill-on-bad-exit" in text
 
 
-def _execute(tmp_path: Path, code: str, timeout=None) -> launch.Outcome:
+def _execute(tmp_path: Path, code: str, timeout=None) -> base.Outcome:
     log = tmp_path / f"log{len(list(tmp_path.glob('log*')))}"  # one log per run: a run is judged on its own
-    return launch.execute([[sys.executable, "-c", code]], {}, tmp_path, log, timeout)
+    return local.execute([[sys.executable, "-c", code]], {}, tmp_path, log, timeout)
 
 
 def test_execute_classifies_endings(tmp_path):
@@ -79,7 +80,7 @@ def test_execute_classifies_endings(tmp_path):
 
 def test_loopback_nodes_share_one_rendezvous(tmp_path):
     job = _job("tiny_cpu", tmp_path).model_copy(update={"nnodes": 2, "nprocs": 1})
-    argvs = launch.node_argvs(PLAN, job, "torchrun")
+    argvs = TorchrunExecutor().node_argvs(PLAN, job)
     assert len(argvs) == 2
     endpoints = {a[a.index("--rdzv-endpoint") + 1] for a in argvs}
     assert len(endpoints) == 1 and endpoints.pop().startswith("127.0.0.1:")
@@ -89,7 +90,7 @@ def test_loopback_nodes_share_one_rendezvous(tmp_path):
 def test_one_failing_node_stops_the_others(tmp_path):
     argvs = [[sys.executable, "-c", "import time; time.sleep(60)"],
              [sys.executable, "-c", "import sys; print('node 1 broke'); sys.exit(2)"]]
-    out = launch.execute(argvs, {}, tmp_path, tmp_path / "worker.log", timeout=30)
+    out = local.execute(argvs, {}, tmp_path, tmp_path / "worker.log", timeout=30)
     assert out.status == "failed" and out.returncode == 2 and out.seconds < 20
     assert "node 1 broke" in out.log_tail
     assert (tmp_path / "worker.node1.log").exists()

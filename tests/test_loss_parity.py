@@ -10,7 +10,8 @@ import pytest
 from backend_helpers import CPU
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
 from framework_bench.measure.losses import parity
@@ -59,7 +60,7 @@ def three_runs(request, tmp_path_factory):
         scn = scn.model_copy(update={"name": f"tiny_cpu_grad_accum{request.param}", "grad_accum": request.param})
     data = pack(scn, progress=False, say=lambda msg: None)
     root = tmp_path_factory.mktemp("runs")
-    return scn, {b: runner.run_one(b, scn, data=data, root=root, machine=CPU) for b in BACKENDS}
+    return scn, {b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS}
 
 
 def test_same_initial_weights_and_step_one_loss_as_the_reference(three_runs):

@@ -10,7 +10,8 @@ from backend_helpers import CPU, tiny
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.cli import app
 from framework_bench.data.packing import pack
 from framework_bench.store.results import ResultStore
@@ -33,7 +34,7 @@ def test_xtuner_measures_micro_iterations(tmp_path, monkeypatch):
     backend_env_or_skip("xtuner")
     s = tiny(name="tiny_micro", grad_accum=4, steps={"warmup": 1, "measured": 2, "unit": "micro"})
     data = pack(s, progress=False, say=lambda msg: None)
-    result = runner.run_one("xtuner", s, data=data, root=tmp_path, machine=CPU)
+    result = pipeline.run_one("xtuner", s, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert result.status == "ok", result.reason
     steps = read_metrics(result.run_dir)
     assert [m["step"] for m in steps] == [1, 2, 3] and all(m["tokens"] == 512 for m in steps)

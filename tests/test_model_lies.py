@@ -15,7 +15,8 @@ import pytest
 from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
@@ -45,14 +46,14 @@ def world(tmp_path_factory):
         scn = scenario.load("tiny_cpu")
         data = pack(scn, progress=False, say=lambda msg: None)
         root = tmp_path_factory.mktemp("runs")
-        reference = runner.run_one("torch", scn, data=data, root=root, machine=CPU)
+        reference = pipeline.run_one("torch", scn, RunOptions(root=root), data=data, machine=CPU)
         assert reference.status == "ok", reference.reason
         yield scn, data, root, reference, mp
 
 
 def run(world, name: str):
     scn, data, root, reference, _ = world
-    return runner.run_one(name, scn, data=data, root=root, machine=CPU, reference=reference)
+    return pipeline.run_one(name, scn, RunOptions(root=root), data=data, machine=CPU, reference=reference)
 
 
 def test_the_honest_copy_passes_parity(world):

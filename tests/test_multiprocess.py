@@ -6,7 +6,8 @@ import statistics
 import pytest
 
 from fbench_fixtures import backend_env_or_skip
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.worker.files import read_metrics
 
@@ -16,7 +17,7 @@ from framework_bench.worker.files import read_metrics
 def test_llamafactory_two_processes(name):
     backend_env_or_skip("llamafactory")
     s = scenario.load(name)
-    r = runner.run_one("llamafactory", s, timeout=900)
+    r = pipeline.run_one("llamafactory", s, RunOptions(timeout=900))
     assert r.status == "ok", r.reason
     plan = (r.run_dir / "plan.json").read_text()
     assert plan.count("torch.distributed.run") == s.cluster.nodes  # one torchrun per node
@@ -38,5 +39,5 @@ def test_llamafactory_two_processes(name):
 
 
 def test_xtuner_refuses_several_cpu_processes_without_zero():
-    r = runner.run_one("xtuner", scenario.load("multiproc_tiny_cpu_1x2"))
+    r = pipeline.run_one("xtuner", scenario.load("multiproc_tiny_cpu_1x2"))
     assert r.status == "unsupported" and "device_ids=[LOCAL_RANK]" in r.reason and "zero_stage 1-3" in r.reason

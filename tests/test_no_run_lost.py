@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench.run import launch
+from framework_bench.run.launchers import local
 from framework_bench.store import results
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
@@ -222,7 +222,7 @@ def test_an_exception_in_the_hosts_poll_stops_the_worker(tmp_path):
         raise RuntimeError("the host fell over")
 
     with pytest.raises(RuntimeError):
-        launch.execute([[sys.executable, "-c", "import time; time.sleep(60)", marker]], {}, tmp_path,
+        local.execute([[sys.executable, "-c", "import time; time.sleep(60)", marker]], {}, tmp_path,
                        tmp_path / "w.log", poll=poll)
     assert processes_mentioning(marker) == []
 
@@ -286,7 +286,7 @@ def test_the_next_command_stores_the_run_of_a_dead_host_and_says_so(fakes, fbenc
 
 def test_the_worker_is_given_the_hosts_pid(tmp_path):
     out = tmp_path / "env.txt"
-    launch.execute([[sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ['FBENCH_HOST_PID'])"]],
+    local.execute([[sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ['FBENCH_HOST_PID'])"]],
                    {}, tmp_path, tmp_path / "w.log")
     assert out.read_text() == str(os.getpid())
 

@@ -13,9 +13,10 @@ import pytest
 
 from backend_helpers import CPU, make_job, ready_env, tiny
 from fbench_fixtures import backend_env_or_skip
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 
 VERSIONS = {"xtuner": {"xtuner": "0.2.0"}, "llamafactory": {"llamafactory": "0.9.5"}, "torch": {"torch": "2.13.0"}}
@@ -102,7 +103,7 @@ def test_one_process_in_a_process_group_is_not_ddp_wrapped(backend, tmp_path, mo
     job = make_job(backend, tmp_path / "pg", s)
     for key, value in launch.process_group_env(job).items():
         monkeypatch.setenv(key, value)
-    r = runner.run_one(backend, s, root=tmp_path, machine=CPU)
+    r = pipeline.run_one(backend, s, RunOptions(root=tmp_path), machine=CPU)
     assert r.status == "ok", r.reason
     assert r.settings["process_group_size"] == 1
     assert r.settings["ddp_wrapped"] is False

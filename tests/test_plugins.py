@@ -289,14 +289,15 @@ def test_backend_info_raising_is_a_broken_plugin(probes):
     ("report", "fbench_read_report raised KeyError: 'steps'"),
 ])
 def test_a_raising_hook_is_a_failed_row_with_its_traceback(probes, tmp_path, mode, says):
-    from framework_bench.run import runner
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
     from framework_bench.store.results import ResultStore
 
     s = scenario.load("tiny_cpu")
-    r = runner.run_one(f"probe_{mode}", s, root=tmp_path / "runs", machine=Machine())
+    r = pipeline.run_one(f"probe_{mode}", s, RunOptions(root=tmp_path / "runs"), machine=Machine())
     assert r.status == "failed" and r.reason.startswith(says), r.reason
     assert "Traceback (most recent call last)" in r.reason and f"probe_{mode}_mod.py" in r.reason
-    assert "pluggy" not in r.reason and "runner.py" not in r.reason  # the plugin's frames, not the host's
+    assert "pluggy" not in r.reason and "pipeline.py" not in r.reason  # the plugin's frames, not the host's
     with ResultStore(tmp_path / "r.sqlite") as store:  # the row is stored like any other
         assert store.get(store.add(r, s))["reason"] == r.reason
 
@@ -325,10 +326,10 @@ def test_dry_run_shows_the_verdict_then_the_plan_error(probes):
 
 
 def test_declared_capabilities_are_enforced_by_the_host(fake):
-    from framework_bench.run import runner
+    from framework_bench.run import pipeline
 
     gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
-    _, reason = runner.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
+    _, reason = pipeline.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
     assert reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
     assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked
 

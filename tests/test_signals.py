@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench.run import launch
+from framework_bench.run.launchers import base, local
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
 from fbench_fixtures import processes_mentioning
@@ -127,8 +127,8 @@ def test_a_missing_env_is_a_failed_run_not_unsupported(fbench_home, tmp_path):
 
 # 12. OOM only with evidence
 
-def _execute(tmp_path: Path, *codes: str) -> launch.Outcome:
-    return launch.execute([[sys.executable, "-c", c] for c in codes], {}, tmp_path, tmp_path / "worker.log", 60)
+def _execute(tmp_path: Path, *codes: str) -> base.Outcome:
+    return local.execute([[sys.executable, "-c", c] for c in codes], {}, tmp_path, tmp_path / "worker.log", 60)
 
 
 def test_sigkill_without_evidence_is_failed_not_oom(tmp_path):

@@ -18,7 +18,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.envs import venvs as envs
 from framework_bench.spec import scenario
 from framework_bench.cli import app
-from framework_bench.run.sbatch import MARGIN, STARTUP_S, estimate_time
+from framework_bench.run.launchers.slurm import MARGIN, STARTUP_S, estimate_time
 
 STANDINS = Path(__file__).parent / "slurm_standins"
 FAKES = Path(__file__).parent / "fake_backends"
@@ -178,19 +178,19 @@ def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_pat
     import os
     import subprocess
 
-    from framework_bench.run import launch
+    from framework_bench.run.launchers import slurm
     from framework_bench.plugins.backend import Job, LaunchPlan
     s = scenario.load("tiny_cpu")
     job = Job(backend="fake_ok", scenario=s, data_dir=tmp_path, data_sha256="0" * 64, run_dir=tmp_path / "run",
               device="cpu")
     job.run_dir.mkdir()
     plan = LaunchPlan(python=tmp_path / "not-shared" / "bin" / "python", module="fbench_fake_worker")
-    script = launch.write_sbatch(plan, job)
+    script = slurm.write_sbatch(plan, job)
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_ON_NODE": "2"}
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 3
     assert f"fbench: {plan.python} is missing on" in proc.stdout and "shares, at the same path" in proc.stdout
-    assert (job.run_dir / launch.SBATCH_EXIT_FILE).read_text().strip() == "3"
+    assert (job.run_dir / slurm.SBATCH_EXIT_FILE).read_text().strip() == "3"
 
 
 def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkeypatch):
@@ -198,8 +198,7 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     words in the job output when it killed the job."""
     import os
 
-    from framework_bench.run import launch
-    from framework_bench.run import slurm
+    from framework_bench.run.launchers import slurm
     quiet = tmp_path / "bin"
     quiet.mkdir()
     for name in ("squeue", "sacct"):  # the job is gone from the queue; no accounting kept
@@ -213,9 +212,9 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     assert slurm.job_state(sub).state == "UNKNOWN"  # nothing to go by yet: still waiting
     (run_dir / "slurm-42.out").write_text("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-30 DUE TO TIME LIMIT ***\n")
     assert slurm.job_state(sub).state == "TIMEOUT"
-    (run_dir / launch.SBATCH_EXIT_FILE).write_text("0\n")
+    (run_dir / slurm.SBATCH_EXIT_FILE).write_text("0\n")
     assert slurm.job_state(sub) == slurm.JobState(state="COMPLETED", exit_code=0)
-    (run_dir / launch.SBATCH_EXIT_FILE).write_text("1\n")
+    (run_dir / slurm.SBATCH_EXIT_FILE).write_text("1\n")
     assert slurm.job_state(sub).state == "FAILED"
 
 
@@ -359,3 +358,32 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_ho
 @pytest.fixture
 def fbench_home_of_cluster(cluster):
     return envs.fbench_home()
+
+
+def test_ctrl_c_while_submitting_exits_130_and_never_waits(cluster, fakes, tmp_path):
+    """An sbatch that hangs (a slow scheduler): Ctrl-C stops the submission, says so, exits 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    marker = tmp_path / "sbatch-started"
+    (slow / "sbatch").write_text(f"#!/bin/sh\ntouch {marker}\nsleep 60\n")
+    (slow / "sbatch").chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", "run", "--backend",
+                             "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--wait", "--poll", "0.2",
+                             "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}",
+                                            "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "interrupted: 0 job(s) submitted" in err, (out, err)
+        assert "Traceback" not in err
+    finally:
+        proc.kill()

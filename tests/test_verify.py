@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.measure import memory, verify
 from framework_bench.plugins.backend import StepMetric, WorkerReport
@@ -20,7 +21,7 @@ from framework_bench.store.results import ResultStore
 
 def _run(backend: str, tmp_path: Path):
     scn = scenario.load("tiny_cpu")
-    result = runner.run_one(backend, scn, root=tmp_path / "runs")
+    result = pipeline.run_one(backend, scn, RunOptions(root=tmp_path / "runs"))
     return result, {c.name: c for c in result.checks}
 
 

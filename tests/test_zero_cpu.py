@@ -6,7 +6,8 @@ DeepSpeed at the asked stage; both ranks must train every step on their own rows
 import pytest
 
 from fbench_fixtures import backend_env_or_skip
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.worker.files import read_metrics, read_worker_report
 
@@ -18,7 +19,7 @@ def test_zero_on_two_cpu_processes(backend, stage):
     backend_env_or_skip(backend)
     s = scenario.load(f"multiproc_tiny_cpu_zero{stage}")
     assert s.zero_stage == stage and s.cluster.gpus == 2 and s.cluster.device == "cpu"
-    r = runner.run_one(backend, s, launcher="torchrun", timeout=600)
+    r = pipeline.run_one(backend, s, RunOptions(launcher="torchrun", timeout=600))
     assert r.status == "ok", r.reason
     assert "torch.distributed.run" in (r.run_dir / "plan.json").read_text()
     steps = read_metrics(r.run_dir)

@@ -212,7 +212,8 @@ class Check:
                  + (f" ({r.reason.splitlines()[0]})" if r.reason and r.status != "ok" else ""))
 
     def run(self, p: Planned) -> RunResult:
-        from framework_bench.run import runner
+        from framework_bench.run import pipeline
+        from framework_bench.run.options import RunOptions
         s = load_scenario(p.scenario)
         base = dict(backend=p.backend, scenario=s.name)
         left = self.left_s()
@@ -227,7 +228,7 @@ class Check:
         self.say(f"{s.name} {p.backend}: starting (estimate {p.estimate_s:.0f} s, timeout {timeout:.0f} s)")
         t0, w0 = time.monotonic(), time.time()
         try:
-            r = runner.run_one(p.backend, s, timeout=timeout)
+            r = pipeline.run_one(p.backend, s, RunOptions(timeout=timeout))
         except Exception as e:  # one broken run must not end a check that is never rerun
             r = RunResult(**base, status="failed", reason=f"{type(e).__name__}: {e}")
         self.record(r, s, time.monotonic() - t0, self.sampler.mean(w0, time.time()))

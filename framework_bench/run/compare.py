@@ -11,12 +11,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from framework_bench.run import launch
-from framework_bench.plugins import registry as plugins
-from framework_bench.run import runner
-from framework_bench.spec import scenario as scenarios_
-from framework_bench.worker.hparams import SEED
 from framework_bench.measure.metrics import RunResult
+from framework_bench.plugins import registry as plugins
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
+from framework_bench.spec import scenario as scenarios_
 from framework_bench.spec.scenario import Scenario, ScenarioError
 
 SETTINGS_MODES = ("matched", "native")
@@ -115,17 +114,11 @@ class Interrupted(Exception):
 def compare(
     scenarios: list[Scenario],
     backend_names: list[str],
+    options: RunOptions | None = None,
     *,
-    timeout: float | None = None,
     on_result: Callable[[RunResult, Scenario], None] = lambda r, s: None,
     on_start: Callable[[str, Scenario], None] = lambda b, s: None,
-    on_step: runner.StepCallback = lambda done, total, secs: None,
-    root: Path | None = None,
-    launcher: launch.Launcher | None = None,
-    force: bool = False,
-    settings_mode: str = "matched",
-    db: Path | None = None,
-    seed: int = SEED,
+    on_step: pipeline.StepCallback = lambda done, total, secs: None,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -144,8 +137,7 @@ def compare(
             on_start(name, s)
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
-            result = runner.run_one(name, s, timeout=timeout, on_step=on_step, root=root, launcher=launcher,
-                                    force=force, settings_mode=settings_mode, db=db, seed=seed, reference=reference)
+            result = pipeline.run_one(name, s, options, on_step=on_step, reference=reference)
             if name == REFERENCE_BACKEND and result.status == "ok":
                 reference = result
             on_result(result, s)

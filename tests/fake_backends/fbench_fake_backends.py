@@ -44,7 +44,13 @@ class FakeBackend:
 
     @hookimpl
     def fbench_plan(self, job, env):
-        python, args = Path(sys.executable), [str(job.job_file), self.mode]
+        if self.fault == "plan_raises":
+            raise ValueError(f"no plan for {job.scenario.name}")
+        if self.fault == "plan_writes_job":  # a plan must not touch job.json: the host rewrites it
+            job.job_file.write_text("{}")
+        # FBENCH_FAKE_PYTHON: another Python to run the worker in (one with torch, for torchrun)
+        python = Path(os.environ.get("FBENCH_FAKE_PYTHON", sys.executable))
+        args = [str(job.job_file), self.mode]
         extra_env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
         if self.fault == "missing_python":
             python = Path("/nonexistent/fbench-fake/bin/python")
@@ -95,6 +101,12 @@ ENTRY_POINTS = {b.name: f"fbench_fake_backends:{attr}" for attr, b in
                 [("ok", ok), ("crash", crash), ("hang", hang), ("interrupt", interrupt), ("stubborn", stubborn)]}
 ENTRY_POINTS |= {f"fake_{mode}": f"fbench_fake_backends:{mode}" for mode in LIARS + BAD_LINES + PLUGIN_FAULTS}
 
+
+# Plugins breaking the plan hook's contract (tests/test_pipeline_paths.py, on every launcher).
+plan_raises = FakeBackend("fake_plan_raises", "ok", fault="plan_raises")
+plan_writes_job = FakeBackend("fake_plan_writes_job", "ok", fault="plan_writes_job")
+ENTRY_POINTS |= {"fake_plan_raises": "fbench_fake_backends:plan_raises",
+                 "fake_plan_writes_job": "fbench_fake_backends:plan_writes_job"}
 
 slow = FakeBackend("fake_slow", "slow")  # 0.4 s a step: the fault-injection test stops it mid-training
 ENTRY_POINTS["fake_slow"] = "fbench_fake_backends:slow"

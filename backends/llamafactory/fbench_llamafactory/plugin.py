@@ -26,7 +26,7 @@ from framework_bench.plugins.backend import (
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.measure.memory import AdamWImpl, MemoryScheme
 from framework_bench.envs import deepspeed_jit
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker.startup import startup_note
 from framework_bench.spec.scenario import Scenario

@@ -22,7 +22,7 @@ from framework_bench.plugins.backend import (
     StepMetric,
     WorkerReport,
 )
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.measure.memory import AdamWImpl, MemoryScheme
 from framework_bench.worker.rows import read_consumed

@@ -13,9 +13,10 @@ import backend_helpers as helpers
 from backend_helpers import CPU, H100x8, tiny
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import runner
+from framework_bench.run import pipeline
+from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.plugins.backend import BackendEnv, Job
 from framework_bench.worker.files import read_metrics, read_worker_report
@@ -57,7 +58,7 @@ def test_refusals_name_what_the_reference_does_not_do(torch_backend):
 
 def test_host_refuses_outside_the_declared_capabilities(torch_backend, fbench_home):
     """The host asks the declared capabilities before the plugin's own check."""
-    r = runner.run_one("torch", tiny(zero_stage=2), machine=CPU)
+    r = pipeline.run_one("torch", tiny(zero_stage=2), machine=CPU)
     assert r.status == "unsupported" and r.reason == "torch: the torch backend declares ZeRO stages 0; the scenario asks for 2"
 
 
@@ -79,7 +80,7 @@ def test_worker_refuses_data_other_than_the_job_names(torch_backend, tmp_path):
               device="cpu")
     job.write()
     plan = torch_backend.plan(job, env)
-    out = subprocess.run(launch.argv_for(plan, job, "local"), capture_output=True, text=True)
+    out = subprocess.run(launch.executor_for("local").argv(plan, job), capture_output=True, text=True)
     assert out.returncode != 0
     assert f"has sha256 {data.sha256}, the host expected {'0' * 64}" in out.stderr
     assert not read_metrics(job.run_dir)
@@ -101,7 +102,7 @@ def test_tiny_cpu_trains_with_the_torch_loop(torch_backend, tmp_path):
 def test_two_cpu_processes_train_with_ddp(torch_backend):
     backend_env_or_skip("torch")
     s = scenario.load("multiproc_tiny_cpu_1x2")
-    r = runner.run_one("torch", s, timeout=900)
+    r = pipeline.run_one("torch", s, RunOptions(timeout=900))
     assert r.status == "ok", r.reason
     assert "DDP over 2 processes (gloo)" in r.notes
     # read from the model that trained, in a process group of two
@@ -161,7 +162,7 @@ def test_bf16_autocast_checkpointing_and_accumulation_paths(torch_backend, tmp_p
     backend_env_or_skip("torch")
     s = tiny(context_length=128, precision="bf16", activation_checkpointing=True, grad_accum=2,
              steps={"warmup": 0, "measured": 2})
-    r = runner.run_one("torch", s, root=tmp_path, machine=CPU)
+    r = pipeline.run_one("torch", s, RunOptions(root=tmp_path), machine=CPU)
     assert r.status == "ok", r.reason
     from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
     from framework_bench.worker.files import load_job

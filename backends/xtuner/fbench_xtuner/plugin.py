@@ -11,7 +11,7 @@ from statistics import mean, median
 
 from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
 from framework_bench.envs import deepspeed_jit
-from framework_bench.run import launch
+from framework_bench.run.launchers import base as launch
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.measure.memory import AdamWImpl, MemoryScheme
 from framework_bench.spec.scenario import Scenario

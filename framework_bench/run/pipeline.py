@@ -1,7 +1,13 @@
-"""Run one backend on one scenario: check, pack, plan, launch, read back, compute figures.
+"""One run of one backend on one scenario, whatever launches it: judge (every refusal) ->
+prepare (pack, job, `fbench_plan`, the host's rewrite of job.json) -> execute (a launcher:
+`framework_bench/run/launchers/`) -> finish (read the report back, verify, figures).
 
-Every outcome is a `RunResult`; unsupported settings, crashes, OOMs and timeouts are
-results with a status and a reason, never a traceback in the host.
+`run_one` runs it here; `submit` hands it to SLURM, and `framework_bench/run/collect.py`
+finishes it when its job ends; `dry_run` stops after the plan. Every hook is called through
+`call_hook` on each of these paths, and `plan_for` rewrites job.json after every plan, so the
+guarantees of `framework_bench/plugins/hookspecs.py` hold whatever the launcher. Every outcome
+is a `RunResult`; unsupported settings, crashes, OOMs and timeouts are results with a status
+and a reason, never a traceback in the host.
 """
 
 from __future__ import annotations
@@ -15,27 +21,24 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench.measure import clock
-from framework_bench.envs import venvs as envs
-from framework_bench.measure import flops
-from framework_bench.run import launch
-from framework_bench.measure import losses
-from framework_bench.measure import metrics
-from framework_bench.run import orphans
-from framework_bench.plugins import registry as plugins
-from framework_bench.run import verdicts
-from framework_bench.measure import verify
-from framework_bench.plugins.backend import CONTRACT, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
-from framework_bench.worker.packed import TOKENIZER_DIR
-from framework_bench.worker.hparams import SEED
+from framework_bench.envs import venvs as envs
+from framework_bench.measure import clock, flops, losses, metrics, verify
 from framework_bench.measure.machine import detect
 from framework_bench.measure.memory import MemoryScheme, estimate
 from framework_bench.measure.metrics import RunResult
-from framework_bench.run.sbatch import SbatchOptions, TimeEstimate, estimate_time
+from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.backend import CONTRACT, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.run import orphans, verdicts
+from framework_bench.run.launchers.base import Outcome, default_launcher, executor_for
+from framework_bench.run.launchers.slurm import (SlurmExecutor, Submission, TimeEstimate, estimate_time,
+                                                 sbatch_available, shared_path_warnings)
+from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.files import read_metrics
+from framework_bench.worker.hparams import SEED
+from framework_bench.worker.packed import TOKENIZER_DIR
 
 StepCallback = Callable[[int, int, float | None], None]  # (steps done, steps total, last step seconds)
 
@@ -93,36 +96,26 @@ def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machin
                settings_mode=settings_mode)
 
 
-def run_one(
-    backend_name: str,
-    scenario: Scenario,
-    *,
-    data: PackedData | None = None,
-    timeout: float | None = None,
-    launcher: launch.Launcher | None = None,
-    root: Path | None = None,
-    machine: Machine | None = None,
-    on_step: StepCallback = lambda done, total, secs: None,
-    force: bool = False,
-    settings_mode: str = "matched",
-    db: Path | None = None,
-    seed: int = SEED,
-    reference: RunResult | None = None,
-) -> RunResult:
-    """`db`: the results file the caller will store the run in (`results.save`); should fbench
-    die before that, the next command stores the run there as `failed` (framework_bench/run/orphans.py).
-    `reference`: the torch reference's run on the same scenario and seed; the run's parity with
-    it is then one more blocking check."""
+def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = None, *,
+            data: PackedData | None = None, machine: Machine | None = None,
+            on_step: StepCallback = lambda done, total, secs: None, reference: RunResult | None = None) -> RunResult:
+    """Run it here (the local or torchrun launcher) and wait for its end.
+
+    `options.db`: the results file the caller will store the run in (`results.save`); should
+    fbench die before that, the next command stores the run there as `failed`
+    (framework_bench/run/orphans.py). `reference`: the torch reference's run on the same
+    scenario and seed; the run's parity with it is then one more blocking check."""
+    options = options or RunOptions()
     backend = plugins.get(backend_name)
     machine = machine or detect()
     try:
         env, reason = call_hook("fbench_check", check, backend, scenario, machine)
     except HookError as e:
         return RunResult(backend=backend_name, scenario=scenario.name, status="failed", reason=str(e))
-    if reason is None and not force:
-        reason = memory_shortfall(scenario, machine, backend.info.memory, settings_mode)
+    if reason is None and not options.force:
+        reason = memory_shortfall(scenario, machine, backend.info.memory, options.settings_mode)
     base = dict(backend=backend_name, scenario=scenario.name, framework_version=env.version(backend.info.env.framework_package),
-                settings_mode=settings_mode, seed=seed)
+                settings_mode=options.settings_mode, seed=options.seed)
     if reason:
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run
         # (a scenario outside its declared capabilities stays unsupported, env or not).
@@ -131,19 +124,18 @@ def run_one(
         return RunResult(**base, status="failed" if setup else "unsupported", reason=reason)
     # From here on the run is the host's to store: claimed in its run folder before packing, so
     # that should fbench die now (packing, the worker, storing), the next command stores it.
-    run_dir = new_run_dir(backend_name, scenario, root)
+    run_dir = new_run_dir(backend_name, scenario, options.root)
     try:
-        orphans.claim(run_dir, db, backend_name, scenario, settings_mode)
+        orphans.claim(run_dir, options.db, backend_name, scenario, options.settings_mode)
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}")
     try:
-        result = _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, settings_mode, timeout,
-                                     launcher, on_step)
+        result = _pack_launch_finish(backend, scenario, env, base, machine, data, run_dir, options, on_step)
     except BaseException:
         orphans.release(run_dir)  # a user error while packing (bad data) is said by the CLI, not stored
         raise
     finally:
-        if db is None:  # nobody stores it: nothing for a later command to recover
+        if options.db is None:  # nobody stores it: nothing for a later command to recover
             orphans.release(run_dir)
     if reference is not None and result.status == "ok":
         _judge_parity(result, reference, scenario)
@@ -161,8 +153,7 @@ def _judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -
 
 
 def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base: dict, machine: Machine,
-                        data: PackedData | None, run_dir: Path, settings_mode: str, timeout: float | None,
-                        launcher: launch.Launcher | None, on_step: StepCallback) -> RunResult:
+                        data: PackedData | None, run_dir: Path, options: RunOptions, on_step: StepCallback) -> RunResult:
     try:
         data = data or pack(scenario, progress=False, say=lambda msg: None)
     except KeyboardInterrupt:
@@ -170,7 +161,7 @@ def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base:
     except OSError as e:  # a full disk under the data cache: the run could not start
         return RunResult(**base, status="failed", reason=f"cannot pack the data: {e}", run_dir=run_dir)
     try:
-        job = make_job(base["backend"], scenario, data, machine, None, settings_mode, run_dir, base["seed"])
+        job = make_job(base["backend"], scenario, data, machine, None, options.settings_mode, run_dir, base["seed"])
         job.write()
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return RunResult(**base, status="failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
@@ -178,13 +169,13 @@ def _pack_launch_finish(backend: plugins.Backend, scenario: Scenario, env, base:
     # From here on a worker may run: whatever goes wrong in the host ends as this run's
     # result, never as a traceback that leaves the worker behind and the row unstored.
     try:
-        return _launch_and_finish(backend, job, scenario, env, base, machine, timeout, launcher, on_step)
+        return _launch_and_finish(backend, job, env, base, machine, options, on_step)
     except Exception as e:  # noqa: BLE001 - any host or plugin error after the job exists
         result = RunResult(**base, status="failed", run_dir=job.run_dir, data_sha256=data.sha256,
                            reason=f"fbench failed while running it: {type(e).__name__}: {e}\n{_tail_of(e)}".rstrip())
         _save(result)
         return result
-    except KeyboardInterrupt:  # after the worker stopped (launch.execute answers one during the run)
+    except KeyboardInterrupt:  # after the worker stopped (the executor answers one during the run)
         result = RunResult(**base, status="interrupted", run_dir=job.run_dir, data_sha256=data.sha256,
                            reason="interrupted while fbench read the run back")
         _save(result)
@@ -195,22 +186,32 @@ def _tail_of(e: BaseException) -> str:
     return "".join(traceback.format_exception(e)[-HOOK_ERROR_FRAMES:])
 
 
-def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, env, base: dict, machine: Machine,
-                       timeout: float | None, launcher: launch.Launcher | None, on_step: StepCallback) -> RunResult:
-    try:
-        plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
-    except HookError as e:
-        result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256)
-        _save(result)
-        return result
-    job.write()  # the host owns job.json: whatever a plan wrote there, the worker reads the host's job
-    launcher = launcher or launch.default_launcher(job)
-    argvs = launch.node_argvs(plan, job, launcher)
-    (job.run_dir / "plan.json").write_text(json.dumps(
-        {"launcher": launcher, "argv": argvs, "env": plan.env, "files": {k: str(v) for k, v in plan.files.items()}},
-        indent=2))
+def plan_for(backend: plugins.Backend, job: Job, env) -> LaunchPlan:
+    """`fbench_plan` under the host's guarantees, on every path: an exception in it is a
+    `HookError`; job.json (written before) is written again after it, so whatever a plan wrote
+    there, the worker reads the host's job."""
+    plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+    job.write()
+    return plan
 
-    total = scenario.steps.total
+
+def _plan_failed(base: dict, job: Job, e: HookError) -> RunResult:
+    result = RunResult(**base, status="failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256)
+    _save(result)
+    return result
+
+
+def _launch_and_finish(backend: plugins.Backend, job: Job, env, base: dict, machine: Machine, options: RunOptions,
+                       on_step: StepCallback) -> RunResult:
+    try:
+        plan = plan_for(backend, job, env)
+    except HookError as e:
+        return _plan_failed(base, job, e)
+    executor = executor_for(options.launcher or default_launcher(job))
+    (job.run_dir / "plan.json").write_text(json.dumps(
+        {"launcher": executor.name, "argv": executor.node_argvs(plan, job), "env": plan.env,
+         "files": {k: str(v) for k, v in plan.files.items()}}, indent=2))
+    total = job.scenario.steps.total
     seen = [0]
 
     def poll() -> None:
@@ -226,10 +227,7 @@ def _launch_and_finish(backend: plugins.Backend, job: Job, scenario: Scenario, e
             seen[0] = done
             on_step(done, total, last)
 
-    # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/measure/clock.py).
-    gpus = launch.visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
-    with clock.Watcher(job.run_dir, scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus):
-        outcome = launch.execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+    outcome = executor.run(plan, job, options.timeout, poll)
     return finish(backend, job, outcome, base, machine.gpu_name)
 
 
@@ -249,7 +247,7 @@ def _shortened(reason: str) -> str:
     return reason
 
 
-def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: dict,
+def finish(backend: plugins.Backend, job: Job, outcome: Outcome, base: dict,
            gpu_name: str | None) -> RunResult:
     """The result of a launched run once it ended (here, or as a SLURM job): read the
     worker's report back, check the data it trained on, compute the figures, save it.
@@ -267,7 +265,7 @@ def finish(backend: plugins.Backend, job: Job, outcome: launch.Outcome, base: di
     return result
 
 
-def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: launch.Outcome,
+def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: Outcome,
                gpu_name: str | None) -> None:
     scenario = job.scenario
     if outcome.status != "ok":
@@ -356,11 +354,12 @@ class DryRun(BaseModel):
     run_dir: Path
 
 
-def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | None = None,
-            machine: Machine | None = None, root: Path | None = None, pack_data: bool = False,
-            settings_mode: str = "matched", sbatch_options: SbatchOptions | None = None) -> DryRun:
+def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = None, machine: Machine | None = None,
+            pack_data: bool = False) -> DryRun:
     """Plan without launching. Without `pack_data` no rows are packed (a 1M-token scenario's
-    stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer."""
+    stream is gigabytes): the plan gets a stand-in data folder holding only the tokenizer.
+    `options.root`: the folder of the plans' run folders (default FBENCH_HOME/runs/dry-run)."""
+    options = options or RunOptions()
     backend = plugins.get(backend_name)
     machine = machine or detect()
     try:
@@ -368,26 +367,78 @@ def dry_run(backend_name: str, scenario: Scenario, launcher: launch.Launcher | N
         reason = verdict.reason
     except HookError as e:
         env, verdict, reason = envs.inspect(backend.name, backend.info.env), None, str(e)
-    root = root or runs_root() / "dry-run"
+    root = options.root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
-    job = make_job(backend_name, scenario, data, machine, root, settings_mode)
+    job = make_job(backend_name, scenario, data, machine, root, options.settings_mode)
     job.write()
-    launcher = launcher or launch.default_launcher(job)
+    executor = executor_for(options.launcher or default_launcher(job))
     try:
-        plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+        plan = plan_for(backend, job, env)
     except HookError as e:
-        return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict,
-                      plan_error=str(e), argv=[], env={}, files={"job": job.job_file}, run_dir=job.run_dir)
-    job.write()
+        return DryRun(backend=backend_name, scenario=scenario.name, launcher=executor.name, check=reason,
+                      verdict=verdict, plan_error=str(e), argv=[], env={}, files={"job": job.job_file},
+                      run_dir=job.run_dir)
     files = {"job": job.job_file, **plan.files}
     time_ = None
-    if launcher == "slurm":
-        opts = sbatch_options or SbatchOptions()
+    if isinstance(executor, SlurmExecutor):
         time_ = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
-        files["sbatch"] = launch.write_sbatch(plan, job, opts.time_limit or time_.limit, opts.cpus_per_task,
-                                              tuple(opts.extra))
-    return DryRun(backend=backend_name, scenario=scenario.name, launcher=launcher, check=reason, verdict=verdict, time=time_,
-                  argv=launch.argv_for(plan, job, launcher), env=plan.env, files=files, run_dir=job.run_dir)
+        files["sbatch"] = executor.write(plan, job, options.sbatch, time_)
+    return DryRun(backend=backend_name, scenario=scenario.name, launcher=executor.name, check=reason, verdict=verdict,
+                  time=time_, argv=executor.argv(plan, job), env=plan.env, files=files, run_dir=job.run_dir)
+
+
+class Planned(BaseModel):
+    """One backend x scenario for SLURM: refused or failed (result), or written (and maybe submitted)."""
+
+    verdict: verdicts.Verdict
+    result: RunResult | None = Field(None, description="the unsupported or failed result: nothing submitted")
+    sbatch: Path | None = None
+    time: TimeEstimate | None = None
+    submission: Submission | None = None
+    note: str | None = None
+
+
+def submit(backend_name: str, scenario: Scenario, options: RunOptions | None = None,
+           machine: Machine | None = None) -> Planned:
+    """Judge, pack, plan and write the sbatch script; submit it when sbatch exists here.
+    Nothing is written or submitted for a backend whose own check refused, or whose
+    `fbench_check` or `fbench_plan` raised (a `failed` result then, as on every launcher);
+    the job ends on the cluster and `framework_bench/run/collect.py` finishes it."""
+    options = options or RunOptions()
+    backend = plugins.get(backend_name)
+    machine = machine or detect()
+    base = dict(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode)
+    try:
+        env, verdict = call_hook("fbench_check", verdicts.judge, backend, scenario, machine, force=options.force)
+    except HookError as e:
+        return Planned(verdict=verdicts.Verdict(backend=backend_name, check=str(e)),
+                       result=RunResult(**base, status="failed", reason=str(e)))
+    base["framework_version"] = env.version(backend.info.env.framework_package)
+    if verdict.refused_by_backend:
+        return Planned(verdict=verdict, result=RunResult(**base, status="unsupported", reason=verdict.reason))
+    target = verdicts.target_machine(scenario, machine)
+    time_ = estimate_time(scenario, target.gpu_name)
+    data = pack(scenario, progress=False, say=lambda msg: None)
+    job = make_job(backend_name, scenario, data, machine, options.root, options.settings_mode)
+    job.write()
+    try:
+        plan = plan_for(backend, job, env)
+    except HookError as e:
+        return Planned(verdict=verdict, result=_plan_failed(base, job, e))
+    executor = SlurmExecutor()
+    sbatch = executor.write(plan, job, options.sbatch, time_)
+    warnings = shared_path_warnings(job, plan.python)
+    out = Planned(verdict=verdict, sbatch=sbatch, time=time_, note="; ".join(warnings) or None)
+    if not sbatch_available():
+        out.note = "; ".join([*warnings, f"sbatch not found here: submit {sbatch} on the cluster, "
+                              "then `fbench results collect` stores it when it ends"])
+        return out
+    submitted = executor.submit(sbatch, job, options.sbatch.time_limit or time_.limit, target.gpu_name, options.db)
+    if isinstance(submitted, str):
+        out.note = submitted
+    else:
+        out.submission = submitted
+    return out
 
 
 def _unpacked(scenario: Scenario, root: Path) -> PackedData:

@@ -1,0 +1,195 @@
+"""What every command group shares: the consoles, the option types, failing with one line, the
+checks of the user's options, and the results store opened, written and read back."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
+OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for charts and the report (default: plots/ in FBENCH_HOME)")]
+SettingsOption = Annotated[str, typer.Option(
+    "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
+                       "native: each as its own docs and examples configure it")]
+SeedOption = Annotated[int, typer.Option(
+    "--seed", min=0, max=2**32 - 1, help="one per compare: every backend starts from the same initial weights "
+                                          "drawn from it (checked by the host) and seeds its framework with it")]
+TimeOption = Annotated[Optional[str], typer.Option(
+    "--time", help="slurm: the job's time limit, [D-]HH:MM:SS (default: estimated from the scenario, shown in the plan)")]
+CpusOption = Annotated[Optional[int], typer.Option(
+    "--cpus-per-task", min=1, help="slurm: CPUs for each node's task (default: all of the node's, the job is exclusive)")]
+SbatchArgOption = Annotated[Optional[list[str]], typer.Option(
+    "--sbatch-arg", help="slurm: one more sbatch option, e.g. --sbatch-arg=--partition=gpu; repeatable")]
+WaitOption = Annotated[bool, typer.Option(
+    "--wait", help="slurm: wait for the jobs, storing each run when its job ends")]
+PollOption = Annotated[float, typer.Option("--poll", min=0.1, help="slurm: seconds between queue checks")]
+
+# Piped output keeps whole table rows readable instead of wrapping at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+# Exit codes (README, "Exit codes"): 0 every run ok or unsupported; 1 a user error, or any run
+# failed / oom / timeout; 130 interrupted (Ctrl-C, SIGTERM, SIGHUP), finished runs stored.
+EXIT_INTERRUPTED = 130
+
+
+def fail(message: str, code: int = 1) -> None:
+    for line in message.splitlines():
+        err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def user_errors():
+    """Exceptions that are the user's to fix: shown as one line each, never a traceback."""
+    from framework_bench.data.alpaca import DataError
+    from framework_bench.envs.venvs import EnvError
+    from framework_bench.plugins.registry import UnknownBackend
+    from framework_bench.store.results import ResultsError
+    from framework_bench.spec.scenario import ScenarioError
+    return (ScenarioError, UnknownBackend, DataError, EnvError, ResultsError)
+
+
+def exit_code(results) -> int:
+    if any(r.status == "interrupted" for r in results):
+        return EXIT_INTERRUPTED
+    return 1 if any(r.status not in ("ok", "unsupported", "unverified") for r in results) else 0
+
+
+def check_timeout(timeout: float | None) -> None:
+    import math
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout {timeout}: give a number of seconds above 0")
+
+
+def check_local(launcher: str | None, chosen: list) -> None:
+    for s in chosen:
+        if launcher == "local" and s.cluster.gpus > 1:
+            fail(f"{s.name} runs {s.cluster.gpus} processes; --launcher local runs one: use torchrun (the default)")
+
+
+def writable_folder(path: Path, what: str) -> None:
+    """Fail now, before any training, if `path` cannot take files."""
+    import tempfile
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".fbench-write-check-"):
+            pass
+    except OSError as e:
+        fail(f"cannot write to the {what} folder {path}: {e.strerror or e}")
+
+
+def preflight(store, out: Path | None = None) -> None:
+    """Everything a run writes, checked writable before launching anything."""
+    from framework_bench.data.packing import cache_root
+    from framework_bench.store.results import ResultsError
+    from framework_bench.run.pipeline import runs_root
+    try:
+        store.check_writable()
+    except ResultsError as e:
+        fail(str(e))
+    writable_folder(runs_root(), "run")
+    writable_folder(cache_root(), "packed-data cache")
+    if out is not None:
+        writable_folder(out, "--out")
+
+
+def load_scenario(name: str):
+    from framework_bench.spec import scenario
+    try:
+        return scenario.load(name)
+    except user_errors() as e:
+        fail(str(e))
+
+
+def check_settings(mode: str) -> None:
+    from framework_bench.run.compare import SETTINGS_MODES
+    if mode not in SETTINGS_MODES:
+        fail(f"--settings {mode!r}: use {' or '.join(SETTINGS_MODES)}")
+
+
+def check_launcher(launcher: str | None) -> None:
+    from framework_bench.run.launchers.base import LAUNCHERS
+    if launcher is not None and launcher not in LAUNCHERS:
+        fail(f"--launcher {launcher!r}: use local, torchrun or slurm")
+
+
+def sbatch_options(time_limit: str | None, cpus_per_task: int | None, sbatch_arg: list[str] | None):
+    from framework_bench.run.launchers.slurm import SbatchOptions, check_options
+    options = SbatchOptions(time_limit=time_limit, cpus_per_task=cpus_per_task, extra=sbatch_arg or [])
+    if problem := check_options(options):
+        fail(problem)
+    return options
+
+
+def backend_names(option: str) -> list[str]:
+    """`--backends a, b`: stripped, each once, in order; an empty name is a mistake."""
+    names = [n.strip() for n in option.split(",")]
+    if not all(names):
+        fail(f"--backends {option!r}: give backend names separated by commas (see `fbench backends`)")
+    return list(dict.fromkeys(names))
+
+
+def open_store(db: Path | None, read_only: bool = False):
+    """The results store; first, the runs earlier commands could not store are stored (and said)."""
+    from framework_bench.run import orphans
+    from framework_bench.store import results
+    from framework_bench.run.pipeline import runs_root
+    try:
+        store = results.ResultStore(db, must_exist=read_only and db is not None)
+    except results.ResultsError as e:
+        fail(str(e))
+    for line in orphans.recover(runs_root()) + results.recover(store):
+        err.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
+    return store
+
+
+def keep(store, result, scenario) -> None:
+    """Store one run's row, whatever happens: kept beside the store for the next command when
+    the store cannot take it; printed as JSON on stderr, exit 1, when that fails too."""
+    from framework_bench.store import results
+    from framework_bench.run.interrupts import held
+    with held():  # a second Ctrl-C now must not lose this run's row
+        try:
+            kept = results.save(store, result, scenario)
+        except results.Unstored as e:
+            print(e.record, file=sys.stderr)
+            fail(f"{e}: the run is printed above as JSON")
+    if kept:
+        err.print(f"[yellow]the results file could not take the run now: kept in {escape(str(kept))}; "
+                  "the next fbench command stores it[/yellow]", highlight=False, soft_wrap=True)
+
+
+def stored_rows(store, by_name: dict, settings: str | None = None) -> list[dict]:
+    """The stored runs of these scenarios, read back for the charts: a store locked by another
+    process now is one line and exit 1; the runs are stored already."""
+    import sqlite3
+    try:
+        return [r for r in store.latest_by_point(settings_mode=settings) if r["scenario"] in by_name]
+    except sqlite3.Error as e:
+        fail(f"the runs are stored, but could not be read back for the charts and report: {e}; "
+             "`fbench report` makes them later")
+
+
+def out_folder(out: Path | None) -> Path:
+    """--out, or the state folder's plots/: never files dropped wherever the command was typed."""
+    from framework_bench.envs import venvs as envs
+    return out if out is not None else envs.fbench_home() / "plots"
+
+
+def charts_and_report(rows: list[dict], out: Path):
+    """The charts and the report; the runs are stored already, so a failure here (a full disk)
+    is one line and exit 1, never a traceback."""
+    from framework_bench.present.plotting import plot_results
+    from framework_bench.present.report import write_report
+    try:
+        charts = plot_results(rows, out)
+        md, page = write_report(rows, out, [c for c in charts if c.suffix == ".png"])
+    except Exception as e:  # noqa: BLE001 - the rows are safe; say what failed and stop
+        fail(f"the runs are stored, but the charts and report could not be written to {out}: {type(e).__name__}: {e}")
+    return charts, md, page
+

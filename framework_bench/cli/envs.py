@@ -1,0 +1,85 @@
+"""`fbench backends` and `fbench env ...`: the installed backends and their own environments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from framework_bench.cli import common
+
+env_app = typer.Typer(no_args_is_help=True, help="Each backend's own virtual environment.")
+
+
+def backends() -> None:
+    """List the installed backends, their environments and capabilities."""
+    from framework_bench.envs import venvs as envs
+    from framework_bench.plugins import registry as plugins
+    t = Table("backend", "framework", "version", "env", "capabilities")
+    for name, b in plugins.backends().items():
+        info = b.info
+        env = envs.inspect(name, info.env)
+        c = info.capabilities
+        caps = ", ".join(k for k in ("cpu", "gpu", "sequence_parallel", "varlen") if getattr(c, k))
+        caps += f", ZeRO {'/'.join(map(str, c.zero_stages))}"
+        state = f"[green]ready ({env.flavour})[/green]" if env.ready else f"[yellow]{env.problem}[/yellow]"
+        t.add_row(name, info.framework, env.version(info.env.framework_package) or "-", state, caps)
+    for name, problem in plugins.load_errors.items():
+        t.add_row(name, "-", "-", f"[red]failed to load: {problem}[/red]", "-")
+    common.console.print(t)
+
+
+@env_app.command("create")
+def env_create(
+    names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,
+    flavour: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
+    find_links: Annotated[Optional[list[str]], typer.Option("--find-links", help="a wheelhouse folder (repeatable)")] = None,
+    no_index: Annotated[bool, typer.Option("--no-index", help="install only from --find-links folders (offline)")] = False,
+    with_specs: Annotated[Optional[list[str]], typer.Option("--with", help="an extra package: spec or wheel path (repeatable)")] = None,
+    system_site_packages: Annotated[bool, typer.Option("--system-site-packages", help="reuse the machine's installed packages (its torch, flash-attn)")] = False,
+    no_deps: Annotated[bool, typer.Option("--no-deps", help="install exactly what is listed, without dependency resolution")] = False,
+    torch_index: Annotated[Optional[str], typer.Option("--torch-index", help="torch wheel index URL (default: chosen from the driver's CUDA version)")] = None,
+    requirements: Annotated[Optional[str], typer.Option("--requirements", help="a requirements file replacing the backend's own")] = None,
+) -> None:
+    """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete."""
+    from framework_bench.envs import venvs as envs
+    from framework_bench.plugins import registry as plugins
+    options = envs.Options(find_links=[str(Path(f).resolve()) for f in find_links or []], no_index=no_index,
+                           with_specs=list(with_specs or []), system_site_packages=system_site_packages,
+                           no_deps=no_deps, torch_index=torch_index,
+                           requirements=str(Path(requirements).resolve()) if requirements else None)
+    found = plugins.backends()
+    for name in names or []:
+        if name not in found:
+            common.fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
+                 if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
+    from framework_bench.run.interrupts import stop_signals_interrupt
+    try:
+        envs.validate(flavour, options)
+        with stop_signals_interrupt():  # SIGTERM too: the half-built env and pip go, not only on Ctrl-C
+            for name in names or list(found):
+                envs.create(name, found[name].info.env, flavour,
+                            say=lambda m: common.console.print(m, highlight=False, markup=False),
+                            packages=(found[name].package,), options=options)
+    except envs.EnvError as e:
+        common.fail(str(e))
+    except KeyboardInterrupt:
+        common.err.print("[yellow]interrupted: the half-built env was removed; an earlier env stays as it was[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """Show each backend env: path, flavour, framework/torch/transformers versions, state."""
+    from framework_bench.envs import venvs as envs
+    from framework_bench.plugins import registry as plugins
+    t = Table("backend", "path", "flavour", "framework", "torch", "transformers", "state")
+    for name, b in plugins.backends().items():
+        e = envs.inspect(name, b.info.env)
+        t.add_row(name, str(e.path), e.flavour or "-", e.version(b.info.env.framework_package) or "-",
+                  e.version("torch") or "-", e.version("transformers") or "-",
+                  "[green]ok[/green]" if e.ready else f"[yellow]{e.problem}[/yellow]")
+    common.console.print(t)
+

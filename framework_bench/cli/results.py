@@ -1,0 +1,118 @@
+"""`fbench results ...`: the results store, and the SLURM runs collected into it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from framework_bench.cli import common, render
+
+results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite).")
+
+
+@results_app.command("list")
+def results_list(
+    scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
+    db: common.DbOption = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="show the latest N runs")] = 50,
+    all_: Annotated[bool, typer.Option("--all", help="show every stored run")] = False,
+) -> None:
+    """One line per stored run: the latest 50 unless --limit N or --all."""
+    store = common.open_store(db, read_only=True)
+    t = Table("id", "created", "scenario", "backend", "version", "settings", "status", "TGS", "TFLOPs/GPU", "steps",
+              "data sha256")
+    rows = store.list(scenario, backend)
+    shown = rows if all_ else rows[-limit:]
+    for r in shown:
+        t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
+                  r["settings_mode"], r["status"], render.fmt(r["tgs"]), render.fmt(r["tflops"], ".3g"),
+                  f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
+                  (r["data_sha256"] or "-")[:12])
+    common.console.print(t)
+    if len(shown) < len(rows):
+        common.console.print(f"the latest {len(shown)} of {len(rows)} runs; --all or --limit N for more", highlight=False)
+
+
+@results_app.command("show")
+def results_show(run_id: int, db: common.DbOption = None) -> None:
+    """One run as JSON: figures, per-step metrics, scenario and environment manifest."""
+    from framework_bench.store.results import ResultsError
+    try:
+        from framework_bench.store.results import standard_json
+        print(json.dumps(standard_json(common.open_store(db, read_only=True).get(run_id)), indent=2, default=str, allow_nan=False))
+    except ResultsError as e:
+        common.fail(str(e))
+
+
+@results_app.command("export")
+def results_export(
+    format: Annotated[str, typer.Option("--format", help="csv or json")] = "csv",
+    scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
+    db: common.DbOption = None,
+) -> None:
+    """Print every stored run as CSV or JSON."""
+    if format not in ("csv", "json"):
+        common.fail(f"--format {format!r}: use csv or json")
+    print(common.open_store(db, read_only=True).export(format, scenario, backend), end="")
+
+
+@results_app.command("collect")
+def results_collect(
+    db: common.DbOption = None,
+    wait: common.WaitOption = False,
+    poll: common.PollOption = 30.0,
+) -> None:
+    """Store every submitted SLURM run whose job has ended; list the ones still queued or running."""
+    from framework_bench.cli.runs import wait_for_jobs
+    from framework_bench.run import collect
+    problems: list[str] = []
+    subs = collect.pending(problems=problems)
+    for line in problems:
+        common.err.print(f"[red]skipped[/red] {escape(line)}", highlight=False, soft_wrap=True)
+    if not subs:
+        common.console.print("no submitted runs waiting to be collected")
+        raise typer.Exit(1 if problems else 0)
+    # Each run goes to the store it was submitted for, unless --db names one for all of them.
+    stores: dict = {}
+
+    def store_for(sub):
+        path = db if db is not None else (Path(sub.db) if sub.db else None)
+        if path not in stores:
+            stores[path] = common.open_store(path)
+        return stores[path]
+
+    def on_problem(sub, why: str) -> None:
+        problems.append(why)
+        common.err.print(f"[red]not stored[/red] SLURM job {sub.job_id} ({escape(sub.backend)} on {escape(sub.scenario)}, "
+                  f"{escape(str(sub.run_dir))}): {escape(why)}; the others are collected", highlight=False, soft_wrap=True)
+
+    interrupted = False
+    if wait:
+        results, interrupted = wait_for_jobs(subs, store_for, poll)
+        still = []
+    else:
+        results = []
+        still = collect.collect(subs, store_for, collect.scenario_of, lambda r, sub: results.append(r), on_problem)
+    for r in results:
+        colour = "green" if r.status == "ok" else "red"
+        common.console.print(f"[{colour}]{r.status}[/{colour}] {escape(r.backend)} on {escape(r.scenario)}: stored as result "
+                      f"{r.result_id}" + (f", TGS {r.tgs:,.1f} over {r.steps_measured} measured steps" if r.tgs else ""),
+                      highlight=False)
+        if r.status != "ok" and r.reason:
+            for line in r.reason.splitlines()[-8:]:
+                common.console.print(f"    {line}", highlight=False, markup=False)
+    for sub, state in still:
+        common.console.print(f"[yellow]{state.state.lower()}[/yellow] SLURM job {sub.job_id}: {escape(sub.backend)} on "
+                      f"{escape(sub.scenario)}, {collect.steps_done(sub)} steps so far ({sub.run_dir})", highlight=False)
+    if interrupted:
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if problems:
+        raise typer.Exit(1)
+

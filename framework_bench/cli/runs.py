@@ -1,0 +1,305 @@
+"""`fbench run`, `compare` and `check-backend`: thin over `framework_bench/run/` (the pipeline,
+its launchers, the SLURM collect); what they print is `framework_bench/cli/render.py`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from framework_bench.cli import common, render
+from framework_bench.worker.hparams import SEED
+
+
+def check_backend(
+    name: Annotated[str, typer.Argument(help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(help="scenario to run it on")] = "tiny_cpu",
+    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = 900,
+    settings: common.SettingsOption = "matched",
+) -> None:
+    """Run a backend through a small scenario and every host verification; exit 1 on any failure."""
+    from framework_bench import testing
+    from framework_bench.run.interrupts import stop_signals_interrupt
+    common.check_settings(settings)
+    common.check_timeout(timeout)
+    try:
+        with stop_signals_interrupt(), common.err.status(f"{name} on {scenario}: running"):
+            report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
+    except common.user_errors() as e:
+        common.fail(str(e))
+    except KeyboardInterrupt:  # while packing or judging: no worker runs then
+        common.err.print("[yellow]interrupted: nothing was checked[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if report.result.status == "interrupted":  # the worker's whole process group is stopped
+        common.err.print(f"[yellow]interrupted: the check of {escape(name)} stopped, its worker with it[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
+    for p in report.points:
+        colour = {"pass": "green", "skipped": "yellow"}.get(p.status, "red")
+        t.add_row(p.name, f"[{colour}]{p.status}[/{colour}]", escape(p.detail))
+    common.console.print(t)
+    if report.result.run_dir:
+        common.console.print(f"run folder {report.result.run_dir}", highlight=False)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+def run(
+    backend: Annotated[str, typer.Option(help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(help="scenario name or file")],
+    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = None,
+    launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; run nothing")] = False,
+    force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
+    db: common.DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    settings: common.SettingsOption = "matched",
+    time_limit: common.TimeOption = None,
+    cpus_per_task: common.CpusOption = None,
+    sbatch_arg: common.SbatchArgOption = None,
+    wait: common.WaitOption = False,
+    poll: common.PollOption = 30.0,
+    seed: common.SeedOption = SEED,
+) -> None:
+    """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
+    from framework_bench.run import pipeline
+    from framework_bench.run.interrupts import stop_signals_interrupt
+    s = common.load_scenario(scenario)
+    common.check_launcher(launcher)
+    common.check_timeout(timeout)
+    common.check_settings(settings)
+    common.check_local(launcher, [s])
+    options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
+    if dry_run:
+        _plan_only([backend], [s], options, as_json=as_json)
+        return
+    if launcher == "slurm":
+        _submit_slurm([backend], [s], options.model_copy(update={"db": db}), wait=wait, poll=poll, out=None)
+        return
+    store = common.open_store(db)
+    common.preflight(store)
+    try:
+        with stop_signals_interrupt(), common.err.status(f"{backend} on {escape(s.name)}: starting") as status:
+            def on_step(done, total, secs):
+                status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
+            r = pipeline.run_one(backend, s, options.model_copy(update={"db": store.path}), on_step=on_step)
+            common.keep(store, r, s)
+    except common.user_errors() as e:
+        common.fail(str(e))
+    except KeyboardInterrupt:  # after the run was stored: the signal came while storing
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if as_json:
+        print(json.dumps(render.result_dict(r), indent=2))
+    else:
+        render.print_run(r, store.path)
+    if code := common.exit_code([r]):
+        raise typer.Exit(code)
+
+
+def compare(
+    scenario: Annotated[list[str], typer.Option(help="scenario name, glob (e.g. 'tiny_cpu*') or file; repeatable")],
+    backends_: Annotated[Optional[str], typer.Option("--backends", help="comma-separated (default: every installed)")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="seconds per run before it is stopped")] = None,
+    db: common.DbOption = None,
+    out: common.OutOption = None,
+    launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
+    force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
+    settings: common.SettingsOption = "matched",
+    time_limit: common.TimeOption = None,
+    cpus_per_task: common.CpusOption = None,
+    sbatch_arg: common.SbatchArgOption = None,
+    wait: common.WaitOption = False,
+    poll: common.PollOption = 30.0,
+    seed: common.SeedOption = SEED,
+) -> None:
+    """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from framework_bench.run import compare as compare_
+    from framework_bench.plugins import registry as plugins
+    from framework_bench.run.interrupts import stop_signals_interrupt
+
+    common.check_launcher(launcher)
+    common.check_timeout(timeout)
+    common.check_settings(settings)
+    out = common.out_folder(out)
+    try:
+        chosen = compare_.expand(scenario)
+        names = common.backend_names(backends_) if backends_ is not None else list(plugins.backends())
+    except common.user_errors() as e:
+        common.fail(str(e))
+    if backends_ is None and plugins.load_errors:  # every installed backend, less the broken ones: said once
+        common.err.print("[yellow]skipped, broken: " + escape("; ".join(f"{n} ({why})" for n, why in plugins.load_errors.items()))
+                  + "[/yellow]", highlight=False, soft_wrap=True)
+    common.check_local(launcher, chosen)
+    options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
+    if dry_run:
+        _plan_only(names, chosen, options, as_json=as_json)
+        return
+    if launcher == "slurm":
+        _submit_slurm(names, chosen, options.model_copy(update={"db": db}), wait=wait, poll=poll, out=out)
+        return
+    store = common.open_store(db)
+    common.preflight(store, out)
+    by_name = {s.name: s for s in chosen}
+    done: list = []  # every stored run, whatever ends the compare
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=common.err, transient=False)
+    tasks: dict = {}
+
+    def on_start(backend: str, s) -> None:
+        tasks["current"] = progress.add_task(f"{backend} · {s.name}", total=s.steps.total, note="starting")
+
+    def on_step(done: int, total: int, secs: float | None) -> None:
+        progress.update(tasks["current"], completed=done, note=f"step {secs:.2f} s" if secs else "")
+
+    def on_result(r, s) -> None:
+        common.keep(store, r, s)
+        done.append(r)
+        progress.update(tasks["current"], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
+
+    interrupted = False
+    with progress:
+        try:
+            with stop_signals_interrupt():
+                compare_.compare(chosen, names, options.model_copy(update={"db": store.path}), on_start=on_start,
+                                 on_step=on_step, on_result=on_result)
+        except (compare_.Interrupted, KeyboardInterrupt):
+            interrupted = True
+        except common.user_errors() as e:
+            common.fail(str(e))
+    results = done
+    if as_json:
+        print(json.dumps([render.result_dict(r) for r in results], indent=2))
+    else:
+        common.console.print(render.results_table(results, by_name))
+        render.print_reasons(results)
+        render.print_differences([render.result_dict(r) for r in results], settings)
+        common.console.print(f"results stored in {store.path}")
+    if results:
+        charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
+        (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
+                                            f"report: {md}, {page}", highlight=False, markup=False)
+    if interrupted:
+        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if code := common.exit_code(results):
+        raise typer.Exit(code)
+
+
+def _run_options(launcher: str | None, timeout: float | None, force: bool, settings: str, seed: int,
+                 time_limit: str | None, cpus_per_task: int | None, sbatch_arg: list[str] | None):
+    """The command line's choices as one `RunOptions` (checked by the callers first)."""
+    from framework_bench.run.options import RunOptions
+    return RunOptions(launcher=launcher, timeout=timeout, force=force, settings_mode=settings, seed=seed,
+                      sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg))
+
+
+def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = False) -> None:
+    """--dry-run: print every plan, with every verdict side by side; nothing is launched or
+    submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
+    from framework_bench.measure.machine import detect
+    from framework_bench.measure.memory import estimate
+    from framework_bench.run import pipeline
+
+    machine = detect()
+    show = common.err if as_json else common.console  # with --json, stdout holds the JSON alone
+    plans = []
+    for s in chosen:
+        show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        target = s.reference.hardware if s.reference else None
+        show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
+        for name in backend_names:
+            try:
+                d = pipeline.dry_run(name, s, options, machine)
+            except common.user_errors() as e:
+                common.fail(str(e))
+            plans.append(d.model_dump(mode="json"))
+            render.print_plan(d, s, options, machine, show)
+    if as_json:
+        print(json.dumps(plans, indent=2))
+
+
+def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool, poll: float,
+                  out: Path | None) -> None:
+    """--launcher slurm: judge, write and submit each run (never for a backend that refused, or
+    whose hooks raised); those are stored at once, submitted runs when their jobs end (--wait,
+    or `results collect`)."""
+    from framework_bench.run import pipeline
+    from framework_bench.run.interrupts import stop_signals_interrupt
+    store = common.open_store(options.db)
+    options = options.model_copy(update={"db": store.path})
+    by_name = {s.name: s for s in chosen}
+    results, submitted = [], []
+    try:
+        with stop_signals_interrupt():
+            for s in chosen:
+                common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+                for name in backend_names:
+                    p = pipeline.submit(name, s, options)
+                    render.print_submission(name, p, options)
+                    if p.result is not None:
+                        common.keep(store, p.result, s)
+                        results.append(p.result)
+                        common.console.print(f"  nothing submitted; stored as result {p.result.result_id}",
+                                             highlight=False)
+                    elif p.submission:
+                        submitted.append(p.submission)
+    except common.user_errors() as e:
+        common.fail(str(e))
+    except KeyboardInterrupt:  # while judging, packing or submitting: what was submitted stays recorded
+        common.err.print(f"[yellow]interrupted: {len(submitted)} job(s) submitted; `fbench results collect` "
+                         "stores them when they end[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if not wait:
+        if submitted:
+            common.console.print("`fbench results collect` stores each run once its job has ended (or use --wait)")
+        return
+    waited, interrupted = wait_for_jobs(submitted, lambda sub: store, poll)
+    results += waited
+    common.console.print(render.results_table(results, by_name))
+    render.print_reasons(results)
+    common.console.print(f"results stored in {store.path}")
+    if out is not None and results:
+        charts, md, page = common.charts_and_report(common.stored_rows(store, by_name), out)
+        common.console.print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; report: {md}, {page}",
+                      highlight=False)
+    if interrupted:
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+
+
+def wait_for_jobs(subs: list, store_for, poll: float) -> tuple[list, bool]:
+    """`framework_bench/run/collect.py`'s wait, with a progress bar; (the results, whether Ctrl-C
+    stopped the waiting)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from framework_bench.run import collect
+    results = []
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=common.err, transient=False)
+    tasks = {sub.job_id: progress.add_task(f"job {sub.job_id} · {sub.backend} · {sub.scenario}",
+                                           total=collect.scenario_of(sub).steps.total, note="submitted") for sub in subs}
+
+    def on_result(r, sub) -> None:
+        results.append(r)
+        progress.update(tasks[sub.job_id], completed=collect.steps_done(sub),
+                        note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else "") + f" · stored as {r.result_id}")
+
+    def on_problem(sub, why: str) -> None:
+        progress.update(tasks[sub.job_id], note=f"not stored: {why}")
+
+    def on_waiting(sub, state) -> None:
+        progress.update(tasks[sub.job_id], completed=collect.steps_done(sub), note=state.state.lower())
+
+    with progress:
+        left = collect.wait(subs, store_for, poll, on_result, on_problem, on_waiting)
+    if left:
+        common.err.print(f"[yellow]stopped waiting: {len(left)} job(s) still queued or running; "
+                         "`fbench results collect` stores them when they end[/yellow]")
+    return results, bool(left)

@@ -1,0 +1,121 @@
+"""`fbench scenarios`, `show`, `validate`, `schema`, `pack`: the scenarios and their packed data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Column, Table
+
+from framework_bench.cli import common, render
+
+
+def scenarios() -> None:
+    """List the scenarios in scenarios/."""
+    from framework_bench.spec import scenario
+    t = Table(Column("name", no_wrap=True), "model", "device", "GPUs", "context", "SP", "ZeRO", "published TGS")
+    for p in scenario.scenario_paths():
+        try:
+            s = scenario.load_file(p)
+        except scenario.ScenarioError as e:
+            t.add_row(escape(p.stem), f"[red]invalid: {escape(str(e).splitlines()[0])}[/red]", "", "", "", "", "", "")
+            continue
+        t.add_row(s.name, s.model.preset or "inline", s.cluster.device, str(s.cluster.gpus), render.ctx(s.context_length),
+                  str(s.sequence_parallel), str(s.zero_stage), render.fmt(s.reference.tgs if s.reference else None))
+    common.console.print(t)
+
+
+def scenario_summary(s) -> dict:
+    from framework_bench.measure import flops
+    from framework_bench.measure.memory import estimate
+    recompute = s.activation_checkpointing
+    xt = flops.xtuner_flops_per_token(s.arch, s.context_length, recompute)
+    model = flops.model_flops_per_token(s.arch, s.context_length, recompute)
+    out = {
+        "name": s.name, "gpus": s.cluster.gpus, "nodes": s.cluster.nodes, "gpus_per_node": s.cluster.gpus_per_node,
+        "context_length": s.context_length, "sequence_parallel": s.sequence_parallel,
+        "reference": s.reference.model_dump() if s.reference else None,
+        "flops": {"xtuner_per_token": xt, "model_per_token": model},
+        "scenario": s.model_dump(mode="json"),
+        "model": s.arch.model_dump(),
+        "memory": estimate(s, gpu=s.reference.hardware if s.reference else None),
+    }
+    if s.reference:
+        out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, xt)
+        out["flops"]["model_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, model)
+    return out
+
+
+def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False) -> None:
+    """Show a validated scenario with its FLOPs per token by both formulas."""
+    s = common.load_scenario(name)
+    info = scenario_summary(s)
+    if as_json:
+        print(json.dumps({**info, "memory": info["memory"].model_dump()}, indent=2))
+        return
+    common.console.print(f"[bold]{s.name}[/bold]  {escape(s.description)}")
+    a = s.arch
+    common.console.print(f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
+                  f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}")
+    common.console.print(f"cluster    {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device} = {s.cluster.gpus}")
+    common.console.print(f"training   context {s.context_length:,} ({render.ctx(s.context_length)}), SP {s.sequence_parallel}, "
+                  f"micro batch {s.micro_batch}, grad accum {s.grad_accum}, ZeRO {s.zero_stage}, "
+                  f"checkpointing {s.activation_checkpointing}, {s.precision}, attention {s.attention}")
+    common.console.print(f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed")
+    f = info["flops"]
+    common.console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
+    common.console.print(f"memory     {info['memory'].summary()}",
+                  highlight=False)
+    from framework_bench.run.launchers.slurm import estimate_time
+    common.console.print(f"slurm      {estimate_time(s, s.reference.hardware if s.reference else None).summary()}",
+                  highlight=False, markup=False)
+    if s.reference:
+        r = s.reference
+        common.console.print(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
+                      f"(formula gives {f['xtuner_tflops_at_reference_tgs']:.1f}; model FLOPs {f['model_tflops_at_reference_tgs']:.1f})")
+
+
+def validate(files: list[Path]) -> None:
+    """Validate scenario files; exit 1 listing each bad field."""
+    from framework_bench.spec import scenario
+    bad = 0
+    for f in files:
+        try:
+            scenario.load_file(f)
+            common.console.print(f"[green]ok[/green] {escape(str(f))}", highlight=False)
+        except scenario.ScenarioError as e:
+            bad += 1
+            for line in str(e).splitlines():
+                common.err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
+    if bad:
+        raise typer.Exit(1)
+
+
+def schema() -> None:
+    """Print the JSON schema of a scenario file."""
+    from framework_bench.spec.scenario import Scenario
+    print(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+def pack_cmd(name: str) -> None:
+    """Build (or reuse) the packed data of a scenario; print rows, tokens, documents, sha256."""
+    from framework_bench.data.packing import pack
+    from framework_bench.run.interrupts import stop_signals_interrupt
+    s = common.load_scenario(name)
+    try:
+        with stop_signals_interrupt():
+            data = pack(s, say=lambda msg: common.console.print(f"[yellow]{escape(msg)}[/yellow]", highlight=False))
+    except common.user_errors() as e:
+        common.fail(str(e))
+    except KeyboardInterrupt:
+        common.err.print("[yellow]interrupted: nothing was kept of the unfinished packing[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    m = data.manifest
+    common.console.print(f"{'reused' if data.cached else 'packed'} {data.dir}", highlight=False, markup=False)
+    common.console.print(f"rows {m['rows']:,} x {m['context_length']:,} = {m['tokens']:,} tokens, "
+                  f"{m['documents']:,} documents (dataset repeated {m['repeat']}x), {m['seconds']:.2f} s to pack")
+    common.console.print(f"sha256 {m['sha256']}")
+

@@ -1,0 +1,189 @@
+"""The `local` launcher: the worker module as one process of this machine, in its own process
+group, watched until it ends; and the process-tree runner the `torchrun` launcher shares.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+from framework_bench.measure import clock
+from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.run import interrupts
+from framework_bench.run.launchers.base import OOM_MARKERS, Executor, Outcome, tail, visible_gpus_env
+
+
+class LocalExecutor(Executor):
+    name = "local"
+
+    def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
+        if job.nprocs * job.nnodes > 1:
+            raise ValueError(f"{job.nprocs * job.nnodes} processes need --launcher torchrun")
+        return [str(plan.python), "-m", plan.module, *plan.args]
+
+    def run(self, plan: LaunchPlan, job: Job, timeout: float | None, poll: Callable[[], None]) -> Outcome:
+        argvs = self.node_argvs(plan, job)
+        # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/measure/clock.py).
+        gpus = visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
+        with clock.Watcher(job.run_dir, job.scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus):
+            return execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+
+
+def node_log(log_path: Path, node: int) -> Path:
+    return log_path if node == 0 else log_path.with_name(f"{log_path.stem}.node{node}{log_path.suffix}")
+
+
+HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host itself: torchrun's children too
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Neither is given to a SLURM job: its processes are the scheduler's, ended with the job, and
+# the host that submitted it may well be gone by design (`results collect` later).
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A `preexec_fn` making the started process get SIGTERM when the host dies (Linux
+    `PR_SET_PDEATHSIG`), so a `kill -9` of fbench cannot leave a worker training for ever;
+    None where prctl is not to be had. SIGTERM, not SIGKILL: torchrun then stops its workers."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    host = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != host:  # the host died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+
+def execute(
+    argvs: list[list[str]],
+    env: dict[str, str],
+    cwd: Path,
+    log_path: Path,
+    timeout: float | None = None,
+    poll: Callable[[], None] = lambda: None,
+) -> Outcome:
+    """Run each argv (one per node: several torchrun invocations meet at one rendezvous) in its
+    own process group, output to `log_path` (node i > 0: `<stem>.node<i>.log`). Calls `poll`
+    about twice a second. When one process fails, the others are stopped: they would hang.
+    However it ends (an exception in `poll` too), no process of these groups is left running."""
+    started = time.monotonic()
+    oom_kills_before = kernel_oom_kills()
+    logs = [node_log(log_path, i) for i in range(len(argvs))]
+    procs: list[subprocess.Popen] = []
+    first_bad: int | None = None
+    child_env = {**os.environ, **env, HOST_PID_ENV: str(os.getpid())}
+    with ExitStack() as stack:
+        try:  # starting too: an interrupt between two nodes' starts must stop the first
+            for argv, path in zip(argvs, logs):
+                log = stack.enter_context(path.open("ab"))
+                log.write(f"$ {' '.join(argv)}\n".encode())
+                log.flush()
+                try:
+                    procs.append(subprocess.Popen(argv, cwd=cwd, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True,
+                                                  preexec_fn=_parent_death_signal()))
+                except (OSError, ValueError, subprocess.SubprocessError) as e:  # no such Python, a NUL, E2BIG
+                    _kill_all(procs)
+                    return Outcome("failed", None, time.monotonic() - started,
+                                   f"[fbench] could not start {argv[0]}: {type(e).__name__}: {e}")
+            while None in (codes := [p.poll() for p in procs]):
+                first_bad = next((i for i, rc in enumerate(codes) if rc not in (None, 0)), None)
+                if first_bad is not None:
+                    break
+                time.sleep(0.5)
+                poll()
+                if timeout is not None and time.monotonic() - started > timeout:
+                    _kill_all(procs)
+                    return Outcome("timeout", None, time.monotonic() - started,
+                                   tail(log_path) + f"\n[fbench] killed after the {timeout:g} s timeout")
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where the CLI maps them so
+            with interrupts.held(reraise=False):  # a second Ctrl-C must not orphan the workers
+                _kill_all(procs)
+            return Outcome("interrupted", None, time.monotonic() - started, tail(log_path))
+        except BaseException:
+            _kill_all(procs)
+            raise
+        _kill_all(procs)
+    poll()
+    seconds = time.monotonic() - started
+    if first_bad is None:
+        first_bad = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    if first_bad is None:
+        return Outcome("ok", 0, seconds, tail(log_path))
+    rc, path = procs[first_bad].returncode, logs[first_bad]
+    # An OOM needs evidence: its message in any rank's log (every node's whole log: the rank
+    # that ran out may not be the last to write), or a kill by the kernel's OOM killer in
+    # this cgroup. A SIGKILL alone may be anyone's.
+    marker = next((m for m in OOM_MARKERS if any(_log_contains(log, m) for log in logs)), None)
+    kernel = kernel_oom_kills()
+    killed_by_oom = kernel is not None and oom_kills_before is not None and kernel > oom_kills_before
+    note = ""
+    if marker is None and killed_by_oom:
+        note = "\n[fbench] the kernel's OOM killer stopped a process of this run (cgroup memory.events)"
+    elif marker is None and rc is not None and rc < 0:
+        note = f"\n[fbench] killed by {signal.Signals(-rc).name}, with no sign of running out of memory"
+    status = "oom" if marker or killed_by_oom else "failed"
+    return Outcome(status, rc, seconds, tail(path) + note)
+
+
+def _log_contains(path: Path, needle: str) -> bool:
+    """Whether `needle` occurs anywhere in the file, read in 1 MiB pieces that overlap."""
+    pattern, keep = needle.encode(), len(needle.encode()) - 1
+    try:
+        with path.open("rb") as fh:
+            previous = b""
+            while chunk := fh.read(1 << 20):
+                if pattern in previous + chunk:
+                    return True
+                previous = chunk[-keep:] if keep else b""
+    except OSError:
+        return False
+    return False
+
+
+def kernel_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's cgroup (v2), or
+    None where that is not readable."""
+    try:
+        line = next(l for l in Path("/proc/self/cgroup").read_text().splitlines() if l.startswith("0::"))
+        events = Path("/sys/fs/cgroup", line[3:].lstrip("/"), "memory.events").read_text()
+    except (OSError, StopIteration):
+        return None
+    counts = dict(l.split() for l in events.splitlines() if len(l.split()) == 2)
+    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop the whole process group (torchrun's children, anything a worker left behind when
+    it exited): TERM, then KILL. The group keeps the leader's pid while any member lives."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                continue
+            try:
+                os.killpg(proc.pid, 0)  # the leader is gone: are other members left?
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)

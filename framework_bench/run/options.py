@@ -1,0 +1,23 @@
+"""How a command's runs are carried out: chosen once on the command line, carried whole
+through the pipeline instead of a parameter per choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from framework_bench.run.launchers.base import Launcher
+from framework_bench.run.launchers.slurm import SbatchOptions
+from framework_bench.worker.hparams import SEED
+
+
+class RunOptions(BaseModel):
+    launcher: Launcher | None = Field(None, description="None: local for one process, torchrun for several")
+    timeout: float | None = Field(None, description="seconds before a run is stopped (runs here only)")
+    force: bool = Field(False, description="run even where the memory estimate says it won't fit")
+    settings_mode: str = Field("matched", description="matched or native (framework_bench/run/compare.py)")
+    seed: int = SEED
+    db: Path | None = Field(None, description="the results file the runs are stored in; None: nobody stores them")
+    root: Path | None = Field(None, description="the folder of the run folders; None: FBENCH_HOME/runs")
+    sbatch: SbatchOptions = Field(default_factory=SbatchOptions, description="slurm: the batch script's options")
