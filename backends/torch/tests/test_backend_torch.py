@@ -118,9 +118,11 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
     assert r.tgs == pytest.approx(expected)
 
 
-def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
+@pytest.mark.parametrize("form", helpers.PLUGIN_FORMS)
+def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
-    report read back by the plugin CONTRIBUTING shows passes every host verification."""
+    report read back by the plugin CONTRIBUTING shows (and by the module-hook plugin it showed
+    before the base class) passes every host verification."""
     import importlib.util
 
     from framework_bench.measure import metrics
@@ -129,13 +131,14 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
     from framework_bench.data.packing import pack
 
     env = backend_env_or_skip("torch")
-    worker, plugin_code = helpers.contributing_backend()
+    worker, plugin_code = helpers.contributing_backend()[0], helpers.PLUGIN_FORMS[form][1]()
     assert len(worker.strip().splitlines()) <= 65  # with the initial-weights and loss claims
     (tmp_path / "minimal_worker.py").write_text(worker)
     (tmp_path / "minimal_plugin.py").write_text(plugin_code)
     spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plugin = helpers.hooks_of(module)
     scn = scenario.load("tiny_cpu")
     assert plugin.fbench_check(scn, CPU, env) is None
     assert "one process" in plugin.fbench_check(scenario.load("multiproc_tiny_cpu_1x2"), CPU, env)
