@@ -22,6 +22,27 @@ HERE = Path(__file__).parent
 FLASH_ATTN = "flash-attn"
 
 
+def backend_info() -> BackendInfo:
+    return BackendInfo(
+        name=NAME,
+        framework="LLaMA-Factory",
+        description="LLaMA-Factory's SFT trainer (run_exp) on pre-tokenized packed rows; "
+        "sequence parallel through its v1 trainer (FSDP2 + Ulysses)",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
+        env=EnvSpec(
+            requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
+            framework_package="llamafactory",
+            post_install=["fbench_llamafactory.env_fixups"],
+        ),
+        # matched: `optim: adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU;
+        # native: transformers' default with torch >= 2.8, `adamw_torch_fused`, on either device.
+        # Sequence parallel runs on the v1 trainer (FSDP2), which builds torch AdamW with no flag.
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
+                            sequence_parallel="fsdp2", sequence_parallel_adamw="foreach"),
+        contract=CONTRACT,  # every claim made: the step timer's clock lines included
+    )
+
+
 def framework_throughput(job: Job) -> dict[str, float]:
     """The HF Trainer's own figure under LLaMA-Factory: `train_results.json` in output_dir
     (written by LLaMA-Factory's SFT workflow) holds `train_runtime`, the seconds of the whole
@@ -46,24 +67,7 @@ class LlamaFactoryBackend(Backend):
     output_env = False
 
     def info(self) -> BackendInfo:
-        return BackendInfo(
-            name=NAME,
-            framework="LLaMA-Factory",
-            description="LLaMA-Factory's SFT trainer (run_exp) on pre-tokenized packed rows; "
-            "sequence parallel through its v1 trainer (FSDP2 + Ulysses)",
-            capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
-            env=EnvSpec(
-                requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
-                framework_package="llamafactory",
-                post_install=["fbench_llamafactory.env_fixups"],
-            ),
-            # matched: `optim: adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU;
-            # native: transformers' default with torch >= 2.8, `adamw_torch_fused`, on either device.
-            # Sequence parallel runs on the v1 trainer (FSDP2), which builds torch AdamW with no flag.
-            memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
-                                sequence_parallel="fsdp2", sequence_parallel_adamw="foreach"),
-            contract=CONTRACT,  # every claim made: the step timer's clock lines included
-        )
+        return backend_info()
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
         # Structural: no env or machine lifts them, so they are named before what is missing here.

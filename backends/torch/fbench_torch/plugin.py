@@ -10,50 +10,41 @@ from __future__ import annotations
 from pathlib import Path
 
 from framework_bench.measure.memory import AdamWImpl, MemoryScheme
-from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, Machine
+from framework_bench.plugins.backend import CONTRACT, BackendInfo, Capabilities, EnvSpec, Job
 from framework_bench.plugins.base import Backend
-from framework_bench.spec.scenario import Scenario
 
 NAME = "torch"
 HERE = Path(__file__).resolve().parent
 
 
+def backend_info() -> BackendInfo:
+    return BackendInfo(
+        name=NAME,
+        framework="PyTorch",
+        description="the reference: a plain PyTorch loop (HF model from config, AdamW, autocast, DDP) "
+        "on the shared packed rows",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0]),
+        env=EnvSpec(
+            requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
+            framework_package="torch",
+        ),
+        # The reference has no framework default to keep: fused AdamW on CUDA in both modes
+        # (the worker sets `fused=True` there), torch's own choice on CPU.
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}),
+        contract=CONTRACT,  # every claim made: the step timer's clock lines included
+    )
+
+
 class TorchBackend(Backend):
+    """The reference is one plain loop: what it does not implement (ZeRO sharding, sequence
+    parallel, a per-document varlen kernel) it does not declare, and the host refuses it
+    rather than run something else under the scenario's name; the base checks env and GPUs."""
+
     # The plain loop pins no GPU itself and joins a process group only under torchrun.
     pin_gpus = False
 
     def info(self) -> BackendInfo:
-        return BackendInfo(
-            name=NAME,
-            framework="PyTorch",
-            description="the reference: a plain PyTorch loop (HF model from config, AdamW, autocast, DDP) "
-            "on the shared packed rows",
-            capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0]),
-            env=EnvSpec(
-                requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
-                framework_package="torch",
-            ),
-            # The reference has no framework default to keep: fused AdamW on CUDA in both modes
-            # (the worker sets `fused=True` there), torch's own choice on CPU.
-            memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}),
-            contract=CONTRACT,  # every claim made: the step timer's clock lines included
-        )
-
-    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-        if (reason := super().check(scenario, machine, env)) is not None:
-            return reason
-        # The reference is one plain loop: what it does not implement it refuses, rather than
-        # run something else under the scenario's name.
-        if scenario.zero_stage:
-            return (f"ZeRO stage {scenario.zero_stage}: the torch reference replicates the model on every "
-                    "process (DDP) and shards nothing")
-        if scenario.sequence_parallel > 1:
-            return (f"sequence_parallel {scenario.sequence_parallel}: the torch reference has no sequence "
-                    "parallel; every process trains whole rows")
-        if scenario.attention == "varlen":
-            return ("varlen attention: the torch reference runs SDPA causal attention over the whole packed "
-                    "row, with no per-document kernel")
-        return None
+        return backend_info()
 
     def needs_process_group(self, job: Job) -> bool:
         return False

@@ -44,9 +44,12 @@ def test_discovered_through_entry_point(torch_backend):
 def test_refusals_name_what_the_reference_does_not_do(torch_backend):
     env = ready_env("cpu")
     assert torch_backend.check(tiny(), CPU, env) is None
-    assert "ZeRO stage 3" in torch_backend.check(tiny(zero_stage=3), CPU, env)
-    assert "no sequence parallel" in torch_backend.check(tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU, env)
-    assert "varlen" in torch_backend.check(tiny(attention="varlen"), CPU, env)
+    # what the loop does not implement, it declares: the host refuses it before the plugin's check
+    declared = torch_backend.info.capabilities
+    assert "ZeRO stages 0; the scenario asks for 3" in declared.refusal(tiny(zero_stage=3), "torch")
+    assert "no sequence parallel" in declared.refusal(
+        tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2}), "torch")
+    assert "no varlen attention" in declared.refusal(tiny(attention="varlen"), "torch")
     gpu = scenario.load("llama2_7b_8k")
     assert "CPU flavour" in torch_backend.check(gpu, H100x8, env)
     assert torch_backend.check(gpu.model_copy(update={"zero_stage": 0}), H100x8, ready_env("cuda")) is None

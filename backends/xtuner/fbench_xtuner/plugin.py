@@ -19,6 +19,26 @@ from fbench_xtuner import mmengine_config, run_layout
 HERE = Path(__file__).resolve().parent
 
 
+def backend_info() -> BackendInfo:
+    return BackendInfo(
+        name="xtuner",
+        framework="XTuner",
+        description="XTuner 0.2.0 (mmengine Runner, SupervisedFinetune) on the shared packed rows",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
+        env=EnvSpec(
+            requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
+            framework_package="xtuner",
+            post_install=["fbench_xtuner.env_fixups"],
+        ),
+        # matched: the config asks torch AdamW for fused=True on CUDA; native: XTuner's configs
+        # name AdamW with no flag, which torch runs as foreach on CUDA. Sequence parallel runs
+        # on XTuner's DeepSpeed strategy (the client AdamW as configured).
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="foreach")},
+                            sequence_parallel="deepspeed"),
+        contract=CONTRACT,  # every claim made: the step timer's clock lines included
+    )
+
+
 def _missing(env: BackendEnv, *distributions: str) -> list[str]:
     return [d for d in distributions if not env.has(d)]
 
@@ -52,23 +72,7 @@ def framework_throughput(job: Job) -> dict[str, float]:
 
 class XTunerBackend(Backend):
     def info(self) -> BackendInfo:
-        return BackendInfo(
-            name="xtuner",
-            framework="XTuner",
-            description="XTuner 0.2.0 (mmengine Runner, SupervisedFinetune) on the shared packed rows",
-            capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
-            env=EnvSpec(
-                requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
-                framework_package="xtuner",
-                post_install=["fbench_xtuner.env_fixups"],
-            ),
-            # matched: the config asks torch AdamW for fused=True on CUDA; native: XTuner's configs
-            # name AdamW with no flag, which torch runs as foreach on CUDA. Sequence parallel runs
-            # on XTuner's DeepSpeed strategy (the client AdamW as configured).
-            memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="foreach")},
-                                sequence_parallel="deepspeed"),
-            contract=CONTRACT,  # every claim made: the step timer's clock lines included
-        )
+        return backend_info()
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
         if (reason := super().check(scenario, machine, env)) is not None:
