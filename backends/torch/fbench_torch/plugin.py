@@ -40,7 +40,8 @@ class TorchBackend(Backend):
     parallel, a per-document varlen kernel) it does not declare, and the host refuses it
     rather than run something else under the scenario's name; the base checks env and GPUs."""
 
-    # The plain loop pins no GPU itself and joins a process group only under torchrun.
+    # As its plans always were: no CUDA_VISIBLE_DEVICES (the loop takes cuda:LOCAL_RANK), and no
+    # world-of-one variables (the loop joins a process group only when a launcher made one).
     pin_gpus = False
 
     def info(self) -> BackendInfo:
