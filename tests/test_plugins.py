@@ -476,3 +476,15 @@ def test_the_base_reads_the_report_the_worker_sdk_wrote(sub, tmp_path):
 
 def test_a_module_of_hooks_declaring_no_contract_is_of_contract_1(fake):
     assert plugins.get("fake").info.contract == 1
+
+
+def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_base():
+    """No backend reads its run folder by hand (issue 18): the base class's `read_report` does."""
+    from backend_helpers import contributing_backend
+    from framework_bench.plugins.base import Backend
+
+    root = Path(__file__).resolve().parents[1]
+    written = [p for p in root.glob("backends/*/fbench_*/*.py") if "def fbench_read_report" in p.read_text()]
+    assert not written and "def fbench_read_report" not in contributing_backend()[1]
+    for name in ("torch", "xtuner", "llamafactory"):
+        assert isinstance(plugins.manager().get_plugin(name), Backend), name
