@@ -22,7 +22,25 @@ def contributing_backend() -> tuple[str, str]:
     """(worker.py, plugin.py) of the minimal backend CONTRIBUTING.md shows, as written there."""
     text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    return (next(b for b in blocks if "def main" in b), next(b for b in blocks if "def fbench_read_report" in b))
+    return (next(b for b in blocks if "def main" in b), next(b for b in blocks if "class MyBackend(Backend)" in b))
+
+
+# The two forms of the minimal plugin, by the entry point each is registered under: today's
+# CONTRIBUTING (a Backend subclass) and CONTRIBUTING's before the base class (module-level
+# hooks, contract 1), which must keep working unchanged.
+PLUGIN_FORMS = {
+    "base class": ("fbench_mybackend.plugin:MyBackend", lambda: contributing_backend()[1]),
+    "module hooks": ("fbench_mybackend.plugin",
+                     lambda: (Path(__file__).parent / "contract1_backend" / "plugin.py").read_text()),
+}
+
+
+def hooks_of(module) -> object:
+    """What the registry registers for the plugin module: its Backend subclass's instance, or the module."""
+    from framework_bench.plugins.base import Backend
+
+    classes = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Backend) and v is not Backend]
+    return classes[0]() if classes else module
 
 
 def tiny(**fields) -> scenario.Scenario:

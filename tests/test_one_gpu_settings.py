@@ -13,7 +13,7 @@ import pytest
 
 from backend_helpers import CPU, make_job, ready_env, tiny
 from fbench_fixtures import backend_env_or_skip
-from framework_bench.run.launchers import base as launch
+from framework_bench.plugins import plan_env
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
@@ -101,7 +101,7 @@ def test_one_process_in_a_process_group_is_not_ddp_wrapped(backend, tmp_path, mo
     backend_env_or_skip(backend)
     s = scenario.load("tiny_cpu")
     job = make_job(backend, tmp_path / "pg", s)
-    for key, value in launch.process_group_env(job).items():
+    for key, value in plan_env.process_group_env(job).items():
         monkeypatch.setenv(key, value)
     r = pipeline.run_one(backend, s, RunOptions(root=tmp_path), machine=CPU)
     assert r.status == "ok", r.reason

@@ -4,7 +4,9 @@ and passes `fbench check-backend`, with no edit to the host.
 
 The package is CONTRIBUTING's minimal backend (its worker and plugin blocks, as written
 there) under a pyproject of its own: a plain PyTorch loop, pinned like the torch backend
-(pip's cache makes its env quick where that one was built).
+(pip's cache makes its env quick where that one was built). Its plugin comes in both forms
+(`backend_helpers.PLUGIN_FORMS`): today's Backend subclass, and the module-level hooks
+CONTRIBUTING showed before, which a plugin written then still has.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import framework_bench
-from backend_helpers import contributing_backend
+from backend_helpers import PLUGIN_FORMS, contributing_backend
 from fbench_fixtures import backend_env_or_skip
 
 PYPROJECT = '''
@@ -32,7 +34,7 @@ version = "0.1.0"
 dependencies = ["framework-bench"]
 
 [project.entry-points."fbench.backends"]
-mybackend = "fbench_mybackend.plugin"
+mybackend = "{entry_point}"
 
 [tool.setuptools]
 packages = ["fbench_mybackend"]
@@ -41,19 +43,20 @@ packages = ["fbench_mybackend"]
 fbench_mybackend = ["*.txt"]
 '''
 
-WORKER, PLUGIN = contributing_backend()
+WORKER = contributing_backend()[0]
 # What `fbench check-backend` judges: the run, then every host verification.
 POINTS = ("run", "tokens", "steps", "rows", "throughput", "parameters", "settings", "initial_weights", "clock",
           "pauses", "cpu", "parity (tiny_cpu)")
 REQUIREMENTS = "torch==2.13.0\ntransformers==5.6.0\nnumpy\n"
 
 
-def make_package(root: Path) -> Path:
+def make_package(root: Path, form: str) -> Path:
+    entry_point, plugin = PLUGIN_FORMS[form]
     pkg = root / "fbench-mybackend"
     (pkg / "fbench_mybackend").mkdir(parents=True)
-    (pkg / "pyproject.toml").write_text(PYPROJECT)
+    (pkg / "pyproject.toml").write_text(PYPROJECT.replace("{entry_point}", entry_point))
     (pkg / "fbench_mybackend" / "__init__.py").write_text("")
-    (pkg / "fbench_mybackend" / "plugin.py").write_text(PLUGIN)
+    (pkg / "fbench_mybackend" / "plugin.py").write_text(plugin())
     (pkg / "fbench_mybackend" / "worker.py").write_text(WORKER)
     (pkg / "fbench_mybackend" / "requirements-cpu.txt").write_text(REQUIREMENTS)
     return pkg
@@ -70,8 +73,9 @@ def host_next_to_fbench(root: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_contributings_backend_outside_the_repo_installed_non_editable_passes_check_backend(tmp_path, alpaca_dir):
-    pkg = make_package(tmp_path / "elsewhere")
+@pytest.mark.parametrize("form", PLUGIN_FORMS)
+def test_contributings_backend_outside_the_repo_installed_non_editable_passes_check_backend(tmp_path, alpaca_dir, form):
+    pkg = make_package(tmp_path / "elsewhere", form)
     host = host_next_to_fbench(tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(host), str(pkg)],
                    check=True, capture_output=True)

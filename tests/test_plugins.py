@@ -67,12 +67,13 @@ def fbench_read_report(job):
 
 
 def install_dist(site: Path, dist: str, entry_name: str, module: str, source: str) -> None:
-    """What `pip install` leaves behind for a package declaring one fbench backend."""
+    """What `pip install` leaves behind for a package declaring one fbench backend
+    (`module`, or `module:Object` naming an object in it)."""
     info = site / f"{dist}-0.1.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{hookspecs.ENTRY_POINT_GROUP}]\n{entry_name} = {module}\n")
-    (site / f"{module}.py").write_text(source)
+    (site / f"{module.partition(':')[0]}.py").write_text(source)
 
 
 @pytest.fixture
@@ -98,8 +99,8 @@ def fake(site):
 
 def test_bundled_backends_come_from_entry_points():
     group = {ep.name: ep.value for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP)}
-    assert group.get("xtuner") == "fbench_xtuner.plugin"
-    assert group.get("llamafactory") == "fbench_llamafactory.plugin"
+    assert group.get("xtuner") == "fbench_xtuner.plugin:XTunerBackend"
+    assert group.get("llamafactory") == "fbench_llamafactory.plugin:LlamaFactoryBackend"
     pm = plugins.manager()
     registered = {name for name, _ in pm.list_name_plugin()}
     assert {"xtuner", "llamafactory"} <= registered
@@ -109,7 +110,8 @@ def test_bundled_backends_come_from_entry_points():
     assert {"xtuner", "llamafactory"} <= set(found)
     for name in ("xtuner", "llamafactory"):
         assert found[name].info.name == name
-        assert pm.get_plugin(name).__name__ == group[name]
+        plugin = pm.get_plugin(name)  # the entry point's Backend subclass, registered as its one instance
+        assert f"{type(plugin).__module__}:{type(plugin).__name__}" == group[name]
 
 
 def test_hookspecs_are_firstresult_and_documented():
@@ -374,3 +376,116 @@ def test_compare_without_backends_names_the_broken_ones_it_skips(fake_dists, fbe
     assert res.exit_code == 0, res.output
     skipped = [l for l in res.stderr.splitlines() if l.startswith("skipped")]
     assert len(skipped) == 1 and "fake_twin" in skipped[0], res.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# The Backend base class (issue 18, item 2): a subclass writes only what is its own.
+
+SUBCLASS_MODULE = '''
+"""A third-party backend on the base class: info and one refusal of its own, nothing else."""
+from pathlib import Path
+
+from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec
+from framework_bench.plugins.base import Backend
+
+HERE = Path(__file__).resolve().parent
+
+
+class SubBackend(Backend):
+    def info(self):
+        return BackendInfo(name="sub", framework="SubFrame",
+                           capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False),
+                           env=EnvSpec(requirements={"cpu": HERE / "sub-requirements.txt"}, framework_package="subframe"))
+
+    def check(self, scenario, machine, env):
+        if scenario.grad_accum > 1:
+            return "sub takes one micro-batch per step"
+        return super().check(scenario, machine, env)
+'''
+
+
+@pytest.fixture
+def sub(site):
+    install_dist(site, "sub_backend", "sub", "sub_backend_mod:SubBackend", textwrap.dedent(SUBCLASS_MODULE))
+    return plugins.get("sub")
+
+
+def test_a_backend_subclass_is_registered_through_its_entry_point_with_every_hook(sub):
+    from framework_bench.plugins.backend import CONTRACT
+
+    assert sub.info.framework == "SubFrame" and sub.package == "sub_backend_mod"
+    assert sub.info.contract == CONTRACT  # the base class declares the current contract
+
+
+def test_the_base_checks_env_and_gpus_in_one_wording(sub, tmp_path):
+    from backend_helpers import H100x8, ready_env, tiny
+
+    cpu, gpu = tiny(), tiny(cluster={"device": "cuda", "gpus_per_node": 2})
+    not_ready = BackendEnv(name="sub", path=tmp_path, python=tmp_path / "python", problem="not created")
+    assert sub.check(cpu, Machine(), not_ready) == "the sub env is not ready: not created"
+    assert sub.check(tiny(grad_accum=2), Machine(), not_ready) == "sub takes one micro-batch per step"  # its own first
+    assert sub.check(cpu, Machine(), ready_env("sub", {}, "cpu")) is None
+    assert sub.check(gpu, Machine(), ready_env("sub", {}, "cuda")) == "the scenario runs on CUDA GPUs; this machine has none"
+    assert sub.check(gpu, Machine(gpus=1), ready_env("sub", {}, "cuda")) == (
+        "the scenario needs 2 GPUs per node; this machine has 1")
+    assert sub.check(gpu, H100x8, ready_env("sub", {}, "cpu")) == (
+        "the sub env is the CPU flavour (CPU torch build): recreate it with --flavour cuda")
+    assert sub.check(gpu, H100x8, ready_env("sub", {}, "cuda")) is None
+
+
+def test_the_base_plans_the_package_worker_in_the_standard_environment(sub, tmp_path, monkeypatch):
+    from backend_helpers import make_job, ready_env, tiny
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    env = ready_env("sub", {}, "cpu")
+    cpu_job = make_job("sub", tmp_path / "cpu", tiny())
+    plan = sub.plan(cpu_job, env)
+    assert (plan.python, plan.module, plan.args) == (env.python, "sub_backend_mod.worker", [str(cpu_job.job_file)])
+    assert plan.env == {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    assert plan.files == {"job": cpu_job.job_file}
+    gpu_job = make_job("sub", tmp_path / "gpu", tiny(cluster={"device": "cuda", "gpus_per_node": 1}))
+    gpu_env = sub.plan(gpu_job, ready_env("sub", {}, "cuda")).env
+    # one GPU of its own, the shared allocator setting, and a world of one (no DeepSpeed ops: no ZeRO declared)
+    assert gpu_env["CUDA_VISIBLE_DEVICES"] == "0" and gpu_env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert gpu_env["WORLD_SIZE"] == "1" and gpu_env["MASTER_ADDR"] == "127.0.0.1" and "TORCH_EXTENSIONS_DIR" not in gpu_env
+
+
+def test_the_base_reads_the_report_the_worker_sdk_wrote(sub, tmp_path):
+    from backend_helpers import make_job, tiny
+    from framework_bench.worker.files import MetricsWriter, write_worker_report
+
+    job = make_job("sub", tmp_path, tiny())
+    with pytest.raises(FileNotFoundError, match="the sub worker wrote no metrics and no report"):
+        sub.read_report(job)
+    metrics = MetricsWriter(job.run_dir, 0)
+    for step in (1, 2):
+        metrics.write(step, 0.5, 512, 2.0, 1000)
+    metrics.close()
+    write_worker_report(job.run_dir, data_sha256="ab" * 32, framework_version="9", attention_used="sdpa",
+                        throughput={"tokens_per_sec": 1024.0}, settings={"trainer": "sub"}, param_count=7,
+                        notes=["a note of its own"], startup_seconds=3.25,
+                        startup_breakdown={"imports": 2.0, "data": 0.25, "model_build": 1.0})
+    report = sub.read_report(job)
+    assert [m.step for m in report.steps] == [1, 2] and report.steps[0].tokens == 512
+    assert (report.data_sha256, report.framework_version, report.attention_used) == ("ab" * 32, "9", "sdpa")
+    assert report.framework_throughput == {"tokens_per_sec": 1024.0}
+    assert report.settings == {"trainer": "sub"} and report.param_count == 7
+    assert report.startup_seconds == 3.25 and report.startup_breakdown["model_build"] == 1.0
+    assert report.notes == ["a note of its own", "start-up 3.2 s: imports 2.0, data 0.2, model_build 1.0"]
+
+
+def test_a_module_of_hooks_declaring_no_contract_is_of_contract_1(fake):
+    assert plugins.get("fake").info.contract == 1
+
+
+def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_base():
+    """No backend reads its run folder by hand (issue 18): the base class's `read_report` does."""
+    from backend_helpers import contributing_backend
+    from framework_bench.plugins.base import Backend
+
+    root = Path(__file__).resolve().parents[1]
+    written = [p for p in root.glob("backends/*/fbench_*/*.py") if "def fbench_read_report" in p.read_text()]
+    assert not written and "def fbench_read_report" not in contributing_backend()[1]
+    for name in ("torch", "xtuner", "llamafactory"):
+        assert isinstance(plugins.manager().get_plugin(name), Backend), name

@@ -332,7 +332,7 @@ def create(
         # At the final path only: the op's build line names the env's folders (see deepspeed_jit).
         say(f"{name}: prebuilding DeepSpeed's CPU communication op (a few minutes)")
         with log_path.open("a") as log:
-            _run([str(_python(path)), "-m", "framework_bench.envs.deepspeed_jit", str(path)], log)
+            _run([str(_python(path)), "-m", "framework_bench.plugins.deepspeed_jit", str(path)], log)
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
 

@@ -1,9 +1,12 @@
 """The `TrainBackend` hook specification: what a backend plugin must provide.
 
-A backend is one plugin object (usually a module) registered under the entry-point group
-`fbench.backends`. The host calls each hook on one backend at a time, so every hook is
-`firstresult`. Hooks run in the host process: they must stay cheap and must not import
-torch or the framework (that happens in the worker, inside the backend's own env).
+A backend is one plugin object registered under the entry-point group `fbench.backends`:
+a subclass of `framework_bench.plugins.base.Backend` (which implements these hooks over the
+few methods a backend writes, and supplies the rest), or any object holding the four hooks
+(the first contract's module of hook functions). The host calls each hook on one backend
+at a time, so every hook is `firstresult`. Hooks run in the host process: they must stay
+cheap and must not import torch or the framework (that happens in the worker, inside the
+backend's own env).
 
 Flow for one run (see `framework_bench/run/runner.py`):
     info = fbench_backend_info()

@@ -1,7 +1,11 @@
 """The plugin manager: backends are found through the `fbench.backends` entry points only.
 
 The bundled backends are registered by this project's own `pyproject.toml` entry points,
-exactly as a third-party package would register one.
+exactly as a third-party package would register one. An entry point names either a
+subclass of `framework_bench.plugins.base.Backend` (registered as one instance of it) or,
+as every plugin of the first contract does, any object holding the four hooks (a module of
+module-level hooks, an instance): pluggy calls both alike, so this registry's `Backend`
+handle is the adapter that gives the runner one surface for either form.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from framework_bench.plugins import hookspecs
+from framework_bench.plugins import base, hookspecs
 from framework_bench.plugins.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.spec.scenario import Scenario
 
@@ -80,6 +84,11 @@ def _origin(ep) -> str:
     return f"{dist.name if dist is not None else 'an unknown distribution'} ({ep.value})"
 
 
+def _plugin_object(loaded: object) -> object:
+    """What pluggy registers for an entry point's object: a `Backend` subclass as its one instance."""
+    return loaded() if isinstance(loaded, type) and issubclass(loaded, base.Backend) else loaded
+
+
 def manager() -> pluggy.PluginManager:
     """A plugin manager with every working backend of the `fbench.backends` entry-point group.
     A name claimed by two distributions is broken for both: which one ran would depend on
@@ -97,7 +106,7 @@ def manager() -> pluggy.PluginManager:
         (origin, ep), = by_origin.items()
         origins[name] = origin
         try:
-            plugin = ep.load()
+            plugin = _plugin_object(ep.load())
             pm.register(plugin, name=ep.name)
         except Exception as e:  # noqa: BLE001 - any import/validation error of a plugin
             load_errors[ep.name] = f"{type(e).__name__}: {e}"

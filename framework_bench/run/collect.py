@@ -17,6 +17,7 @@ from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.backend import Job
 from framework_bench.run import pipeline
+from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.slurm import SBATCH_FILE, SUBMISSION, JobState, Submission, job_state, node, outcome_of
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.files import read_metrics

@@ -26,7 +26,8 @@ from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.envs import venvs as envs
 from framework_bench.measure import clock, flops, losses, metrics, verify
 from framework_bench.measure.machine import detect
-from framework_bench.measure.memory import MemoryScheme, estimate
+from framework_bench.measure.memory import estimate
+from framework_bench.plugins.backend import MemoryScheme
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.backend import CONTRACT, Job, LaunchPlan, Machine, WorkerReport

@@ -3,8 +3,8 @@ one named lie (`fbench_lying_worker.LIES`), at most 10 lines changed from the re
 
 They are what a framework vendor with an incentive to look fast could install: registered
 through the `fbench.backends` entry points (`register_through_entry_points`) like any other
-plugin, launched with the torch env's Python, read back with the torch plugin's own
-`fbench_read_report`. The honest copy (`lying_honest`, no lie) must end `ok` beside them.
+plugin, launched with the torch env's Python, read back as the torch plugin reads its runs (they
+subclass it). The honest copy (`lying_honest`, no lie) must end `ok` beside them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from fbench_torch import plugin as torch_plugin
 
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins.backend import BackendEnv
-from framework_bench.plugins.hookspecs import hookimpl
 
 from fbench_lying_worker import LIES
 
@@ -25,35 +24,26 @@ HERE = Path(__file__).resolve().parent
 
 def torch_env() -> BackendEnv:
     """The torch backend's env: every liar runs in it (a copy of the torch loop needs nothing else)."""
-    return envs.inspect(torch_plugin.NAME, torch_plugin.fbench_backend_info().env)
+    return envs.inspect(torch_plugin.NAME, torch_plugin.TorchBackend().info().env)
 
 
-class LyingBackend:
+class LyingBackend(torch_plugin.TorchBackend):
     def __init__(self, lie: str, **info_fields):
         self.lie = lie
         self.info_fields = info_fields
 
-    @hookimpl
-    def fbench_backend_info(self):
-        info = torch_plugin.fbench_backend_info()
-        return info.model_copy(update={"name": self.name, "framework": f"PyTorch, lying: {self.lie}",
-                                       **self.info_fields})
+    def info(self):
+        return super().info().model_copy(update={"name": self.name, "framework": f"PyTorch, lying: {self.lie}",
+                                                 **self.info_fields})
 
-    @hookimpl
-    def fbench_check(self, scenario, machine, env):
-        return torch_plugin.fbench_check(scenario, machine, torch_env())
+    def check(self, scenario, machine, env):
+        return super().check(scenario, machine, torch_env())
 
-    @hookimpl
-    def fbench_plan(self, job, env):
-        plan = torch_plugin.fbench_plan(job, torch_env())
+    def plan(self, job, env):
+        plan = super().plan(job, torch_env())
         path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
         return plan.model_copy(update={"module": "fbench_lying_worker", "args": [str(job.job_file), self.lie],
                                        "env": {**plan.env, "PYTHONPATH": path}})
-
-    @hookimpl
-    def fbench_read_report(self, job):
-        return torch_plugin.fbench_read_report(job)
-
 
     @property
     def name(self) -> str:

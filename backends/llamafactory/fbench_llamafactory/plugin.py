@@ -10,25 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench.worker import files as worker_io
-from framework_bench.plugins.backend import (
-    CONTRACT,
-    BackendEnv,
-    BackendInfo,
-    Capabilities,
-    EnvSpec,
-    Job,
-    LaunchPlan,
-    Machine,
-    StepMetric,
-    WorkerReport,
-)
-from framework_bench.plugins.hookspecs import hookimpl
-from framework_bench.measure.memory import AdamWImpl, MemoryScheme
-from framework_bench.envs import deepspeed_jit
-from framework_bench.run.launchers import base as launch
-from framework_bench.worker.rows import read_consumed
-from framework_bench.worker.startup import startup_note
+from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, Machine
+from framework_bench.plugins.base import Backend
+from framework_bench.plugins.backend import AdamWImpl, MemoryScheme
 from framework_bench.spec.scenario import Scenario
 
 from fbench_llamafactory import run_files, train_args
@@ -38,8 +22,7 @@ HERE = Path(__file__).parent
 FLASH_ATTN = "flash-attn"
 
 
-@hookimpl
-def fbench_backend_info() -> BackendInfo:
+def backend_info() -> BackendInfo:
     return BackendInfo(
         name=NAME,
         framework="LLaMA-Factory",
@@ -64,60 +47,6 @@ def fbench_backend_info() -> BackendInfo:
     )
 
 
-@hookimpl
-def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-    # Structural: no env or machine lifts them, so they are named before what is missing here.
-    if scenario.steps.unit == "micro":
-        return ("steps.unit micro is not planned for LLaMA-Factory: its trainers count optimizer steps "
-                "(max_steps) and report per optimizer step only")
-    if (kv_reason := train_args.v1_kv_head_refusal(scenario)) is not None:
-        return kv_reason
-    if not env.ready:
-        return f"the llamafactory env is not ready: {env.problem}"
-    device = scenario.cluster.device
-    if device == "cuda" and machine.gpus == 0:
-        return "the scenario runs on CUDA GPUs and this machine has none"
-    if device == "cuda" and env.flavour != "cuda":
-        return "the llamafactory env is the CPU flavour; recreate it with --flavour cuda for a GPU scenario"
-    has_fa2 = env.has(FLASH_ATTN)
-    if scenario.sequence_parallel > 1:
-        missing = [what for what, ok in (("a CUDA GPU", device == "cuda" and machine.gpus > 0),
-                                         ("flash-attn (flash_attention_2)", has_fa2)) if not ok]
-        if missing:
-            return (f"sequence_parallel {scenario.sequence_parallel} runs on LLaMA-Factory's v1 trainer "
-                    f"(FSDP2, dist_config cp_mode ulysses), which needs {' and '.join(missing)}: missing here")
-    if scenario.sequence_parallel > 1 and scenario.attention == "varlen":
-        return ("varlen attention with sequence_parallel > 1 is not planned: LLaMA-Factory's v1 trainer "
-                "(the only one with sequence parallel) gets the packed rows with one attention span per row")
-    if scenario.attention == "varlen":
-        # Without flash-attn, neat_packing builds a dense 4-D block-diagonal mask and computes
-        # full attention: correct results, but not the varlen kernel the scenario measures.
-        missing = [what for what, ok in (("a CUDA GPU", device == "cuda"), ("flash-attn", has_fa2)) if not ok]
-        if missing:
-            return ("varlen attention (neat_packing) only uses a varlen kernel with flash-attn on a GPU "
-                    f"(else a dense 4-D mask): missing {' and '.join(missing)}")
-    if scenario.zero_stage > 0 and not env.has("deepspeed"):
-        return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the llamafactory env"
-    return None
-
-
-@hookimpl
-def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
-    files = train_args.write_run_files(job, flash_attn_installed=env.has(FLASH_ATTN))
-    extra_env = {**launch.visible_gpus_env(job), **launch.cuda_allocator_env(job), **deepspeed_jit.run_env(env.path)}
-    if job.device == "cuda" or job.scenario.zero_stage > 0:
-        # LLaMA-Factory refuses DeepSpeed outside a distributed launch, and every GPU run gets a
-        # process group: one process started without torchrun becomes a world of one.
-        extra_env |= launch.process_group_env(job)
-    return LaunchPlan(
-        python=env.python,
-        module="fbench_llamafactory.worker",
-        args=[str(job.job_file)],
-        env=extra_env,
-        files={**files, "job": job.job_file},
-    )
-
-
 def framework_throughput(job: Job) -> dict[str, float]:
     """The HF Trainer's own figure under LLaMA-Factory: `train_results.json` in output_dir
     (written by LLaMA-Factory's SFT workflow) holds `train_runtime`, the seconds of the whole
@@ -137,23 +66,51 @@ def framework_throughput(job: Job) -> dict[str, float]:
     return {"tokens_per_sec_whole_run": tokens_per_gpu / runtime, "train_runtime": runtime}
 
 
-@hookimpl
-def fbench_read_report(job: Job) -> WorkerReport:
-    records = worker_io.read_metrics(job.run_dir)
-    worker = worker_io.read_worker_report(job.run_dir)
-    if not records and not worker:
-        raise FileNotFoundError(f"the llamafactory worker wrote no metrics in {job.run_dir}")
-    notes = list(worker.get("notes", [])) + startup_note(worker.get("startup_seconds"), worker.get("startup_breakdown"))
-    return WorkerReport(
-        steps=[StepMetric.model_validate(r) for r in records],
-        data_sha256=worker.get("data_sha256"),
-        framework_version=worker.get("framework_version"),
-        attention_used=worker.get("attention_used"),
-        framework_throughput=framework_throughput(job),
-        notes=notes,
-        settings=worker.get("settings"),
-        param_count=worker.get("param_count"),
-        consumed_rows=read_consumed(job.run_dir),
-        startup_seconds=worker.get("startup_seconds"),
-        startup_breakdown=worker.get("startup_breakdown"),
-    )
+class LlamaFactoryBackend(Backend):
+    # Its plans have always left output buffering and tokenizer threads to the defaults.
+    output_env = False
+
+    def info(self) -> BackendInfo:
+        return backend_info()
+
+    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        # Structural: no env or machine lifts them, so they are named before what is missing here.
+        if scenario.steps.unit == "micro":
+            return ("steps.unit micro is not planned for LLaMA-Factory: its trainers count optimizer steps "
+                    "(max_steps) and report per optimizer step only")
+        if (kv_reason := train_args.v1_kv_head_refusal(scenario)) is not None:
+            return kv_reason
+        if (reason := super().check(scenario, machine, env)) is not None:
+            return reason
+        device = scenario.cluster.device
+        has_fa2 = env.has(FLASH_ATTN)
+        if scenario.sequence_parallel > 1:
+            missing = [what for what, ok in (("a CUDA GPU", device == "cuda" and machine.gpus > 0),
+                                             ("flash-attn (flash_attention_2)", has_fa2)) if not ok]
+            if missing:
+                return (f"sequence_parallel {scenario.sequence_parallel} runs on LLaMA-Factory's v1 trainer "
+                        f"(FSDP2, dist_config cp_mode ulysses), which needs {' and '.join(missing)}: missing here")
+        if scenario.sequence_parallel > 1 and scenario.attention == "varlen":
+            return ("varlen attention with sequence_parallel > 1 is not planned: LLaMA-Factory's v1 trainer "
+                    "(the only one with sequence parallel) gets the packed rows with one attention span per row")
+        if scenario.attention == "varlen":
+            # Without flash-attn, neat_packing builds a dense 4-D block-diagonal mask and computes
+            # full attention: correct results, but not the varlen kernel the scenario measures.
+            missing = [what for what, ok in (("a CUDA GPU", device == "cuda"), ("flash-attn", has_fa2)) if not ok]
+            if missing:
+                return ("varlen attention (neat_packing) only uses a varlen kernel with flash-attn on a GPU "
+                        f"(else a dense 4-D mask): missing {' and '.join(missing)}")
+        if scenario.zero_stage > 0 and not env.has("deepspeed"):
+            return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the llamafactory env"
+        return None
+
+    def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
+        return train_args.write_run_files(job, flash_attn_installed=env.has(FLASH_ATTN))
+
+    def uses_deepspeed(self, job: Job) -> bool:
+        # ZeRO runs on DeepSpeed, which LLaMA-Factory refuses outside a distributed launch: the
+        # plan then gives one process a process group too (needs_process_group).
+        return job.scenario.zero_stage > 0
+
+    def framework_throughput(self, job: Job, worker: dict) -> dict[str, float]:
+        return framework_throughput(job)

@@ -9,32 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from framework_bench.worker import files as worker_io
-from framework_bench.plugins.backend import (
-    CONTRACT,
-    BackendEnv,
-    BackendInfo,
-    Capabilities,
-    EnvSpec,
-    Job,
-    LaunchPlan,
-    Machine,
-    StepMetric,
-    WorkerReport,
-)
-from framework_bench.run.launchers import base as launch
-from framework_bench.plugins.hookspecs import hookimpl
-from framework_bench.measure.memory import AdamWImpl, MemoryScheme
-from framework_bench.worker.rows import read_consumed
-from framework_bench.worker.startup import startup_note
-from framework_bench.spec.scenario import Scenario
+from framework_bench.plugins.backend import AdamWImpl, MemoryScheme
+from framework_bench.plugins.backend import CONTRACT, BackendInfo, Capabilities, EnvSpec, Job
+from framework_bench.plugins.base import Backend
 
 NAME = "torch"
 HERE = Path(__file__).resolve().parent
 
 
-@hookimpl
-def fbench_backend_info() -> BackendInfo:
+def backend_info() -> BackendInfo:
     return BackendInfo(
         name=NAME,
         framework="PyTorch",
@@ -53,57 +36,21 @@ def fbench_backend_info() -> BackendInfo:
     )
 
 
-@hookimpl
-def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-    if not env.ready:
-        return f"the torch env is {env.problem}"
-    device = scenario.cluster.device
-    if device == "cuda" and not machine.gpus:
-        return "the scenario runs on CUDA GPUs; this machine has none"
-    if device == "cuda" and env.flavour != "cuda":
-        return "the torch env is the CPU flavour (CPU torch build): create it with --flavour cuda"
-    # The reference is one plain loop: what it does not implement it refuses, rather than
-    # run something else under the scenario's name.
-    if scenario.zero_stage:
-        return (f"ZeRO stage {scenario.zero_stage}: the torch reference replicates the model on every "
-                "process (DDP) and shards nothing")
-    if scenario.sequence_parallel > 1:
-        return (f"sequence_parallel {scenario.sequence_parallel}: the torch reference has no sequence "
-                "parallel; every process trains whole rows")
-    if scenario.attention == "varlen":
-        return ("varlen attention: the torch reference runs SDPA causal attention over the whole packed "
-                "row, with no per-document kernel")
-    return None
+class TorchBackend(Backend):
+    """The reference is one plain loop: what it does not implement (ZeRO sharding, sequence
+    parallel, a per-document varlen kernel) it does not declare, and the host refuses it
+    rather than run something else under the scenario's name; the base checks env and GPUs."""
 
+    # As its plans always were: no CUDA_VISIBLE_DEVICES (the loop takes cuda:LOCAL_RANK), and no
+    # world-of-one variables (the loop joins a process group only when a launcher made one).
+    pin_gpus = False
 
-@hookimpl
-def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
-    # Nothing to generate: the worker reads everything from job.json, which the host writes.
-    return LaunchPlan(
-        python=env.python,
-        module="fbench_torch.worker",
-        args=[str(job.job_file)],
-        env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **launch.cuda_allocator_env(job)},
-        files={"job": job.job_file},
-    )
+    def info(self) -> BackendInfo:
+        return backend_info()
 
+    def needs_process_group(self, job: Job) -> bool:
+        return False
 
-@hookimpl
-def fbench_read_report(job: Job) -> WorkerReport:
-    records = worker_io.read_metrics(job.run_dir)
-    worker = worker_io.read_worker_report(job.run_dir)
-    if not records and not worker:
-        raise FileNotFoundError(f"the torch worker wrote no metrics in {job.run_dir}")
-    return WorkerReport(
-        steps=[StepMetric.model_validate(r) for r in records],
-        data_sha256=worker.get("data_sha256"),
-        framework_version=worker.get("framework_version"),
-        attention_used=worker.get("attention_used"),
-        framework_throughput=worker.get("loop_throughput", {}),
-        notes=list(worker.get("notes", [])) + startup_note(worker.get("startup_seconds"), worker.get("startup_breakdown")),
-        settings=worker.get("settings"),
-        param_count=worker.get("param_count"),
-        consumed_rows=read_consumed(job.run_dir),
-        startup_seconds=worker.get("startup_seconds"),
-        startup_breakdown=worker.get("startup_breakdown"),
-    )
+    def framework_throughput(self, job: Job, worker: dict) -> dict[str, float]:
+        # The loop's own clock over the measured steps (the worker's `loop_throughput`).
+        return worker.get("loop_throughput", {})

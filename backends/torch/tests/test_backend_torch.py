@@ -45,9 +45,12 @@ def test_discovered_through_entry_point(torch_backend):
 def test_refusals_name_what_the_reference_does_not_do(torch_backend):
     env = ready_env("cpu")
     assert torch_backend.check(tiny(), CPU, env) is None
-    assert "ZeRO stage 3" in torch_backend.check(tiny(zero_stage=3), CPU, env)
-    assert "no sequence parallel" in torch_backend.check(tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU, env)
-    assert "varlen" in torch_backend.check(tiny(attention="varlen"), CPU, env)
+    # what the loop does not implement, it declares: the host refuses it before the plugin's check
+    declared = torch_backend.info.capabilities
+    assert "ZeRO stages 0; the scenario asks for 3" in declared.refusal(tiny(zero_stage=3), "torch")
+    assert "no sequence parallel" in declared.refusal(
+        tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2}), "torch")
+    assert "no varlen attention" in declared.refusal(tiny(attention="varlen"), "torch")
     gpu = scenario.load("llama2_7b_8k")
     assert "CPU flavour" in torch_backend.check(gpu, H100x8, env)
     assert torch_backend.check(gpu.model_copy(update={"zero_stage": 0}), H100x8, ready_env("cuda")) is None
@@ -119,9 +122,11 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
     assert r.tgs == pytest.approx(expected)
 
 
-def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
+@pytest.mark.parametrize("form", helpers.PLUGIN_FORMS)
+def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
-    report read back by the plugin CONTRIBUTING shows passes every host verification."""
+    report read back by the plugin CONTRIBUTING shows (and by the module-hook plugin it showed
+    before the base class) passes every host verification."""
     import importlib.util
 
     from framework_bench.measure import metrics
@@ -130,13 +135,14 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path):
     from framework_bench.data.packing import pack
 
     env = backend_env_or_skip("torch")
-    worker, plugin_code = helpers.contributing_backend()
+    worker, plugin_code = helpers.contributing_backend()[0], helpers.PLUGIN_FORMS[form][1]()
     assert len(worker.strip().splitlines()) <= 65  # with the initial-weights and loss claims
     (tmp_path / "minimal_worker.py").write_text(worker)
     (tmp_path / "minimal_plugin.py").write_text(plugin_code)
     spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plugin = helpers.hooks_of(module)
     scn = scenario.load("tiny_cpu")
     assert plugin.fbench_check(scn, CPU, env) is None
     assert "one process" in plugin.fbench_check(scenario.load("multiproc_tiny_cpu_1x2"), CPU, env)

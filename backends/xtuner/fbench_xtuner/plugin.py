@@ -9,24 +9,17 @@ import json
 from pathlib import Path
 from statistics import mean, median
 
-from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, LaunchPlan, Machine, StepMetric, WorkerReport
-from framework_bench.envs import deepspeed_jit
-from framework_bench.run.launchers import base as launch
-from framework_bench.plugins.hookspecs import hookimpl
-from framework_bench.measure.memory import AdamWImpl, MemoryScheme
+from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, Machine
+from framework_bench.plugins.base import Backend
+from framework_bench.plugins.backend import AdamWImpl, MemoryScheme
 from framework_bench.spec.scenario import Scenario
-from framework_bench.worker.rows import read_consumed
-from framework_bench.worker.startup import startup_note
-from framework_bench.worker.files import read_metrics, read_worker_report
 
 from fbench_xtuner import mmengine_config, run_layout
 
 HERE = Path(__file__).resolve().parent
-WORKER_MODULE = "fbench_xtuner.worker"
 
 
-@hookimpl
-def fbench_backend_info() -> BackendInfo:
+def backend_info() -> BackendInfo:
     return BackendInfo(
         name="xtuner",
         framework="XTuner",
@@ -59,71 +52,6 @@ def _missing(env: BackendEnv, *distributions: str) -> list[str]:
     return [d for d in distributions if not env.has(d)]
 
 
-@hookimpl
-def fbench_check(scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-    if not env.ready:
-        return f"the xtuner env is {env.problem}"
-    device = scenario.cluster.device
-    if device == "cuda":
-        if not machine.gpus:
-            return "the scenario runs on CUDA GPUs; this machine has none"
-        if scenario.cluster.gpus_per_node > machine.gpus:
-            return f"the scenario needs {scenario.cluster.gpus_per_node} GPUs per node; this machine has {machine.gpus}"
-        if env.flavour != "cuda":
-            return "the xtuner env is the CPU flavour (CPU torch build): create it with the cuda flavour"
-    # Through the Runner, XTuner silently trains with SP 1 and plain causal attention when
-    # these engines are missing (`xtuner train` asserts, the Runner does not): refuse.
-    sp = scenario.sequence_parallel
-    if sp > 1:
-        missing = _missing(env, "flash_attn", "deepspeed")
-        if device != "cuda" or missing:
-            needs = "a CUDA GPU" if device != "cuda" else "flash_attn and deepspeed"
-            lacking = f" ({', '.join(missing)} not installed in the xtuner env)" if missing else ""
-            return (f"sequence_parallel {sp} needs {needs}{lacking}: XTuner's sequence parallel runs only "
-                    "through its DeepSpeed strategy with flash-attn, and otherwise trains with SP 1 without a word")
-    if scenario.attention == "varlen":
-        if device != "cuda" or not env.has("flash_attn"):
-            return ("varlen attention needs flash_attn on a CUDA GPU: without it XTuner silently "
-                    "falls back to causal attention across the packed documents")
-        if scenario.micro_batch != 1:
-            return f"varlen attention in XTuner takes micro_batch 1, not {scenario.micro_batch}"
-    if scenario.zero_stage and not env.has("deepspeed"):
-        return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
-    if device == "cpu":
-        if scenario.cluster.gpus > 1 and not scenario.zero_stage:
-            # Without DeepSpeed, mmengine 0.10.6's Runner.wrap_model always gives DDP
-            # device_ids=[LOCAL_RANK] (runner.py), which DDP refuses for a module on the CPU.
-            # With ZeRO the FlexibleRunner's DeepSpeed engine does the data parallelism (gloo)
-            # and runs: multiproc_tiny_cpu_zero2/3.
-            return (f"{scenario.cluster.gpus} CPU processes at ZeRO 0: mmengine's DDP wrapper passes "
-                    "device_ids=[LOCAL_RANK], which DDP refuses for a CPU model; CPU data parallel "
-                    "runs through DeepSpeed (zero_stage 1-3) only")
-        if scenario.precision == "bf16":
-            # Not emulated: casting the whole model to bf16 would be another setting than the
-            # GPU runs' bf16 autocast, and on a CPU without bf16 units it is ~15x slower.
-            return "bf16 runs through XTuner's AmpOptimWrapper, which refuses CPU; use precision fp32 on CPU"
-    return None
-
-
-@hookimpl
-def fbench_plan(job: Job, env: BackendEnv) -> LaunchPlan:
-    files = mmengine_config.write(job)
-    files["job"] = job.write()
-    run_env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-               **launch.visible_gpus_env(job), **launch.cuda_allocator_env(job), **deepspeed_jit.run_env(env.path)}
-    if job.device == "cuda" or mmengine_config.uses_deepspeed(job):
-        # A process group for a world of one too; the worker sets it up itself and keeps the model
-        # out of DDP (worker.launcher_for).
-        run_env |= launch.process_group_env(job)
-    return LaunchPlan(
-        python=env.python,
-        module=WORKER_MODULE,
-        args=[str(job.job_file)],
-        env=run_env,
-        files=files,
-    )
-
-
 def scalars_file(run_dir: Path) -> Path | None:
     """XTuner's own per-iteration log: `<work_dir>/<timestamp>/vis_data/scalars.json` (newest run)."""
     found = sorted((run_dir / run_layout.WORK_DIR).glob("*/vis_data/scalars.json"))
@@ -151,22 +79,52 @@ def framework_throughput(job: Job) -> dict[str, float]:
     }
 
 
-@hookimpl
-def fbench_read_report(job: Job) -> WorkerReport:
-    steps = [StepMetric(**m) for m in read_metrics(job.run_dir)]
-    worker = read_worker_report(job.run_dir)
-    if not steps and not worker:
-        raise FileNotFoundError(f"the xtuner worker wrote no metrics and no report in {job.run_dir}")
-    return WorkerReport(
-        steps=steps,
-        data_sha256=worker.get("data_sha256"),
-        framework_version=worker.get("framework_version"),
-        attention_used=worker.get("attention_used"),
-        framework_throughput=framework_throughput(job),
-        settings=worker.get("settings"),
-        param_count=worker.get("param_count"),
-        consumed_rows=read_consumed(job.run_dir),
-        notes=startup_note(worker.get("startup_seconds"), worker.get("startup_breakdown")),
-        startup_seconds=worker.get("startup_seconds"),
-        startup_breakdown=worker.get("startup_breakdown"),
-    )
+class XTunerBackend(Backend):
+    def info(self) -> BackendInfo:
+        return backend_info()
+
+    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        if (reason := super().check(scenario, machine, env)) is not None:
+            return reason
+        device = scenario.cluster.device
+        # Through the Runner, XTuner silently trains with SP 1 and plain causal attention when
+        # these engines are missing (`xtuner train` asserts, the Runner does not): refuse.
+        sp = scenario.sequence_parallel
+        if sp > 1:
+            missing = _missing(env, "flash_attn", "deepspeed")
+            if device != "cuda" or missing:
+                needs = "a CUDA GPU" if device != "cuda" else "flash_attn and deepspeed"
+                lacking = f" ({', '.join(missing)} not installed in the xtuner env)" if missing else ""
+                return (f"sequence_parallel {sp} needs {needs}{lacking}: XTuner's sequence parallel runs only "
+                        "through its DeepSpeed strategy with flash-attn, and otherwise trains with SP 1 without a word")
+        if scenario.attention == "varlen":
+            if device != "cuda" or not env.has("flash_attn"):
+                return ("varlen attention needs flash_attn on a CUDA GPU: without it XTuner silently "
+                        "falls back to causal attention across the packed documents")
+            if scenario.micro_batch != 1:
+                return f"varlen attention in XTuner takes micro_batch 1, not {scenario.micro_batch}"
+        if scenario.zero_stage and not env.has("deepspeed"):
+            return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
+        if device == "cpu":
+            if scenario.cluster.gpus > 1 and not scenario.zero_stage:
+                # Without DeepSpeed, mmengine 0.10.6's Runner.wrap_model always gives DDP
+                # device_ids=[LOCAL_RANK] (runner.py), which DDP refuses for a module on the CPU.
+                # With ZeRO the FlexibleRunner's DeepSpeed engine does the data parallelism (gloo)
+                # and runs: multiproc_tiny_cpu_zero2/3.
+                return (f"{scenario.cluster.gpus} CPU processes at ZeRO 0: mmengine's DDP wrapper passes "
+                        "device_ids=[LOCAL_RANK], which DDP refuses for a CPU model; CPU data parallel "
+                        "runs through DeepSpeed (zero_stage 1-3) only")
+            if scenario.precision == "bf16":
+                # Not emulated: casting the whole model to bf16 would be another setting than the
+                # GPU runs' bf16 autocast, and on a CPU without bf16 units it is ~15x slower.
+                return "bf16 runs through XTuner's AmpOptimWrapper, which refuses CPU; use precision fp32 on CPU"
+        return None
+
+    def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
+        return mmengine_config.write(job)
+
+    def uses_deepspeed(self, job: Job) -> bool:
+        return mmengine_config.uses_deepspeed(job)
+
+    def framework_throughput(self, job: Job, worker: dict) -> dict[str, float]:
+        return framework_throughput(job)

@@ -176,6 +176,7 @@ def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
     data = pack(scn, progress=False, say=lambda msg: None)
     job = Job(backend="xtuner", scenario=scn, data_dir=data.dir, data_sha256="0" * 64, run_dir=tmp_path / "run",
               device="cpu")
+    job.write()  # the host's, before the plan (the plan writes its own files only)
     plan = xtuner.plan(job, env)
     out = subprocess.run(launch.executor_for("local").argv(plan, job), capture_output=True, text=True)
     assert out.returncode != 0

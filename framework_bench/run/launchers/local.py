@@ -16,7 +16,8 @@ from pathlib import Path
 from framework_bench.measure import clock
 from framework_bench.plugins.backend import Job, LaunchPlan
 from framework_bench.run import interrupts
-from framework_bench.run.launchers.base import OOM_MARKERS, Executor, Outcome, tail, visible_gpus_env
+from framework_bench.plugins.plan_env import visible_gpus_env
+from framework_bench.run.launchers.base import OOM_MARKERS, Executor, Outcome, tail
 
 
 class LocalExecutor(Executor):
