@@ -114,7 +114,7 @@ def test_percent_of_the_reference_needs_an_ok_reference_row_on_the_same_scenario
 
 def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, monkeypatch):
     """fake_ok standing in as the reference: every fake_ok-like row on the scenario is 100 %."""
-    monkeypatch.setattr(compare, "REFERENCE_BACKEND", "fake_ok")
+    monkeypatch.setattr(compare, "reference_backend", lambda: "fake_ok")
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
                                    "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
     assert res.exit_code == 1, res.output  # fake_crash failed: compare says so in its exit code

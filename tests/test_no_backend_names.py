@@ -20,9 +20,6 @@ TORCH = "torch"
 # LLaMA-Factory's repository (spec/catalog.py: their download address).
 ATTRIBUTION = re.compile(r"XTuner('s)? (published )?formula|published XTuner|XTuner / model|xtuner_(per_token|tflops)"
                          r"|hiyouga/LLaMA-Factory/main/data/|LLaMA-Factory's demo files")
-# A backend name the run pipeline still holds: run/ is being rewritten beside this change
-# (issue 18 item 1), which picks the reference by `BackendInfo.reference`; empty it then.
-PENDING = {"framework_bench/run/compare.py: 'torch'"}
 # The shims of issue 18 item 3 keep their old text; they hold no logic.
 SHIMS = {"backend.py", "hookspecs.py", "packed.py", "worker_io.py"}
 
@@ -70,7 +67,7 @@ def offences(path: Path, root: Path = ROOT) -> list[str]:
 def test_the_host_names_no_bundled_backend():
     found = [hit for path in sorted(PACKAGE.rglob("*.py"))
              if not (path.parent == PACKAGE and path.name in SHIMS) for hit in offences(path)]
-    assert {re.sub(r":\d+:", ":", hit) for hit in found} == PENDING, "\n".join(found)
+    assert not found, "\n".join(found)
 
 
 def test_the_check_sees_a_backend_name(tmp_path):

@@ -26,10 +26,10 @@ def result_dict(r) -> dict:
 
 
 def results_table(results, scenarios_by_name) -> Table:
-    from framework_bench.run.compare import REFERENCE_BACKEND, percent_of_reference
+    from framework_bench.run.compare import percent_of_reference, reference_backend
     # one compare: every run of a scenario ran its one definition
     share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, "") for r in results])
-    t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU", "MFU",
+    t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU", "MFU",
               "peak mem", "start-up", "published TGS", "notes", title="fbench compare")
     for r in results:
         s = scenarios_by_name[r.scenario]

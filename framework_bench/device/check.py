@@ -31,7 +31,7 @@ from framework_bench.envs import venvs as envs
 from framework_bench.measure import flops
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario as scenario_mod
-from framework_bench.run.compare import REFERENCE_BACKEND, definition, percent_of_reference
+from framework_bench.run.compare import definition, percent_of_reference, reference_backend
 from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import PROJECT_ROOT, Scenario
 
@@ -278,7 +278,7 @@ class Check:
     def table(self) -> str:
         share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, definition(s.model_dump(mode="json")))
                                        for r, s, *_ in self.rows])
-        header = ("scenario", "backend", "status", "TGS", f"% {REFERENCE_BACKEND}", "TFLOPs", "MFU%", "alloc GiB",
+        header = ("scenario", "backend", "status", "TGS", f"% {reference_backend() or 'reference'}", "TFLOPs", "MFU%", "alloc GiB",
                   "reserved GiB", "start-up s", "wall s", "SM MHz", "power W", "version")
         lines = [header]
         for r, s, wall, (sm, power) in self.rows:

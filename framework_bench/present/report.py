@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench.measure import flops
-from framework_bench.run.compare import NOT_ALIGNED, REFERENCE_BACKEND, SPEED_RELEVANT, definition, percent_of_reference
+from framework_bench.run.compare import NOT_ALIGNED, SPEED_RELEVANT, definition, percent_of_reference, reference_backend
 from framework_bench.plugins import registry
 from framework_bench.present.plotting import ctx_label, hardware
 from framework_bench.spec.scenario import Scenario
@@ -68,7 +68,7 @@ def _pairing(rows: list[dict]) -> list[tuple]:
 def scenario_table(rows: list[dict]) -> Block:
     share = percent_of_reference(_pairing(rows))
     header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "TGS median (min–max)",
-              f"% of {REFERENCE_BACKEND}", "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published",
+              f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published",
               "flags / notes"]
     body = []
     for r in rows:
@@ -151,7 +151,8 @@ def caveats(rows: list[dict]) -> list[str]:
                    "head count and so over-counts grouped-query-attention models; the model-FLOPs column and MFU "
                    "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
     if percent_of_reference(_pairing(rows)):
-        out.append(f"\"% of {REFERENCE_BACKEND}\" is a backend's TGS as a share of the {REFERENCE_BACKEND} "
+        reference = reference_backend()
+        out.append(f"\"% of {reference}\" is a backend's TGS as a share of the {reference} "
                    "backend's on the same scenario: a plain PyTorch loop over the same packed rows (the HF model class "
                    "built from the same config, AdamW with the same hyper-parameters, the same precision and "
                    "activation checkpointing). 100 % minus it is what the framework costs over that loop (negative: "

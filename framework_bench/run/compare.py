@@ -86,8 +86,11 @@ def expand(patterns: list[str]) -> list[Scenario]:
     return sorted((s for _, s in seen.values()), key=lambda s: (s.model.preset or "", s.context_length))
 
 
-# The no-framework reference (a plain PyTorch loop): other backends' TGS is shown as a share of its.
-REFERENCE_BACKEND = "torch"
+def reference_backend() -> str | None:
+    """The installed backend that declares itself the no-framework reference
+    (`BackendInfo.reference`): other backends' TGS is shown as a share of its, and a compare
+    runs it first so the others are judged for parity with it."""
+    return next((name for name, b in plugins.backends().items() if b.info.reference), None)
 
 
 def percent_of_reference(rows: list[tuple[str, str, str, float | None, str]]) -> dict[tuple[str, str], float]:
@@ -96,8 +99,9 @@ def percent_of_reference(rows: list[tuple[str, str, str, float | None, str]]) ->
     reference row whose scenario definition (its stored JSON) is the same: a scenario file
     edited between two runs (512 then 2k tokens) is another scenario under the same name.
     100 % - x is the framework's overhead (or, above 100 %, what it gains) over the plain loop."""
+    reference = reference_backend()
     ref = {(scn, definition): tgs for scn, backend, status, tgs, definition in rows
-           if backend == REFERENCE_BACKEND and status == "ok" and tgs}
+           if backend == reference and status == "ok" and tgs}
     return {(scn, backend): 100.0 * tgs / ref[scn, definition] for scn, backend, status, tgs, definition in rows
             if (scn, definition) in ref and status == "ok" and tgs is not None}
 
@@ -130,7 +134,8 @@ def compare(
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     results: list[RunResult] = []
     # The reference first: every other backend's run is then judged for parity with it.
-    ordered = sorted(backend_names, key=lambda b: b != REFERENCE_BACKEND)
+    reference_name = reference_backend()
+    ordered = sorted(backend_names, key=lambda b: b != reference_name)
     for s in scenarios:
         reference = None
         for name in ordered:
@@ -138,7 +143,7 @@ def compare(
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
             result = pipeline.run_one(name, s, options, on_step=on_step, reference=reference)
-            if name == REFERENCE_BACKEND and result.status == "ok":
+            if name == reference_name and result.status == "ok":
                 reference = result
             on_result(result, s)
             results.append(result)
