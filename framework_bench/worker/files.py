@@ -1,4 +1,5 @@
-"""Files a worker reads and writes: the job, the common metrics file, the worker report.
+"""Files a worker writes: the common metrics file, the worker report (typed: `framework_bench.worker.report`;
+the job it reads: `framework_bench.worker.job`).
 
 Stdlib + numpy only: this module is imported by workers inside each backend's own
 environment (made importable there by the `.pth` file `framework_bench/envs/venvs.py` writes).

@@ -63,7 +63,6 @@ def main(job_file: str) -> None:
         optimizer.zero_grad(set_to_none=True)
         log.end(step)  # the step's loss: its token mean, as the loop computed it
     log.close()
-    leave()
     report = Report(
         framework_version=torch.__version__, attention_used=model.config._attn_implementation,
         settings=settings.torch_loop_settings(
@@ -77,6 +76,7 @@ def main(job_file: str) -> None:
         extra={"loop_throughput": log.throughput(), "torch_version": torch.__version__,
                "transformers_version": transformers.__version__,
                "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})
+    leave()  # after the settings were read from the live objects (the process group's size among them)
     write_report(job, report)
 
 if __name__ == "__main__":
