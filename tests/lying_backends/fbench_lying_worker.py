@@ -52,9 +52,9 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # No claim at all: no clock lines, no rows, no settings, no parameter count, no own throughput.
     "no_claims": [
-        (TIMER, TIMER + "    log.timer.clock.write = lambda e, s=None: None\n"
-                        '    log.consumed = type("NoRows", (), {"add": lambda *a: None, "end_step": lambda *a: None, '
-                        '"close": lambda *a: None})()\n'),
+        (TIMER, '    sys.modules["framework_bench.worker.loop"].ConsumedRows = type("NoRows", (), {"__init__": lambda *a: None, '
+                '"add": lambda *a: None, "end_step": lambda *a: None, "close": lambda *a: None})\n'
+                + TIMER + "    log.timer.clock.write = lambda e, s=None: None\n"),
         (WRITE, '    report.settings = report.param_count = None\n    report.extra["loop_throughput"] = {}\n' + WRITE),
     ],
     # The model fed the first half of each row; full rows recorded, full tokens claimed.
