@@ -1,7 +1,8 @@
 """Where this worker process stands: its rank and world, as the launcher set them.
 
 torchrun (and fbench's single-process plans) set RANK, LOCAL_RANK, WORLD_SIZE and
-LOCAL_WORLD_SIZE; a process started without them is rank 0 of a world of 1.
+LOCAL_WORLD_SIZE; a process started without them is rank 0 of a world of 1. This module is
+the only place a worker reads them.
 """
 
 from __future__ import annotations
@@ -41,3 +42,25 @@ def sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def join(device: str):
+    """This rank's torch device, in the process group when there is one to join: several
+    processes (torchrun), or one whose launcher gave it a group (MASTER_ADDR: fbench's
+    single-process GPU plans; NCCL on GPUs, gloo on CPU)."""
+    import torch
+
+    dist = dist_info()
+    if device == "cuda":
+        torch.cuda.set_device(dist.local_rank)
+    if dist.world_size > 1 or "MASTER_ADDR" in os.environ:
+        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+    return torch.device("cuda", dist.local_rank) if device == "cuda" else torch.device("cpu")
+
+
+def leave() -> None:
+    """Leave the process group `join` joined, if any."""
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,4 +1,5 @@
-"""Files a worker reads and writes: the job, the common metrics file, the worker report.
+"""Files a worker writes: the common metrics file, the worker report (typed: `framework_bench.worker.report`;
+the job it reads: `framework_bench.worker.job`).
 
 Stdlib + numpy only: this module is imported by workers inside each backend's own
 environment (made importable there by the `.pth` file `framework_bench/envs/venvs.py` writes).
@@ -12,29 +13,21 @@ tokens this rank processed in the step (its sequence-parallel shard only).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
+
+from framework_bench.worker.dist import dist_info
+from framework_bench.worker.job import load_job  # noqa: F401  (kept here for `framework_bench.worker_io.load_job`)
 
 METRICS_DIR = "metrics"
 CLOCK_DIR = "clock"  # the step timer's clock events, which the host stamps (framework_bench/measure/clock.py)
 WORKER_REPORT = "worker.json"
 
 
-def load_job(path: str | Path) -> dict:
-    """The job the host wrote (`Job` in framework_bench/plugins/backend.py, as JSON)."""
-    return json.loads(Path(path).read_text())
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 class MetricsWriter:
     """Appends one line per step, flushed at once so a crash keeps the steps done so far."""
 
     def __init__(self, run_dir: str | Path, rank_: int | None = None):
-        self.rank = rank() if rank_ is None else rank_
+        self.rank = dist_info().rank if rank_ is None else rank_
         directory = Path(run_dir) / METRICS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"rank{self.rank}.jsonl"
@@ -51,8 +44,9 @@ class MetricsWriter:
 
 
 def write_worker_report(run_dir: str | Path, **fields) -> None:
-    """Rank 0 records what it really did: data sha256, attention used, framework version..."""
-    if rank() != 0:
+    """Rank 0 records what it really did, untyped: kept for workers written before the typed
+    `framework_bench.worker.report.write_report`, which writes through it."""
+    if not dist_info().is_main:
         return
     path = Path(run_dir) / WORKER_REPORT
     tmp = path.with_suffix(".tmp")
@@ -71,15 +65,3 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def read_worker_report(run_dir: str | Path) -> dict:
     path = Path(run_dir) / WORKER_REPORT
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def publish_dir(tmp: Path, target: Path) -> None:
-    """Move a finished folder into place atomically. Nodes sharing one run folder (loopback
-    multi-node, a shared filesystem) each build the same folder: the first rename wins, and
-    the others drop their identical copy."""
-    try:
-        tmp.rename(target)
-    except OSError:
-        if not target.exists():
-            raise
-        shutil.rmtree(tmp)

@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
 from framework_bench.worker.initial_weights import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32, kind,
                                              sample_indices, tensor_key)
+from framework_bench.worker.dist import dist_info
 
 CHUNK = 1 << 22  # elements per fill chunk: float64 temporaries of 32 MiB, whatever the model size
 
@@ -76,7 +76,7 @@ def report(model, seed: int, run_dir: str | Path) -> None:
     """Rank 0 writes the sampled elements of every parameter, read from the live model."""
     import torch
 
-    rank = int(os.environ.get("RANK", "0"))
+    rank = dist_info().rank
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():

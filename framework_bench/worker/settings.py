@@ -172,10 +172,11 @@ def dataloader_settings(loader) -> dict[str, Value]:
 
 def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | None,
                         autocast_dtype: str | None = None, seed: int | None = None,
-                        train_model=None) -> dict[str, Value]:
+                        train_model=None, loss_normalization: str | None = None) -> dict[str, Value]:
     """The settings of a plain PyTorch loop (no framework), `REQUIRED_SETTINGS` included: what
     the live model (`train_model`: the one the loop calls, DDP wrapper included; default
-    `model`) and optimizer say, what the loop tells (its name, clipping, autocast, seed),
+    `model`) and optimizer say, what the loop tells (its name, clipping, autocast, seed, how
+    it normalises the step's loss),
     and what such a loop is by construction: no loss scaler, no ZeRO, rows fed in order from
     the main process, no compile."""
     param_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -183,9 +184,10 @@ def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | No
             "autocast_dtype": autocast_dtype, "loss_scaler": "none", **precision_recipe(param_dtype, None),
             **zero_settings(None), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
             "seed": seed, "compile": False, **runtime_settings(model if train_model is None else train_model),
+            "ddp_find_unused_parameters": getattr(train_model, "find_unused_parameters", None),  # DDP-wrapped only
             # a plain loop has no sequence parallel, and counts its tokens with no collective
             "sequence_parallel": 1, "token_count_sync": False,
-            **versions()}
+            **versions(), **({"loss_normalization": loss_normalization} if loss_normalization else {})}
 
 
 def versions() -> dict[str, Value]:

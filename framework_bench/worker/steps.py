@@ -19,8 +19,8 @@ import resource
 import time
 from pathlib import Path
 
-from framework_bench.worker.dist import sync
-from framework_bench.worker.files import CLOCK_DIR, MetricsWriter, rank as env_rank
+from framework_bench.worker.dist import dist_info, sync
+from framework_bench.worker.files import CLOCK_DIR, MetricsWriter
 
 
 class PeakMemory:
@@ -52,7 +52,7 @@ class ClockLines:
     def __init__(self, run_dir: str | Path, rank: int | None = None):
         directory = Path(run_dir) / CLOCK_DIR
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"rank{env_rank() if rank is None else rank}.jsonl"
+        self.path = directory / f"rank{dist_info().rank if rank is None else rank}.jsonl"
         self._fh = self.path.open("a", buffering=1)
 
     def write(self, event: str, step: int | None = None) -> None:

@@ -16,11 +16,9 @@ import time
 
 import numpy as np
 
-from framework_bench.worker import initial_weights
-from framework_bench.worker.packed import PackedRows
-from framework_bench.worker.rows import ConsumedRows
+from framework_bench.worker import ConsumedRows, Report, initial_weights, load_job, write_report
+from framework_bench.worker.files import MetricsWriter
 from framework_bench.worker.steps import ClockLines
-from framework_bench.worker.files import MetricsWriter, load_job, write_worker_report
 
 
 def param_count(cfg: dict) -> int:
@@ -73,25 +71,24 @@ if mode == "stubborn":  # slow to stop: ignores SIGTERM, so the host waits befor
     time.sleep(120)
 if mode == "deaf":  # ignores SIGTERM (the parent-death signal too): only a SIGKILL ends it
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    open(os.path.join(job["run_dir"], "deaf"), "w").close()
+    open(job.run_dir / "deaf", "w").close()
     time.sleep(120)
-ctx = job["scenario"]["context_length"]
-writer = MetricsWriter(job["run_dir"])
-clock = ClockLines(job["run_dir"], rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes less
-consumed = ConsumedRows(job["run_dir"], rank=0)
-steps = job["scenario"]["steps"]
-if mode == "echo_sha":  # never opens the data: "trains" on zeros and echoes the host's sha256
-    rows_ids = rows_labels = np.zeros((steps["warmup"] + steps["measured"] + 1, ctx), np.int32)
-    sha = job["data_sha256"]
+ctx = job.scenario.context_length
+writer = MetricsWriter(job.run_dir)
+clock = ClockLines(job.run_dir, rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes less
+consumed = ConsumedRows(job.run_dir, rank=0)
+if mode == "echo_sha":  # never opens the data: "trains" on zeros and echoes the host's sha256 as verified
+    rows_ids = rows_labels = np.zeros((job.steps + 1, ctx), np.int32)
+    job.check_data(job.data_sha256, "the host's own figure, echoed")
 else:
-    rows = PackedRows(job["data_dir"])
-    rows_ids, rows_labels, sha = rows.input_ids, rows.labels, rows.sha256()
+    rows = job.open_rows()
+    rows_ids, rows_labels = rows.input_ids, rows.labels
 # One field of every step's line as no measurement can be (the BAD_LINES of fbench_fake_backends).
 OVERRIDE = {"tiny_seconds": {"seconds": 1e-320}, "inf_seconds": {"seconds": float("inf")}, "zero_tokens": {"tokens": 0},
             "nan_loss": {"loss": float("nan")}, "huge_tokens": {"tokens": 2**63}, "huge_memory": {"peak_mem_bytes": 2**64},
             "negative_rank": {"rank": -1}}.get(mode)
 first_row = 1 if mode == "wrong_rows" else 0  # skips the stream's first row
-for step in range(1, steps["warmup"] + steps["measured"] + 1):
+for step in range(1, job.steps + 1):
     if mode == "missing_steps" and step == 3:
         continue
     row = first_row + step - 1
@@ -110,12 +107,12 @@ for step in range(1, steps["warmup"] + steps["measured"] + 1):
         writer._fh.write("\n" if mode == "slow_seconds" else "")
         time.sleep(2)
 if mode == "extra_steps":  # 200,000 steps nobody asked for
-    for step in range(steps["warmup"] + steps["measured"] + 1, 200_001):
+    for step in range(job.steps + 1, 200_001):
         writer._fh.write(json.dumps({"step": step, "seconds": 0.5, "tokens": ctx, "rank": 0}) + "\n")
 if mode == "grandchild":  # exits 0, leaving a process behind in its group
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", job["run_dir"]])
-write_initial_weights(job["run_dir"], job["seed"], job["hf_config"])
-params = param_count(job["hf_config"]) - (job["hf_config"]["hidden_size"] if mode == "wrong_model" else 0)
-write_worker_report(job["run_dir"], data_sha256=sha, param_count=params, settings={
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(job.run_dir)])
+write_initial_weights(job.run_dir, job.seed, job.hf_config)
+params = param_count(job.hf_config) - (job.hf_config["hidden_size"] if mode == "wrong_model" else 0)
+write_report(job, Report(param_count=params, settings={
     "trainer": f"fake-loop-{mode}", "optimizer": "torch.optim.AdamW", "optimizer_impl": "for-loop", "param_dtype": "float32",
-    "attention": "none", "activation_checkpointing": False, "zero_stage": 0})
+    "attention": "none", "activation_checkpointing": False, "zero_stage": 0}))

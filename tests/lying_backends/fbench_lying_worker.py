@@ -16,52 +16,50 @@ from pathlib import Path
 
 MAX_CHANGED_LINES = 10
 
-TIMER = '    timer = StepTimer(job["run_dir"], job["device"], rank=dist.rank)\n'
+TIMER = "    log = StepLog(job, dist.rank)\n"
 BACKWARD = "                loss.backward()\n"
-LOOP_SECONDS = "    loop_seconds = time.perf_counter() - measured_from if measured_from is not None else None\n"
-CLOSE = "    timer.close()\n"
-FORWARD = "                    loss = train_model(input_ids=ids, labels=labels, num_items_in_batch=max(labelled, 1)).loss\n"
-BUILT = "    model = build_model(job, device)\n"
+CLOSE = "    log.close()\n"
+FORWARD = "                    loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss\n"
+BUILT = '    model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
+PARAMS = "        param_count=settings.param_count(model),\n"
+WRITE = "    write_report(job, report)\n"
 
 LIES: dict[str, list[tuple[str, str]]] = {
     "honest": [],
     # Every step's claimed seconds halved, and the framework's own figure from the same clock.
     "halved_seconds": [
-        (TIMER, TIMER + '    timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] / 2}))'
-                        '(timer.writer.write)\n'),
-        (LOOP_SECONDS, LOOP_SECONDS.replace("time.perf_counter() - measured_from", "(time.perf_counter() - measured_from) / 2")),
+        (TIMER, TIMER + '    log.timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] / 2}))'
+                        '(log.timer.writer.write)\n'
+                        "    log.throughput = (lambda t: lambda: {k: v * 2 for k, v in t().items()})(log.throughput)\n"),
     ],
     # The backward pass outside the timed window with pause()/resume(), the pauses kept from the host.
     "backward_untimed": [
-        (TIMER, TIMER + '    timer.clock.write = (lambda w: lambda e, s=None: None if e in ("pause", "resume") '
-                        'else w(e, s))(timer.clock.write)\n'),
-        (BACKWARD, "                timer.pause()\n" + BACKWARD + "                timer.resume()\n"),
+        (TIMER, TIMER + '    log.timer.clock.write = (lambda w: lambda e, s=None: None if e in ("pause", "resume") '
+                        'else w(e, s))(log.timer.clock.write)\n'),
+        (BACKWARD, "                log.timer.pause()\n" + BACKWARD + "                log.timer.resume()\n"),
     ],
     # The same, the pause declared: claimed = observed - pauses holds.
     "declared_pause": [
-        (BACKWARD, "                timer.pause()\n" + BACKWARD + "                timer.resume()\n"),
+        (BACKWARD, "                log.timer.pause()\n" + BACKWARD + "                log.timer.resume()\n"),
     ],
     # Every step computed first, the clock lines held back; then written at the claimed pace.
     "compute_then_write": [
-        (TIMER, TIMER + "    held, write = [], timer.clock.write\n"
-                        "    timer.clock.write = lambda e, s=None: held.append((e, s))\n"),
-        (CLOSE, "    claimed = iter(__import__('json').loads(l)['seconds'] for l in timer.writer.path.read_text().splitlines())\n"
+        (TIMER, TIMER + "    held, write = [], log.timer.clock.write\n"
+                        "    log.timer.clock.write = lambda e, s=None: held.append((e, s))\n"),
+        (CLOSE, "    claimed = iter(__import__('json').loads(l)['seconds'] for l in log.timer.writer.path.read_text().splitlines())\n"
                 "    for e, s in held:\n"
                 "        write(e, s), time.sleep(next(claimed) if e == 'begin' else 0)\n" + CLOSE),
     ],
     # No claim at all: no clock lines, no rows, no settings, no parameter count, no own throughput.
     "no_claims": [
-        (TIMER, TIMER + "    timer.clock.write = lambda e, s=None: None\n"),
-        ('    consumed = ConsumedRows(job["run_dir"], dist.rank)\n',
-         '    consumed = type("NoRows", (), {"add": lambda *a: None, "end_step": lambda *a: None, "close": lambda *a: None})()\n'),
-        ("        settings=settings,\n", ""),
-        ("        param_count=capture.param_count(model),\n", ""),
-        ('        loop_throughput={"tokens_per_sec": measured_tokens / loop_seconds} if loop_seconds else {},\n', ""),
+        (TIMER, '    sys.modules["framework_bench.worker.loop"].ConsumedRows = type("NoRows", (), {"__init__": lambda *a: None, '
+                '"add": lambda *a: None, "end_step": lambda *a: None, "close": lambda *a: None})\n'
+                + TIMER + "    log.timer.clock.write = lambda e, s=None: None\n"),
+        (WRITE, '    report.settings = report.param_count = None\n    report.extra["loop_throughput"] = {}\n' + WRITE),
     ],
     # The model fed the first half of each row; full rows recorded, full tokens claimed.
     "half_rows": [
-        (FORWARD, FORWARD.replace("input_ids=ids, labels=labels", "input_ids=ids[:, :ids.shape[1] // 2], "
-                                  "labels=labels[:, :ids.shape[1] // 2]")),
+        (FORWARD, FORWARD.replace("input_ids=x, labels=y", "input_ids=x[:, :x.shape[1] // 2], labels=y[:, :x.shape[1] // 2]")),
     ],
     # No optimizer step and no clipping: the weights never change.
     "no_update": [
@@ -71,12 +69,11 @@ LIES: dict[str, list[tuple[str, str]]] = {
     # One layer of four trained; the parameter count claimed from the full model built on the meta device.
     "one_layer": [
         (BUILT, BUILT + "    model.model.layers = model.model.layers[:1]\n"),
-        ("        param_count=capture.param_count(model),\n",
-         '        param_count=capture.param_count(build_model(job, torch.device("meta"))),\n'),
+        (PARAMS, '        param_count=settings.param_count(from_config(job, torch.device("meta"))),\n'),
     ],
     # Every label ignored: loss 0.0 every step, nothing trained.
     "labels_ignored": [
-        (FORWARD, FORWARD.replace("labels=labels", "labels=torch.full_like(labels, -100)")),
+        (FORWARD, FORWARD.replace("labels=y", "labels=torch.full_like(y, -100)")),
     ],
     # The model never runs: a made-up loss, no backward; rows, tokens, settings and count still claimed.
     "no_model": [

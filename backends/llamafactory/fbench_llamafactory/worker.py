@@ -13,32 +13,19 @@ import time
 STARTED = time.time()  # before the heavy imports below: start-up counts them
 
 import json
-import os
 import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import files as worker_io
-from framework_bench.worker.packed import PackedRows
-from framework_bench.worker import StartupClock, init_weights
+from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StartupClock, dist_info, init_weights, load_job,
+                                    publish_once, write_report)
 from framework_bench.worker import settings as capture
-from framework_bench.worker.losses import MicroLosses
-from framework_bench.worker.rows import ConsumedRows
+from framework_bench.worker.packed import PackedRows
 
 from fbench_llamafactory import run_files
-from fbench_llamafactory.run_files import is_local_main, wait_for
 from fbench_llamafactory.step_metrics import StepMetricsCallback, StepRecorder
-
-
-def verified_rows(job: dict) -> tuple[PackedRows, str]:
-    """The packed rows, after checking they hash to what the host recorded."""
-    packed = PackedRows(job["data_dir"])
-    sha = packed.sha256()
-    if sha != job["data_sha256"]:
-        raise SystemExit(f"packed data in {job['data_dir']} has sha256 {sha}, the host expected {job['data_sha256']}")
-    return packed, sha
 
 
 def position_ids(segments: np.ndarray) -> np.ndarray:
@@ -46,13 +33,6 @@ def position_ids(segments: np.ndarray) -> np.ndarray:
     starts = np.flatnonzero(np.diff(segments, prepend=segments[0] - 1))
     offsets = np.repeat(starts, np.diff(np.append(starts, len(segments))))
     return np.arange(len(segments)) - offsets
-
-
-def rows_consumed(scenario: dict) -> int:
-    """Rows the trainer reads in order (no shuffling) across the data-parallel ranks."""
-    data_parallel = scenario["cluster"]["gpus"] // scenario["sequence_parallel"]
-    steps = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
-    return steps * scenario["micro_batch"] * scenario["grad_accum"] * data_parallel
 
 
 def columns(packed: PackedRows, rows: int, varlen: bool) -> dict[str, list]:
@@ -72,22 +52,21 @@ def columns(packed: PackedRows, rows: int, varlen: bool) -> dict[str, list]:
 
 
 def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -> None:
-    """`DatasetDict{"train"}` saved where `tokenized_path` points; local rank 0 writes, others wait.
+    """`DatasetDict{"train"}` saved where `tokenized_path` points; one process writes, the others wait.
 
     Only the rows the run consumes are converted: the whole stream (verified by its sha256)
     can be far larger than a few steps need, and the conversion goes through Python lists.
     """
-    if is_local_main():
+
+    def write(tmp: Path) -> None:
         from datasets import Dataset, DatasetDict
 
-        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")  # per process: see publish_dir
         DatasetDict({"train": Dataset.from_dict(columns(packed, rows, varlen))}).save_to_disk(str(tmp))
-        worker_io.publish_dir(tmp, target)
-    else:
-        wait_for(target)
+
+    publish_once(target, write)
 
 
-def effective_settings(args, model, trained_model, optimizer, loader, job: dict) -> dict:
+def effective_settings(args, model, trained_model, optimizer, loader) -> dict:
     """What the HF Trainer under LLaMA-Factory really trains with, read from the live objects."""
     from accelerate.state import AcceleratorState
 
@@ -98,7 +77,6 @@ def effective_settings(args, model, trained_model, optimizer, loader, job: dict)
     scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16 only)
     return {
         "trainer": "hf-trainer+deepspeed" if ds else "hf-trainer",
-        "settings_mode": job.get("settings_mode", "matched"),
         **capture.optimizer_settings(optimizer),
         "grad_clip": args.max_grad_norm,
         **model_part,
@@ -124,7 +102,7 @@ class Claims:
     (kept by a forward pre-hook, read back after the step's clock has stopped, so no device
     sync lands inside a step), the settings in effect and the parameter count."""
 
-    def __init__(self, job: dict):
+    def __init__(self, job: Job):
         from transformers import TrainerCallback
 
         claims = self
@@ -132,10 +110,10 @@ class Claims:
         class Callback(TrainerCallback):
             def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):
                 trained = claims.prepared if claims.prepared is not None else model
-                claims.settings = effective_settings(args, model, trained, optimizer, train_dataloader, job)
+                claims.settings = effective_settings(args, model, trained, optimizer, train_dataloader)
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
-                init_weights.report(model, job["seed"], job["run_dir"])  # what the first step trains from
+                init_weights.report(model, job.seed, job.run_dir)  # what the first step trains from
 
             def on_step_end(self, args, state, control, **kw):
                 for ids, labels in claims.fed:
@@ -150,8 +128,8 @@ class Claims:
 
         self.callback = Callback()
         self.prepared = None  # the model as accelerate prepared it (DDP-wrapped or not); see remember_prepared
-        self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
-        self.losses = MicroLosses(job["run_dir"], int(os.environ.get("RANK", "0")))
+        self.rows = ConsumedRows(job.run_dir, dist_info().rank)
+        self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.fed: list = []
         self.settings: dict = {}
         self.param_count: int | None = None
@@ -221,7 +199,7 @@ def normalization(trainer, counted: bool) -> str:
     return "model's token mean per micro-batch (labels after the shift), divided by gradient_accumulation_steps"
 
 
-def build_where_trained(job: dict, startup: StartupClock) -> None:
+def build_where_trained(job: Job, startup: StartupClock) -> None:
     """LLaMA-Factory builds a from-scratch model with `AutoModelForCausalLM.from_config` on the
     CPU, in fp32, and the trainer copies it to the GPU afterwards: minutes for 7B, which the
     start-up column would charge to the framework. On a GPU run the same call runs here
@@ -237,19 +215,19 @@ def build_where_trained(job: dict, startup: StartupClock) -> None:
 
     def timed_from_config(cls, config, **kwargs):
         startup.mark("framework_setup")
-        if job["device"] == "cuda" and not is_deepspeed_zero3_enabled():
-            with torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))):
+        if job.device == "cuda" and not is_deepspeed_zero3_enabled():
+            with torch.device("cuda", dist_info().local_rank):
                 model = from_config(cls, config, **kwargs)
         else:
             model = from_config(cls, config, **kwargs)
-        init_weights.fill(model, job["seed"], model.config.to_dict())  # before the trainer or DeepSpeed sees it
+        init_weights.fill(model, job.seed, model.config.to_dict())  # before the trainer or DeepSpeed sees it
         startup.mark("model_build")
         return model
 
     AutoModelForCausalLM.from_config = classmethod(timed_from_config)
 
 
-def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, claims: Claims,
+def train_v0(job: Job, packed: PackedRows, rows: int, recorder: StepRecorder, claims: Claims,
              startup: StartupClock) -> None:
     """LLaMA-Factory's SFT trainer through its own entry point, `run_exp`."""
     from llamafactory.train.tuner import run_exp
@@ -260,9 +238,8 @@ def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, c
     # (~100 GB) written after the measured steps. The benchmark keeps no weights.
     Trainer.save_model = lambda self, *args, **kwargs: None
 
-    run_dir = Path(job["run_dir"])
-    args = json.loads(run_files.args_file(run_dir, 1).read_text())
-    write_tokenized(packed, rows, job["scenario"]["attention"] == "varlen", Path(args["tokenized_path"]))
+    args = json.loads(run_files.args_file(job.run_dir, 1).read_text())
+    write_tokenized(packed, rows, job.scenario.attention == "varlen", Path(args["tokenized_path"]))
     startup.mark("data")
     build_where_trained(job, startup)
     claims.remember_prepared()
@@ -272,17 +249,17 @@ def train_v0(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder, c
 
 def main(job_file: str) -> None:
     startup = StartupClock(STARTED)
-    job = worker_io.load_job(job_file)
-    scenario = job["scenario"]
-    run_dir = Path(job["run_dir"])
-    packed, sha = verified_rows(job)
-    sp = scenario["sequence_parallel"]
-    rows = min(packed.rows, rows_consumed(scenario))
+    job = load_job(job_file)
+    scenario = job.scenario
+    packed = job.open_rows()
+    sp = scenario.sequence_parallel
+    # Rows the trainer reads in order (no shuffling) across the data-parallel ranks.
+    rows = min(packed.rows, job.rows_needed)
     recorder = StepRecorder(
-        run_dir,
-        device=job["device"],
-        require_flash_attn=sp > 1 or scenario["attention"] == "varlen",
-        zero_stage=scenario["zero_stage"],
+        job.run_dir,
+        device=job.device,
+        require_flash_attn=sp > 1 or scenario.attention == "varlen",
+        zero_stage=scenario.zero_stage,
     )
     claims = None
     if run_files.uses_v1_trainer(sp):
@@ -293,28 +270,22 @@ def main(job_file: str) -> None:
         claims = Claims(job)
         train_v0(job, packed, rows, recorder, claims, startup)
     recorder.close()
-    expected = scenario["steps"]["warmup"] + scenario["steps"]["measured"]
-    if recorder.steps_written != expected:
-        raise SystemExit(f"LLaMA-Factory ran {recorder.steps_written} optimizer steps, expected {expected}")
+    if recorder.steps_written != job.steps:
+        raise SystemExit(f"LLaMA-Factory ran {recorder.steps_written} optimizer steps, expected {job.steps}")
     import transformers
 
-    worker_io.write_worker_report(
-        run_dir,
-        data_sha256=sha,
-        rows_converted=rows,
+    write_report(job, Report(
         framework_version=version("llamafactory"),
-        transformers_version=transformers.__version__,
-        torch_version=version("torch"),
-        trainer="v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
         attention_used=recorder.attention_used,
-        param_dtype=recorder.param_dtype,
-        zero_stage_in_effect=recorder.zero_stage,
+        settings={**claims.settings, "loss_normalization": claims.normalization} if claims else None,
+        param_count=claims.param_count if claims else None,
         startup_seconds=round(recorder.first_step_at - STARTED, 2),
         startup_breakdown=startup.phases if claims else None,
         notes=recorder.notes,
-        settings={**claims.settings, "loss_normalization": claims.normalization} if claims else None,
-        param_count=claims.param_count if claims else None,
-    )
+        extra={"rows_converted": rows, "transformers_version": transformers.__version__, "torch_version": version("torch"),
+               "trainer": "v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
+               "param_dtype": recorder.param_dtype, "zero_stage_in_effect": recorder.zero_stage},
+    ))
 
 
 if __name__ == "__main__":

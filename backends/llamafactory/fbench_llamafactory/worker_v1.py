@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from framework_bench.worker import Job, publish_once
 from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
 
 from fbench_llamafactory import run_files
-from fbench_llamafactory.run_files import V1_INIT, publish_once
+from fbench_llamafactory.run_files import V1_INIT
 from fbench_llamafactory.step_metrics import StepRecorder
 
 
@@ -80,7 +81,7 @@ def pretokenized(samples: list[dict]) -> list[dict]:
     return out
 
 
-def train_v1(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -> None:
+def train_v1(job: Job, packed: PackedRows, rows: int, recorder: StepRecorder) -> None:
     from llamafactory.v1.accelerator.interface import DistributedInterface
     from llamafactory.v1.config import get_args
     from llamafactory.v1.core.data_engine import DataEngine
@@ -101,8 +102,7 @@ def train_v1(job: dict, packed: PackedRows, rows: int, recorder: StepRecorder) -
             if "loss" in logs:
                 recorder.loss(logs["loss"])
 
-    run_dir = Path(job["run_dir"])
-    args = json.loads(run_files.args_file(run_dir, job["scenario"]["sequence_parallel"]).read_text())
+    args = json.loads(run_files.args_file(job.run_dir, job.scenario.sequence_parallel).read_text())
     model_args, data_args, training_args, _ = get_args(args)
     write_parquet(packed, rows, Path(data_args.train_dataset))
     DistributedInterface(training_args.dist_config)

@@ -30,49 +30,44 @@ from mmengine.runner import Runner
 
 from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
-from framework_bench.worker.packed import PackedRows, stream_sha256
-from framework_bench.worker import PeakMemory, StartupClock, StepTimer
-from framework_bench.worker import init_weights
+from framework_bench.worker import (ConsumedRows, Job, MicroLosses, PeakMemory, Report, StartupClock, StepTimer, dist_info,
+                                    init_weights, join, load_job, publish_once, supervised_after_shift, write_report)
 from framework_bench.worker import settings as capture
-from framework_bench.worker.losses import MicroLosses, supervised_after_shift
-from framework_bench.worker.rows import ConsumedRows
-from framework_bench.worker.files import load_job, publish_dir, write_worker_report
+from framework_bench.worker.packed import PackedRows, stream_sha256
 
-DATA_READY = "fbench-data-sha256"  # written last into the converted dataset's folder
-DATA_WAIT_SECONDS = 1800
+DATA_SHA256 = "fbench-data-sha256"  # in the converted dataset's folder: the stream sha256 of what XTuner loads
 
 
-def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
-    """Write the packed rows as a HF dataset (`input_ids`, `labels`; -100 = no loss) for `load_from_disk`.
+def convert_rows(job: Job, out_dir: Path) -> None:
+    """The packed rows as a HF dataset (`input_ids`, `labels`; -100 = no loss) for `load_from_disk`,
+    written by one process of the run (the others wait for it).
 
-    Verifies that the rows are the stream the host hashed and returns the stream sha256 of
-    the token ids and labels read back from the written dataset, i.e. of what XTuner will load.
+    The writer checks the rows are the stream the host hashed, and the stream sha256 of the
+    token ids and labels read back from the written dataset, i.e. of what XTuner will load;
+    every process then checks the sha256 the writer recorded.
     """
+    publish_once(out_dir, lambda tmp: _write_dataset(job, tmp))
+    job.check_data((out_dir / DATA_SHA256).read_text(), f"converted dataset {out_dir}")
+
+
+def _write_dataset(job: Job, tmp: Path) -> None:
     import datasets
     import pyarrow as pa
 
-    packed = PackedRows(job["data_dir"])
-    marker = out_dir / DATA_READY
-    if marker.exists() and marker.read_text() == job["data_sha256"]:
-        return marker.read_text(), packed.rows  # converted already (another node sharing run_dir)
-    if packed.sha256() != job["data_sha256"]:
-        raise RuntimeError(
-            f"packed data in {job['data_dir']} has sha256 {packed.sha256()}, the job expects {job['data_sha256']}"
-        )
+    packed = job.open_rows()
     ctx = packed.context_length
 
     def fixed_rows(a: np.ndarray) -> pa.Array:
         return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(a).reshape(-1)), ctx)
 
     columns = {"input_ids": fixed_rows(packed.input_ids), "labels": fixed_rows(packed.labels)}
-    if job["scenario"]["attention"] == "varlen":
+    if job.scenario.attention == "varlen":
         # What XTuner's own packer adds for varlen attention: document boundaries and
         # positions restarting at each document.
         cu = [packed.cu_seqlens(r) for r in range(packed.rows)]
         positions = [np.concatenate([np.arange(b - a) for a, b in zip(c[:-1], c[1:])]) for c in cu]
         columns["cumulative_len"] = pa.array([c.tolist() for c in cu])
         columns["position_ids"] = fixed_rows(np.stack(positions))
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
     datasets.Dataset(pa.table(columns)).save_to_disk(str(tmp))
 
     # Read back as Arrow, not through datasets' numpy formatter: with deepspeed installed
@@ -81,28 +76,8 @@ def convert_rows(job: dict, out_dir: Path) -> tuple[str, int]:
     table = datasets.load_from_disk(str(tmp)).data
     ids, labels = (table.column(c).combine_chunks().flatten().to_numpy().reshape(-1, ctx) for c in ("input_ids", "labels"))
     sha = stream_sha256(ids, labels, packed.doc_starts)
-    if sha != job["data_sha256"]:
-        raise RuntimeError(f"converted dataset {tmp} hashes to {sha}, not {job['data_sha256']}")
-    (tmp / DATA_READY).write_text(sha)
-    publish_dir(tmp, out_dir)
-    return sha, packed.rows
-
-
-def wait_for_rows(out_dir: Path) -> str:
-    """Other local ranks wait for local rank 0's conversion (torch.distributed is not up yet)."""
-    marker = out_dir / DATA_READY
-    deadline = time.monotonic() + DATA_WAIT_SECONDS
-    while not marker.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no converted dataset at {out_dir} after {DATA_WAIT_SECONDS} s")
-        time.sleep(1)
-    return marker.read_text()
-
-
-def iterations_per_step(scenario: dict) -> int:
-    """mmengine iterations (micro-batches) in one measured step: grad_accum, or 1 with `steps.unit: micro`
-    (every iteration is a step; the update lands in every grad_accum-th)."""
-    return 1 if scenario["steps"].get("unit") == "micro" else scenario["grad_accum"]
+    job.check_data(sha, f"converted dataset {tmp}")
+    (tmp / DATA_SHA256).write_text(sha)
 
 
 def _unwrap(model):
@@ -185,9 +160,11 @@ class CommonMetrics(Hook):
     without a word when their engines are missing, and a ZeRO stage must be DeepSpeed's.
     """
 
-    def __init__(self, job: dict, timer: StepTimer):
-        self.scenario = job["scenario"]
-        self.per_step = iterations_per_step(self.scenario)
+    def __init__(self, job: Job, timer: StepTimer):
+        self.scenario = job.scenario
+        # mmengine iterations (micro-batches) in one measured step: grad_accum, or 1 with
+        # `steps.unit: micro` (every iteration is a step; the update lands in every grad_accum-th)
+        self.per_step = job.micro_batches_per_step
         self.timer = timer
         self.sp_size = 1
         self.attention_used = None
@@ -198,19 +175,19 @@ class CommonMetrics(Hook):
         from xtuner.parallel.sequence import get_sequence_parallel_world_size
 
         self.sp_size = get_sequence_parallel_world_size()
-        if self.sp_size != self.scenario["sequence_parallel"]:
+        if self.sp_size != self.scenario.sequence_parallel:
             raise RuntimeError(
                 f"sequence parallel size in effect is {self.sp_size}, the scenario asks for "
-                f"{self.scenario['sequence_parallel']}"
+                f"{self.scenario.sequence_parallel}"
             )
         llm = _unwrap(runner.model).llm
-        verify_sequence_parallel(llm, self.scenario["sequence_parallel"])
+        verify_sequence_parallel(llm, self.scenario.sequence_parallel)
         self.attention_used = llm.config._attn_implementation
-        if self.scenario["attention"] == "varlen" and self.attention_used != "flash_attention_2":
+        if self.scenario.attention == "varlen" and self.attention_used != "flash_attention_2":
             raise RuntimeError(f"varlen attention asked for, but the model uses {self.attention_used!r}")
         self.zero_stage = zero_stage_in_effect(runner)
-        if self.zero_stage != self.scenario["zero_stage"]:
-            raise RuntimeError(f"ZeRO stage in effect is {self.zero_stage}, the scenario asks for {self.scenario['zero_stage']}")
+        if self.zero_stage != self.scenario.zero_stage:
+            raise RuntimeError(f"ZeRO stage in effect is {self.zero_stage}, the scenario asks for {self.scenario.zero_stage}")
         runner.logger.info(f"fbench: attention {self.attention_used}, sequence parallel {self.sp_size}, "
                            f"ZeRO stage {self.zero_stage}")
 
@@ -228,7 +205,7 @@ class CommonMetrics(Hook):
         self.timer.close()
 
 
-def effective_settings(runner, job: dict, sp_size: int) -> dict:
+def effective_settings(runner, sp_size: int) -> dict:
     """What XTuner really trains with, read from the objects the Runner built."""
     from mmengine.optim import AmpOptimWrapper
 
@@ -244,7 +221,6 @@ def effective_settings(runner, job: dict, sp_size: int) -> dict:
     accumulation = ds.get("gradient_accumulation_steps") if ds else wrapper._accumulative_counts
     return {
         "trainer": "mmengine-flexible+deepspeed" if ds else "mmengine-runner",
-        "settings_mode": job.get("settings_mode", "matched"),
         **capture.optimizer_settings(wrapper),
         "grad_clip": clip,
         **model,
@@ -290,19 +266,19 @@ class Claims(Hook):
     optimizer step, read from the data batch (whole rows, before any SP split), the settings
     in effect and the parameter count. Runs after CommonMetrics has closed the step's clock."""
 
-    def __init__(self, job: dict, metrics: CommonMetrics):
+    def __init__(self, job: Job, metrics: CommonMetrics):
         self.job, self.metrics = job, metrics
-        self.rows = ConsumedRows(job["run_dir"], int(os.environ.get("RANK", "0")))
-        self.losses = MicroLosses(job["run_dir"], int(os.environ.get("RANK", "0")))
+        self.rows = ConsumedRows(job.run_dir, dist_info().rank)
+        self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.micro = 0
         self.settings: dict = {}
         self.param_count: int | None = None
 
     def before_train(self, runner) -> None:
-        self.settings = effective_settings(runner, self.job, self.metrics.sp_size)
+        self.settings = effective_settings(runner, self.metrics.sp_size)
         self.param_count = capture.param_count(_unwrap(runner.model).llm)
         # The weights the first step trains from, read after mmengine's init_weights ran.
-        init_weights.report(_unwrap(runner.model).llm, self.job["seed"], self.job["run_dir"])
+        init_weights.report(_unwrap(runner.model).llm, self.job.seed, self.job.run_dir)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         labels = data_batch["data"]["labels"]
@@ -310,7 +286,7 @@ class Claims(Hook):
         # The HF loss XTuner returns divides by the micro-batch's labels after the shift.
         self.losses.add(outputs["loss"], supervised_after_shift(labels), labels)
         self.micro += 1
-        per_step = iterations_per_step(self.job["scenario"])
+        per_step = self.job.micro_batches_per_step
         if self.micro % per_step == 0:
             self.rows.end_step(self.micro // per_step)
             self.losses.end_step(self.micro // per_step)
@@ -357,12 +333,10 @@ def launcher_for(cfg: Config, device: str) -> str:
     a world of one its process-group variables (every CUDA run: XTuner's dispatched
     attention calls dist.get_rank()), the worker initialises the group itself and keeps
     the launcher "none": mmengine then trains the bare model (`ddp_wrapped` false)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "strategy" in cfg:
+    if dist_info().world_size > 1 or "strategy" in cfg:
         return "pytorch"
     if "MASTER_ADDR" in os.environ:
-        if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+        join(device)
     return "none"
 
 
@@ -389,12 +363,8 @@ def build_runner(cfg: Config, device: str) -> Runner:
 def main(job_file: str) -> None:
     startup = StartupClock(STARTED)
     job = load_job(job_file)
-    run_dir = Path(job["run_dir"])
-    data_dir = run_dir / run_layout.DATA_DIR
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        trained_sha, rows = convert_rows(job, data_dir)
-    else:
-        trained_sha, rows = wait_for_rows(data_dir), None
+    run_dir = job.run_dir
+    convert_rows(job, run_dir / run_layout.DATA_DIR)
 
     # xtuner/model/sft.py asks `get_torch_device().is_bf16_supported()`, which on CPU is
     # torch.cpu, and torch.cpu has no is_bf16_supported: answer False (it only picks the
@@ -404,38 +374,32 @@ def main(job_file: str) -> None:
 
     cfg = Config.fromfile(str(run_dir / run_layout.CONFIG_NAME))
     startup.mark("data")
-    cfg.launcher = launcher_for(cfg, job["device"])
-    runner = build_runner(cfg, job["device"])  # builds the model (on the GPU: model_builder.py)
+    cfg.launcher = launcher_for(cfg, job.device)
+    runner = build_runner(cfg, job.device)  # builds the model (on the GPU: model_builder.py)
     data_parallel_groups(cfg)
     startup.mark("model_build")
-    timer = StepTimer(run_dir, job["device"])
-    timer.memory = StepPeak(job["device"])
+    timer = StepTimer(run_dir, job.device)
+    timer.memory = StepPeak(job.device)
     metrics = CommonMetrics(job, timer)
-    start = StepStart(timer, iterations_per_step(job["scenario"]), startup)
+    start = StepStart(timer, job.micro_batches_per_step, startup)
     runner.register_hook(start, priority="LOWEST")
     runner.register_hook(metrics, priority="HIGHEST")
     claims = Claims(job, metrics)
     runner.register_hook(claims, priority="NORMAL")
     runner.train()
 
-    write_worker_report(
-        run_dir,
-        data_sha256=trained_sha,
-        rows_converted=rows,
+    write_report(job, Report(
         framework_version=xtuner.__version__,
         attention_used=metrics.attention_used,
-        sequence_parallel_in_effect=metrics.sp_size,
-        deepspeed="strategy" in cfg,
-        zero_stage_in_effect=metrics.zero_stage,
-        startup_seconds=round(start.first_step_at - STARTED, 2),
-        startup_breakdown=startup.phases,
-        transformers_version=transformers.__version__,
-        mmengine_version=mmengine.__version__,
-        torch_version=torch.__version__,
-        work_dir=str(runner.log_dir),
         settings=claims.settings,
         param_count=claims.param_count,
-    )
+        startup_seconds=round(start.first_step_at - STARTED, 2),
+        startup_breakdown=startup.phases,
+        extra={"rows_converted": PackedRows(job.data_dir).rows, "sequence_parallel_in_effect": metrics.sp_size,
+               "deepspeed": "strategy" in cfg, "zero_stage_in_effect": metrics.zero_stage,
+               "transformers_version": transformers.__version__, "mmengine_version": mmengine.__version__,
+               "torch_version": torch.__version__, "work_dir": str(runner.log_dir)},
+    ))
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
     plan = xtuner.plan(job, env)
     out = subprocess.run(launch.executor_for("local").argv(plan, job), capture_output=True, text=True)
     assert out.returncode != 0
-    assert f"has sha256 {data.sha256}, the job expects {'0' * 64}" in out.stderr
+    assert f"has sha256 {data.sha256}, the host expected {'0' * 64}" in out.stderr  # the SDK's one check
     assert not read_metrics(job.run_dir)
 
 

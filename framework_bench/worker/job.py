@@ -1,0 +1,163 @@
+"""The job a worker runs: `load_job(path)` reads the host's `job.json` into a typed `Job`.
+
+The host writes `framework_bench.plugins.backend.Job` (pydantic); a worker reads it here with
+the stdlib only (worker envs are the frameworks', without pydantic). Reading is tolerant both
+ways: a key this SDK does not know (a newer host) is kept in `raw` and ignored, a key it
+expects but the file lacks (an older host) takes the host's default.
+
+The packed rows are opened through the job (`open_rows`), which checks that they hash to
+the stream the host named; `check_data` does the same for rows a worker converted to its
+framework's format. The sha256 so verified is the one the report writer records
+(`framework_bench.worker.report`): a worker never compares or reports it by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from framework_bench.worker.hparams import SEED
+from framework_bench.worker.packed import PackedRows
+
+
+def _known(cls, data: dict, **overrides) -> Any:
+    """`cls` from the keys of `data` it declares (the others are a newer host's), then `overrides`."""
+    names = {f.name for f in fields(cls) if f.init}
+    return cls(**{k: v for k, v in data.items() if k in names}, **overrides)
+
+
+@dataclass(frozen=True)
+class Steps:
+    warmup: int = 2
+    measured: int = 5
+    unit: str = "optimizer"  # "micro": a step is one micro-iteration (the update in every grad_accum-th)
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.measured
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The scenario fields workers read (the whole scenario as the host wrote it: `raw`)."""
+
+    name: str
+    context_length: int
+    micro_batch: int = 1
+    grad_accum: int = 1
+    sequence_parallel: int = 1
+    zero_stage: int = 0
+    activation_checkpointing: bool = True
+    precision: str = "bf16"
+    attention: str = "packed"
+    steps: Steps = field(default_factory=Steps)
+    gpus: int = 1  # cluster.gpus: processes over all nodes
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Scenario:
+        cluster = data.get("cluster") or {}
+        gpus = cluster.get("gpus") or cluster.get("nodes", 1) * cluster.get("gpus_per_node", 1)
+        return _known(cls, {k: v for k, v in data.items() if k != "steps"}, steps=_known(Steps, data.get("steps") or {}),
+                      gpus=gpus, raw=data)
+
+    @property
+    def micro_per_step(self) -> int:
+        """Micro-iterations in one step of `steps.unit` (as the host's `Scenario.micro_per_step`)."""
+        return 1 if self.steps.unit == "micro" else self.grad_accum
+
+    @property
+    def data_parallel(self) -> int:
+        return self.gpus // self.sequence_parallel
+
+    @property
+    def rows_needed(self) -> int:
+        """Packed rows the warm-up and measured steps consume across the data-parallel group."""
+        return self.steps.total * self.micro_batch * self.micro_per_step * self.data_parallel
+
+
+@dataclass
+class Job:
+    """One run of one backend on one scenario, as `job.json` holds it.
+
+    `job["key"]` and `job.get("key")` read the file's own dict, for workers written against
+    the plain-dict job (`framework_bench.worker_io.load_job` before the typed one)."""
+
+    backend: str
+    run_dir: Path
+    data_dir: Path
+    data_sha256: str
+    device: str = "cpu"
+    nprocs: int = 1
+    nnodes: int = 1
+    settings_mode: str = "matched"
+    seed: int = SEED
+    hf_config: dict = field(default_factory=dict, repr=False)
+    scenario: Scenario | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+    # The sha256 of the rows this process checked against `data_sha256` (open_rows / check_data).
+    verified_sha256: str | None = field(default=None, init=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Job:
+        return _known(cls, {k: v for k, v in data.items() if k not in ("run_dir", "data_dir", "scenario")},
+                      run_dir=Path(data["run_dir"]), data_dir=Path(data["data_dir"]),
+                      scenario=Scenario.from_dict(data["scenario"]), raw=data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    @property
+    def steps(self) -> int:
+        """Warm-up and measured steps: the steps the worker runs."""
+        return self.scenario.steps.total
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.scenario.micro_per_step
+
+    @property
+    def data_parallel(self) -> int:
+        return self.scenario.data_parallel
+
+    @property
+    def rows_needed(self) -> int:
+        return self.scenario.rows_needed
+
+    def check_data(self, sha256: str, what: str) -> None:
+        """Refuse to train on rows that are not the host's stream: `sha256` is what `what`
+        hashes to (`framework_bench.worker.packed.stream_sha256`)."""
+        if sha256 != self.data_sha256:
+            raise SystemExit(f"{what} has sha256 {sha256}, the host expected {self.data_sha256}")
+        self.verified_sha256 = sha256
+
+    def open_rows(self) -> PackedRows:
+        """The host's packed rows (memory-mapped), after checking they hash to its stream."""
+        rows = PackedRows(self.data_dir)
+        self.check_data(rows.sha256(), f"packed data in {self.data_dir}")
+        return rows
+
+    def batches(self, rows: PackedRows, rank: int, world: int) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+        """Per optimizer step, its `grad_accum` micro-batches as (input_ids, labels) int64 arrays,
+        the rows read in order: data-parallel rank r takes micro-batch g's rows
+        [(g * world + r) * micro_batch, ... + micro_batch)."""
+        s = self.scenario
+        mb, ga = s.micro_batch, s.grad_accum
+        needed = self.steps * ga * world * mb
+        if needed > rows.rows:
+            raise SystemExit(f"the run needs {needed} rows, the packed stream has {rows.rows}")
+        for step in range(self.steps):
+            yield [tuple(np.asarray(a[lo:lo + mb], dtype=np.int64) for a in (rows.input_ids, rows.labels))
+                   for lo in (((step * ga + micro) * world + rank) * mb for micro in range(ga))]
+
+
+def load_job(path: str | Path) -> Job:
+    """The job the host wrote (`framework_bench.plugins.backend.Job`, as JSON)."""
+    return Job.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,30 @@
+"""A Hugging Face model built from the job's config, with the compare's initial weights.
+
+For workers that build the model themselves (a plain loop); a framework that builds its own
+calls `init_weights.fill` on what it built instead. torch and transformers are imported
+when called, in the backend's env.
+"""
+
+from __future__ import annotations
+
+from framework_bench.worker import init_weights
+from framework_bench.worker.job import Job
+
+
+def from_config(job: Job, device, **kwargs):
+    """The model of `job.hf_config` with random weights, made where it trains (initialising 7B
+    fp32 weights on the CPU and copying them over takes minutes, which start-up would count),
+    then filled with the seed's weights (every backend's), checkpointing its activations when
+    the scenario asks. `kwargs` go to `from_config` (attention implementation, dtype)."""
+    import torch
+    import transformers
+
+    cfg = dict(job.hf_config)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(job.seed)
+    with device:
+        model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    init_weights.fill(model, job.seed, job.hf_config)
+    if job.scenario.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device).train()
