@@ -25,23 +25,36 @@
 The file formats (metrics, worker report) are in `framework_bench.worker.files`, the
 packed rows in `framework_bench.worker.packed`. CONTRIBUTING.md shows a complete worker on this.
 
-Stdlib + numpy at import time; torch is imported lazily inside the helpers that need it,
+Stdlib + numpy at import time (each name on first use); torch is imported lazily inside the helpers that need it,
 so the host can import this package too (it never calls the torch parts).
 """
 
-from framework_bench.worker import settings
-from framework_bench.worker.dist import DistInfo, dist_info, join, leave, sync
-from framework_bench.worker.hparams import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, SEED, WEIGHT_DECAY
-from framework_bench.worker.job import Job, load_job
-from framework_bench.worker.loop import StepLog
-from framework_bench.worker.losses import MicroLosses, supervised_after_shift
-from framework_bench.worker.publish import publish_once, wait_for
-from framework_bench.worker.report import Report, write_report
-from framework_bench.worker.rows import ConsumedRows
-from framework_bench.worker.startup import StartupClock
-from framework_bench.worker.steps import PeakMemory, StepTimer
+import importlib
 
-__all__ = ["ADAM_BETAS", "ADAM_EPS", "LEARNING_RATE", "MAX_GRAD_NORM", "SEED", "WEIGHT_DECAY", "ConsumedRows",
-           "DistInfo", "Job", "MicroLosses", "PeakMemory", "Report", "StartupClock", "StepLog", "StepTimer", "dist_info",
-           "join", "leave", "load_job", "publish_once", "settings", "supervised_after_shift", "sync",
-           "wait_for", "write_report"]
+# Where each name lives. Loaded on first use (PEP 562): the host's CLI reads `SEED` from
+# `worker.hparams` for its `--seed` default, and `fbench --help` must not pay for numpy.
+_HOMES = {
+    "settings": None,
+    "DistInfo": "dist", "dist_info": "dist", "join": "dist", "leave": "dist", "sync": "dist",
+    "ADAM_BETAS": "hparams", "ADAM_EPS": "hparams", "LEARNING_RATE": "hparams", "MAX_GRAD_NORM": "hparams",
+    "SEED": "hparams", "WEIGHT_DECAY": "hparams",
+    "Job": "job", "load_job": "job",
+    "StepLog": "loop",
+    "MicroLosses": "losses", "supervised_after_shift": "losses",
+    "publish_once": "publish", "wait_for": "publish",
+    "Report": "report", "write_report": "report",
+    "ConsumedRows": "rows",
+    "StartupClock": "startup",
+    "PeakMemory": "steps", "StepTimer": "steps",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = _HOMES[name]
+    module = importlib.import_module(f"{__name__}.{home or name}")
+    value = module if home is None else getattr(module, name)
+    globals()[name] = value
+    return value
