@@ -138,3 +138,26 @@ def test_slurm_submit_and_collect_keep_the_hook_guarantees(cluster, fakes, tmp_p
     row = _rows(db)["fake_plan_writes_job"]
     assert row["status"] == "ok", row["reason"]
     _is_the_hosts(row["run_dir"], "fake_plan_writes_job", "tiny_cpu")
+
+
+def _seed_of(run_dir) -> int:
+    return json.loads((Path(run_dir) / "job.json").read_text())["seed"]
+
+
+def test_the_seed_reaches_the_workers_job_on_every_path(cluster, fakes, tmp_path):
+    """`--seed` is the job's, not only the row's: before, every worker got the default 1024."""
+    tiny = scenario.load("tiny_cpu")
+    d = pipeline.dry_run("fake_ok", tiny, RunOptions(seed=7, root=tmp_path), CPU)
+    assert _seed_of(d.run_dir) == 7
+    r = pipeline.run_one("fake_ok", tiny, RunOptions(seed=7, root=tmp_path), machine=CPU)
+    assert r.status == "ok" and r.seed == 7 and _seed_of(r.run_dir) == 7
+    db = tmp_path / "r.sqlite"
+    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--launcher", "slurm",
+                  "--seed", "7", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    deadline = time.monotonic() + 300
+    while "fake_ok" not in _rows(db):
+        assert _invoke("results", "collect", "--db", str(db)).exit_code == 0 and time.monotonic() < deadline
+        time.sleep(1)
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "ok" and row["seed"] == 7 and _seed_of(row["run_dir"]) == 7, row

@@ -151,11 +151,12 @@ def open_store(db: Path | None, read_only: bool = False):
 def keep(store, result, scenario) -> None:
     """Store one run's row, whatever happens: kept beside the store for the next command when
     the store cannot take it; printed as JSON on stderr, exit 1, when that fails too."""
-    from framework_bench.store import results
+    from framework_bench.run import orphans
     from framework_bench.run.interrupts import held
+    from framework_bench.store import results
     with held():  # a second Ctrl-C now must not lose this run's row
         try:
-            kept = results.save(store, result, scenario)
+            kept = orphans.save(store, result, scenario)
         except results.Unstored as e:
             print(e.record, file=sys.stderr)
             fail(f"{e}: the run is printed above as JSON")

@@ -28,7 +28,8 @@ def ingest(sub: Submission, state: JobState) -> RunResult:
     (none when that is unknown: the plan's target GPU may not be what the scheduler gave)."""
     job = Job.model_validate_json((sub.run_dir / "job.json").read_text())
     backend = plugins.get(sub.backend)
-    base = dict(backend=sub.backend, scenario=sub.scenario, framework_version=None, settings_mode=job.settings_mode)
+    base = dict(backend=sub.backend, scenario=sub.scenario, framework_version=None, settings_mode=job.settings_mode,
+                seed=job.seed)
     return pipeline.finish(backend, job, outcome_of(sub, state), base, node(sub)[1])
 
 

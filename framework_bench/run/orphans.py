@@ -16,7 +16,9 @@ import socket
 import time
 from pathlib import Path
 
+from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import Scenario
+from framework_bench.store import results
 
 HOST_FILE = "host.json"
 
@@ -43,6 +45,19 @@ def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, sett
 def release(run_dir: Path | None) -> None:
     if run_dir is not None:
         (Path(run_dir) / HOST_FILE).unlink(missing_ok=True)
+
+
+def save(store: results.ResultStore, result: RunResult, scenario: Scenario) -> Path | None:
+    """`results.save`, then the run's claim released: a row stored, kept beside the store, or
+    (`Unstored`) printed by the caller as JSON is no orphan, and no later command stores another.
+    Any other failure keeps the claim, so the next command stores the run as failed."""
+    try:
+        kept = results.save(store, result, scenario)
+    except results.Unstored:
+        release(result.run_dir)
+        raise
+    release(result.run_dir)
+    return kept
 
 
 def _host_alive(record: dict) -> bool:
@@ -98,8 +113,6 @@ def end_leftovers(run_dir: Path) -> int:
 
 def recover(root: Path) -> list[str]:
     """Store each run under `root` whose host died before storing it; one line for each."""
-    from framework_bench.store import results
-    from framework_bench.measure.metrics import RunResult
 
     lines = []
     for host_file in sorted(root.glob(f"*/{HOST_FILE}")):
@@ -127,7 +140,7 @@ def recover(root: Path) -> list[str]:
                                    settings_mode=record["settings_mode"], data_sha256=sha,
                                    reason=f"the fbench host (pid {record['pid']}) died {stage}")
                 with results.ResultStore(record["db"]) as store:
-                    kept = results.save(store, result, scenario)
+                    kept = save(store, result, scenario)
                 what += f": kept in {kept} for the next command" if kept else \
                     f": stored as failed result {result.result_id} in {record['db']}"
             except Exception as e:  # noqa: BLE001 - one damaged folder must not stop the others

@@ -94,7 +94,7 @@ def make_job(backend: str, scenario: Scenario, data: PackedData, machine: Machin
     run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
-               settings_mode=settings_mode)
+               settings_mode=settings_mode, seed=seed)
 
 
 def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = None, *,
@@ -370,7 +370,7 @@ def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = 
         env, verdict, reason = envs.inspect(backend.name, backend.info.env), None, str(e)
     root = options.root or runs_root() / "dry-run"
     data = pack(scenario, progress=False, say=lambda msg: None) if pack_data else _unpacked(scenario, root)
-    job = make_job(backend_name, scenario, data, machine, root, options.settings_mode)
+    job = make_job(backend_name, scenario, data, machine, root, options.settings_mode, seed=options.seed)
     job.write()
     executor = executor_for(options.launcher or default_launcher(job))
     try:
@@ -408,7 +408,7 @@ def submit(backend_name: str, scenario: Scenario, options: RunOptions | None = N
     options = options or RunOptions()
     backend = plugins.get(backend_name)
     machine = machine or detect()
-    base = dict(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode)
+    base = dict(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode, seed=options.seed)
     try:
         env, verdict = call_hook("fbench_check", verdicts.judge, backend, scenario, machine, force=options.force)
     except HookError as e:
@@ -420,7 +420,7 @@ def submit(backend_name: str, scenario: Scenario, options: RunOptions | None = N
     target = verdicts.target_machine(scenario, machine)
     time_ = estimate_time(scenario, target.gpu_name)
     data = pack(scenario, progress=False, say=lambda msg: None)
-    job = make_job(backend_name, scenario, data, machine, options.root, options.settings_mode)
+    job = make_job(backend_name, scenario, data, machine, options.root, options.settings_mode, seed=options.seed)
     job.write()
     try:
         plan = plan_for(backend, job, env)

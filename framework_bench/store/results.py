@@ -439,15 +439,14 @@ class Unstored(Exception):
 
 def save(store: "ResultStore", result: RunResult, scenario: Scenario) -> Path | None:
     """Store the run; when the store cannot take it, keep it in `unstored_dir` for the next
-    command and return that file. Raises `Unstored` when that fails too."""
-    from framework_bench.run import orphans
+    command and return that file. Raises `Unstored` when that fails too. The run's claim on
+    its folder is the run layer's to release (`framework_bench/run/orphans.py` `save`)."""
     try:
         manifest_ = manifest(result.backend)
     except Exception as e:  # noqa: BLE001 - a manifest is worth less than the row
         manifest_ = {"error": f"the manifest could not be read: {type(e).__name__}: {e}"}
     try:
         store.add(result, scenario, manifest_)
-        orphans.release(result.run_dir)
         return None
     except (sqlite3.Error, OSError, OverflowError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"
@@ -463,10 +462,8 @@ def save(store: "ResultStore", result: RunResult, scenario: Scenario) -> Path | 
     except OSError as e:
         with contextlib.suppress(OSError):  # no folder at all, or a file where it belongs
             tmp.unlink(missing_ok=True)
-        orphans.release(result.run_dir)  # the printed JSON is the row: no later command stores another
         raise Unstored(record, f"the results file {store.path} could not take the run ({error}), "
                                f"nor could {folder} ({e})") from None
-    orphans.release(result.run_dir)
     return path
 
 
