@@ -181,30 +181,39 @@ def test_step_log_records_every_claim_of_a_plain_loop(tmp_path):
     assert log.throughput()["tokens_per_sec"] > 0
 
 
-def _publish(target: str, log: str, barrier) -> None:
-    def write(tmp: Path) -> None:  # a folder, as a converted dataset is
+def _publish(target: str, log: str, barrier, kind: str) -> None:
+    def write(tmp: Path) -> None:  # a folder (a converted dataset) or one file (a parquet file)
         with open(log, "a") as fh:
             fh.write(f"{tmp.name}\n")
-        tmp.mkdir()
-        time.sleep(0.5)  # a slow writer: the other process must wait, not read half a folder
-        (tmp / "done").write_text("complete")
+        if kind == "folder":
+            tmp.mkdir()
+            time.sleep(0.5)  # a slow writer: the other process must wait, not read half a folder
+            (tmp / "done").write_text("complete")
+        else:
+            tmp.write_text("partial")
+            time.sleep(0.5)
+            tmp.write_text("complete")
 
     barrier.wait()
     publish_once(Path(target), write)
-    assert (Path(target) / "done").read_text() == "complete"
+    assert (Path(target) / "done" if kind == "folder" else Path(target)).read_text() == "complete"
 
 
-def test_publish_once_one_writer_across_two_processes_the_other_waits(tmp_path):
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_publish_once_one_writer_across_two_processes_the_other_waits(tmp_path, kind):
+    """Two nodes sharing a run folder (LLaMA-Factory's tokenized data, XTuner's converted set)."""
     target, log = tmp_path / "converted", tmp_path / "writers.log"
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
-    procs = [ctx.Process(target=_publish, args=(str(target), str(log), barrier)) for _ in range(2)]
+    procs = [ctx.Process(target=_publish, args=(str(target), str(log), barrier, kind)) for _ in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert len(log.read_text().splitlines()) == 1 and not list(tmp_path.glob("converted.tmp.*"))
+    writers = log.read_text().splitlines()
+    assert len(writers) == 1 and writers[0].startswith("converted.tmp.")  # pid-unique temp name
+    assert not list(tmp_path.glob("converted.tmp.*"))  # published by rename
     assert publish_once(target, lambda tmp: pytest.fail("wrote twice")) is False
     with pytest.raises(SystemExit, match="timed out waiting for .*never"):
         wait_for(tmp_path / "never", seconds=0.3)

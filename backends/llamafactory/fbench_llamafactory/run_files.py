@@ -1,13 +1,11 @@
 """Where things live in a LLaMA-Factory run folder; shared by the plugin (host) and the worker.
 
-Stdlib only (and the worker SDK's stdlib `publish_once`, which was here): imported on both sides.
+Stdlib only: imported on both sides. (`publish_once`, once here, is the worker SDK's now.)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from framework_bench.worker.publish import publish_once  # noqa: F401  (moved to the SDK; still importable from here)
 
 TRAIN_ARGS = "llamafactory_train.json"      # v0 `run_exp` arguments (also runnable by `llamafactory-cli train`)
 TRAIN_ARGS_V1 = "llamafactory_v1_train.json"  # v1 trainer arguments (sequence parallel)

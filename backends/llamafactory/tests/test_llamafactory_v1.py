@@ -4,9 +4,6 @@ initialised, one writer per shared run folder, and the KV-head refusal."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import time
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +13,7 @@ from backend_helpers import H100x8
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
 
-from fbench_llamafactory import run_files, train_args
+from fbench_llamafactory import train_args
 
 
 @pytest.fixture(scope="module")
@@ -54,38 +51,6 @@ def test_kv_heads_divisible_by_sp_pass(llamafactory):
         s = scenario.load(name)
         assert train_args.v1_kv_head_refusal(s) is None, name
         assert llamafactory.check(s, H100x8, _env()) is None, name
-
-
-def _node(target: str, log: str, barrier) -> None:
-    """One 'node': waits for the other, then publishes the same file into the shared folder."""
-    def write(tmp: Path) -> None:
-        with open(log, "a") as fh:
-            fh.write(f"{tmp.name}\n")
-        tmp.write_text("partial")
-        time.sleep(0.5)  # a slow writer: the other node must wait, not read half a file
-        tmp.write_text("complete")
-
-    barrier.wait()
-    run_files.publish_once(Path(target), write)
-    assert Path(target).read_text() == "complete"
-
-
-def test_one_writer_when_two_nodes_share_a_run_folder(tmp_path):
-    target, log = tmp_path / "train.parquet", tmp_path / "writers.log"
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2)
-    nodes = [ctx.Process(target=_node, args=(str(target), str(log), barrier)) for _ in range(2)]
-    for p in nodes:
-        p.start()
-    for p in nodes:
-        p.join(60)
-    assert [p.exitcode for p in nodes] == [0, 0]
-    writers = log.read_text().splitlines()
-    assert len(writers) == 1 and writers[0].startswith("train.parquet.tmp.")  # pid-unique temp name
-    assert target.read_text() == "complete"
-    assert not list(tmp_path.glob("train.parquet.tmp.*"))  # published by rename
-    # a later process finds it published and writes nothing
-    assert run_files.publish_once(target, lambda tmp: pytest.fail("wrote twice")) is False
 
 
 def test_v1_model_engine_builds_from_config_rank0_in_host_memory_others_on_meta(llamafactory, tmp_path):
