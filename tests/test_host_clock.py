@@ -1,7 +1,7 @@
 """The host's own clock (issue 20, item 1): each lie about time, told by a third-party
 backend that is the torch reference worker with a few lines changed (tests/lying_backends),
 ends `invalid` naming the check that caught it, while the honest copy ends `ok`; judged again
-with the checks switched off (`FBENCH_REFEREE=off`), each lie's run ends `ok`, so the lie is
+with the checks switched off (`FBENCH_UNCHECKED`), each lie's run ends `ok`, so the lie is
 live. The switch acts in the host only (the worker never reads it), so judging the same run
 folder again is what running the lie with the checks off would give."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from backend_helpers import CPU, tiny
 from fbench_fixtures import LIARS
-from framework_bench.measure import clock
+from framework_bench.measure import clock, verify
 from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
@@ -50,9 +50,9 @@ def lie_runs(liars, tmp_path_factory):
     return run
 
 
-def judged_again(result, monkeypatch):
+def judged_again(result, monkeypatch, unchecked="clock,pauses,cpu"):
     """The same run folder read back and judged with the issue-20 checks switched off."""
-    monkeypatch.setenv(clock.REFEREE_ENV, "off")
+    monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
     job = Job.model_validate_json((result.run_dir / "job.json").read_text())
     base = dict(backend=result.backend, scenario=result.scenario, framework_version=result.framework_version,
                 settings_mode=result.settings_mode)
@@ -96,7 +96,7 @@ def test_the_claimless_fake_of_the_current_contract_is_invalid(lie_runs, monkeyp
     assert result.reason.startswith("claims missing, which plugin contract 2 requires:")
     for claim in ("clock", "rows", "throughput", "parameters", "settings"):
         assert claim in result.reason
-    off = judged_again(result, monkeypatch)
+    off = judged_again(result, monkeypatch, f"clock,{verify.CLAIMS}")
     assert off.status == "ok", off.reason
     assert len([f for f in off.flags if "unverified: " in f]) == 4  # what the host said before issue 20
 

@@ -26,9 +26,9 @@ On GPU the watcher also records what NVML reports over the measured steps (busy 
 energy: `framework_bench/measure/nvml.py`), "unavailable" where it cannot be read; never a pass or a fail.
 
 A pause not followed by a resume stops the step's clock (its `end` line may come later, once
-the framework logged the loss). `REFEREE_ENV=off` switches these checks (and the claims the
-contract requires, `framework_bench/run/runner.py`) off: for tests that show a lie is live;
-never for a figure anyone reads.
+the framework logged the loss). `FBENCH_UNCHECKED=clock,pauses,cpu` leaves these checks out
+(`framework_bench/measure/verify.py`): for tests that show a lie is live; never for a figure
+anyone reads.
 """
 
 from __future__ import annotations
@@ -47,17 +47,12 @@ from pathlib import Path
 from framework_bench.measure.nvml import NvmlSampler, nvml_figures
 from framework_bench.worker.files import CLOCK_DIR
 
-REFEREE_ENV = "FBENCH_REFEREE"
 STAMPS_FILE = "host_clock.json"
 POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus scheduling)
 MIN_CLAIMED_SHARE = 0.9
 MAX_PAUSE_SHARE = 0.05
 MIN_CPU_SHARE = 0.5
 MIN_CPU_SPAN_SECONDS = 0.2  # a shorter span says nothing: a thread's schedstat is brought up to date as it is scheduled
-
-
-def referee_on() -> bool:
-    return os.environ.get(REFEREE_ENV, "on").lower() != "off"
 
 
 def _children(pid: int) -> dict[int, list[int]]:

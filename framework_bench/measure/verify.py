@@ -44,9 +44,12 @@ THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights", "parity",
             "clock", "pauses", "cpu")
-# Tests only: check names (comma-separated) left out of the verdict, so that a test can show
-# that a lie it catches with the check would pass without it (the lie is live).
+# Tests only: check names (comma-separated) left out of the judgement, so that a test can show
+# that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
+# out the rule of the current contract that every claim be made (one not made is then a flag).
+# A figure anyone reads is never judged with it.
 UNCHECKED_ENV = "FBENCH_UNCHECKED"
+CLAIMS = "claims"
 # What every worker must record (issue #11); `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
