@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, Machine
+from framework_bench.plugins.backend import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
+                                             Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
-from framework_bench.plugins.backend import AdamWImpl, MemoryScheme
 from framework_bench.spec.scenario import Scenario
 
 from fbench_llamafactory import run_files, train_args

@@ -79,5 +79,6 @@ def main(job_file: str) -> None:
     leave()  # after the settings were read from the live objects (the process group's size among them)
     write_report(job, report)
 
+
 if __name__ == "__main__":
     main(sys.argv[1])

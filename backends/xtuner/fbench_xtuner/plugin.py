@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from statistics import mean, median
 
-from framework_bench.plugins.backend import CONTRACT, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job, Machine
+from framework_bench.plugins.backend import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
+                                             Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
-from framework_bench.plugins.backend import AdamWImpl, MemoryScheme
 from framework_bench.spec.scenario import Scenario
 
 from fbench_xtuner import mmengine_config, run_layout
