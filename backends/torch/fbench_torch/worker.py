@@ -27,6 +27,13 @@ from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRA
 from framework_bench.worker.models import from_config
 
 
+def adamw(params, cuda: bool) -> torch.optim.AdamW:
+    """The shared hyper-parameters; fused on CUDA in both settings modes, torch's own choice
+    (the for-loop) on CPU, as every backend's CPU runs (the AdamW table: README)."""
+    return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY,
+                             fused=True if cuda else None)
+
+
 def main(job_file: str) -> None:
     startup, job, dist = StartupClock(STARTED), load_job(job_file), dist_info()
     rows = job.open_rows()
@@ -35,8 +42,7 @@ def main(job_file: str) -> None:
     model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)
     startup.mark("model_build")
     train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None) if ddp else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS,
-                                  weight_decay=WEIGHT_DECAY, fused=True if cuda else None)
+    optimizer = adamw(model.parameters(), cuda)
     init_weights.report(model, job.seed, job.run_dir)
     startup.mark("framework_setup")
     bf16 = job.scenario.precision == "bf16"
