@@ -327,6 +327,14 @@ def test_mfu_and_manifest_are_the_nodes_that_ran_the_job(cluster, fakes, tmp_pat
     assert manifest["hostname"] == "gpu-node-7" and manifest["gpu"] == "NVIDIA A100-SXM4-80GB"
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the host's child before exec: Ctrl-C at a terminal is never ignored, but a shell that
+    starts the tests in the background ignores SIGINT, and an ignored signal stays ignored
+    across exec (Python then installs no KeyboardInterrupt handler): the host would never hear it."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_home_of_cluster, tmp_path):
     import os
     import signal
@@ -335,7 +343,8 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_ho
     proc = subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", "compare", "--scenario",
                              "tiny_cpu", "--backends", "fake_hang", "--launcher", "slurm", "--wait", "--poll", "0.2",
                              "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                            text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                            preexec_fn=_ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + 120
         # submitted and recorded (slurm.json is written right before the wait begins)
@@ -375,7 +384,8 @@ def test_ctrl_c_while_submitting_exits_130_and_never_waits(cluster, fakes, tmp_p
                              "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--wait", "--poll", "0.2",
                              "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}",
-                                            "PYTHONPATH": os.pathsep.join(sys.path)})
+                                            "PYTHONPATH": os.pathsep.join(sys.path)},
+                            preexec_fn=_ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
