@@ -27,10 +27,9 @@ from framework_bench.envs import venvs as envs
 from framework_bench.measure import clock, flops, losses, metrics, verify
 from framework_bench.measure.machine import detect
 from framework_bench.measure.memory import estimate
-from framework_bench.plugins.backend import MemoryScheme
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import CONTRACT, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.plugins.backend import CONTRACT, Job, LaunchPlan, Machine, MemoryScheme, WorkerReport
 from framework_bench.run import orphans, verdicts
 from framework_bench.run.launchers.base import Outcome, default_launcher, executor_for
 from framework_bench.run.launchers.slurm import (SlurmExecutor, Submission, TimeEstimate, estimate_time,
