@@ -15,8 +15,9 @@ conformance means every claim is made and holds.
 On the CPU conformance scenario parity is blocking too: the canonical step-1 loss of the
 backend against the torch reference's on the same rows and seed (`framework_bench/measure/losses.py`),
 on `tiny_cpu`, a grad_accum 2 variant and a 2-process variant (with ZeRO-2 when the backend
-refuses ZeRO 0 on several CPU processes, as XTuner does). A variant the backend refuses is
-shown `skipped (refused: ...)`.
+refuses ZeRO 0 on several CPU processes, as XTuner does); beside each, the update projection
+against the reference's (`framework_bench/measure/update.py`: judged where both trained alike,
+else shown `skipped`). A variant the backend refuses is shown `skipped (refused: ...)`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from framework_bench.measure import losses
+from framework_bench.measure import losses, update
 from framework_bench.plugins import registry
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
@@ -81,18 +82,19 @@ def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, roo
     found = registry.backends()
     ref_name = next(name for name, b in found.items() if b.info.reference)
 
-    def against_reference(label: str, s: scenarios_.Scenario, own: RunResult) -> Check:
+    def against_reference(label: str, s: scenarios_.Scenario, own: RunResult) -> list[Check]:
         # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
         ref_scn = s.model_copy(update={"zero_stage": 0})
         reference = own if backend == ref_name and s.zero_stage == 0 else run(ref_name, ref_scn)
-        return losses.parity(own, reference, s.precision, name=f"parity ({label})")
+        moved = update.parity(own, reference, s.precision, name=f"update parity ({label})")
+        return [losses.parity(own, reference, s.precision, name=f"parity ({label})")] + ([moved] if moved else [])
 
-    points = [against_reference(scn.name, scn, result)]
+    points = against_reference(scn.name, scn, result)
     for label, candidates in parity_variants(scn):
         for variant in candidates:
             own = run(backend, variant)
             if own.status != "unsupported":
-                points.append(against_reference(f"{label}: {variant.name}", variant, own))
+                points += against_reference(f"{label}: {variant.name}", variant, own)
                 break
         else:
             points.append(Check(name=f"parity ({label})", status="skipped",

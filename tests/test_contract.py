@@ -17,7 +17,7 @@ from framework_bench.run.compare import percent_of_reference
 def test_a_plugin_declaring_no_contract_is_of_contract_1_and_none_beyond_the_hosts():
     base = dict(name="x", framework="x", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
                 env=EnvSpec(requirements={}, framework_package="x"))
-    assert BackendInfo(**base).contract == 1 and CONTRACT == 2
+    assert BackendInfo(**base).contract == 1 and CONTRACT == 3
     with pytest.raises(pydantic.ValidationError):
         BackendInfo(**base, contract=CONTRACT + 1)
 
@@ -45,7 +45,7 @@ def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_
     data = pack(SCENARIO, progress=False, say=lambda msg: None)
     claimless = pipeline.run_one("lying_no_claims_contract1", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert claimless.status == "unverified", claimless.reason
-    assert claimless.reason.startswith("claims not made by this contract-1 plugin (contract 2 requires them):")
+    assert claimless.reason.startswith("claims not made by this contract-1 plugin (contract 3 requires them):")
     for claim in ("clock", "rows", "throughput", "parameters", "settings"):
         assert claim in claimless.reason
     assert claimless.tgs > 0  # shown, with its figures
@@ -62,3 +62,23 @@ def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_
     svg = next(p for p in plot_results(rows, tmp_path / "asked", published=False, include_unverified=True)
                if p.suffix == ".svg")
     assert spread in svg.read_text()
+
+
+@pytest.mark.slow
+def test_a_claim_newer_than_the_plugins_contract_leaves_it_unverified_at_the_current_one_invalid(liars, tmp_path):
+    """The update projection is a claim of contract 3: the same worker without it is
+    `unverified` as a plugin of contract 2 (written before that claim), `invalid` at 3."""
+    from framework_bench.data.packing import pack
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
+
+    from test_host_clock import SCENARIO
+
+    data = pack(SCENARIO, progress=False, say=lambda msg: None)
+    old = pipeline.run_one("lying_no_update_claim_contract2", SCENARIO, RunOptions(root=tmp_path), data=data,
+                           machine=CPU)
+    assert old.status == "unverified", old.reason
+    assert old.reason == "claims not made by this contract-2 plugin (contract 3 requires them): update"
+    current = pipeline.run_one("lying_no_update_claim", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
+    assert current.status == "invalid", current.reason
+    assert current.reason == "claims missing, which plugin contract 3 requires: update"

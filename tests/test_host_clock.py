@@ -93,10 +93,10 @@ def test_a_lie_about_time_is_invalid_naming_its_check_and_the_honest_copy_is_ok(
 def test_the_claimless_fake_of_the_current_contract_is_invalid(lie_runs, monkeypatch):
     result = lie_runs("lying_no_claims")
     assert result.status == "invalid"
-    assert result.reason.startswith("claims missing, which plugin contract 2 requires:")
-    for claim in ("clock", "rows", "throughput", "parameters", "settings"):
+    assert result.reason.startswith("claims missing, which plugin contract 3 requires:")
+    for claim in ("clock", "rows", "throughput", "parameters", "settings", "update"):
         assert claim in result.reason
-    off = judged_again(result, monkeypatch, f"clock,{verify.CLAIMS}")
+    off = judged_again(result, monkeypatch, f"clock,update,{verify.CLAIMS}")
     assert off.status == "ok", off.reason
     assert len([f for f in off.flags if "unverified: " in f]) == 4  # what the host said before issue 20
 

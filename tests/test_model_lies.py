@@ -1,7 +1,7 @@
 """Lies about the model (issue 20): third-party backends that are the torch reference worker
 with a few lines changed (tests/lying_backends) — the model fed half of each row, no
 optimizer step, one layer of four with a meta-built full count, every label ignored, no
-model run at all. Each ended `ok` under the host's earlier checks; judged against the torch
+model run at all. The update projection after training tells each run that trained otherwise. Each ended `ok` under the host's earlier checks; judged against the torch
 reference's run on the same rows and seed, each now ends `invalid` naming the check that
 caught it, while the honest copy ends `ok`. Only issue 20's checks fail for a lie, so with
 them off (`FBENCH_UNCHECKED`) each would pass: the test's lie is live, shown on one run."""
@@ -21,14 +21,17 @@ from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
 
-# issue 20's checks: the initial weights, parity with the reference, and the host's clock (a
-# model that never runs leaves steps so short that the time between them is most of the span)
-ISSUE_20_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu"}
+# issue 20's checks: the initial weights, parity with the reference, the update projection and
+# the host's clock (a model that never runs leaves steps so short that the time between them is
+# most of the span)
+ISSUE_20_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity"}
 # The check that catches each lie first (a lie may trip several).
 # A model that never runs is caught by the host's clock before its loss is judged: its steps
 # take a fraction of the time that passes between them.
-CAUGHT_BY = {"half_rows": "parity", "no_update": "parity", "one_layer": "initial_weights",
-             "labels_ignored": "parity", "no_model": "clock"}
+# No optimizer step, or no label to learn from (weight decay 0): the weights never move, which
+# the update projection says before any reference is compared.
+CAUGHT_BY = {"half_rows": "parity", "no_update": "update", "one_layer": "initial_weights",
+             "labels_ignored": "update", "no_model": "clock"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,25 @@ def run(world, name: str):
 def test_the_honest_copy_passes_parity(world):
     r = run(world, "lying_honest")
     assert r.status == "ok", r.reason
-    assert {c.name: c.status for c in r.checks}["parity"] == "pass"
+    checks = {c.name: c for c in r.checks}
+    assert checks["parity"].status == "pass"
+    # the same updates as the reference: its projection onto the vector revealed after the last step
+    assert checks["update"].status == checks["update_parity"].status == "pass", checks["update_parity"].detail
+    assert checks["update_parity"].figures["relative"] < 1e-9
+
+
+@pytest.mark.parametrize("lie, detail", [("no_update", "the weights never changed"),
+                                         ("one_layer", "moved otherwise"), ("half_rows", "moved otherwise"),
+                                         ("labels_ignored", "the weights never changed")])
+def test_the_update_projection_alone_tells_a_run_that_trained_otherwise(world, lie, detail):
+    """With every other check of issue 20 off, the update checks still make the run invalid."""
+    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(ISSUE_20_CHECKS - {"update", "update_parity"})))
+    try:
+        r = run(world, f"lying_{lie}")
+    finally:
+        world[4].delenv(UNCHECKED_ENV)
+    assert r.status == "invalid", (r.status, r.reason)
+    assert detail in r.reason, r.reason
 
 
 @pytest.mark.parametrize("lie", sorted(CAUGHT_BY))

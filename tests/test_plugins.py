@@ -411,10 +411,10 @@ def sub(site):
 
 
 def test_a_backend_subclass_is_registered_through_its_entry_point_with_every_hook(sub):
-    from framework_bench.plugins.backend import CONTRACT
+    from framework_bench.plugins.base import SUBCLASS_CONTRACT
 
     assert sub.info.framework == "SubFrame" and sub.package == "sub_backend_mod"
-    assert sub.info.contract == CONTRACT  # the base class declares the current contract
+    assert sub.info.contract == SUBCLASS_CONTRACT == 2  # declaring none: the contract the class stood for
 
 
 def test_the_base_checks_env_and_gpus_in_one_wording(sub, tmp_path):

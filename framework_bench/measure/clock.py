@@ -17,8 +17,11 @@ clock; on CPU it also reads the CPU time (and run-queue wait) of the host's proc
     `MIN_CPU_SHARE` of its wall time: a worker asleep through its steps computed them
     elsewhere (where /proc cannot be read, or the span is too short to, it is said unavailable).
 
+Once every rank's last step ended, the watcher reveals the update projection's seed
+(`framework_bench/measure/update.py`), keeping the stamp in its record.
+
 Under SLURM the batch script runs the watcher on the job's first node, beside the workers
-(`python -m framework_bench.measure.clock RUN_DIR WARMUP`, stopped by SIGTERM once they end): lines
+(`python -m framework_bench.measure.clock RUN_DIR WARMUP STEPS RANKS [all]`, stopped by SIGTERM once they end): lines
 of ranks on other nodes reach it through the shared filesystem, read every 0.1 s, and the
 CPU share is not read there (the workers are no descendants of the watcher).
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import secrets
 import select
 import signal
 import sys
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework_bench.measure.nvml import NvmlSampler, nvml_figures
+from framework_bench.measure.update import Reveal
 from framework_bench.worker.files import CLOCK_DIR
 
 STAMPS_FILE = "host_clock.json"
@@ -131,10 +136,12 @@ class Watcher:
     Use as a context manager around the launch; on exit the stamps are written to
     `run_dir/STAMPS_FILE`."""
 
-    def __init__(self, run_dir: Path, warmup: int, cpu: bool, gpus: str | None = None):
+    def __init__(self, run_dir: Path, warmup: int, cpu: bool, gpus: str | None = None, reveal: Reveal | None = None):
         """`cpu`: read the process tree's CPU share; `gpus`: sample NVML for these GPU indices
-        ("all": every GPU of the node; None: no GPU run)."""
-        self.dir = Path(run_dir) / CLOCK_DIR
+        ("all": every GPU of the node; None: no GPU run); `reveal`: the projection seed to
+        reveal once every rank ended the last step (`framework_bench/measure/update.py`)."""
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / CLOCK_DIR
         self.dir.mkdir(parents=True, exist_ok=True)  # here before the worker, for inotify to watch
         self.out = Path(run_dir) / STAMPS_FILE
         self.warmup, self.cpu = warmup, cpu
@@ -144,6 +151,8 @@ class Watcher:
         self._measuring: dict[int, bool] = {}
         self._last_end: dict[int, int] = {}
         self._pids: list[int] | None = None
+        self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp"} once written
+        self._ended_last: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fbench-clock", daemon=True)
 
@@ -162,6 +171,7 @@ class Watcher:
         nvml = self.nvml.stop() if self.nvml else None
         try:
             self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "nvml": nvml,
+                                            "reveal": self.revealed,
                                             "ranks": {str(r): ev for r, ev in self.events.items()}}))
         except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
             pass
@@ -224,7 +234,19 @@ class Watcher:
             cpu = cpu_seconds(self._pids)
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
+            self._reveal_after(rank, step, stamp)
         self.events.setdefault(rank, []).append([stamp, event, step, cpu])
+
+    def _reveal_after(self, rank: int, step: int, stamp: float) -> None:
+        if self.reveal is None or self.revealed is not None or step != self.reveal.after_step:
+            return
+        self._ended_last.add(rank)
+        if len(self._ended_last) >= self.reveal.ranks:
+            try:
+                self.reveal.write(self.run_dir)
+            except OSError:  # a full disk: no seed, so no projection; the run's update claim is then missing
+                return
+            self.revealed = {"seed": self.reveal.seed, "stamp": stamp}
 
 
 @dataclass
@@ -338,13 +360,16 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
     return out
 
 
-def _watch_until_terminated(run_dir: str, warmup: str, gpus: str | None = None) -> None:
+def _watch_until_terminated(run_dir: str, warmup: str, steps: str, ranks: str, gpus: str | None = None) -> None:
+    """The watcher on a SLURM job's first node: its projection seed is its own draw (no run
+    there is judged against a reference's projection)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with Watcher(Path(run_dir), int(warmup), cpu=False, gpus=gpus):
+    reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=secrets.randbits(31))
+    with Watcher(Path(run_dir), int(warmup), cpu=False, gpus=gpus, reveal=reveal):
         while not stop.wait(0.5):
             pass
 
 
 if __name__ == "__main__":
-    _watch_until_terminated(*sys.argv[1:4])
+    _watch_until_terminated(*sys.argv[1:6])

@@ -17,6 +17,9 @@ host's packed stream say it must be:
   - parity, when the run has a reference (`fbench compare` runs the torch reference first on
     each scenario, `fbench check-backend` always): the canonical step-1 loss equals the
     reference's on the same rows and seed (`framework_bench/measure/losses.py`);
+  - update and update_parity: the projection of (final - initial) weights onto a vector whose
+    seed the host revealed after the last step, non-zero and (with a reference) equal to the
+    reference's (`framework_bench/measure/update.py`);
 A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
 plugin does not report (one written before these checks) is `unverified` and only flagged.
 A throughput disagreement is flagged, not invalidating: the frameworks time other windows.
@@ -43,13 +46,21 @@ from framework_bench.worker.rows import row_fingerprint
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights", "parity",
-            "clock", "pauses", "cpu")
+            "clock", "pauses", "cpu", "update", "update_parity")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
 # out the rule of the current contract that every claim be made (one not made is then a flag).
 # A figure anyone reads is never judged with it.
 UNCHECKED_ENV = "FBENCH_UNCHECKED"
 CLAIMS = "claims"
+# The plugin contract (`framework_bench.plugins.backend.CONTRACT`) from which each claim is
+# required; every claim not named here is required from contract 2.
+CLAIMED_SINCE = {"update": 3}
+
+
+def claimed_since(check: str) -> int:
+    """The first plugin contract that requires the claim `check` verifies."""
+    return CLAIMED_SINCE.get(check, 2)
 # What every worker must record (issue #11); `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
@@ -57,7 +68,8 @@ REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "a
 
 class Check(BaseModel):
     name: str
-    status: Literal["pass", "fail", "unverified", "skipped"]  # skipped: a conformance variant the backend refuses
+    # skipped: a conformance variant the backend refuses, or a comparison that does not apply
+    status: Literal["pass", "fail", "unverified", "skipped"]
     detail: str = ""
     figures: dict[str, float | int | str | bool | None] = Field(
         default_factory=dict, description="what the check measured (the host clock's seconds, shares...)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from framework_bench.plugins import deepspeed_jit, plan_env
-from framework_bench.plugins.backend import (CONTRACT, BackendEnv, BackendInfo, Job, LaunchPlan, Machine, StepMetric,
+from framework_bench.plugins.backend import (BackendEnv, BackendInfo, Job, LaunchPlan, Machine, StepMetric,
                                              WorkerReport)
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.spec.scenario import Scenario
@@ -29,6 +29,10 @@ from framework_bench.worker.startup import startup_note
 # Worker output reaches the run's log as it is written (a crash keeps its last lines), and
 # HF tokenizers do not fork a thread pool per process.
 OUTPUT_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+# The contract of a subclass whose `info()` declares none: the base class then stood for
+# contract 2, so a subclass written for it keeps being judged by it (claims added later
+# leave its runs `unverified`, never `invalid`).
+SUBCLASS_CONTRACT = 2
 
 
 class Backend:
@@ -41,8 +45,9 @@ class Backend:
     # --- what a backend writes -------------------------------------------------------------
 
     def info(self) -> BackendInfo:
-        """Name, framework, capabilities and env spec (see `fbench_backend_info`). A subclass
-        that leaves `contract` unset declares the current one (`CONTRACT`)."""
+        """Name, framework, capabilities and env spec (see `fbench_backend_info`). Set
+        `contract=CONTRACT` (`framework_bench.plugins.backend`): a subclass that leaves it unset
+        is of contract `SUBCLASS_CONTRACT`, the one in force before contracts moved on without it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement info()")
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
@@ -132,7 +137,7 @@ class Backend:
     @hookimpl
     def fbench_backend_info(self) -> BackendInfo:
         info = self.info()
-        return info if "contract" in info.model_fields_set else info.model_copy(update={"contract": CONTRACT})
+        return info if "contract" in info.model_fields_set else info.model_copy(update={"contract": SUBCLASS_CONTRACT})
 
     @hookimpl
     def fbench_check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:

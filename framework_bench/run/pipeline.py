@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, pack, packed_dir
 from framework_bench.envs import venvs as envs
-from framework_bench.measure import clock, flops, losses, metrics, verify
+from framework_bench.measure import clock, flops, losses, metrics, update, verify
 from framework_bench.measure.machine import detect
 from framework_bench.measure.memory import estimate
 from framework_bench.measure.metrics import RunResult
@@ -143,10 +143,12 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
 
 
 def _judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
-    """The run's canonical step-1 loss against the reference's (framework_bench/measure/losses.py)."""
-    check = losses.parity(result, reference, scenario.precision)
-    result.checks.append(check)
-    reason, _ = verify.verdict([check])
+    """The run's canonical step-1 loss against the reference's (framework_bench/measure/losses.py),
+    and its update projection (framework_bench/measure/update.py)."""
+    checks = [c for c in (losses.parity(result, reference, scenario.precision),
+                          update.parity(result, reference, scenario.precision)) if c is not None]
+    result.checks += checks
+    reason, _ = verify.verdict(checks)
     if reason:
         result.status, result.reason = "invalid", reason
     _save(result)
@@ -301,8 +303,8 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: O
 
 def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: int, stamps: dict | None) -> None:
     """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`;
-    a claim not made too, from a backend of the current contract (one of an older contract
-    is `unverified`: shown, kept out of "% of reference" and the charts)."""
+    a claim not made too, where the backend's contract names it (a claim its older contract
+    does not name leaves the run `unverified`: shown, kept out of "% of reference" and the charts)."""
     result.settings = dict(report.settings or {})
     result.loss_curve = losses.canonical_losses(job.run_dir)
     claimed: dict[int, dict[int, float]] = {}
@@ -311,6 +313,7 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
     off = verify.unchecked()
     result.checks = [c for c in verify.verify(scenario, report, job.data_dir, result.tgs, job)
                      + clock.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
+                     + [update.check(job.run_dir, stamps)]
                      if c.name not in off]
     reason, flags = verify.verdict(result.checks)
     result.flags += flags
@@ -318,9 +321,10 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
         result.status, result.reason = "invalid", reason
     missing = [c.name for c in result.checks if c.status == "unverified"]
     if verify.CLAIMS not in off and missing and result.status == "ok":
-        if contract >= CONTRACT:
+        owed = [name for name in missing if contract >= verify.claimed_since(name)]
+        if owed:
             result.status = "invalid"
-            result.reason = f"claims missing, which plugin contract {contract} requires: {', '.join(missing)}"
+            result.reason = f"claims missing, which plugin contract {contract} requires: {', '.join(owed)}"
         else:
             result.status = "unverified"
             result.reason = (f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires "

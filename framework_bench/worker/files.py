@@ -21,6 +21,10 @@ from framework_bench.worker.job import load_job  # noqa: F401  (kept here for `f
 METRICS_DIR = "metrics"
 CLOCK_DIR = "clock"  # the step timer's clock events, which the host stamps (framework_bench/measure/clock.py)
 WORKER_REPORT = "worker.json"
+# The update after training (framework_bench/worker/update.py): the projection seed the host
+# reveals once the last measured step ended, and the worker's projection with it.
+REVEAL_FILE = "projection_seed.json"
+UPDATE_FILE = "update_projection.json"
 
 
 class MetricsWriter:

@@ -15,15 +15,15 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-from framework_bench.worker.initial_weights import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32, kind,
-                                             sample_indices, tensor_key)
+from framework_bench.worker.initial_weights import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32,
+                                                    kind, sample_indices, tensor_key)
 from framework_bench.worker.dist import dist_info
 
 CHUNK = 1 << 22  # elements per fill chunk: float64 temporaries of 32 MiB, whatever the model size
 
 
 @contextmanager
-def _gathered(params, modifier_rank):
+def gathered(params, modifier_rank):
     """ZeRO-3 keeps each rank's partition only: gather the full tensors while they are read or
     written (the modifier rank's writes are scattered back on exit); a no-op otherwise."""
     if any(hasattr(p, "ds_id") for p in params):
@@ -35,7 +35,8 @@ def _gathered(params, modifier_rank):
         yield
 
 
-def _standard_normal(indices, key: int):
+def standard_normal(indices, key: int):
+    """float64 N(0, 1) at the flat element `indices` (an int64 tensor) of the tensor with this key."""
     import torch
 
     base = hash32((indices ^ key) & MASK32)
@@ -44,32 +45,46 @@ def _standard_normal(indices, key: int):
     return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)
 
 
-def _fill_tensor(flat, name: str, seed: int, std: float, row: int | None, pad_token_id: int | None) -> None:
+def initial_values(indices, name: str, seed: int, std: float, row: int | None, pad_token_id: int | None):
+    """float64 initial values at the flat `indices` of the parameter `name` (`row`: its last
+    dimension, None for a 1-D tensor)."""
     import torch
 
     how = kind(canonical_name(name), 1 if row is None else 2)
     if how != "normal":
-        flat.fill_(1.0 if how == "ones" else 0.0)
-        return
-    key = tensor_key(seed, name)
-    for lo in range(0, flat.numel(), CHUNK):
-        idx = torch.arange(lo, min(lo + CHUNK, flat.numel()), dtype=torch.int64, device=flat.device)
-        flat[lo:lo + idx.numel()].copy_(_standard_normal(idx, key) * std)
+        return torch.full(indices.shape, 1.0 if how == "ones" else 0.0, dtype=torch.float64, device=indices.device)
+    values = standard_normal(indices, tensor_key(seed, name)) * std
     if canonical_name(name).endswith("embed_tokens.weight") and pad_token_id is not None:
-        flat.view(-1, row)[pad_token_id].zero_()
+        values[indices // row == pad_token_id] = 0.0
+    return values
+
+
+def chunks(numel: int, device):
+    """(first index, flat element indices) of a tensor, `CHUNK` at a time (int64 tensors on `device`)."""
+    import torch
+
+    for lo in range(0, numel, CHUNK):
+        yield lo, torch.arange(lo, min(lo + CHUNK, numel), dtype=torch.int64, device=device)
+
+
+def init_args(p, hf_config: dict) -> tuple[float, int | None, int | None]:
+    """(std, row, pad token id): what `initial_values` needs besides the name and seed."""
+    return (float(hf_config.get("initializer_range", 0.02)), p.shape[-1] if p.dim() > 1 else None,
+            hf_config.get("pad_token_id"))
 
 
 def fill(model, seed: int, hf_config: dict) -> None:
     """Overwrite every parameter of the freshly built model in place (tied ones once)."""
     import torch
 
-    std, pad = float(hf_config.get("initializer_range", 0.02)), hf_config.get("pad_token_id")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            with _gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
+            with gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
                 if p.numel() >= 2**32:
                     raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
-                _fill_tensor(p.data.view(-1), name, seed, std, p.shape[-1] if p.dim() > 1 else None, pad)
+                flat = p.data.view(-1)
+                for lo, idx in chunks(flat.numel(), flat.device):
+                    flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *init_args(p, hf_config)))
 
 
 def report(model, seed: int, run_dir: str | Path) -> None:
@@ -80,7 +95,7 @@ def report(model, seed: int, run_dir: str | Path) -> None:
     tensors = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            with _gathered([p], modifier_rank=None):  # every rank gathers (a collective); rank 0 reads
+            with gathered([p], modifier_rank=None):  # every rank gathers (a collective); rank 0 reads
                 if rank == 0:
                     idx = torch.from_numpy(sample_indices(seed, name, p.numel()))
                     tensors[canonical_name(name)] = {

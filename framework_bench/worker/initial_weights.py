@@ -66,6 +66,12 @@ def tensor_key(seed: int, name: str) -> int:
     return int(hash32(mixed)[0])
 
 
+def projection_key(projection_seed: int, name: str) -> int:
+    """The key of the update projection's random vector over the tensor `name`: another
+    stream than the initial weights' (a projection seed equal to the seed gives another vector)."""
+    return tensor_key(projection_seed, "update-projection/" + canonical_name(name))
+
+
 def kind(name: str, ndim: int) -> str:
     """How HF initialises the tensor: "normal", "ones" (norm weights) or "zeros" (biases)."""
     if name.endswith(".bias"):

@@ -17,8 +17,18 @@ import time
 import numpy as np
 
 from framework_bench.worker import ConsumedRows, Report, initial_weights, load_job, write_report
-from framework_bench.worker.files import MetricsWriter
+from framework_bench.worker.files import UPDATE_FILE, MetricsWriter
+from framework_bench.worker.update import wait_for_reveal
 from framework_bench.worker.steps import ClockLines
+
+
+def write_update(run_dir, step: float = 1e-3) -> None:
+    """The update projection of a model whose first embedding element moved by `step` (the fake
+    has none), onto the vector of the seed the host reveals after the last step."""
+    seed = wait_for_reveal(run_dir, timeout=30)
+    v = initial_weights.standard_normal(np.array([0]), initial_weights.projection_key(seed, "model.embed_tokens.weight"))
+    with open(os.path.join(run_dir, UPDATE_FILE), "w") as f:
+        json.dump({"projection_seed": seed, "projection": step * float(v[0])}, f)
 
 
 def param_count(cfg: dict) -> int:
@@ -112,6 +122,7 @@ if mode == "extra_steps":  # 200,000 steps nobody asked for
 if mode == "grandchild":  # exits 0, leaving a process behind in its group
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(job.run_dir)])
 write_initial_weights(job.run_dir, job.seed, job.hf_config)
+write_update(job.run_dir)
 params = param_count(job.hf_config) - (job.hf_config["hidden_size"] if mode == "wrong_model" else 0)
 write_report(job, Report(param_count=params, settings={
     "trainer": f"fake-loop-{mode}", "optimizer": "torch.optim.AdamW", "optimizer_impl": "for-loop", "param_dtype": "float32",

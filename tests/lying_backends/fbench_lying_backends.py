@@ -50,9 +50,11 @@ class LyingBackend(torch_plugin.TorchBackend):
         return f"lying_{self.lie}" + (f"_contract{self.info_fields['contract']}" if "contract" in self.info_fields else "")
 
 
-# Each lie at the current contract (the torch plugin's), and the claimless one and the honest
-# copy also as plugins of contract 1, written before the claims were required.
-BACKENDS = [LyingBackend(lie) for lie in LIES] + [LyingBackend(lie, contract=1) for lie in ("honest", "no_claims")]
+# Each lie at the current contract (the torch plugin's), the claimless one and the honest copy
+# also as plugins of contract 1, written before the claims were required, and the worker
+# without the update claim as a plugin of contract 2, written before that claim.
+BACKENDS = ([LyingBackend(lie) for lie in LIES] + [LyingBackend(lie, contract=1) for lie in ("honest", "no_claims")]
+            + [LyingBackend("no_update_claim", contract=2)])
 globals().update({backend.name: backend for backend in BACKENDS})
 ENTRY_POINTS = {backend.name: f"fbench_lying_backends:{backend.name}" for backend in BACKENDS}
 

@@ -23,6 +23,7 @@ FORWARD = "                    loss = train_model(input_ids=x, labels=y, num_ite
 BUILT = '    model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
 PARAMS = "        param_count=settings.param_count(model),\n"
 WRITE = "    write_report(job, report)\n"
+UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
 
 LIES: dict[str, list[tuple[str, str]]] = {
     "honest": [],
@@ -56,6 +57,11 @@ LIES: dict[str, list[tuple[str, str]]] = {
                 '"add": lambda *a: None, "end_step": lambda *a: None, "close": lambda *a: None})\n'
                 + TIMER + "    log.timer.clock.write = lambda e, s=None: None\n"),
         (WRITE, '    report.settings = report.param_count = None\n    report.extra["loop_throughput"] = {}\n' + WRITE),
+        (UPDATE, ""),
+    ],
+    # Every claim but the update projection (contract 3): a worker written for contract 2.
+    "no_update_claim": [
+        (UPDATE, ""),
     ],
     # The model fed the first half of each row; full rows recorded, full tokens claimed.
     "half_rows": [

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StartupClock, dist_info, init_weights, load_job,
-                                    publish_once, write_report)
+                                    publish_once, update, write_report)
 from framework_bench.worker import settings as capture
 from framework_bench.worker.packed import PackedRows
 
@@ -122,9 +122,10 @@ class Claims:
                 claims.rows.end_step(state.global_step)
                 claims.losses.end_step(state.global_step)
 
-            def on_train_end(self, args, state, control, **kw):
+            def on_train_end(self, args, state, control, model=None, **kw):
                 claims.rows.close()
                 claims.losses.close()
+                update.report(model, job)  # after the last step's line (the step metrics callback runs first)
 
         self.callback = Callback()
         self.prepared = None  # the model as accelerate prepared it (DDP-wrapped or not); see remember_prepared

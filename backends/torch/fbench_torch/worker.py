@@ -23,7 +23,7 @@ import transformers
 
 from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, Report, StartupClock,
                                     StepLog, dist_info, init_weights, join, leave, load_job, settings,
-                                    supervised_after_shift, write_report)
+                                    supervised_after_shift, update, write_report)
 from framework_bench.worker.models import from_config
 
 
@@ -69,6 +69,7 @@ def main(job_file: str) -> None:
         optimizer.zero_grad(set_to_none=True)
         log.end(step)  # the step's loss: its token mean, as the loop computed it
     log.close()
+    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now
     report = Report(
         framework_version=torch.__version__, attention_used=model.config._attn_implementation,
         settings=settings.torch_loop_settings(

@@ -31,7 +31,8 @@ from mmengine.runner import Runner
 from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.worker import (ConsumedRows, Job, MicroLosses, PeakMemory, Report, StartupClock, StepTimer, dist_info,
-                                    init_weights, join, load_job, publish_once, supervised_after_shift, write_report)
+                                    init_weights, join, load_job, publish_once, supervised_after_shift, update,
+                                    write_report)
 from framework_bench.worker import settings as capture
 from framework_bench.worker.packed import PackedRows, stream_sha256
 
@@ -294,6 +295,7 @@ class Claims(Hook):
     def after_train(self, runner) -> None:
         self.rows.close()
         self.losses.close()
+        update.report(_unwrap(runner.model).llm, self.job)  # after the last step's line: the host reveals the seed
 
 
 def zero_stage_in_effect(runner) -> int:

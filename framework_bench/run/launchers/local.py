@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from framework_bench.measure import clock
+from framework_bench.measure import clock, update
 from framework_bench.plugins.backend import Job, LaunchPlan
 from framework_bench.run import interrupts
 from framework_bench.plugins.plan_env import visible_gpus_env
@@ -32,7 +32,9 @@ class LocalExecutor(Executor):
         argvs = self.node_argvs(plan, job)
         # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/measure/clock.py).
         gpus = visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
-        with clock.Watcher(job.run_dir, job.scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus):
+        reveal = update.Reveal(after_step=job.scenario.steps.total, ranks=job.scenario.cluster.gpus,
+                               seed=update.projection_seed(job.scenario.name, job.seed))
+        with clock.Watcher(job.run_dir, job.scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus, reveal=reveal):
             return execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
 
 

@@ -1,0 +1,94 @@
+"""The update after training (worker side, torch): a projection that proves the weights moved
+as the reference's did, without a weight file.
+
+After the last step every rank calls `report(model, job)`. It waits for the projection seed,
+which the host reveals (`RUN_DIR/projection_seed.json`, written by the host's clock watcher:
+`framework_bench/measure/update.py`) only once every rank's last measured step has ended, so no
+worker can know the vector while it trains. Then it projects (final - initial) weights onto
+that seed's random vector:
+
+    sum over every parameter element of (w_final - w_initial) * v,   v ~ N(0, 1) from
+    (projection seed, canonical name, element index)
+
+`w_initial` is recomputed from the compare's seed (`init_weights.initial_values`, rounded to the
+parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
+element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
+under ZeRO-3, a collective every rank enters) and the sums all-reduced in float64; rank 0
+writes `RUN_DIR/update_projection.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from framework_bench.worker.dist import dist_info
+from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
+from framework_bench.worker.init_weights import chunks, gathered, init_args, initial_values, standard_normal
+from framework_bench.worker.initial_weights import projection_key
+
+# The host writes the seed within a poll of the last step's end; a shared filesystem under
+# SLURM may take its attribute-cache time to show it on another node.
+REVEAL_TIMEOUT = 300.0
+REVEAL_POLL = 0.02
+
+
+def wait_for_reveal(run_dir: str | Path, timeout: float = REVEAL_TIMEOUT) -> int | None:
+    """The projection seed the host revealed, or None when none came within `timeout`."""
+    path = Path(run_dir) / REVEAL_FILE
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(json.loads(path.read_text())["projection_seed"])
+        except (OSError, ValueError, KeyError, TypeError):  # not there yet (the host renames it into place)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(REVEAL_POLL)
+
+
+def project(model, seed: int, hf_config: dict, projection_seed: int) -> float:
+    """(final - initial weights) . v over every parameter (tied ones once), summed over ranks."""
+    import torch
+
+    dist = dist_info()
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+    share, ranks = (dist.rank, dist.world_size) if grouped else (0, 1)
+    total, device = None, None
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            with gathered([p], modifier_rank=None):  # every rank gathers; one of them projects
+                device = p.device
+                if total is None:
+                    total = torch.zeros((), dtype=torch.float64, device=device)
+                if i % ranks != share:
+                    continue
+                flat, key, args = p.data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
+                for lo, idx in chunks(flat.numel(), flat.device):
+                    initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
+                    total += ((flat[lo:lo + idx.numel()].to(torch.float64) - initial) * standard_normal(idx, key)).sum()
+        if total is None:
+            return 0.0
+        if grouped and ranks > 1:
+            torch.distributed.all_reduce(total)
+    return float(total)
+
+
+def report(model, job) -> None:
+    """Every rank, after the last step, with the process group still up: wait for the host's
+    projection seed, project, and (rank 0) write the result. Without a seed (no host watching
+    the run) nothing is written: the host then says the claim is missing."""
+    projection_seed = wait_for_reveal(job.run_dir)
+    if projection_seed is None:
+        print(f"fbench: no projection seed revealed in {REVEAL_TIMEOUT:.0f} s; the update is not reported",
+              file=sys.stderr)
+        return
+    started = time.monotonic()
+    value = project(model, job.seed, job.hf_config, projection_seed)
+    if dist_info().is_main:
+        path = Path(job.run_dir) / UPDATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"projection_seed": projection_seed, "projection": value,
+                                   "seconds": round(time.monotonic() - started, 3)}))
+        tmp.replace(path)
