@@ -116,7 +116,9 @@ def model_settings(model) -> dict[str, Value]:
 
 
 def kv_repeat(attention: str | None) -> str:
-    """How this env's transformers feeds grouped K/V heads to the kernel (packed rows: no mask)."""
+    """How this env's transformers would feed grouped K/V heads to the kernel, assuming no
+    mask: the value until `KvRepeatProbe` saw the first attention call (and for kernels it does
+    not see: flash-attn)."""
     if attention == "sdpa":
         try:
             from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
@@ -129,6 +131,38 @@ def kv_repeat(attention: str | None) -> str:
     if attention == "flash_attention_2":
         return "native (flash-attn)"
     return "repeated (repeat_kv)"
+
+
+class KvRepeatProbe:
+    """How grouped K/V heads really reach the SDPA kernel, read from the first attention call
+    of the first step instead of assumed (transformers repeats them unless it can pass
+    `enable_gqa`, which it does only without a mask): `install()` before training wraps
+    `torch.nn.functional.scaled_dot_product_attention` for that one call, which puts the
+    original back, so no later call pays for it; `settle(settings)` then records what it saw."""
+
+    def __init__(self):
+        self.seen: str | None = None
+
+    def install(self) -> KvRepeatProbe:
+        import torch.nn.functional as F
+
+        original = F.scaled_dot_product_attention
+
+        def first_call(query, key, value, *args, **kwargs):
+            F.scaled_dot_product_attention = original
+            native = bool(kwargs.get("enable_gqa")) and key.shape[-3] != query.shape[-3]  # (batch, heads, len, dim)
+            self.seen = "native (sdpa enable_gqa)" if native else "repeated (repeat_kv)"
+            return original(query, key, value, *args, **kwargs)
+
+        F.scaled_dot_product_attention = first_call
+        return self
+
+    def settle(self, settings: dict[str, Value]) -> dict[str, Value]:
+        """`settings` with `attention_kv_repeat` as the first call showed it; unchanged for a
+        model without grouped heads (None) or where no SDPA call was seen (flash-attn kernels)."""
+        if self.seen and settings.get("attention_kv_repeat"):
+            settings["attention_kv_repeat"] = self.seen
+        return settings
 
 
 def zero_settings(ds_config: dict | None) -> dict[str, Value]:

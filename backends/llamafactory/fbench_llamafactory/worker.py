@@ -111,6 +111,7 @@ class Claims:
             def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):
                 trained = claims.prepared if claims.prepared is not None else model
                 claims.settings = effective_settings(args, model, trained, optimizer, train_dataloader)
+                claims.probe.install()
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
                 init_weights.report(model, job.seed, job.run_dir)  # what the first step trains from
@@ -133,6 +134,7 @@ class Claims:
         self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.fed: list = []
         self.settings: dict = {}
+        self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
         self.normalization: str | None = None  # set by the first loss computed (record_losses)
 
@@ -278,7 +280,7 @@ def main(job_file: str) -> None:
     write_report(job, Report(
         framework_version=version("llamafactory"),
         attention_used=recorder.attention_used,
-        settings={**claims.settings, "loss_normalization": claims.normalization} if claims else None,
+        settings={**claims.probe.settle(claims.settings), "loss_normalization": claims.normalization} if claims else None,
         param_count=claims.param_count if claims else None,
         startup_seconds=round(recorder.first_step_at - STARTED, 2),
         startup_breakdown=startup.phases if claims else None,

@@ -48,6 +48,7 @@ def main(job_file: str) -> None:
     bf16 = job.scenario.precision == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
     log = StepLog(job, dist.rank)
+    probe = settings.KvRepeatProbe().install()  # how the first attention call gets grouped K/V heads
     for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):
         # The step's loss is the mean over its labelled tokens, whichever micro-batch holds
         # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
@@ -72,11 +73,11 @@ def main(job_file: str) -> None:
     update.report(model, job)  # (final - initial) weights onto the vector the host reveals now
     report = Report(
         framework_version=torch.__version__, attention_used=model.config._attn_implementation,
-        settings=settings.torch_loop_settings(
+        settings=probe.settle(settings.torch_loop_settings(
             model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop", grad_clip=MAX_GRAD_NORM,
             autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
             # The step's summed token loss over its supervised tokens after the shift (the loop above).
-            loss_normalization="token mean over the optimizer step, labels counted after the shift, per rank"),
+            loss_normalization="token mean over the optimizer step, labels counted after the shift, per rank")),
         param_count=settings.param_count(model),
         startup_seconds=startup.total, startup_breakdown=startup.phases,
         notes=[f"DDP over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if ddp else [],

@@ -273,10 +273,12 @@ class Claims(Hook):
         self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.micro = 0
         self.settings: dict = {}
+        self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
 
     def before_train(self, runner) -> None:
         self.settings = effective_settings(runner, self.metrics.sp_size)
+        self.probe.install()
         self.param_count = capture.param_count(_unwrap(runner.model).llm)
         # The weights the first step trains from, read after mmengine's init_weights ran.
         init_weights.report(_unwrap(runner.model).llm, self.job.seed, self.job.run_dir)
@@ -393,7 +395,7 @@ def main(job_file: str) -> None:
     write_report(job, Report(
         framework_version=xtuner.__version__,
         attention_used=metrics.attention_used,
-        settings=claims.settings,
+        settings=claims.probe.settle(claims.settings),
         param_count=claims.param_count,
         startup_seconds=round(start.first_step_at - STARTED, 2),
         startup_breakdown=startup.phases,
