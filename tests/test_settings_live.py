@@ -1,4 +1,5 @@
-"""Settings read live (issue 20, item 7): how grouped K/V heads reach the attention kernel is
+"""Settings read live (issue 20, item 7): whether the optimizer steps a copy of the weights
+(`master_weights`) is read from what it steps; how grouped K/V heads reach the attention kernel is
 read from the first attention call (`settings.KvRepeatProbe`), not assumed from a rule that
 takes no mask; run in the torch env (transformers 5.6, which passes `enable_gqa` only
 without a mask) on a real HF Llama of the tiny preset (GQA 4/2)."""
@@ -41,3 +42,33 @@ def test_the_kv_repeat_probe_reads_the_first_attention_call_where_the_rule_assum
     assert seen["no mask"] == "native (sdpa enable_gqa)"
     assert seen["padding mask"] == "repeated (repeat_kv)"  # a mask: transformers repeats K/V, the rule said native
     assert seen["no mask: unwrapped after one call"] and seen["padding mask: unwrapped after one call"]
+
+
+MASTER = """
+import json, torch
+from framework_bench.worker import settings
+model = torch.nn.Linear(4, 4)
+own = torch.optim.AdamW(model.parameters())
+copy = torch.optim.AdamW([p.detach().clone().double() for p in model.parameters()])
+
+class Stage3Like:  # DeepSpeed ZeRO-3: its flat fp32 partitions, the torch optimizer's groups empty between steps
+    def __init__(self):
+        self.optimizer = torch.optim.AdamW([torch.zeros(1)])
+        self.optimizer.param_groups[0]["params"] = []
+        self.fp32_partitioned_groups_flat = [torch.zeros(8)]
+    param_groups = property(lambda self: self.optimizer.param_groups)
+
+class Wrapper:  # accelerate / mmengine keep the optimizer as `.optimizer`
+    def __init__(self, inner):
+        self.optimizer = inner
+    param_groups = property(lambda self: self.optimizer.param_groups)
+
+print(json.dumps([settings.master_weights(model, o) for o in (own, Wrapper(own), copy, Wrapper(Stage3Like()))]))
+"""
+
+
+def test_master_weights_are_read_from_what_the_optimizer_steps():
+    env = backend_env_or_skip("torch")
+    out = subprocess.run([str(env.python), "-c", MASTER], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == ["none", "none", "float64 (the optimizer's copy)", "float32 (the optimizer's copy)"]

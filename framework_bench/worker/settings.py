@@ -26,15 +26,21 @@ def installed(distribution: str) -> str | None:
         return None
 
 
-def inner_optimizer(optimizer):
-    """The torch optimizer inside framework wrappers (mmengine's OptimWrapper, accelerate's
-    AcceleratedOptimizer, DeepSpeed's ZeRO optimizers all keep it as `.optimizer`)."""
+def optimizer_chain(optimizer) -> list:
+    """The optimizer and the ones it wraps, outermost first (mmengine's OptimWrapper,
+    accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO optimizers all keep theirs as `.optimizer`)."""
+    chain = [optimizer]
     for _ in range(5):
-        inner = getattr(optimizer, "optimizer", None)
+        inner = getattr(chain[-1], "optimizer", None)
         if inner is None or not hasattr(inner, "param_groups"):
             break
-        optimizer = inner
-    return optimizer
+        chain.append(inner)
+    return chain
+
+
+def inner_optimizer(optimizer):
+    """The torch optimizer inside framework wrappers."""
+    return optimizer_chain(optimizer)[-1]
 
 
 def optimizer_settings(optimizer) -> dict[str, Value]:
@@ -179,16 +185,33 @@ def zero_settings(ds_config: dict | None) -> dict[str, Value]:
 
 
 def precision_recipe(param_dtype: str, ds_config: dict | None) -> dict[str, Value]:
-    """Gradient reduce dtype and master weights, as DeepSpeed or plain data parallel do them:
-    DeepSpeed reduces in `communication_data_type` (else the dtype of its low-precision
-    weights) and keeps fp32 master weights in its optimizer; without it gradients are
-    reduced in the weights' dtype and there are no master weights."""
+    """Gradient reduce dtype, as DeepSpeed or plain data parallel do it: DeepSpeed reduces in
+    `communication_data_type` (else the dtype of its low-precision weights); without it
+    gradients are reduced in the weights' dtype."""
     if ds_config:
         low = "bfloat16" if (ds_config.get("bf16") or {}).get("enabled") else \
             "float16" if (ds_config.get("fp16") or {}).get("enabled") else None
-        return {"grad_reduce_dtype": ds_config.get("communication_data_type") or low or param_dtype,
-                "master_weights": "float32 (DeepSpeed)" if low else "none"}
-    return {"grad_reduce_dtype": param_dtype, "master_weights": "none"}
+        return {"grad_reduce_dtype": ds_config.get("communication_data_type") or low or param_dtype}
+    return {"grad_reduce_dtype": param_dtype}
+
+
+def master_weights(model, optimizer) -> Value:
+    """Whether the optimizer steps a copy of the weights (DeepSpeed's fp32 partitions, also
+    in an fp32 run) or the model's own parameters, read from the live objects: "none", or the
+    copy's dtype."""
+    chain = optimizer_chain(optimizer)
+    for wrapper in chain:
+        # DeepSpeed ZeRO-3 / ZeRO-1,2 hold their flat partitions here, and hand them to the torch
+        # optimizer only inside its step (its param groups are empty in between under ZeRO-3)
+        for held in (getattr(wrapper, "fp32_partitioned_groups_flat", None),
+                     getattr(wrapper, "single_partition_of_fp32_groups", None)):
+            if held:
+                return f"{str(held[0].dtype).removeprefix('torch.')} (the optimizer's copy)"
+    own = {id(p) for p in model.parameters()}
+    stepped = [p for g in chain[-1].param_groups for p in g["params"]]
+    if all(id(p) in own for p in stepped):
+        return "none"
+    return f"{str(stepped[0].dtype).removeprefix('torch.')} (the optimizer's copy)"
 
 
 def dataloader_settings(loader) -> dict[str, Value]:
@@ -212,12 +235,15 @@ def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | No
     `model`) and optimizer say, what the loop tells (its name, clipping, autocast, seed, how
     it normalises the step's loss),
     and what such a loop is by construction: no loss scaler, no ZeRO, rows fed in order from
-    the main process, no compile."""
+    the main process (no data loader)."""
     param_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    trained = model if train_model is None else train_model
     return {"trainer": trainer, **optimizer_settings(optimizer), "grad_clip": grad_clip, **model_settings(model),
             "autocast_dtype": autocast_dtype, "loss_scaler": "none", **precision_recipe(param_dtype, None),
+            "master_weights": master_weights(model, optimizer),
             **zero_settings(None), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
-            "seed": seed, "compile": False, **runtime_settings(model if train_model is None else train_model),
+            "seed": seed, "compile": type(trained).__name__ == "OptimizedModule",  # torch.compile's wrapper
+            **runtime_settings(trained),
             "ddp_find_unused_parameters": getattr(train_model, "find_unused_parameters", None),  # DDP-wrapped only
             # a plain loop has no sequence parallel, and counts its tokens with no collective
             "sequence_parallel": 1, "token_count_sync": False,

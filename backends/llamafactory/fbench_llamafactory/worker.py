@@ -83,6 +83,7 @@ def effective_settings(args, model, trained_model, optimizer, loader) -> dict:
         "autocast_dtype": None if ds else {"bf16": "bfloat16", "fp16": "float16"}.get(mixed),
         "loss_scaler": type(scaler).__name__ if scaler is not None else "none",
         **capture.precision_recipe(model_part["param_dtype"], ds),
+        "master_weights": capture.master_weights(model, optimizer),
         **capture.zero_settings(ds),
         **capture.dataloader_settings(loader),
         "seed": args.seed,

@@ -129,7 +129,7 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     before the base class) passes every host verification."""
     import importlib.util
 
-    from framework_bench.measure import metrics
+    from framework_bench.measure import metrics, update
     from framework_bench.measure import verify
     from framework_bench.plugins.backend import WorkerReport
     from framework_bench.data.packing import pack
@@ -149,7 +149,9 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     data = pack(scn, progress=False, say=lambda msg: None)
     job = Job(backend="mybackend", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
               device="cpu")
-    out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job.write())],
+    job_file = job.write()
+    update.Reveal(after_step=scn.steps.total, ranks=1, seed=777).write(job.run_dir)  # as the host's watcher would
+    out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job_file)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     report = WorkerReport.model_validate(plugin.fbench_read_report(job))
@@ -158,6 +160,7 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     assert {c.name for c in checks} == {"tokens", "steps", "rows", "throughput", "parameters", "settings",
                                         "initial_weights"}
     assert all(c.status == "pass" for c in checks), [c for c in checks if c.status != "pass"]
+    assert update.check(job.run_dir, {"reveal": {"seed": 777}}).status == "pass"
 
 
 @pytest.mark.slow

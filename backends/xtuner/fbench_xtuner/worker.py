@@ -229,6 +229,7 @@ def effective_settings(runner, sp_size: int) -> dict:
         ("bfloat16" if ds and (ds.get("bf16") or {}).get("enabled") else None),
         "loss_scaler": type(wrapper.loss_scaler).__name__ if amp and wrapper.loss_scaler.is_enabled() else "none",
         **capture.precision_recipe(model["param_dtype"], ds),
+        "master_weights": capture.master_weights(llm, wrapper),
         **capture.zero_settings(ds),
         **capture.dataloader_settings(runner.train_dataloader),
         "sequence_parallel": sp_size,
