@@ -82,3 +82,21 @@ def test_a_claim_newer_than_the_plugins_contract_leaves_it_unverified_at_the_cur
     current = pipeline.run_one("lying_no_update_claim", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert current.status == "invalid", current.reason
     assert current.reason == "claims missing, which plugin contract 3 requires: update"
+
+
+@pytest.mark.slow
+def test_a_claim_the_backend_says_it_cannot_make_leaves_the_run_unverified_naming_why(liars, tmp_path):
+    """A backend of the current contract may say, run by run, which claims it cannot make
+    (LLaMA-Factory's v1 trainer does: `V1_UNCLAIMED`): the run is `unverified` with its words,
+    not `invalid`; the same claim missing unsaid is `invalid`."""
+    from framework_bench.data.packing import pack
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
+
+    from test_host_clock import SCENARIO
+
+    data = pack(SCENARIO, progress=False, say=lambda msg: None)
+    said = pipeline.run_one("lying_says_no_update", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
+    assert said.status == "unverified", said.reason
+    assert said.reason == "claims the backend says it cannot make on this run: update (this loop keeps no initial weights)"
+    assert {c.name: c.status for c in said.checks}["update"] == "unverified"

@@ -241,6 +241,9 @@ class WorkerReport(BaseModel):
     param_count: int | None = Field(None, description="parameters of the model the framework built")
     consumed_rows: dict[int, dict[int, list[str]]] | None = Field(
         None, description="{rank: {step: row fingerprints}} fed to the trainer (framework_bench/worker/rows.py)")
+    unclaimed: dict[str, str] = Field(default_factory=dict, description=(
+        "claims (check names) the worker says it cannot make on this run, each with why: listed as unverified, "
+        "the run `unverified` (shown, kept out of \"% of reference\" and the charts), never `invalid` for them"))
     startup_seconds: float | None = Field(None, description="worker start to the first step's start (imports, data, model build)")
     startup_breakdown: dict[str, float] | None = Field(
         None, description="startup_seconds by phase: imports, data, model_build, framework_setup (framework_bench.worker.StartupClock)")

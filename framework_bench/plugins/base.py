@@ -128,6 +128,7 @@ class Backend:
             settings=worker.get("settings"),
             param_count=worker.get("param_count"),
             consumed_rows=read_consumed(job.run_dir),
+            unclaimed=dict(worker.get("unclaimed") or {}),
             startup_seconds=startup[0],
             startup_breakdown=startup[1],
         )

@@ -303,8 +303,9 @@ def _read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: O
 
 def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: int, stamps: dict | None) -> None:
     """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`;
-    a claim not made too, where the backend's contract names it (a claim its older contract
-    does not name leaves the run `unverified`: shown, kept out of "% of reference" and the charts)."""
+    a claim not made too, where the backend's contract names it. A claim its older contract
+    does not name, or one the worker says it cannot make on this run (`WorkerReport.unclaimed`,
+    with why), leaves the run `unverified`: shown, kept out of "% of reference" and the charts."""
     result.settings = dict(report.settings or {})
     result.loss_curve = losses.canonical_losses(job.run_dir)
     claimed: dict[int, dict[int, float]] = {}
@@ -321,14 +322,21 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
         result.status, result.reason = "invalid", reason
     missing = [c.name for c in result.checks if c.status == "unverified"]
     if verify.CLAIMS not in off and missing and result.status == "ok":
-        owed = [name for name in missing if contract >= verify.claimed_since(name)]
+        said = {name: why for name, why in report.unclaimed.items() if name in missing}
+        owed = [name for name in missing if name not in said and contract >= verify.claimed_since(name)]
         if owed:
             result.status = "invalid"
             result.reason = f"claims missing, which plugin contract {contract} requires: {', '.join(owed)}"
         else:
-            result.status = "unverified"
-            result.reason = (f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires "
-                             f"them): {', '.join(missing)}")
+            result.status, parts = "unverified", []
+            older = [name for name in missing if name not in said]
+            if older:
+                parts.append(f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires them): "
+                             f"{', '.join(older)}")
+            if said:
+                parts.append("claims the backend says it cannot make on this run: "
+                             + "; ".join(f"{name} ({why})" for name, why in said.items()))
+            result.reason = "; ".join(parts)
 
 
 def _save(result: RunResult) -> None:

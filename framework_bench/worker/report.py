@@ -24,6 +24,7 @@ class Report:
     startup_breakdown: dict[str, float] | None = None  # `StartupClock.phases`
     throughput: dict[str, float] = field(default_factory=dict)  # the framework's own figures
     notes: list[str] = field(default_factory=list)
+    unclaimed: dict[str, str] = field(default_factory=dict)  # claims it cannot make on this run: {check: why}
     extra: dict = field(default_factory=dict)
 
 

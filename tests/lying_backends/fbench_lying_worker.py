@@ -63,6 +63,11 @@ LIES: dict[str, list[tuple[str, str]]] = {
     "no_update_claim": [
         (UPDATE, ""),
     ],
+    # The same, saying why it cannot make that claim on this run.
+    "says_no_update": [
+        (UPDATE, ""),
+        (WRITE, '    report.unclaimed = {"update": "this loop keeps no initial weights"}\n' + WRITE),
+    ],
     # The model fed the first half of each row; full rows recorded, full tokens claimed.
     "half_rows": [
         (FORWARD, FORWARD.replace("input_ids=x, labels=y", "input_ids=x[:, :x.shape[1] // 2], labels=y[:, :x.shape[1] // 2]")),
