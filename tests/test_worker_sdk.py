@@ -141,7 +141,7 @@ def test_rows_other_than_the_hosts_are_refused_and_the_verified_sha_is_reported(
     assert report == {"data_sha256": sha, "framework_version": "1", "attention_used": None,
                       "settings": {"settings_mode": "native", "trainer": "t"}, "param_count": None,
                       "startup_seconds": None, "startup_breakdown": None, "throughput": {}, "notes": ["n"],
-                      "rows_converted": 6}
+                      "unclaimed": {}, "rows_converted": 6}
 
 
 def test_only_rank_0_writes_the_report_typed_or_not(tmp_path, monkeypatch):
