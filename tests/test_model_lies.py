@@ -4,7 +4,7 @@ optimizer step, one layer of four with a meta-built full count, every label igno
 model run at all. The update projection after training tells each run that trained otherwise. Each ended `ok` under the host's earlier checks; judged against the torch
 reference's run on the same rows and seed, each now ends `invalid` naming the check that
 caught it, while the honest copy ends `ok`. Only issue 20's checks fail for a lie, so with
-them off (`FBENCH_UNCHECKED`) each would pass: the test's lie is live, shown on one run."""
+them off (`FBENCH_UNCHECKED`) each passes: the test's lie is live."""
 
 from __future__ import annotations
 
@@ -93,10 +93,11 @@ def test_a_model_lie_ends_invalid_naming_the_check(world, lie):
     assert failing and failing <= ISSUE_20_CHECKS, (lie, failing)
 
 
-def test_with_the_checks_off_a_lie_passes(world):
+@pytest.mark.parametrize("lie", sorted(CAUGHT_BY))
+def test_with_the_checks_off_each_lie_passes(world, lie):
     world[4].setenv(UNCHECKED_ENV, ",".join(sorted(ISSUE_20_CHECKS)))
     try:
-        r = run(world, "lying_one_layer")
+        r = run(world, f"lying_{lie}")
     finally:
         world[4].delenv(UNCHECKED_ENV)
     assert r.status == "ok", r.reason
