@@ -143,7 +143,7 @@ class Watcher:
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir / CLOCK_DIR
         self.dir.mkdir(parents=True, exist_ok=True)  # here before the worker, for inotify to watch
-        self.out = Path(run_dir) / STAMPS_FILE
+        self.out = self.run_dir / STAMPS_FILE
         self.warmup, self.cpu = warmup, cpu
         self.nvml = NvmlSampler(gpus) if gpus else None
         self.events: dict[int, list[list]] = {}  # rank -> [stamp, event, step, cpu seconds or None]
@@ -152,7 +152,6 @@ class Watcher:
         self._last_end: dict[int, int] = {}
         self._pids: list[int] | None = None
         self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp"} once written
-        self._ended_last: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fbench-clock", daemon=True)
 
@@ -234,14 +233,14 @@ class Watcher:
             cpu = cpu_seconds(self._pids)
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
-            self._reveal_after(rank, step, stamp)
+            self._reveal_after(stamp)
         self.events.setdefault(rank, []).append([stamp, event, step, cpu])
 
-    def _reveal_after(self, rank: int, step: int, stamp: float) -> None:
-        if self.reveal is None or self.revealed is not None or step != self.reveal.after_step:
+    def _reveal_after(self, stamp: float) -> None:
+        """Reveal the seed once every rank's clock says it ended the last step."""
+        if self.reveal is None or self.revealed is not None:
             return
-        self._ended_last.add(rank)
-        if len(self._ended_last) >= self.reveal.ranks:
+        if sum(step >= self.reveal.after_step for step in self._last_end.values()) >= self.reveal.ranks:
             try:
                 self.reveal.write(self.run_dir)
             except OSError:  # a full disk: no seed, so no projection; the run's update claim is then missing

@@ -42,6 +42,17 @@ def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
+def normalised_alike(run: RunResult, reference: RunResult) -> bool:
+    """Both record the same `loss_normalization` setting."""
+    return run.settings.get("loss_normalization") == reference.settings.get("loss_normalization")
+
+
+def step_differences(run: RunResult, reference: RunResult) -> dict[int, float]:
+    """{step: relative difference of the canonical losses} over the steps both recorded."""
+    steps = sorted(set(run.loss_curve) & set(reference.loss_curve))
+    return {s: relative_difference(run.loss_curve[s], reference.loss_curve[s]) for s in steps}
+
+
 def parity(run: RunResult, reference: RunResult, precision: str, name: str = "parity") -> Check:
     """The run's canonical losses against the reference's on the same rows, seed and scenario.
     Step 1 always: from the same initial weights it is one forward pass, the same for every
@@ -56,9 +67,9 @@ def parity(run: RunResult, reference: RunResult, precision: str, name: str = "pa
     if run.seed != reference.seed:
         return Check(name=name, status="fail", detail=f"seeds differ: {run.seed} vs the reference's {reference.seed}")
     tolerance = PARITY_TOLERANCE[precision]
-    same = run.settings.get("loss_normalization") == reference.settings.get("loss_normalization")
-    steps = sorted(set(run.loss_curve) & set(reference.loss_curve))
-    off = {s: relative_difference(run.loss_curve[s], reference.loss_curve[s]) for s in steps}
+    same = normalised_alike(run, reference)
+    off = step_differences(run, reference)
+    steps = sorted(off)
     judged = steps if same else [1]
     worst = max(judged, key=lambda s: off[s] if off[s] == off[s] else math.inf)
     later = [off[s] for s in steps if s > 1]

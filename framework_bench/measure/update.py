@@ -96,12 +96,10 @@ def _trained_alike(run, reference, precision: str) -> bool:
     a single micro-batch's token mean is the step's). Otherwise their updates differ by design."""
     from framework_bench.measure import losses
 
-    if run.settings.get("loss_normalization") == reference.settings.get("loss_normalization"):
+    if losses.normalised_alike(run, reference):
         return True
-    steps = set(run.loss_curve) & set(reference.loss_curve)
-    tolerance = losses.PARITY_TOLERANCE[precision]
-    return bool(steps) and all(
-        losses.relative_difference(run.loss_curve[s], reference.loss_curve[s]) <= tolerance for s in steps)
+    off, tolerance = losses.step_differences(run, reference), losses.PARITY_TOLERANCE[precision]
+    return bool(off) and all(d <= tolerance for d in off.values())  # NaN parts
 
 
 def parity(run, reference, precision: str, name: str = "update_parity"):

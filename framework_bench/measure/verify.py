@@ -53,6 +53,9 @@ BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights", "parity"
 # A figure anyone reads is never judged with it.
 UNCHECKED_ENV = "FBENCH_UNCHECKED"
 CLAIMS = "claims"
+# What every worker must record (issue #11); `fbench check-backend` requires them.
+REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
+                     "activation_checkpointing", "zero_stage")
 # The plugin contract (`framework_bench.plugins.backend.CONTRACT`) from which each claim is
 # required; every claim not named here is required from contract 2.
 CLAIMED_SINCE = {"update": 3}
@@ -61,9 +64,6 @@ CLAIMED_SINCE = {"update": 3}
 def claimed_since(check: str) -> int:
     """The first plugin contract that requires the claim `check` verifies."""
     return CLAIMED_SINCE.get(check, 2)
-# What every worker must record (issue #11); `fbench check-backend` requires them.
-REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
-                     "activation_checkpointing", "zero_stage")
 
 
 class Check(BaseModel):

@@ -82,9 +82,9 @@ def fill(model, seed: int, hf_config: dict) -> None:
             with gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
                 if p.numel() >= 2**32:
                     raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
-                flat = p.data.view(-1)
+                flat, args = p.data.view(-1), init_args(p, hf_config)
                 for lo, idx in chunks(flat.numel(), flat.device):
-                    flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *init_args(p, hf_config)))
+                    flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *args))
 
 
 def report(model, seed: int, run_dir: str | Path) -> None:

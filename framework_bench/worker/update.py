@@ -55,21 +55,19 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> float:
     dist = dist_info()
     grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
     share, ranks = (dist.rank, dist.world_size) if grouped else (0, 1)
-    total, device = None, None
+    params = list(model.named_parameters())
+    if not params:
+        return 0.0
+    total = torch.zeros((), dtype=torch.float64, device=params[0][1].device)  # a ZeRO-3 partition is on it too
     with torch.no_grad():
-        for i, (name, p) in enumerate(model.named_parameters()):
+        for i, (name, p) in enumerate(params):
             with gathered([p], modifier_rank=None):  # every rank gathers; one of them projects
-                device = p.device
-                if total is None:
-                    total = torch.zeros((), dtype=torch.float64, device=device)
                 if i % ranks != share:
                     continue
                 flat, key, args = p.data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
                 for lo, idx in chunks(flat.numel(), flat.device):
                     initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
                     total += ((flat[lo:lo + idx.numel()].to(torch.float64) - initial) * standard_normal(idx, key)).sum()
-        if total is None:
-            return 0.0
         if grouped and ranks > 1:
             torch.distributed.all_reduce(total)
     return float(total)
