@@ -8,8 +8,8 @@ the README's job runs offline, installed or not), else from fbench's user cache
 from their public home on first use. Every file is checked against its sha256, wherever it was
 found: a name always means the same bytes, so the same packed stream.
 
-Imported by `scenario.py` (for the names): keep it free of imports from the rest of fbench
-at module level.
+Imported by `scenario.py` (for the names and `DataSource`, which a scenario's `dataset.sources`
+holds too): imports nothing from the rest of fbench, anywhere in it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DATA_ENV = "FBENCH_DATA"
 URL_ENV = "FBENCH_DATA_URL"  # overrides every download base URL (a mirror; the tests' loopback server)
@@ -68,16 +70,32 @@ DATASETS: dict[str, Named] = {
 DEFAULT_DATASET = "alpaca-enzh-demo"
 
 
+class DataSource(BaseModel):
+    """Alpaca-format records: a local JSON file, or a hub dataset id (needs a network)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = None
+    hub: str | None = None
+    split: str = "train"
+    columns: dict[str, str] = Field(default_factory=dict,
+                                    description="record field -> this source's column, e.g. output: output_zh")
+
+    @model_validator(mode="after")
+    def _one(self) -> "DataSource":
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give exactly one of path or hub")
+        return self
+
+
 def user_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "fbench" / "datasets"
 
 
-def sources(dataset, progress: bool = True) -> list:
+def sources(dataset, progress: bool = True) -> list[DataSource]:
     """The `DataSource`s a scenario's `Dataset` reads: its own, or its named dataset's files
     (found or fetched as the module docstring says) or hub ids."""
-    from framework_bench.spec.scenario import DataSource
-
     if dataset.sources is not None:
         return list(dataset.sources)
     named = DATASETS[dataset.name]

@@ -17,7 +17,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Str
                       field_validator, model_validator)
 
 from framework_bench.spec import places
-from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET
+from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET, DataSource
 from framework_bench.spec.models import PRESETS, ModelArch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -127,22 +127,6 @@ class TokenizerSpec(_Strict):
     def _named(self) -> "TokenizerSpec":
         if self.kind != "builtin-bytes" and not self.name:
             raise ValueError(f"tokenizer kind {self.kind!r} needs a name")
-        return self
-
-
-class DataSource(_Strict):
-    """Alpaca-format records: a local JSON file, or a hub dataset id (needs a network)."""
-
-    path: str | None = None
-    hub: str | None = None
-    split: str = "train"
-    columns: dict[str, str] = Field(default_factory=dict,
-                                    description="record field -> this source's column, e.g. output: output_zh")
-
-    @model_validator(mode="after")
-    def _one(self) -> "DataSource":
-        if (self.path is None) == (self.hub is None):
-            raise ValueError("give exactly one of path or hub")
         return self
 
 
