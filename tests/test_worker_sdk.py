@@ -59,6 +59,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pydantic
 import pytest
 
 from backend_helpers import contributing_backend, tiny
@@ -109,6 +110,48 @@ def test_typed_job_round_trips_what_the_host_wrote(tmp_path):
     assert (sc.steps.warmup, sc.steps.measured, sc.steps.unit) == (1, 4, "optimizer")
     # a worker written against the plain-dict job keeps working
     assert job["scenario"]["steps"]["warmup"] == 1 and job.get("settings_mode") == "native" and job.get("nope") is None
+
+
+def test_host_and_worker_share_one_definition_of_what_they_exchange():
+    """The host's Job, StepMetric and WorkerReport are the worker SDK's dataclasses validated by
+    pydantic: the same fields (declared only in the SDK), instances of the SDK's types, and
+    the SDK's own checks (bounds) are what the host's validation refuses."""
+    from dataclasses import fields
+
+    from framework_bench.plugins import backend as host
+    from framework_bench.worker import job as worker_job, report as worker_report
+
+    for ours, theirs in ((host.Job, worker_job.Job), (host.StepMetric, worker_report.StepMetric),
+                         (host.WorkerReport, worker_report.WorkerReport)):
+        assert issubclass(ours, theirs)
+        assert [f.name for f in fields(ours)] == [f.name for f in fields(theirs)]
+        # nothing redeclared on the host but the job's scenario: the whole validated one, not the view
+        assert set(vars(ours).get("__annotations__", {})) <= {"scenario"}
+    assert {f.name for f in fields(worker_report.Claims)} < {f.name for f in fields(host.WorkerReport)}
+    assert {f.name for f in fields(worker_report.Claims)} < {f.name for f in fields(worker_report.Report)}
+    report = host.WorkerReport.model_validate({"steps": [{"step": 1, "seconds": 0.5, "tokens": 8}]})
+    assert type(report.steps[0]) is worker_report.StepMetric
+    for bad in ({"step": 0}, {"seconds": float("nan")}, {"tokens": worker_report.MAX_STEP_TOKENS + 1}, {"rank": -1}):
+        line = {"step": 1, "seconds": 0.5, "tokens": 8} | bad
+        with pytest.raises(ValueError):
+            worker_report.StepMetric(**line)
+        with pytest.raises(pydantic.ValidationError):
+            host.StepMetric.model_validate(line)
+
+
+def test_derived_quantities_are_the_workers_view_of_the_scenario():
+    """Micro-batches per step, data-parallel size, rows needed and tokens per GPU: the host's
+    scenario reads them from the view a worker reads from job.json, never works them out."""
+    s = tiny(context_length=8, grad_accum=3, micro_batch=2, sequence_parallel=2,
+             cluster={"device": "cpu", "gpus_per_node": 4}, steps={"warmup": 1, "measured": 4, "unit": "micro"})
+    view = s.view
+    assert (s.micro_per_step, s.data_parallel, s.rows_needed, s.tokens_per_gpu_step) == \
+        (view.micro_per_step, view.data_parallel, view.rows_needed, view.tokens_per_gpu_step) == (1, 2, 20, 8)
+    assert view.tokens_per_gpu_micro_batch == 2 * 8 // 2
+    sources = {p: p.read_text() for p in [*ROOT.glob("framework_bench/**/*.py"), *ROOT.glob("backends/*/fbench_*/*.py")]}
+    worked_out = re.compile(r"context_length\s*//\s*[\w.]*sequence_parallel|\.micro_batch\s*\*\s*[\w.]*context_length")
+    assert {str(p.relative_to(ROOT)) for p, text in sources.items() if worked_out.search(text)} == \
+        {"framework_bench/worker/job.py"}
 
 
 def test_typed_job_tolerates_a_newer_and_an_older_host(tmp_path):

@@ -98,7 +98,7 @@ class MemoryEstimate(BaseModel):
     zero_stage: int
     world_size: int
     sharding_group: int
-    local_tokens: int  # micro_batch x context_length / SP: tokens one GPU holds activations for
+    local_tokens: int  # tokens one GPU holds activations for (`tokens_per_gpu_micro_batch`)
     activation_checkpointing: bool
 
     parameters_gib: float
@@ -435,7 +435,7 @@ def estimate(
     group = sharding_group(scenario)
     zero = scenario.zero_stage
     shard = 3 if sch == "fsdp2" else zero  # FSDP2 shards params, grads and states at every stage
-    tokens = scenario.micro_batch * scenario.context_length // scenario.sequence_parallel
+    tokens = scenario.view.tokens_per_gpu_micro_batch
     ckpt = scenario.activation_checkpointing
 
     params = parameters_bytes(n, sch, shard, group)

@@ -1,18 +1,24 @@
 """The data that crosses between the host and a backend plugin (pydantic models).
 
-Plugins receive and return these; workers never see them (they read `job.json`, see
-`framework_bench/worker/files.py`).
+Plugins receive and return these. What also crosses to the worker (the job, the steps, the
+report) is defined once, in the worker SDK (`framework_bench.worker.job`,
+`framework_bench.worker.report`), as stdlib dataclasses; `Job`, `StepMetric` and
+`WorkerReport` here are those dataclasses validated by pydantic, with pydantic's model API.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from framework_bench.worker.hparams import SEED
 from framework_bench.spec.scenario import Scenario
+from framework_bench.worker import job as worker_job
+from framework_bench.worker import report as worker_report
 
 
 OptimizerImpl = Literal["fused", "foreach", "for-loop"]
@@ -155,28 +161,56 @@ class BackendEnv(BaseModel):
         return next((v for k, v in self.versions.items() if k.lower().replace("_", "-") == key), None)
 
 
-class Job(BaseModel):
-    """One run of one backend on one scenario; written to `run_dir/job.json` for the worker."""
+def _init_fields(obj: Any) -> dict:
+    """A dataclass instance's constructor arguments, nested dataclasses as dicts (so each is
+    validated again) and everything else as it is (a validated `Scenario` stays one)."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return plain(obj)
 
-    backend: str
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+class _Validated:
+    """pydantic's model API on a worker SDK dataclass validated by the host: the names callers
+    (and plugins written when these were pydantic models) use."""
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self:
+        """`obj` (a dict, or an instance of this dataclass or of the worker SDK's, built without
+        validation) validated as this type."""
+        return _adapter(cls).validate_python(_init_fields(obj))
+
+    @classmethod
+    def model_validate_json(cls, text: str | bytes) -> Self:
+        return _adapter(cls).validate_json(text)
+
+    def model_copy(self, update: dict | None = None) -> Self:
+        return dataclasses.replace(self, **(update or {}))
+
+
+@pydantic_dataclass(kw_only=True)
+class Job(_Validated, worker_job.Job):
+    """One run of one backend on one scenario; written to `run_dir/job.json` for the worker.
+
+    The worker SDK's `Job` (framework_bench/worker/job.py defines every field), validated,
+    with the whole validated `Scenario` where a worker reads its view of it."""
+
     scenario: Scenario
-    data_dir: Path
-    data_sha256: str
-    run_dir: Path
-    device: Literal["cpu", "cuda"]
-    nprocs: int = Field(1, description="processes per node the launcher starts")
-    nnodes: int = 1
-    settings_mode: Literal["matched", "native"] = Field(
-        "matched", description="matched: both frameworks configured alike where both allow; native: as each "
-                               "framework's own docs and examples configure it")
-    seed: int = Field(SEED, ge=0, lt=2**32, description="one per compare: the initial weights "
-                      "(framework_bench/worker/initial_weights.py) and the framework's own seeding")
 
-    @computed_field
-    @property
-    def hf_config(self) -> dict:
-        """The model's HF `config.json` (random weights are built from it; positions extended if asked)."""
-        return self.scenario.model_config_for_run
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # The model's HF `config.json` (random weights are built from it; positions extended if asked).
+        self.hf_config = self.scenario.model_config_for_run
 
     @property
     def job_file(self) -> Path:
@@ -184,7 +218,8 @@ class Job(BaseModel):
 
     def write(self) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.job_file.write_text(self.model_dump_json(indent=2))
+        # `raw` and `verified_sha256` belong to the process that reads the file, never to the file.
+        self.job_file.write_bytes(_adapter(Job).dump_json(self, indent=2, exclude={"raw", "verified_sha256"}))
         return self.job_file
 
 
@@ -198,52 +233,12 @@ class LaunchPlan(BaseModel):
     files: dict[str, Path] = Field(default_factory=dict, description="generated files, by role (shown by --dry-run)")
 
 
-# Bounds of one step's figures: whatever a worker writes must fit a SQLite integer (< 2**63)
-# and be a finite number; beyond these a line is a worker's bug, not a measurement.
-MAX_STEP_TOKENS = 2**40
-MAX_BYTES = 2**60
-MAX_RANK = 2**20
-MAX_STEP = 2**31 - 1
+@pydantic_dataclass(kw_only=True)
+class StepMetric(_Validated, worker_report.StepMetric):
+    """One line of a worker's common metrics file: the worker SDK's `StepMetric`, validated."""
 
 
-class StepMetric(BaseModel):
-    """One line of a worker's common metrics file (`metrics/rank<R>.jsonl`)."""
-
-    step: int = Field(ge=1, le=MAX_STEP)
-    seconds: float = Field(gt=0, allow_inf_nan=False, description="wall time of the step, device-synchronised on GPU "
-                           "(the interval: see the timing contract in framework_bench/plugins/hookspecs.py)")
-    tokens: int = Field(ge=0, le=MAX_STEP_TOKENS,
-                        description="tokens this rank's model received in this step (its SP shard only)")
-    # NaN is a measurement (the training diverged), kept as NaN; infinity is no loss at all.
-    loss: float | None = Field(None, description="mean training loss over the step's micro-batches, this rank")
-    peak_mem_bytes: int | None = Field(None, ge=0, le=MAX_BYTES, description="peak allocated over the step (max RSS on CPU)")
-    peak_reserved_bytes: int | None = Field(None, ge=0, le=MAX_BYTES,
-                                            description="peak reserved by the allocator over the step (CUDA)")
-    rank: int = Field(0, ge=0, le=MAX_RANK)
-
-
-class WorkerReport(BaseModel):
-    """What a backend read back from its run folder."""
-
-    steps: list[StepMetric]
-    data_sha256: str | None = Field(None, description="sha256 of the token ids the worker actually trained on")
-    framework_version: str | None = None
-    attention_used: str | None = None
-    framework_throughput: dict[str, float] = Field(
-        default_factory=dict, description="the framework's own figures (e.g. tokens_per_sec), mean over measured steps"
-    )
-    notes: list[str] = Field(
-        default_factory=list, description="what the host should know about how the run went; kept in the result"
-    )
-    # Claims the host verifies (framework_bench/measure/verify.py); None when a plugin does not report them.
-    settings: dict[str, str | int | float | bool | None] | None = Field(
-        None, description="the settings in effect, read from the live objects (framework_bench/worker/settings.py)")
-    param_count: int | None = Field(None, description="parameters of the model the framework built")
-    consumed_rows: dict[int, dict[int, list[str]]] | None = Field(
-        None, description="{rank: {step: row fingerprints}} fed to the trainer (framework_bench/worker/rows.py)")
-    unclaimed: dict[str, str] = Field(default_factory=dict, description=(
-        "claims (check names) the worker says it cannot make on this run, each with why: listed as unverified, "
-        "the run `unverified` (shown, kept out of \"% of reference\" and the charts), never `invalid` for them"))
-    startup_seconds: float | None = Field(None, description="worker start to the first step's start (imports, data, model build)")
-    startup_breakdown: dict[str, float] | None = Field(
-        None, description="startup_seconds by phase: imports, data, model_build, framework_setup (framework_bench.worker.StartupClock)")
+@pydantic_dataclass(kw_only=True)
+class WorkerReport(_Validated, worker_report.WorkerReport):
+    """What a backend read back from its run folder: the worker SDK's `WorkerReport`, validated
+    (its steps are the SDK's `StepMetric`s)."""

@@ -14,15 +14,16 @@ A plugin of module-level hooks (the first contract's form) keeps working unchang
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
 from framework_bench.plugins import deepspeed_jit, plan_env
-from framework_bench.plugins.backend import (BackendEnv, BackendInfo, Job, LaunchPlan, Machine, StepMetric,
-                                             WorkerReport)
+from framework_bench.plugins.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.files import read_metrics, read_worker_report
+from framework_bench.worker.report import Claims
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker.startup import startup_note
 
@@ -113,25 +114,18 @@ class Backend:
                           env=self.run_env(job, env), files={**files, "job": job.job_file})
 
     def read_report(self, job: Job) -> WorkerReport:
-        """Everything the worker SDK wrote: metrics, worker.json, consumed rows, start-up."""
+        """Everything the worker SDK wrote: metrics, worker.json's claims, consumed rows, and
+        the start-up breakdown as a note."""
         records, worker = read_metrics(job.run_dir), read_worker_report(job.run_dir)
         if not records and not worker:
             raise FileNotFoundError(f"the {job.backend} worker wrote no metrics and no report in {job.run_dir}")
-        startup = worker.get("startup_seconds"), worker.get("startup_breakdown")
-        return WorkerReport(
-            steps=[StepMetric.model_validate(r) for r in records],
-            data_sha256=worker.get("data_sha256"),
-            framework_version=worker.get("framework_version"),
-            attention_used=worker.get("attention_used"),
-            framework_throughput=self.framework_throughput(job, worker),
-            notes=list(worker.get("notes", [])) + startup_note(*startup),
-            settings=worker.get("settings"),
-            param_count=worker.get("param_count"),
-            consumed_rows=read_consumed(job.run_dir),
-            unclaimed=dict(worker.get("unclaimed") or {}),
-            startup_seconds=startup[0],
-            startup_breakdown=startup[1],
-        )
+        # A claim worker.json leaves out, or writes as null (an older SDK's empty notes), takes its default.
+        claims = {f.name: worker[f.name] for f in dataclasses.fields(Claims) if worker.get(f.name) is not None}
+        claims["notes"] = list(claims.get("notes", [])) + startup_note(worker.get("startup_seconds"),
+                                                                       worker.get("startup_breakdown"))
+        return WorkerReport.model_validate({
+            **claims, "steps": records, "data_sha256": worker.get("data_sha256"),
+            "framework_throughput": self.framework_throughput(job, worker), "consumed_rows": read_consumed(job.run_dir)})
 
     # --- the hooks (framework_bench/plugins/hookspecs.py), on the methods above -------------
 

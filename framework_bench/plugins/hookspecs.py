@@ -8,7 +8,7 @@ at a time, so every hook is `firstresult`. Hooks run in the host process: they m
 cheap and must not import torch or the framework (that happens in the worker, inside the
 backend's own env).
 
-Flow for one run (see `framework_bench/run/runner.py`):
+Flow for one run (see `framework_bench/run/pipeline.py`):
     info = fbench_backend_info()
     reason = info.capabilities.refusal(scenario)        # enforced by the host: str -> "unsupported"
     reason = fbench_check(scenario, machine, env)      # None -> go on, str -> "unsupported"
@@ -26,6 +26,10 @@ What the host guarantees:
 - `job.json` belongs to the host: it is written before `fbench_plan` and again after it, so
   the worker always reads the host's job. A plan writes its own files only.
 - `WorkerReport.notes` are kept in the result, stored and shown.
+- `Job`, `WorkerReport` and its `StepMetric`s are the worker SDK's dataclasses
+  (`framework_bench/worker/job.py`, `report.py`), validated by the host: what a plan reads of
+  the job is what its worker reads of job.json, and what `fbench_read_report` returns is
+  checked against the same definitions the worker wrote by.
 
 Timing contract (what the worker's common metrics file holds, one line per optimizer step
 and rank; `framework_bench.worker.StepTimer` writes it this way, so a worker on the SDK

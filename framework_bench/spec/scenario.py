@@ -19,6 +19,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Str
 from framework_bench.spec import places
 from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET, DataSource
 from framework_bench.spec.models import PRESETS, ModelArch
+from framework_bench.worker import job
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_DIR = places.BUNDLED_SCENARIOS
@@ -209,23 +210,29 @@ class Scenario(_Strict):
         return self.model.arch()
 
     @property
+    def view(self) -> job.Scenario:
+        """The scenario as a worker reads it from `job.json`, where the quantities derived from
+        it are worked out (the properties below read them there)."""
+        return job.Scenario.from_dict(self.model_dump(mode="json"))
+
+    @property
     def data_parallel(self) -> int:
-        return self.cluster.gpus // self.sequence_parallel
+        return self.view.data_parallel
 
     @property
     def micro_per_step(self) -> int:
         """Micro-iterations in one step of `steps.unit`."""
-        return 1 if self.steps.unit == "micro" else self.grad_accum
+        return self.view.micro_per_step
 
     @property
     def tokens_per_gpu_step(self) -> int:
         """Tokens one GPU trains in one step of `steps.unit` (its sequence-parallel shard)."""
-        return self.micro_batch * self.context_length // self.sequence_parallel * self.micro_per_step
+        return self.view.tokens_per_gpu_step
 
     @property
     def rows_needed(self) -> int:
         """Packed rows consumed by warm-up + measured steps across the data-parallel group."""
-        return self.steps.total * self.micro_batch * self.micro_per_step * self.data_parallel
+        return self.view.rows_needed
 
     @property
     def model_config_for_run(self) -> dict:

@@ -1,9 +1,15 @@
 """The job a worker runs: `load_job(path)` reads the host's `job.json` into a typed `Job`.
 
-The host writes `framework_bench.plugins.backend.Job` (pydantic); a worker reads it here with
-the stdlib only (worker envs are the frameworks', without pydantic). Reading is tolerant both
-ways: a key this SDK does not know (a newer host) is kept in `raw` and ignored, a key it
+These dataclasses are the one definition of the job file: the host's
+`framework_bench.plugins.backend.Job` is this `Job` validated with pydantic, holding the whole
+validated scenario where a worker holds the `Scenario` view below. A worker reads the file
+with the stdlib only (worker envs are the frameworks', without pydantic). Reading is tolerant
+both ways: a key this SDK does not know (a newer host) is kept in `raw` and ignored, a key it
 expects but the file lacks (an older host) takes the host's default.
+
+The quantities derived from a scenario (micro-batches per step, data-parallel size, rows
+needed, tokens per GPU) are worked out here only: the host's scenario reads them from its
+`view`, the `Scenario` a worker will read from the file.
 
 The packed rows are opened through the job (`open_rows`), which checks that they hash to
 the stream the host named; `check_data` does the same for rows a worker converted to its
@@ -16,12 +22,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 from framework_bench.worker.hparams import SEED
-from framework_bench.worker.packed import PackedRows
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from framework_bench.worker.packed import PackedRows
 
 
 def _known(cls, data: dict, **overrides) -> Any:
@@ -67,7 +75,7 @@ class Scenario:
 
     @property
     def micro_per_step(self) -> int:
-        """Micro-iterations in one step of `steps.unit` (as the host's `Scenario.micro_per_step`)."""
+        """Micro-iterations in one step of `steps.unit`."""
         return 1 if self.steps.unit == "micro" else self.grad_accum
 
     @property
@@ -75,12 +83,25 @@ class Scenario:
         return self.gpus // self.sequence_parallel
 
     @property
+    def tokens_per_gpu_micro_batch(self) -> int:
+        """Tokens one GPU holds activations for in one micro-batch (its sequence-parallel shard)."""
+        return self.micro_batch * self.context_length // self.sequence_parallel
+
+    @property
+    def tokens_per_gpu_step(self) -> int:
+        """Tokens one GPU trains in one step of `steps.unit`."""
+        return self.tokens_per_gpu_micro_batch * self.micro_per_step
+
+    @property
     def rows_needed(self) -> int:
         """Packed rows the warm-up and measured steps consume across the data-parallel group."""
         return self.steps.total * self.micro_batch * self.micro_per_step * self.data_parallel
 
 
-@dataclass
+MAX_SEED = 2**32  # numpy's and torch's seeding both take a 32-bit unsigned seed
+
+
+@dataclass(kw_only=True)
 class Job:
     """One run of one backend on one scenario, as `job.json` holds it.
 
@@ -88,19 +109,28 @@ class Job:
     the plain-dict job (`framework_bench.worker_io.load_job` before the typed one)."""
 
     backend: str
-    run_dir: Path
+    scenario: Scenario
     data_dir: Path
     data_sha256: str
-    device: str = "cpu"
-    nprocs: int = 1
+    run_dir: Path
+    device: Literal["cpu", "cuda"] = "cpu"
+    nprocs: int = 1  # processes per node the launcher starts
     nnodes: int = 1
-    settings_mode: str = "matched"
+    # matched: both frameworks configured alike where both allow; native: as each framework's
+    # own docs and examples configure it.
+    settings_mode: Literal["matched", "native"] = "matched"
+    # One per compare: the initial weights (framework_bench/worker/initial_weights.py) and the
+    # framework's own seeding.
     seed: int = SEED
-    hf_config: dict = field(default_factory=dict, repr=False)
-    scenario: Scenario | None = None
+    hf_config: dict = field(default_factory=dict, repr=False)  # the model's HF config.json, positions extended if asked
     raw: dict = field(default_factory=dict, repr=False)
     # The sha256 of the rows this process checked against `data_sha256` (open_rows / check_data).
     verified_sha256: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        # Raised as a validation error where the host builds the job (pydantic runs this).
+        if not 0 <= self.seed < MAX_SEED:
+            raise ValueError(f"seed {self.seed} is not in [0, 2**32)")
 
     @classmethod
     def from_dict(cls, data: dict) -> Job:
@@ -140,6 +170,9 @@ class Job:
 
     def open_rows(self) -> PackedRows:
         """The host's packed rows (memory-mapped), after checking they hash to its stream."""
+        # Imported here: the host reads this module for the job's schema (spec/scenario.py
+        # through `Scenario.view`) and never opens rows, so it does not load numpy for it.
+        from framework_bench.worker.packed import PackedRows
         rows = PackedRows(self.data_dir)
         self.check_data(rows.sha256(), f"packed data in {self.data_dir}")
         return rows
@@ -148,6 +181,7 @@ class Job:
         """Per optimizer step, its `grad_accum` micro-batches as (input_ids, labels) int64 arrays,
         the rows read in order: data-parallel rank r takes micro-batch g's rows
         [(g * world + r) * micro_batch, ... + micro_batch)."""
+        import numpy as np  # as in open_rows: a worker's import only
         s = self.scenario
         mb, ga = s.micro_batch, s.grad_accum
         needed = self.steps * ga * world * mb

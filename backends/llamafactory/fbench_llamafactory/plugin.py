@@ -61,8 +61,7 @@ def framework_throughput(job: Job) -> dict[str, float]:
     runtime = float(json.loads(path.read_text()).get("train_runtime") or 0)
     if runtime <= 0:
         return {}
-    s = job.scenario
-    tokens_per_gpu = s.steps.total * s.micro_batch * s.grad_accum * s.context_length // s.sequence_parallel
+    tokens_per_gpu = job.steps * job.scenario.tokens_per_gpu_step
     return {"tokens_per_sec_whole_run": tokens_per_gpu / runtime, "train_runtime": runtime}
 
 
