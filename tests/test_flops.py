@@ -87,11 +87,11 @@ def test_llama2_7b_1m_is_32_gpus_sp16():
 def test_published_tflops_recomputed_from_tgs(row):
     """XTuner's formula with recomputation, applied to the published TGS, gives the published TFLOPs (1%)."""
     arch = PRESETS[MODEL_PRESET[row["model"]]]
-    per_token = flops.xtuner_flops_per_token(arch, row["context_length"], recompute=True)
+    per_token = flops.mha_flops_per_token(arch, row["context_length"], recompute=True)
     assert flops.tflops(row["tgs"], per_token) == pytest.approx(row["tflops"], rel=0.01)
     # and through the scenario file (catches a wrong preset/context in the YAML)
     s = scenario.load(row["name"])
-    via_yaml = flops.tflops(s.reference.tgs, flops.xtuner_flops_per_token(s.arch, s.context_length, recompute=True))
+    via_yaml = flops.tflops(s.reference.tgs, flops.mha_flops_per_token(s.arch, s.context_length, recompute=True))
     assert via_yaml == pytest.approx(row["tflops"], rel=0.01)
 
 
@@ -99,7 +99,7 @@ def test_formula_without_recompute_does_not_match_table():
     """The check above can fail: without the recomputation term the cells are off by ~25%."""
     row = ROWS[0]
     arch = PRESETS[MODEL_PRESET[row["model"]]]
-    wrong = flops.tflops(row["tgs"], flops.xtuner_flops_per_token(arch, row["context_length"], recompute=False))
+    wrong = flops.tflops(row["tgs"], flops.mha_flops_per_token(arch, row["context_length"], recompute=False))
     assert abs(wrong / row["tflops"] - 1) > 0.2
 
 
@@ -108,10 +108,10 @@ def test_xtuner_formula_by_hand():
     a = PRESETS["llama2-7b"]
     s, h, L, V, I = 8192, 4096, 32, 32000, 11008
     expected = 4 * L * (8 * h * h + 4 * s * h / 2 + 4 * (1.5 * I / h) * h * h) + 6 * h * V
-    assert flops.xtuner_flops_per_token(a, s, recompute=True) == pytest.approx(expected, rel=1e-12)
+    assert flops.mha_flops_per_token(a, s, recompute=True) == pytest.approx(expected, rel=1e-12)
     # causal halves the attention term
-    full = flops.xtuner_flops_per_token(a, s, recompute=True, causal=False)
-    assert full - flops.xtuner_flops_per_token(a, s, recompute=True) == pytest.approx(4 * L * 4 * s * h / 2)
+    full = flops.mha_flops_per_token(a, s, recompute=True, causal=False)
+    assert full - flops.mha_flops_per_token(a, s, recompute=True) == pytest.approx(4 * L * 4 * s * h / 2)
 
 
 # ---- exact model FLOPs -------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_gqa_counted_at_real_size(preset):
         assert got == pytest.approx(diff, rel=1e-12)
         assert diff > 0
     # the XTuner formula ignores KV heads (it over-counts GQA)
-    assert flops.xtuner_flops_per_token(gqa, 8192, True) == flops.xtuner_flops_per_token(mha, 8192, True)
+    assert flops.mha_flops_per_token(gqa, 8192, True) == flops.mha_flops_per_token(mha, 8192, True)
 
 
 def test_mha_model_has_no_gqa_difference():
@@ -204,7 +204,7 @@ def test_varlen_attention_counts_fewer_flops():
 def test_model_flops_below_xtuner_for_gqa_published_cell():
     """Yi-34B 128k: the XTuner formula over-counts GQA, so the model-FLOPs TFLOPs is lower."""
     s = scenario.load("yi34b_128k")
-    xt = flops.tflops(s.reference.tgs, flops.xtuner_flops_per_token(s.arch, s.context_length, True))
+    xt = flops.tflops(s.reference.tgs, flops.mha_flops_per_token(s.arch, s.context_length, True))
     model = flops.tflops(s.reference.tgs, flops.model_flops_per_token(s.arch, s.context_length, True))
     assert model < xt
     assert xt == pytest.approx(191.8, rel=0.01)

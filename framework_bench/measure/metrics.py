@@ -38,7 +38,8 @@ class RunResult(BaseModel):
     tgs: float | None = None
     tgs_min: float | None = None
     tgs_max: float | None = None
-    tflops: float | None = Field(None, description="per GPU, XTuner's published formula")
+    tflops: float | None = Field(None, description="per GPU, attention projections counted as full MHA "
+                                                  "(XTuner's published formula: flops.mha_flops_per_token)")
     model_tflops: float | None = Field(None, description="per GPU, exact model FLOPs")
     mfu: float | None = None
     steps_measured: int = 0
@@ -106,11 +107,11 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
         return out
     tgs = statistics.median(tgs_steps)
     recompute = scenario.activation_checkpointing
-    xt = flops.xtuner_flops_per_token(scenario.arch, scenario.context_length, recompute)
+    mha = flops.mha_flops_per_token(scenario.arch, scenario.context_length, recompute)
     model = flops.model_flops_per_token(scenario.arch, scenario.context_length, recompute)
     out.update(
         tgs=tgs, tgs_min=min(tgs_steps), tgs_max=max(tgs_steps),
-        tflops=flops.tflops(tgs, xt), model_tflops=flops.tflops(tgs, model),
+        tflops=flops.tflops(tgs, mha), model_tflops=flops.tflops(tgs, model),
         step_seconds=statistics.median(s for _, s, _ in merged),
     )
     out["mfu"] = flops.mfu(out["model_tflops"], peak_tflops)
