@@ -15,7 +15,7 @@
 # from DIR (--no-index --no-deps), then runs `fbench device check` (framework_bench/device/check.py:
 # the order, the budget, the files of OUTDIR). On a machine without a GPU it does the same with
 # the cpu flavour and tiny_cpu: the rehearsal (tests/test_device_rehearsal.py).
-# Nothing here reads .venv, ../shared, the user's pip configuration or the network.
+# Real mode reads nothing of .venv, ../shared, the user's pip configuration or the network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -41,7 +41,13 @@ done
 BACKENDS=(torch xtuner llamafactory)
 
 if [ "$dry" = 1 ]; then
-  fb=("${FBENCH:-fbench}")  # fbench's host as installed here (FBENCH names its command)
+  # fbench's host as installed here: FBENCH names its command, else fbench on PATH, else the
+  # checkout's own .venv/bin/fbench (what the README's commands run after scripts/setup.sh)
+  if [ -n "${FBENCH:-}" ]; then fb=("$FBENCH")
+  elif command -v fbench >/dev/null; then fb=(fbench)
+  elif [ -x "$root/.venv/bin/fbench" ]; then fb=("$root/.venv/bin/fbench")
+  else echo "gpu_check.sh: no fbench: run bash scripts/setup.sh (it makes .venv/bin/fbench), or set FBENCH" >&2; exit 2
+  fi
   scenario_args=()
   for s in tiny_cuda llama2_7b_8k_1gpu llama2_7b_32k_1gpu llama2_7b_8k_1gpu_zero3; do scenario_args+=(--scenario "$s"); done
   "${fb[@]}" compare "${scenario_args[@]}" --backends "$(IFS=,; echo "${BACKENDS[*]}")" --launcher local --dry-run
