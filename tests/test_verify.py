@@ -125,7 +125,8 @@ def test_compare_names_each_setting_that_differs_and_the_invalid_run(fakes, tmp_
                                    "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
     assert res.exit_code == 1, res.output  # a run that is not ok (here invalid) makes compare exit non-zero
     assert "tiny_cpu: 1 setting(s) differ between backends (matched settings)" in res.output
-    assert "speed trainer: fake_double_tokens fake-loop-double_tokens, fake_ok fake-loop-ok" in res.output
+    # one setting per line, each backend's value in its column (the backends in name order)
+    assert "setting fake_double_tokens fake_ok speed trainer fake-loop-double_tokens fake-loop-ok" in " ".join(res.output.split())
     assert "fake_double_tokens: invalid" in res.output and "tokens check failed" in res.output
     report = (tmp_path / "plots" / "report.md").read_text()
     assert "| ⚠ trainer | fake-loop-double_tokens | fake-loop-ok |" in report

@@ -3,6 +3,7 @@ checks of the user's options, and the results store opened, written and read bac
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -28,9 +29,13 @@ SbatchArgOption = Annotated[Optional[list[str]], typer.Option(
 WaitOption = Annotated[bool, typer.Option(
     "--wait", help="slurm: wait for the jobs, storing each run when its job ends")]
 PollOption = Annotated[float, typer.Option("--poll", min=0.1, help="slurm: seconds between queue checks")]
+WideOption = Annotated[bool, typer.Option(
+    "--wide", help="every column, whatever the terminal's width (by default the ones that do not fit are named)")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", help="also each run's start-up breakdown")]
 
-# Piped output keeps whole table rows readable instead of wrapping at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Tables fit the terminal, or COLUMNS when set; piped output without COLUMNS is 160 wide, not
+# rich's 80, so a log keeps most columns (framework_bench/cli/render.py says which go first).
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True)
 
 # Exit codes (README, "Exit codes"): 0 every run ok or unsupported; 1 a user error, or any run

@@ -43,8 +43,14 @@ def check(
     from framework_bench.device import check as device_check
     if device not in device_check.TINY:
         _fail(f"unknown device {device!r}: use cuda or cpu")
+    from framework_bench.cli import render
+    from framework_bench.spec import scenario
+
     results = device_check.check(out, budget, device, say=lambda s: console.print(s, markup=False))
-    typer.echo((out / "table.txt").read_text())
+    render.show(render.results_table(results, {name: scenario.load(name) for name in {r.scenario for r in results}}))
+    render.print_reasons(results)
+    console.print(f"every column, with the GPU's clock and power, the budget and each env's versions: {out / 'table.txt'}",
+                  markup=False)
     if not any(r.status == "ok" for r in results):
         raise typer.Exit(1)
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from framework_bench.cli import common
 
@@ -25,25 +31,169 @@ def result_dict(r) -> dict:
     return r.model_dump(mode="json")
 
 
-def results_table(results, scenarios_by_name) -> Table:
+# Which columns each table leaves out when the terminal is narrower than all of them, the first
+# named first: the one place this order is kept (issue 29). The width left is then filled with
+# the left-out columns that still fit, the last named first. A column not named here is never
+# left out: the names, statuses and headline figures (TGS, % of the reference) each table is for.
+# No cell is ever cut: a column is as wide as its widest cell (headers wrap), and a column that
+# does not fit is left out whole and named under the table.
+DROP_ORDER: dict[str, tuple[str, ...]] = {
+    "compare": ("published TGS", "start-up", "MFU", "reserved", "TFLOPs/GPU", "peak mem", "TGS min–max"),
+    "results list": ("data sha256", "created", "version", "settings", "steps", "TFLOPs/GPU"),
+    "scenarios": ("ZeRO", "SP", "published TGS", "device", "model"),
+}
+PROSE_MIN = 12  # the narrowest a sentence column gets: below it a sentence reads as a list of words
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a `FittedTable`. kind: `figure`, a number, name or status, printed whole on
+    one line; `prose`, a sentence, wrapped to at most two lines in the width the table leaves, or
+    else moved under the table as a numbered footnote; `notes`, a list of notes per row, each a
+    numbered footnote under the table (the same note once), the cell holding their numbers."""
+    header: str
+    justify: Literal["left", "right"] = "left"
+    kind: Literal["figure", "prose", "notes"] = "figure"
+
+
+class FittedTable:
+    """A table that fits the width it is printed at: rows of one or two lines, every figure whole,
+    the columns of `DROP_ORDER[name]` left out as needed and named in one line under it ("more
+    columns: ... (`more`)"), then the footnotes. `wide`: every column, at full width (print it
+    with `show`, which leaves lines wider than the terminal uncropped)."""
+
+    def __init__(self, name: str, columns: list[Col], *, title: str | None = None, more: str = "--wide or --json",
+                 wide: bool = False):
+        self.name, self.columns, self.title, self.more, self.wide = name, columns, title, more, wide
+        self.rows: list[list] = []
+
+    def add_row(self, *cells) -> None:
+        """Cells: str (plain text, never markup) or rich Text; a `notes` column's cell is a list of str."""
+        self.rows.append(list(cells))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        notes: list[str] = []
+
+        def mark(texts: list[str]) -> Text:
+            for text in texts:
+                if text not in notes:
+                    notes.append(text)
+            return Text(" ".join(f"[{notes.index(text) + 1}]" for text in texts))
+
+        cells: dict[Col, list[Text]] = {}
+        for i, c in enumerate(self.columns):
+            column = [row[i] for row in self.rows]
+            cells[c] = [mark(cell) if c.kind == "notes" else cell if isinstance(cell, Text) else Text(cell)
+                        for cell in column]
+        droppable = DROP_ORDER.get(self.name, ())
+        # a column with no figure in any row, or no note, tells nothing: left out unnamed
+        kept = [c for c in self.columns if not (self.rows and (c.header in droppable or c.kind == "notes")
+                                                 and all(cell.plain in ("", "-") for cell in cells[c]))]
+        dropped: list[str] = []
+        if not self.wide:  # the kept columns, then each droppable one that still fits, the last dropped first
+            fitted = [c for c in kept if c.header not in droppable]
+            for h in reversed(droppable):
+                trial = [c for c in kept if c in fitted or c.header == h]
+                if len(trial) > len(fitted):
+                    if self._needed(console, options, trial, cells) <= options.max_width:
+                        fitted = trial
+                    else:
+                        dropped.insert(0, h)
+            kept = fitted
+        # headers on one line where the width allows it, else wrapped between words
+        whole = self.wide or self._needed(console, options, kept, cells, whole_headers=True) <= options.max_width
+        if not self.wide:
+            spare = options.max_width - self._needed(console, options, kept, cells, whole_headers=whole)
+            for c in kept:
+                if c.kind == "prose":  # a sentence longer than two lines moves under the table
+                    cells[c] = [cell if len(cell.wrap(console, PROSE_MIN + spare, overflow="fold")) <= 2
+                                else mark([cell.plain]) for cell in cells[c]]
+        table = self._table(kept, cells, whole_headers=whole)
+        if self.wide:  # its full width, whatever the terminal's: the lines are left long
+            table.width = Measurement.get(console, options.update_width(10**6), table).maximum
+        yield table
+        if dropped:
+            yield Text(f"more columns: {', '.join(dropped)} ({self.more})", style="dim")
+        if notes:  # a grid, so a long note wraps under its own text, not under its number
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(no_wrap=True)
+            grid.add_column(overflow="fold")
+            for n, text in enumerate(notes, 1):
+                grid.add_row(Text(f"[{n}]"), Text(text))
+            yield grid
+
+    def _table(self, kept: list[Col], cells: dict, prose_width: int | None = None, whole_headers: bool = False) -> Table:
+        table = Table(title=self.title)
+        for c in kept:
+            header = Text(c.header, no_wrap=False)  # headers wrap between words; figures never do
+            if c.kind == "prose" and prose_width is None:
+                table.add_column(header, justify=c.justify, overflow="fold", min_width=PROSE_MIN)
+                continue
+            header_width = [len(c.header)] if whole_headers else [len(word) for word in c.header.split()]
+            widest = max([cell.cell_len for cell in cells[c]] + header_width)
+            table.add_column(header, justify=c.justify, no_wrap=True, overflow="fold",
+                             width=prose_width if c.kind == "prose" else widest)
+        for row in zip(*(cells[c] for c in kept)):
+            table.add_row(*row)
+        return table
+
+    def _needed(self, console: Console, options: ConsoleOptions, kept: list[Col], cells: dict,
+                whole_headers: bool = False) -> int:
+        """The width the kept columns need, a sentence column at its narrowest (rich's measure)."""
+        table = self._table(kept, cells, prose_width=PROSE_MIN, whole_headers=whole_headers)
+        return Measurement.get(console, options.update_width(10**6), table).minimum
+
+
+def show(table: FittedTable, console: Console | None = None) -> None:
+    """Print a fitted table; a --wide one keeps its lines whole (the terminal wraps them)."""
+    (console or common.console).print(table, crop=False)
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style="green" if status == "ok" else ("yellow" if status in ("unsupported", "unverified")
+                                                               else "red"))
+
+
+def is_startup_breakdown(note: str) -> bool:
+    """The start-up breakdown a worker adds to its notes (worker/startup.py's `startup_note`):
+    shown with --verbose, in the report and in `results show`, not in the tables."""
+    return note.startswith("start-up ") and ": " in note
+
+
+def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool = False) -> FittedTable:
+    """The runs of a compare (and of the device check): headline figures first, notes as footnotes."""
     from framework_bench.run.compare import percent_of_reference, reference_backend
     # one compare: every run of a scenario ran its one definition
     share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, "") for r in results])
-    t = Table("scenario", "backend", "status", "TGS (min–max)", f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU", "MFU",
-              "peak mem", "start-up", "published TGS", "notes", title="fbench compare")
+    t = FittedTable("compare", [
+        Col("scenario"), Col("backend"), Col("status"), Col("TGS", "right"),
+        Col(f"% of {reference_backend() or 'reference'}", "right"), Col("TGS min–max", "right"),
+        Col("TFLOPs/GPU", "right"), Col("MFU", "right"), Col("peak mem", "right"), Col("reserved", "right"),
+        Col("start-up", "right"), Col("published TGS", "right"), Col("notes", kind="notes")],
+        title="fbench compare", wide=wide)
     for r in results:
-        s = scenarios_by_name[r.scenario]
-        spread = f" ({fmt(r.tgs_min)}–{fmt(r.tgs_max)})" if r.tgs is not None else ""
-        colour = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
-        mem = f"{r.peak_mem_bytes / 2**30:.2f} GiB" if r.peak_mem_bytes else "-"
-        if r.peak_reserved_bytes:
-            mem += f" ({r.peak_reserved_bytes / 2**30:.2f} reserved)"
-        ref = f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s.reference else "-"
-        notes = escape("; ".join(r.flags + r.notes)) if r.status == "ok" else "see below"
+        s = scenarios_by_name.get(r.scenario)
         pct = share.get((r.scenario, r.backend))
-        t.add_row(r.scenario, r.backend, f"[{colour}]{r.status}[/{colour}]", fmt(r.tgs) + spread,
-                  "-" if pct is None else f"{pct:.0f}%", fmt(r.tflops, ".3g"), fmt(r.mfu * 100 if r.mfu is not None else None, ".1f") + ("%" if r.mfu else ""),
-                  mem, fmt(r.startup_seconds, ".1f") + (" s" if r.startup_seconds is not None else ""), ref, notes)
+        t.add_row(r.scenario, r.backend, status_text(r.status), fmt(r.tgs), "-" if pct is None else f"{pct:.0f}%",
+                  f"{fmt(r.tgs_min)}–{fmt(r.tgs_max)}" if r.tgs_min is not None else "-",
+                  fmt(r.tflops, ".3g"), "-" if r.mfu is None else f"{r.mfu * 100:.1f}%",
+                  gib(r.peak_mem_bytes), gib(r.peak_reserved_bytes),
+                  "-" if r.startup_seconds is None else f"{r.startup_seconds:.1f} s",
+                  f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s and s.reference else "-",
+                  r.flags + [n for n in r.notes if verbose or not is_startup_breakdown(n)])
+    return t
+
+
+def gib(n: int | None) -> str:
+    return "-" if not n else f"{n / 2**30:.2f} GiB"
+
+
+def points_table(name: str, report) -> FittedTable:
+    """`fbench check-backend`: each point, its verdict and why."""
+    t = FittedTable("check-backend", [Col("point"), Col("verdict"), Col("detail", kind="prose")],
+                    title=f"fbench check-backend {name} ({report.scenario})")
+    for p in report.points:
+        t.add_row(p.name, Text(p.status, style={"pass": "green", "skipped": "yellow"}.get(p.status, "red")), p.detail)
     return t
 
 
@@ -54,17 +204,26 @@ def print_checks(checks) -> None:
                       highlight=False)
 
 
-def print_differences(records: list[dict], mode: str) -> None:
-    """One line per setting that differs between the backends of a scenario."""
+def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:
+    """Per scenario, the settings that differ between its backends: one setting per row, each
+    backend's value in its own column, wrapped to the width (a long value folds, never cut)."""
     from framework_bench.run.compare import setting_differences
+    show = show or common.console
     for name, diffs in setting_differences(records).items():
-        common.console.print(f"[bold]{escape(name)}[/bold]: {len(diffs)} setting(s) differ between backends "
-                      f"({mode} settings)" if diffs else f"[bold]{escape(name)}[/bold]: same settings on every backend",
-                      highlight=False)
+        show.print(f"[bold]{escape(name)}[/bold]: {len(diffs)} setting(s) differ between backends "
+                   f"({mode} settings)" if diffs else f"[bold]{escape(name)}[/bold]: same settings on every backend",
+                   highlight=False)
+        if not diffs:
+            continue
+        grid = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+        grid.add_column("", no_wrap=True)  # speed: the setting changes what a run's TGS measures
+        grid.add_column("setting", no_wrap=True)
+        backends = list(diffs[0][1])
+        for b in backends:
+            grid.add_column(Text(b), overflow="fold")
         for key, values, speed in diffs:
-            shown = ", ".join(f"{b} {v}" for b, v in values.items())
-            common.console.print(("  [yellow]speed[/yellow] " if speed else "        ") + escape(f"{key}: {shown}"),
-                          highlight=False)
+            grid.add_row(Text("speed", style="yellow") if speed else "", Text(key), *(Text(str(values[b])) for b in backends))
+        show.print(Padding(grid, (0, 0, 0, 2)))
 
 
 def print_reasons(results: list) -> None:
@@ -100,8 +259,9 @@ def print_verdict(name: str, launcher: str, verdict, show=common.console) -> Non
 
 
 
-def print_run(r, db: Path) -> None:
-    """One run as `fbench run` shows it: status, figures, notes, reason, the host's checks."""
+def print_run(r, db: Path, verbose: bool = False) -> None:
+    """One run as `fbench run` shows it: status, figures, notes (the start-up breakdown with
+    --verbose), reason, the host's checks."""
     console = common.console
     colour = "green" if r.status == "ok" else "red"
     console.print(f"[{colour}]{r.status}[/{colour}] {r.backend} on {r.scenario}"
@@ -117,7 +277,8 @@ def print_run(r, db: Path) -> None:
         if r.flags:
             console.print(f"[yellow]flags: {'; '.join(r.flags)}[/yellow]")
     for note in r.notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        if verbose or not is_startup_breakdown(note):
+            console.print(f"note: {note}", highlight=False, markup=False)
     if r.reason:
         console.print(r.reason, highlight=False, markup=False)
     print_checks(r.checks)

@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from framework_bench.cli import common, render
 
@@ -22,19 +21,23 @@ def results_list(
     db: common.DbOption = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="show the latest N runs")] = 50,
     all_: Annotated[bool, typer.Option("--all", help="show every stored run")] = False,
+    wide: common.WideOption = False,
 ) -> None:
     """One line per stored run: the latest 50 unless --limit N or --all."""
     store = common.open_store(db, read_only=True)
-    t = Table("id", "created", "scenario", "backend", "version", "settings", "status", "TGS", "TFLOPs/GPU", "steps",
-              "data sha256")
+    t = render.FittedTable("results list", [
+        render.Col("id", "right"), render.Col("created"), render.Col("scenario"), render.Col("backend"),
+        render.Col("version"), render.Col("settings"), render.Col("status"), render.Col("TGS", "right"),
+        render.Col("TFLOPs/GPU", "right"), render.Col("steps", "right"), render.Col("data sha256")],
+        more="--wide, or `fbench results export --format json`", wide=wide)
     rows = store.list(scenario, backend)
     shown = rows if all_ else rows[-limit:]
     for r in shown:
         t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
-                  r["settings_mode"], r["status"], render.fmt(r["tgs"]), render.fmt(r["tflops"], ".3g"),
+                  r["settings_mode"], render.status_text(r["status"]), render.fmt(r["tgs"]), render.fmt(r["tflops"], ".3g"),
                   f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
                   (r["data_sha256"] or "-")[:12])
-    common.console.print(t)
+    render.show(t)
     if len(shown) < len(rows):
         common.console.print(f"the latest {len(shown)} of {len(rows)} runs; --all or --limit N for more", highlight=False)
 

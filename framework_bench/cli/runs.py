@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from framework_bench.cli import common, render
 from framework_bench.worker.hparams import SEED
@@ -37,11 +36,7 @@ def check_backend(
     if report.result.status == "interrupted":  # the worker's whole process group is stopped
         common.err.print(f"[yellow]interrupted: the check of {escape(name)} stopped, its worker with it[/yellow]")
         raise typer.Exit(common.EXIT_INTERRUPTED)
-    t = Table("point", "verdict", "detail", title=f"fbench check-backend {name} ({report.scenario})")
-    for p in report.points:
-        colour = {"pass": "green", "skipped": "yellow"}.get(p.status, "red")
-        t.add_row(p.name, f"[{colour}]{p.status}[/{colour}]", escape(p.detail))
-    common.console.print(t)
+    render.show(render.points_table(name, report))
     if report.result.run_dir:
         common.console.print(f"run folder {report.result.run_dir}", highlight=False)
     if not report.passed:
@@ -64,6 +59,7 @@ def run(
     wait: common.WaitOption = False,
     poll: common.PollOption = 30.0,
     seed: common.SeedOption = SEED,
+    verbose: common.VerboseOption = False,
 ) -> None:
     """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
     from framework_bench.run import pipeline
@@ -95,7 +91,7 @@ def run(
     if as_json:
         print(json.dumps(render.result_dict(r), indent=2))
     else:
-        render.print_run(r, store.path)
+        render.print_run(r, store.path, verbose=verbose)
     if code := common.exit_code([r]):
         raise typer.Exit(code)
 
@@ -117,6 +113,8 @@ def compare(
     wait: common.WaitOption = False,
     poll: common.PollOption = 30.0,
     seed: common.SeedOption = SEED,
+    wide: common.WideOption = False,
+    verbose: common.VerboseOption = False,
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -178,7 +176,7 @@ def compare(
     if as_json:
         print(json.dumps([render.result_dict(r) for r in results], indent=2))
     else:
-        common.console.print(render.results_table(results, by_name))
+        render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
         render.print_reasons(results)
         render.print_differences([render.result_dict(r) for r in results], settings)
         common.console.print(f"results stored in {store.path}")
@@ -206,24 +204,23 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
     submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
     from framework_bench.measure.machine import detect
     from framework_bench.measure.memory import estimate
-    from framework_bench.run import pipeline
+    from framework_bench.run import compare
 
     machine = detect()
     show = common.err if as_json else common.console  # with --json, stdout holds the JSON alone
-    plans = []
-    for s in chosen:
+
+    def on_scenario(s) -> None:
         show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
         target = s.reference.hardware if s.reference else None
         show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
-        for name in backend_names:
-            try:
-                d = pipeline.dry_run(name, s, options, machine)
-            except common.user_errors() as e:
-                common.fail(str(e))
-            plans.append(d.model_dump(mode="json"))
-            render.print_plan(d, s, options, machine, show)
+
+    try:
+        plans = compare.plans(chosen, backend_names, options, machine, on_scenario=on_scenario,
+                              on_plan=lambda d, s: render.print_plan(d, s, options, machine, show))
+    except common.user_errors() as e:
+        common.fail(str(e))
     if as_json:
-        print(json.dumps(plans, indent=2))
+        print(json.dumps([d.model_dump(mode="json") for d in plans], indent=2))
 
 
 def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool, poll: float,
@@ -231,26 +228,28 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
     """--launcher slurm: judge, write and submit each run (never for a backend that refused, or
     whose hooks raised); those are stored at once, submitted runs when their jobs end (--wait,
     or `results collect`)."""
-    from framework_bench.run import pipeline
+    from framework_bench.run import compare
     from framework_bench.run.interrupts import stop_signals_interrupt
     store = common.open_store(options.db)
     options = options.model_copy(update={"db": store.path})
     by_name = {s.name: s for s in chosen}
     results, submitted = [], []
+
+    def on_scenario(s) -> None:
+        common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+
+    def on_planned(name, s, p) -> None:
+        render.print_submission(name, p, options)
+        if p.result is not None:
+            common.keep(store, p.result, s)
+            results.append(p.result)
+            common.console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
+        elif p.submission:
+            submitted.append(p.submission)
+
     try:
         with stop_signals_interrupt():
-            for s in chosen:
-                common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
-                for name in backend_names:
-                    p = pipeline.submit(name, s, options)
-                    render.print_submission(name, p, options)
-                    if p.result is not None:
-                        common.keep(store, p.result, s)
-                        results.append(p.result)
-                        common.console.print(f"  nothing submitted; stored as result {p.result.result_id}",
-                                             highlight=False)
-                    elif p.submission:
-                        submitted.append(p.submission)
+            compare.submit(chosen, backend_names, options, on_scenario=on_scenario, on_planned=on_planned)
     except common.user_errors() as e:
         common.fail(str(e))
     except KeyboardInterrupt:  # while judging, packing or submitting: what was submitted stays recorded

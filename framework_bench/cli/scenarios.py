@@ -8,24 +8,28 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Column, Table
+from rich.text import Text
 
 from framework_bench.cli import common, render
 
 
-def scenarios() -> None:
+def scenarios(wide: common.WideOption = False) -> None:
     """List the scenarios in scenarios/."""
     from framework_bench.spec import scenario
-    t = Table(Column("name", no_wrap=True), "model", "device", "GPUs", "context", "SP", "ZeRO", "published TGS")
+    t = render.FittedTable("scenarios", [
+        render.Col("name"), render.Col("model"), render.Col("device"), render.Col("GPUs", "right"),
+        render.Col("context", "right"), render.Col("SP", "right"), render.Col("ZeRO", "right"),
+        render.Col("published TGS", "right"), render.Col("notes", kind="notes")],
+        more="--wide, or `fbench show NAME`", wide=wide)
     for p in scenario.scenario_paths():
         try:
             s = scenario.load_file(p)
         except scenario.ScenarioError as e:
-            t.add_row(escape(p.stem), f"[red]invalid: {escape(str(e).splitlines()[0])}[/red]", "", "", "", "", "", "")
+            t.add_row(p.stem, Text("invalid", style="red"), "", "", "", "", "", "", [str(e).splitlines()[0]])
             continue
         t.add_row(s.name, s.model.preset or "inline", s.cluster.device, str(s.cluster.gpus), render.ctx(s.context_length),
-                  str(s.sequence_parallel), str(s.zero_stage), render.fmt(s.reference.tgs if s.reference else None))
-    common.console.print(t)
+                  str(s.sequence_parallel), str(s.zero_stage), render.fmt(s.reference.tgs if s.reference else None), [])
+    render.show(t)
 
 
 def scenario_summary(s) -> dict:
