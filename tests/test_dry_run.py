@@ -73,3 +73,29 @@ def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypat
     assert "llamafactory: sequence_parallel 16 with 8 KV heads" in out
     assert "cp_size must divide num_key_value_heads (8)" in out
     assert out.count(": refused") == 2
+
+
+@pytest.mark.parametrize("settings", ["native", "matched"])
+def test_the_memory_figure_of_each_verdict_is_its_plan_lines(settings, tmp_path, monkeypatch):
+    """Before, the verdict's "~N GiB each" was the estimate for no backend in matched mode: ~105
+    GiB above XTuner's own 127.5 GiB plan line (native mode) on llama2_7b_8k_1gpu."""
+    import re
+
+    from fbench_fixtures import backend_env_or_skip
+    from framework_bench.envs import venvs as envs
+    for name in ("xtuner", "torch"):
+        backend_env_or_skip(name)
+    home = tmp_path / "home"  # the plans' files go here; the envs stay where setup made them
+    home.mkdir()
+    (home / "envs").symlink_to((envs.fbench_home() / "envs").resolve())
+    monkeypatch.setenv("FBENCH_HOME", str(home))
+    monkeypatch.setattr("framework_bench.measure.machine.detect", lambda: NO_GPU)
+    res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_7b_8k_1gpu", "--backends", "xtuner,torch",
+                                   "--dry-run", "--settings", settings])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.stdout.split())
+    verdicts = re.findall(r"~([\d.]+) GiB each by the memory estimate", out)
+    plans = re.findall(r"memory: ~([\d.]+) GiB at the", out)
+    assert len(verdicts) == len(plans) == 2 and verdicts == plans, out
+    if settings == "native":  # XTuner's foreach AdamW with its fp32 copy: not the reference's figure
+        assert plans[0] != plans[1]

@@ -39,7 +39,7 @@ def test_one_gpu_zero3_plans_a_process_group(backend, versions, tmp_path, monkey
     assert PG_VARS.items() <= plan.env.items()
     assert 1024 <= int(plan.env["MASTER_PORT"]) < 65536
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "0"  # one process on an 8-GPU host sees one GPU
-    assert launch.default_launcher(job) == "local"
+    assert launch.default_launcher(job.scenario) == "local"
     assert launch.executor_for("local").argv(plan, job)[1:3] == ["-m", plan.module]
     if backend == "xtuner":
         values = {n.targets[0].id: ast.unparse(n.value) for n in ast.parse(plan.files["mmengine_config"].read_text()).body

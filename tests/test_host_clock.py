@@ -19,7 +19,6 @@ from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
-from framework_bench.plugins.backend import Job
 from framework_bench.data.packing import pack
 
 # Four measured steps after one warm-up: a span of a second or more on this CPU.
@@ -53,10 +52,8 @@ def lie_runs(liars, tmp_path_factory):
 def judged_again(result, monkeypatch, unchecked="clock,pauses,cpu"):
     """The same run folder read back and judged with the issue-20 checks switched off."""
     monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
-    job = Job.model_validate_json((result.run_dir / "job.json").read_text())
-    base = dict(backend=result.backend, scenario=result.scenario, framework_version=result.framework_version,
-                settings_mode=result.settings_mode)
-    return pipeline.finish(plugins.get(result.backend), job, launch.Outcome("ok", 0, result.wall_seconds, ""), base, None)
+    return pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
+                           launch.Outcome("ok", 0, result.wall_seconds, ""))
 
 
 # lie -> the check that must catch it

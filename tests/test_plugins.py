@@ -328,11 +328,11 @@ def test_dry_run_shows_the_verdict_then_the_plan_error(probes):
 
 
 def test_declared_capabilities_are_enforced_by_the_host(fake):
-    from framework_bench.run import pipeline
+    from framework_bench.run import verdicts
 
     gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
-    _, reason = pipeline.check(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
-    assert reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
+    _, verdict = verdicts.judge(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
+    assert verdict.reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
     assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked
 
 

@@ -198,7 +198,7 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     words in the job output when it killed the job."""
     import os
 
-    from framework_bench.run.launchers import slurm
+    from framework_bench.run.launchers import base, slurm
     quiet = tmp_path / "bin"
     quiet.mkdir()
     for name in ("squeue", "sacct"):  # the job is gone from the queue; no accounting kept
@@ -207,8 +207,8 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     monkeypatch.setenv("PATH", f"{quiet}:{os.environ['PATH']}")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    sub = slurm.Submission(job_id="42", backend="fake_ok", scenario="tiny_cpu", run_dir=run_dir,
-                           submitted_at="now", time_limit="00:11:00")
+    sub = base.Submission(job_id="42", backend="fake_ok", scenario="tiny_cpu", run_dir=run_dir,
+                          submitted_at="now", time_limit="00:11:00")
     assert slurm.job_state(sub).state == "UNKNOWN"  # nothing to go by yet: still waiting
     (run_dir / "slurm-42.out").write_text("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-30 DUE TO TIME LIMIT ***\n")
     assert slurm.job_state(sub).state == "TIMEOUT"
@@ -397,3 +397,67 @@ def test_ctrl_c_while_submitting_exits_130_and_never_waits(cluster, fakes, tmp_p
         assert "Traceback" not in err
     finally:
         proc.kill()
+
+
+# Fakes whose host side writes the per-micro-batch losses a worker would (tests/fake_backends
+# train nothing): a reference, one trained alike, one whose losses are 1.0 apart.
+PARITY_FAKES = '''
+import json
+
+from fbench_fake_backends import FakeBackend
+from framework_bench.plugins.hookspecs import hookimpl
+
+
+class WithLosses(FakeBackend):
+    def __init__(self, name, offset, reference=False):
+        super().__init__(name, "ok")
+        self.offset, self.reference = offset, reference
+
+    @hookimpl
+    def fbench_backend_info(self):
+        return super().fbench_backend_info().model_copy(update={"reference": self.reference})
+
+    @hookimpl
+    def fbench_read_report(self, job):
+        (job.run_dir / "losses").mkdir(exist_ok=True)
+        (job.run_dir / "losses" / "rank0.jsonl").write_text("".join(
+            json.dumps({"step": s, "loss": 10.0 / s + self.offset, "divisor": 1, "supervised": 1}) + "\\n"
+            for s in range(1, job.scenario.steps.total + 1)))
+        return super().fbench_read_report(job)
+
+
+reference = WithLosses("fake_reference", 0.0, reference=True)
+alike = WithLosses("fake_alike", 0.0)
+apart = WithLosses("fake_apart", 1.0)
+'''
+
+
+def _checks(row: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in json.loads((Path(row["run_dir"]) / "result.json").read_text())["checks"]}
+
+
+def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes, tmp_path, monkeypatch):
+    """As a compare here does: the reference submitted first, each other run judged against its
+    result when collected (before, runs collected from SLURM were never judged)."""
+    import fbench_fake_backends
+    from framework_bench.run import compare
+
+    site = tmp_path / "parity-site"
+    site.mkdir()
+    (site / "fbench_parity_fakes.py").write_text(PARITY_FAKES)
+    fbench_fake_backends.register_through_entry_points(
+        site, {f"fake_{n}": f"fbench_parity_fakes:{n}" for n in ("reference", "alike", "apart")}, "fbench-parity-fakes")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(compare, "reference_backend", lambda: "fake_reference")  # the torch backend is installed too
+    db = tmp_path / "results.sqlite"
+    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_apart,fake_alike,fake_reference",
+                  "--launcher", "slurm", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    assert re.findall(r"fake_\w+(?= via slurm)", res.stdout) == ["fake_reference", "fake_apart", "fake_alike"]
+    _collect_until_done(db)
+    rows = _rows(db)
+    assert rows["fake_reference"]["status"] == "ok" and "parity" not in _checks(rows["fake_reference"])
+    alike = _checks(rows["fake_alike"])["parity"]
+    assert rows["fake_alike"]["status"] == "ok" and alike["status"] == "pass" and "fake_reference" in alike["detail"]
+    apart = rows["fake_apart"]
+    assert apart["status"] == "invalid" and _checks(apart)["parity"]["status"] == "fail", apart["reason"]

@@ -204,24 +204,23 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
     submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
     from framework_bench.measure.machine import detect
     from framework_bench.measure.memory import estimate
-    from framework_bench.run import pipeline
+    from framework_bench.run import compare
 
     machine = detect()
     show = common.err if as_json else common.console  # with --json, stdout holds the JSON alone
-    plans = []
-    for s in chosen:
+
+    def on_scenario(s) -> None:
         show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
         target = s.reference.hardware if s.reference else None
         show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
-        for name in backend_names:
-            try:
-                d = pipeline.dry_run(name, s, options, machine)
-            except common.user_errors() as e:
-                common.fail(str(e))
-            plans.append(d.model_dump(mode="json"))
-            render.print_plan(d, s, options, machine, show)
+
+    try:
+        plans = compare.plans(chosen, backend_names, options, machine, on_scenario=on_scenario,
+                              on_plan=lambda d, s: render.print_plan(d, s, options, machine, show))
+    except common.user_errors() as e:
+        common.fail(str(e))
     if as_json:
-        print(json.dumps(plans, indent=2))
+        print(json.dumps([d.model_dump(mode="json") for d in plans], indent=2))
 
 
 def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool, poll: float,
@@ -229,26 +228,28 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
     """--launcher slurm: judge, write and submit each run (never for a backend that refused, or
     whose hooks raised); those are stored at once, submitted runs when their jobs end (--wait,
     or `results collect`)."""
-    from framework_bench.run import pipeline
+    from framework_bench.run import compare
     from framework_bench.run.interrupts import stop_signals_interrupt
     store = common.open_store(options.db)
     options = options.model_copy(update={"db": store.path})
     by_name = {s.name: s for s in chosen}
     results, submitted = [], []
+
+    def on_scenario(s) -> None:
+        common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+
+    def on_planned(name, s, p) -> None:
+        render.print_submission(name, p, options)
+        if p.result is not None:
+            common.keep(store, p.result, s)
+            results.append(p.result)
+            common.console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
+        elif p.submission:
+            submitted.append(p.submission)
+
     try:
         with stop_signals_interrupt():
-            for s in chosen:
-                common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
-                for name in backend_names:
-                    p = pipeline.submit(name, s, options)
-                    render.print_submission(name, p, options)
-                    if p.result is not None:
-                        common.keep(store, p.result, s)
-                        results.append(p.result)
-                        common.console.print(f"  nothing submitted; stored as result {p.result.result_id}",
-                                             highlight=False)
-                    elif p.submission:
-                        submitted.append(p.submission)
+            compare.submit(chosen, backend_names, options, on_scenario=on_scenario, on_planned=on_planned)
     except common.user_errors() as e:
         common.fail(str(e))
     except KeyboardInterrupt:  # while judging, packing or submitting: what was submitted stays recorded

@@ -1,7 +1,8 @@
 """Submitted SLURM runs brought back into the results store when their jobs end: each ended job
 becomes a stored `RunResult` through the pipeline's `finish` (the worker's metrics for a job
 that completed, a `failed`/`timeout`/`oom` row with the tail of the SLURM output for one that
-did not); `wait` polls the queue until every job has ended.
+did not), judged for parity with the reference's run submitted beside it, as a compare run
+here is; `wait` polls the queue until every job has ended.
 """
 
 from __future__ import annotations
@@ -14,23 +15,34 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
-from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.backend import Job
 from framework_bench.run import pipeline
 from framework_bench.store.results import ResultStore
-from framework_bench.run.launchers.slurm import SBATCH_FILE, SUBMISSION, JobState, Submission, job_state, node, outcome_of
+from framework_bench.run.launchers.base import SUBMISSION, Submission
+from framework_bench.run.launchers.slurm import SBATCH_FILE, JobState, job_state, node, outcome_of
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.files import read_metrics
 
 
-def ingest(sub: Submission, state: JobState) -> RunResult:
+def ingest(sub: Submission, state: JobState, reference: RunResult | None = None) -> RunResult:
     """The stored-to-be result of an ended job; its MFU against the GPU of the node that ran it
     (none when that is unknown: the plan's target GPU may not be what the scheduler gave)."""
-    job = Job.model_validate_json((sub.run_dir / "job.json").read_text())
-    backend = plugins.get(sub.backend)
-    base = dict(backend=sub.backend, scenario=sub.scenario, framework_version=None, settings_mode=job.settings_mode,
-                seed=job.seed)
-    return pipeline.finish(backend, job, outcome_of(sub, state), base, node(sub)[1])
+    return pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome_of(sub, state), reference)
+
+
+def reference_of(sub: Submission) -> RunResult | str | None:
+    """The reference's result `sub` is judged against once collected; while the reference's job
+    has not ended, its state (the run waits for it); None when there is none to judge against
+    (no reference submitted beside it, or its job ended without a result)."""
+    if sub.reference is None:
+        return None
+    try:
+        ref = Submission.load(sub.reference)
+        if ref.result_id is None and ((state := job_state(ref)).active or state.state == "UNKNOWN"):
+            return state.state
+        return RunResult.model_validate_json((sub.reference / "result.json").read_text())
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
 
 
 def node_manifest(sub: Submission) -> dict:
@@ -114,16 +126,21 @@ def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultSto
     stored (its plugin uninstalled, its folder damaged) goes to `on_problem` and stays to be
     collected later; the others are stored all the same."""
     waiting = []
-    for sub in subs:
+    # The references first: a run submitted beside one is judged against its result.
+    for sub in sorted(subs, key=lambda sub: sub.reference is not None):
         try:
             state = job_state(sub)
             if state.active or state.state == "UNKNOWN":
                 waiting.append((sub, state))
                 continue
+            reference = reference_of(sub)
+            if isinstance(reference, str):
+                waiting.append((sub, JobState(state=f"waiting for the reference's job ({reference})")))
+                continue
             with _claimed(sub) as mine:
                 if not mine or Submission.load(sub.run_dir).result_id is not None:
                     continue  # another collect has it, or stored it meanwhile
-                result = ingest(sub, state)
+                result = ingest(sub, state, reference)
                 store = store_for(sub)
                 store.add(result, scenario_of(sub), node_manifest(sub))
                 sub.result_id, sub.db = result.result_id, str(store.path)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.backend import Machine
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario as scenarios_
@@ -115,6 +116,13 @@ class Interrupted(Exception):
     """Ctrl-C during a compare: the results finished so far are kept."""
 
 
+def _reference_first(backend_names: list[str]) -> tuple[list[str], str | None]:
+    """The backends in the order a compare runs them, and the reference's name: the reference
+    first, so that every other backend's run is judged for parity with it."""
+    reference_name = reference_backend()
+    return sorted(backend_names, key=lambda b: b != reference_name), reference_name
+
+
 def compare(
     scenarios: list[Scenario],
     backend_names: list[str],
@@ -133,9 +141,7 @@ def compare(
     if missing:
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     results: list[RunResult] = []
-    # The reference first: every other backend's run is then judged for parity with it.
-    reference_name = reference_backend()
-    ordered = sorted(backend_names, key=lambda b: b != reference_name)
+    ordered, reference_name = _reference_first(backend_names)
     for s in scenarios:
         reference = None
         for name in ordered:
@@ -143,10 +149,52 @@ def compare(
             # run_one packs only when the backend can run the scenario; the packed data is
             # cached by its inputs, so the second backend reads the very same files.
             result = pipeline.run_one(name, s, options, on_step=on_step, reference=reference)
-            if name == reference_name and result.status == "ok":
+            if name == reference_name:
                 reference = result
             on_result(result, s)
             results.append(result)
             if result.status == "interrupted":
                 raise Interrupted(results)
     return results
+
+
+def submit(
+    scenarios: list[Scenario],
+    backend_names: list[str],
+    options: RunOptions,
+    *,
+    on_scenario: Callable[[Scenario], None] = lambda s: None,
+    on_planned: Callable[[str, Scenario, pipeline.Planned], None] = lambda b, s, p: None,
+) -> None:
+    """`compare --launcher slurm`: every backend on every scenario written and submitted, the
+    reference first; each other run records the reference's run folder, so `results collect`
+    judges it for parity with the reference's result."""
+    ordered, reference_name = _reference_first(backend_names)
+    for s in scenarios:
+        on_scenario(s)
+        reference = None
+        for name in ordered:
+            planned = pipeline.submit(name, s, options, reference=reference)
+            if name == reference_name and planned.submission is not None:
+                reference = planned.submission.run_dir
+            on_planned(name, s, planned)
+
+
+def plans(
+    scenarios: list[Scenario],
+    backend_names: list[str],
+    options: RunOptions,
+    machine: Machine,
+    *,
+    on_scenario: Callable[[Scenario], None] = lambda s: None,
+    on_plan: Callable[[pipeline.DryRun, Scenario], None] = lambda d, s: None,
+) -> list[pipeline.DryRun]:
+    """`--dry-run`: every backend's plan on every scenario, in the order given; nothing is packed,
+    launched or submitted."""
+    out = []
+    for s in scenarios:
+        on_scenario(s)
+        for name in backend_names:
+            out.append(pipeline.dry_run(name, s, options, machine))
+            on_plan(out[-1], s)
+    return out

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import BackendEnv, Machine
+from framework_bench.plugins.backend import BackendEnv, Machine, MemoryScheme
 from framework_bench.measure.memory import MemoryEstimate, estimate, gpu_memory_for
 from framework_bench.spec.scenario import Scenario
 
@@ -45,13 +45,17 @@ def fit_refusal(e: MemoryEstimate, gpu_name: str | None) -> str:
             f"{e.gpu_memory_gib:.1f} GiB): {e.summary()}; --force runs it anyway")
 
 
-def machine_shortfall(scenario: Scenario, machine: Machine) -> str | None:
-    """Why this machine cannot host the scenario's processes (any backend), or None."""
+def machine_shortfall(scenario: Scenario, machine: Machine, declared: MemoryScheme | None = None,
+                      settings_mode: str = "matched") -> str | None:
+    """Why this machine cannot host the scenario's processes (any backend), or None; the GPU
+    memory it names is the estimate for a backend declaring `declared` in `settings_mode`,
+    the figure of that backend's plan line."""
     c = scenario.cluster
     if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
         have = f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib} GiB)" if machine.gpus else "no GPU"
-        need = estimate(scenario, gpu=scenario.reference.hardware if scenario.reference else None).total_gib
-        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.0f} GiB each by the "
+        need = estimate(scenario, declared=declared, settings_mode=settings_mode,
+                        gpu=scenario.reference.hardware if scenario.reference else None).total_gib
+        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.1f} GiB each by the "
                 f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
                 "them with --launcher slurm")
     if c.device == "cpu" and c.gpus > (machine.cpu_count or 1):
@@ -85,7 +89,7 @@ def judge(backend: plugins.Backend, scenario: Scenario, machine: Machine, env: B
           force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Verdict]:
     """(env, verdict) for `backend` running `scenario`, seen from `machine`."""
     env = env or envs.inspect(backend.name, backend.info.env)
-    shortfall = machine_shortfall(scenario, machine)
+    shortfall = machine_shortfall(scenario, machine, backend.info.memory, settings_mode)
     target = target_machine(scenario, machine)
     judged_env, env_note = env_for_target(scenario, env) if shortfall else (env, None)
     check = backend.info.capabilities.refusal(scenario, backend.name) or backend.check(scenario, target, judged_env)

@@ -1,11 +1,13 @@
 """The executor interface every launcher implements, and what all of them share: how a run
-ended (`Outcome`) and the tail of its log. The environment a plan gives its processes is
-`framework_bench/plugins/plan_env.py` (a backend's plan builds it).
+ended (`Outcome`), how one was handed to a scheduler (`Submission`), and the tail of its log.
+The environment a plan gives its processes is `framework_bench/plugins/plan_env.py` (a
+backend's plan builds it).
 
 An executor takes a prepared run (the host's `Job` and the backend's `LaunchPlan`) and
-either runs it here and waits (`local`, `torchrun`: `run` returns an `Outcome`) or hands it
-to a scheduler (`slurm`: the run's `Outcome` is read back when its job ends, see
-`framework_bench/run/collect.py`). `framework_bench/run/pipeline.py` drives them all.
+`start`s it: here, waiting for its end (`local`, `torchrun`: an `Outcome`), or by handing it
+to a scheduler (`slurm`: a `Submission`, whose `Outcome` is read back when its job ends, see
+`framework_bench/run/collect.py`). `framework_bench/run/pipeline.py` drives them all through
+this interface alone.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, Field
 
 from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.run.verdicts import Verdict
+from framework_bench.spec.scenario import Scenario
 
 Launcher = Literal["local", "torchrun", "slurm"]
 LAUNCHERS: tuple[Launcher, ...] = ("local", "torchrun", "slurm")
@@ -33,10 +39,53 @@ class Outcome:
     log_tail: str
 
 
+SUBMISSION = "slurm.json"
+
+
+class Submission(BaseModel):
+    """A run handed to a scheduler (what `slurm.json` in its run folder records); `job_id` None:
+    written but not submitted, `note` says why (the script is to be submitted by hand)."""
+
+    job_id: str | None
+    backend: str
+    scenario: str
+    run_dir: Path
+    submitted_at: str
+    time_limit: str
+    gpu_name: str | None = Field(None, description="GPU the plan targets (the time estimate's; MFU uses the node's)")
+    result_id: int | None = None
+    db: str | None = Field(None, description="the results file the run was submitted for; its row goes there")
+    reference: Path | None = Field(None, description=(
+        "the run folder of the reference's run on the same scenario and seed, submitted beside it: "
+        "the run is judged for parity with it when collected"))
+    note: str | None = Field(None, description="what to know about the submission: node-local paths, why not submitted")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Submission":
+        return cls.model_validate_json((run_dir / SUBMISSION).read_text())
+
+    def save(self) -> None:
+        (self.run_dir / SUBMISSION).write_text(self.model_dump_json(indent=2))
+
+
+class LaunchOptions(Protocol):
+    """What a launcher reads of the command's `RunOptions` (framework_bench/run/options.py, which
+    imports the launchers: hence a protocol, not that class)."""
+
+    timeout: float | None
+    db: Path | None
+    sbatch: Any
+
+
 class Executor(ABC):
-    """One launcher: the command that starts a planned run, and how it is started."""
+    """One launcher: which refusals stop it, the command that starts a planned run, the files it
+    writes to start it, and the start itself."""
 
     name: ClassVar[Launcher]
+
+    def refusal(self, verdict: Verdict) -> str | None:
+        """What of the verdict stops a run on this launcher: every refusal, for one started here."""
+        return verdict.reason
 
     @abstractmethod
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
@@ -46,14 +95,24 @@ class Executor(ABC):
         """The commands this machine starts: one per node."""
         return [self.argv(plan, job)]
 
-    def run(self, plan: LaunchPlan, job: Job, timeout: float | None, poll: Callable[[], None]) -> Outcome:
-        """Start the run here and wait for its end; `poll` is called about twice a second. A
-        launcher whose runs a scheduler starts (slurm) has none."""
-        raise NotImplementedError(f"the {self.name} launcher does not run jobs here")
+    def time_limit(self, scenario: Scenario, gpu_name: str | None) -> BaseModel | None:
+        """The limit a scheduler is given for the run, with how it was estimated (none here)."""
+        return None
+
+    def write(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None) -> dict[str, Path]:
+        """The files, by role, this launcher writes to start the plan (a batch script); `gpu_name`:
+        the GPU of the nodes the run targets."""
+        return {}
+
+    @abstractmethod
+    def start(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None,
+              poll: Callable[[], None]) -> Outcome | Submission:
+        """Start the run: here, returning its `Outcome` once it ended (`poll` is called about twice
+        a second meanwhile), or by submitting it, returning the `Submission`."""
 
 
-def default_launcher(job: Job) -> Launcher:
-    return "torchrun" if job.nprocs * job.nnodes > 1 else "local"
+def default_launcher(scenario: Scenario) -> Launcher:
+    return "torchrun" if scenario.cluster.gpus > 1 else "local"
 
 
 def executor_for(launcher: Launcher) -> Executor:

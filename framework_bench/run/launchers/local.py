@@ -17,7 +17,7 @@ from framework_bench.measure import clock, update
 from framework_bench.plugins.backend import Job, LaunchPlan
 from framework_bench.run import interrupts
 from framework_bench.plugins.plan_env import visible_gpus_env
-from framework_bench.run.launchers.base import OOM_MARKERS, Executor, Outcome, tail
+from framework_bench.run.launchers.base import OOM_MARKERS, Executor, LaunchOptions, Outcome, tail
 
 
 class LocalExecutor(Executor):
@@ -28,14 +28,15 @@ class LocalExecutor(Executor):
             raise ValueError(f"{job.nprocs * job.nnodes} processes need --launcher torchrun")
         return [str(plan.python), "-m", plan.module, *plan.args]
 
-    def run(self, plan: LaunchPlan, job: Job, timeout: float | None, poll: Callable[[], None]) -> Outcome:
+    def start(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None,
+              poll: Callable[[], None]) -> Outcome:
         argvs = self.node_argvs(plan, job)
         # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/measure/clock.py).
         gpus = visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
         reveal = update.Reveal(after_step=job.scenario.steps.total, ranks=job.scenario.cluster.gpus,
                                seed=update.projection_seed(job.scenario.name, job.seed))
         with clock.Watcher(job.run_dir, job.scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus, reveal=reveal):
-            return execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", timeout, poll)
+            return execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", options.timeout, poll)
 
 
 def node_log(log_path: Path, node: int) -> Path:

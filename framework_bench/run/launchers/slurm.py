@@ -26,14 +26,17 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from framework_bench.measure import flops
 from framework_bench.plugins.backend import Job, LaunchPlan
-from framework_bench.run.launchers.base import OOM_MARKERS, RDZV_PORT, Executor, Outcome, tail
+from framework_bench.run.launchers.base import (OOM_MARKERS, RDZV_PORT, Executor, LaunchOptions, Outcome, Submission,
+                                                tail)
 from framework_bench.run.launchers.torchrun import torchrun_argv
+from framework_bench.run.verdicts import Verdict
 from framework_bench.spec.scenario import Scenario
 
 # Time-limit estimate. Margins, because a wrong guess costs a whole queue wait: twice the
@@ -211,52 +214,50 @@ class SlurmExecutor(Executor):
 
     name = "slurm"
 
+    def refusal(self, verdict: Verdict) -> str | None:
+        """Only what no machine can lift: a shortfall of this machine is why SLURM is used."""
+        return verdict.reason if verdict.refused_by_backend else None
+
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
         return ["sbatch", str(sbatch_path(job))]
 
-    def write(self, plan: LaunchPlan, job: Job, options: SbatchOptions, estimate: TimeEstimate) -> Path:
-        return write_sbatch(plan, job, options.time_limit or estimate.limit, options.cpus_per_task,
-                            tuple(options.extra))
+    def time_limit(self, scenario: Scenario, gpu_name: str | None) -> TimeEstimate:
+        return estimate_time(scenario, gpu_name)
 
-    def submit(self, script: Path, job: Job, time_limit: str, gpu_name: str | None, db: Path | None) -> Submission | str:
-        """The submission (recorded in the run folder), or why sbatch refused it. `gpu_name`: the
-        GPU the plan targets; `db`: the results file its row goes to."""
+    def write(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None) -> dict[str, Path]:
+        sbatch: SbatchOptions = options.sbatch
+        return {"sbatch": write_sbatch(plan, job, self._limit(options, job.scenario, gpu_name), sbatch.cpus_per_task,
+                                       tuple(sbatch.extra))}
+
+    def _limit(self, options: LaunchOptions, scenario: Scenario, gpu_name: str | None) -> str:
+        return options.sbatch.time_limit or self.time_limit(scenario, gpu_name).limit
+
+    def start(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None,
+              poll: Callable[[], None]) -> Submission:
+        """Write the script and submit it where sbatch exists here (recorded in the run folder);
+        otherwise, or when sbatch refuses it, a `Submission` without a job id saying why."""
+        script = self.write(plan, job, options, gpu_name)["sbatch"]
+        warnings = shared_path_warnings(job, plan.python)
+        sub = Submission(job_id=None, backend=job.backend, scenario=job.scenario.name, run_dir=job.run_dir,
+                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         time_limit=self._limit(options, job.scenario, gpu_name), gpu_name=gpu_name,
+                         db=str(options.db) if options.db else None, note="; ".join(warnings) or None)
+        if not sbatch_available():
+            sub.note = "; ".join([*warnings, f"sbatch not found here: submit {script} on the cluster, "
+                                  "then `fbench results collect` stores it when it ends"])
+            return sub
         proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
-            return f"sbatch failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
-        sub = Submission(job_id=job_id, backend=job.backend, scenario=job.scenario.name, run_dir=job.run_dir,
-                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), time_limit=time_limit,
-                         gpu_name=gpu_name, db=str(db) if db else None)
+            sub.note = f"sbatch failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
+            return sub
+        sub.job_id = job_id
         sub.save()
         return sub
 
 
 def sbatch_available() -> bool:
     return shutil.which("sbatch") is not None
-
-
-SUBMISSION = "slurm.json"
-
-class Submission(BaseModel):
-    """What `slurm.json` in a run folder records."""
-
-    job_id: str
-    backend: str
-    scenario: str
-    run_dir: Path
-    submitted_at: str
-    time_limit: str
-    gpu_name: str | None = Field(None, description="GPU the plan targets (the time estimate's; MFU uses the node's)")
-    result_id: int | None = None
-    db: str | None = Field(None, description="the results file the run was submitted for; its row goes there")
-
-    @classmethod
-    def load(cls, run_dir: Path) -> "Submission":
-        return cls.model_validate_json((run_dir / SUBMISSION).read_text())
-
-    def save(self) -> None:
-        (self.run_dir / SUBMISSION).write_text(self.model_dump_json(indent=2))
 
 
 def shared_path_warnings(job: Job, python: Path) -> list[str]:

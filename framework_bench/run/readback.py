@@ -1,0 +1,114 @@
+"""What `finish` makes of a launched run once it ended: the worker's report read back, the data
+it trained on checked, the figures, the host's checks of every claim
+(framework_bench/measure/verify.py), parity with the reference, and a reason short enough to
+read on a terminal. Called by `framework_bench/run/pipeline.py` only."""
+
+from __future__ import annotations
+
+from framework_bench.measure import clock, flops, losses, metrics, update, verify
+from framework_bench.measure.metrics import RunResult
+from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.backend import CONTRACT, Job, WorkerReport
+from framework_bench.run.hooks import HookError, call_hook
+from framework_bench.run.launchers.base import Outcome
+from framework_bench.spec.scenario import Scenario
+
+
+def read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: Outcome, gpu_name: str | None) -> None:
+    """Fill `result` from what the worker left in the run folder; a wrong or missing claim makes it
+    `invalid` (or `unverified`), a worker that ended otherwise keeps its status with the log's tail."""
+    scenario = job.scenario
+    if outcome.status != "ok":
+        result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
+        return
+    stamps = clock.load_stamps(job.run_dir)
+    try:
+        report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
+    except HookError as e:
+        cause = e.__cause__
+        result.status = "failed"
+        result.reason = f"the worker wrote no metrics: {cause}" if isinstance(cause, FileNotFoundError) else str(e)
+        return
+    result.notes = list(report.notes)
+    result.data_sha256 = report.data_sha256
+    result.attention_used = report.attention_used
+    result.framework_version = report.framework_version or result.framework_version
+    result.framework_throughput = report.framework_throughput
+    result.startup_seconds = report.startup_seconds
+    if report.data_sha256 != job.data_sha256:
+        result.status = "invalid"
+        result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"
+    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name), gpu_name)
+    impossible = figures.pop("impossible", None)
+    for key, value in figures.items():
+        setattr(result, key, value)
+    if impossible and result.status == "ok":
+        result.status, result.reason = "invalid", f"impossible figures: {impossible}"
+    if result.status == "ok" and result.steps_measured == 0:
+        result.status, result.reason = "failed", "no measured steps in the metrics file"
+    _verify(result, scenario, report, job, backend.info.contract, stamps)
+
+
+def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: int, stamps: dict | None) -> None:
+    """The host's checks of the worker's claims: a wrong claim makes an `ok` run `invalid`;
+    a claim not made too, where the backend's contract names it. A claim its older contract
+    does not name, or one the worker says it cannot make on this run (`WorkerReport.unclaimed`,
+    with why), leaves the run `unverified`: shown, kept out of "% of reference" and the charts."""
+    result.settings = dict(report.settings or {})
+    result.loss_curve = losses.canonical_losses(job.run_dir)
+    claimed: dict[int, dict[int, float]] = {}
+    for m in report.steps:
+        claimed.setdefault(m.rank, {})[m.step] = m.seconds
+    off = verify.unchecked()
+    result.checks = [c for c in verify.verify(scenario, report, job.data_dir, result.tgs, job)
+                     + clock.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
+                     + [update.check(job.run_dir, stamps)]
+                     if c.name not in off]
+    reason, flags = verify.verdict(result.checks)
+    result.flags += flags
+    if reason and result.status == "ok":
+        result.status, result.reason = "invalid", reason
+    missing = [c.name for c in result.checks if c.status == "unverified"]
+    if verify.CLAIMS not in off and missing and result.status == "ok":
+        said = {name: why for name, why in report.unclaimed.items() if name in missing}
+        owed = [name for name in missing if name not in said and contract >= verify.claimed_since(name)]
+        if owed:
+            result.status = "invalid"
+            result.reason = f"claims missing, which plugin contract {contract} requires: {', '.join(owed)}"
+        else:
+            result.status, parts = "unverified", []
+            older = [name for name in missing if name not in said]
+            if older:
+                parts.append(f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires them): "
+                             f"{', '.join(older)}")
+            if said:
+                parts.append("claims the backend says it cannot make on this run: "
+                             + "; ".join(f"{name} ({why})" for name, why in said.items()))
+            result.reason = "; ".join(parts)
+
+
+def judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
+    """The run's canonical step-1 loss against the reference's (framework_bench/measure/losses.py),
+    and its update projection (framework_bench/measure/update.py)."""
+    checks = [c for c in (losses.parity(result, reference, scenario.precision),
+                          update.parity(result, reference, scenario.precision)) if c is not None]
+    result.checks += checks
+    reason, _ = verify.verdict(checks)
+    if reason:
+        result.status, result.reason = "invalid", reason
+
+
+# A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
+REASON_LINES = 60
+REASON_CHARS = 4000
+
+
+def shortened(reason: str) -> str:
+    lines = reason.splitlines()
+    if len(lines) > REASON_LINES:
+        lines = lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"] + lines[-REASON_LINES // 2:]
+    reason = "\n".join(lines)
+    if len(reason) > REASON_CHARS:
+        half = REASON_CHARS // 2
+        reason = f"{reason[:half]} [... {len(reason) - REASON_CHARS} characters left out ...] {reason[-half:]}"
+    return reason
