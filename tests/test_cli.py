@@ -70,7 +70,7 @@ def test_show_json_yi34b_128k():
     assert model < xt  # GQA: the exact count is below XTuner's formula
     # the figures are the FLOPs module's, for this scenario's architecture
     s = scenario.load("yi34b_128k")
-    assert xt == pytest.approx(flops.xtuner_flops_per_token(s.arch, 131072, True))
+    assert xt == pytest.approx(flops.mha_flops_per_token(s.arch, 131072, True))
     assert model == pytest.approx(flops.model_flops_per_token(s.arch, 131072, True))
 
 

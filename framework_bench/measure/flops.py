@@ -33,10 +33,6 @@ def mha_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, causal: 
     return (3 + int(recompute)) * L * per_layer + 6 * h * V
 
 
-# The name cli/scenarios.py and present/report.py still call it by, until they move to the one above.
-xtuner_flops_per_token = mha_flops_per_token
-
-
 def model_flops_per_token(
     arch: ModelArch, seq_len: int, recompute: bool, mean_attended: float | None = None
 ) -> float:

@@ -142,7 +142,7 @@ def caveats(rows: list[dict]) -> list[str]:
         if a.num_key_value_heads < a.num_attention_heads:
             ratios.setdefault(f"{s.model.preset or 'inline'} ({a.num_attention_heads} query / "
                               f"{a.num_key_value_heads} KV heads)", []).append(
-                flops.xtuner_flops_per_token(a, s.context_length, s.activation_checkpointing)
+                flops.mha_flops_per_token(a, s.context_length, s.activation_checkpointing)
                 / flops.model_flops_per_token(a, s.context_length, s.activation_checkpointing))
     gqa = [f"{model}: x{min(r):.2f}" + (f"–{max(r):.2f}" if max(r) - min(r) >= 0.005 else "")
            for model, r in sorted(ratios.items())]
