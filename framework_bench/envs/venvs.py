@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from framework_bench.envs import site_layers
-from framework_bench.plugins.backend import BackendEnv, EnvSpec
+from framework_bench.plugins.contract import BackendEnv, EnvSpec
 from framework_bench.spec import places
 
 RECORD = "fbench-env.json"
@@ -224,7 +224,10 @@ def _site_dirs(python: Path) -> list[str]:
 
 
 def pip_argv(python: Path, requirements: Path, options: Options, torch_index: str | None) -> list[str]:
-    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "-r", str(requirements)]
+    # --no-compile: pip would byte-compile every file of torch, transformers and the framework
+    # (most of an env's install time on a small machine); Python compiles what a worker imports.
+    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-compile",
+            "-r", str(requirements)]
     for folder in options.find_links:
         argv += ["--find-links", folder]
     if options.no_index:
@@ -299,12 +302,20 @@ def create(
             # pip, not uv: only pip sees the local CPU torch build this machine offers.
             _run(pip_argv(python, requirements, options, torch_index), log)
             _link_packages(python, ("framework_bench", *packages))
+        aside = _swap_in(building, path)
+    except BaseException:  # a failure or Ctrl-C: the old env stays, the half-built one goes
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    # At the final path, with the old env kept aside until the new one is complete: a post-install
+    # step may build what names the env's folders (DeepSpeed's JIT ops, see plugins/deepspeed_jit).
+    try:
+        with log_path.open("a") as log:
             for module in spec.post_install:
                 say(f"{name}: post-install {module}")
-                _run([str(python), "-m", module, flavour], log, cwd=building)
+                _run([str(_python(path)), "-m", module, flavour], log, cwd=path)
             smoke = None
             if flavour == "cuda":
-                smoke = smoke_test(python, gpu_here=driver_cuda_version() is not None)
+                smoke = smoke_test(_python(path), gpu_here=driver_cuda_version() is not None)
                 say(f"{name}: smoke test {smoke['status']}")
                 if smoke["status"] == "failed":
                     raise EnvError(f"the cuda env's smoke test failed: {smoke}; see {log_path}")
@@ -318,41 +329,48 @@ def create(
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": round(time.monotonic() - started, 1),
             "host_python": sysconfig.get_python_version(),
-            "site_dirs": inherited if layered else _site_dirs(python) if options.system_site_packages else [],
+            "site_dirs": inherited if layered else _site_dirs(_python(path)) if options.system_site_packages else [],
             "smoke_test": smoke,
-            "versions": installed_versions(building),
+            "versions": installed_versions(path),
         }
-        (building / RECORD).write_text(json.dumps(record, indent=2))
-        shutil.copy2(log_path, building / "create.log")
-        _swap_in(building, path)
-    except BaseException:  # a failure or Ctrl-C: the old env stays, the half-built one goes
-        shutil.rmtree(building, ignore_errors=True)
+        shutil.copy2(log_path, path / "create.log")
+        (path / RECORD).write_text(json.dumps(record, indent=2))  # last: the env is ready from here on
+    except BaseException:  # the new env goes and the old one comes back, as if never swapped
+        shutil.rmtree(path, ignore_errors=True)
+        if aside is not None:
+            aside.rename(path)
         raise
-    if flavour == "cpu" and "deepspeed" in record["versions"]:
-        # At the final path only: the op's build line names the env's folders (see deepspeed_jit).
-        say(f"{name}: prebuilding DeepSpeed's CPU communication op (a few minutes)")
-        with log_path.open("a") as log:
-            _run([str(_python(path)), "-m", "framework_bench.plugins.deepspeed_jit", str(path)], log)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
 
 
 def sweep_building(name: str) -> list[Path]:
-    """Remove the half-built envs (`.NAME.building-PID`, gigabytes for a real one) whose
-    creating process is gone: killed before it could clean up. A live pid's folder stays."""
+    """Clean up after a creation that was killed before it could: remove its half-built env
+    (`.NAME.building-PID`, gigabytes for a real one), and where it died between the swap and
+    the new env's record (`.NAME.old-PID` beside an env without one), put the old env back.
+    A live pid's folders stay."""
     removed = []
-    for folder in env_path(name).parent.glob(f".{name}.building-*"):
+    path = env_path(name)
+    for folder in sorted(path.parent.glob(f".{name}.building-*")) + sorted(path.parent.glob(f".{name}.old-*")):
         pid = folder.name.rsplit("-", 1)[1]
         if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        if folder.name.startswith(f".{name}.old-") and not (path / RECORD).exists():
+            shutil.rmtree(path, ignore_errors=True)
+            folder.rename(path)
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
 
 
-def _swap_in(building: Path, path: Path) -> None:
-    """Replace `path` by the completed env. A venv's scripts and activate files name the
-    folder they were made in: rewritten to the final path before the swap."""
+def _swap_in(building: Path, path: Path) -> Path | None:
+    """Replace `path` by the built env; returns where the old env was moved aside (None if there
+    was none), for the caller to remove once the new one is complete or to move back. A venv's
+    scripts and activate files name the folder they were made in: rewritten to the final path
+    before the swap."""
     old, new = str(building).encode(), str(path).encode()
     for f in (building / "bin").iterdir():
         if f.is_file() and not f.is_symlink():
@@ -363,7 +381,7 @@ def _swap_in(building: Path, path: Path) -> None:
     if path.exists():
         path.rename(aside)
     building.rename(path)
-    shutil.rmtree(aside, ignore_errors=True)
+    return aside if aside.exists() else None
 
 
 def _link_packages(python: Path, packages: tuple[str, ...]) -> None:

@@ -5,8 +5,10 @@ On the CPU, DeepSpeed's communication backend loads its shared-memory op
 build is cached: minutes on a small machine, inside the run, in every rank at once. The
 cache (torch's TORCH_EXTENSIONS_DIR) is keyed by name only and rebuilt whenever the build
 line differs, which it does per env (torch's include paths), so each env keeps its own
-cache inside itself: built by `fbench env create` once the env is at its final path (the
-build line names it), named by every plan.
+cache inside itself: built once the env is at its final path (the build line names it), as a
+post-install step of each backend whose env holds DeepSpeed (`EnvSpec.post_install`, run as
+`python -m framework_bench.plugins.deepspeed_jit FLAVOUR` with the env's Python), and named by
+every plan.
 
 Host side imports nothing heavy; `prebuild` runs inside the env (torch, deepspeed).
 """
@@ -42,4 +44,5 @@ def prebuild(env_path: Path) -> str:
 if __name__ == "__main__":
     import sys
 
-    print(prebuild(Path(sys.argv[1])))
+    # The CUDA flavour builds its ops where a GPU runs them; the env is this Python's prefix.
+    print(prebuild(Path(sys.prefix)) if sys.argv[1] == "cpu" else "cuda flavour: ops are built where they run")

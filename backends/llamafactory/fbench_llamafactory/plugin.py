@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench.plugins.backend import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
+from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                              Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
 from framework_bench.spec.scenario import Scenario
@@ -32,7 +32,7 @@ def backend_info() -> BackendInfo:
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="llamafactory",
-            post_install=["fbench_llamafactory.env_fixups"],
+            post_install=["fbench_llamafactory.env_fixups", "framework_bench.plugins.deepspeed_jit"],
         ),
         # matched: `optim: adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU;
         # native: transformers' default with torch >= 2.8, `adamw_torch_fused`, on either device.

@@ -15,7 +15,7 @@ from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import BackendEnv, Job
+from framework_bench.plugins.contract import BackendEnv, Job
 
 from fbench_llamafactory import plugin as lf_plugin
 
@@ -37,7 +37,7 @@ def test_discovered_through_entry_point(llamafactory):
     assert info.name == "llamafactory" and info.framework == "LLaMA-Factory"
     assert info.capabilities.sequence_parallel and info.capabilities.zero_stages == [0, 1, 2, 3]
     assert info.env.framework_package == "llamafactory"
-    assert info.env.post_install == ["fbench_llamafactory.env_fixups"]
+    assert info.env.post_install == ["fbench_llamafactory.env_fixups", "framework_bench.plugins.deepspeed_jit"]
     for flavour, path in info.env.requirements.items():
         lines = path.read_text().splitlines()
         assert "torch==2.13.0" in lines and "llamafactory==0.9.5" in lines, flavour

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from statistics import mean, median
 
-from framework_bench.plugins.backend import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
+from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                              Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
 from framework_bench.spec.scenario import Scenario
@@ -28,7 +28,7 @@ def backend_info() -> BackendInfo:
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="xtuner",
-            post_install=["fbench_xtuner.env_fixups"],
+            post_install=["fbench_xtuner.env_fixups", "framework_bench.plugins.deepspeed_jit"],
         ),
         # matched: the config asks torch AdamW for fused=True on CUDA; native: XTuner's configs
         # name AdamW with no flag, which torch runs as foreach on CUDA. Sequence parallel runs
