@@ -11,9 +11,10 @@ import pytest
 
 from backend_helpers import H100x8, make_job, ready_env, tiny
 from framework_bench.run.launchers import base as launch
+from framework_bench.run.launchers import executor_for
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import Machine
+from framework_bench.plugins.contract import Machine
 
 ONE_GPU = Machine(gpus=1, gpu_name="NVIDIA H200", gpu_memory_gib=139)
 PG_VARS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
@@ -40,7 +41,7 @@ def test_one_gpu_zero3_plans_a_process_group(backend, versions, tmp_path, monkey
     assert 1024 <= int(plan.env["MASTER_PORT"]) < 65536
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "0"  # one process on an 8-GPU host sees one GPU
     assert launch.default_launcher(job.scenario) == "local"
-    assert launch.executor_for("local").argv(plan, job)[1:3] == ["-m", plan.module]
+    assert executor_for("local").argv(plan, job)[1:3] == ["-m", plan.module]
     if backend == "xtuner":
         values = {n.targets[0].id: ast.unparse(n.value) for n in ast.parse(plan.files["mmengine_config"].read_text()).body
                   if isinstance(n, ast.Assign)}

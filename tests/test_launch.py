@@ -3,10 +3,10 @@
 import sys
 from pathlib import Path
 
-from framework_bench.run.launchers import base, local, slurm
+from framework_bench.run.launchers import base, executor_for, local, slurm
 from framework_bench.run.launchers.torchrun import TorchrunExecutor
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.plugins.contract import Job, LaunchPlan
 
 
 def _job(name: str, tmp_path: Path) -> Job:
@@ -21,7 +21,7 @@ PLAN = LaunchPlan(python=Path("/envs/xtuner/bin/python"), module="fbench_xtuner.
 
 
 def test_torchrun_argv_wraps_the_worker_module(tmp_path):
-    argv = base.executor_for("torchrun").argv(PLAN, _job("llama2_7b_8k", tmp_path))
+    argv = executor_for("torchrun").argv(PLAN, _job("llama2_7b_8k", tmp_path))
     assert argv[:3] == ["/envs/xtuner/bin/python", "-m", "torch.distributed.run"]
     assert argv[argv.index("--nnodes") + 1] == "1"
     assert argv[argv.index("--nproc-per-node") + 1] == "8"
@@ -32,7 +32,7 @@ def test_torchrun_argv_wraps_the_worker_module(tmp_path):
 def test_local_launcher_refuses_several_processes(tmp_path):
     job = _job("llama2_7b_8k", tmp_path)
     try:
-        base.executor_for("local").argv(PLAN, job)
+        executor_for("local").argv(PLAN, job)
     except ValueError as e:
         assert "torchrun" in str(e)
     else:
@@ -103,6 +103,6 @@ def test_a_launcher_says_which_refusals_stop_it():
     elsewhere = Verdict(backend="xtuner", machine="needs 4 node(s) x 8 GPUs")
     refused = Verdict(backend="xtuner", machine="needs 4 node(s) x 8 GPUs", check="sequence_parallel 16 needs flash_attn")
     for name in ("local", "torchrun"):
-        assert base.executor_for(name).refusal(elsewhere) == "needs 4 node(s) x 8 GPUs"
-    assert base.executor_for("slurm").refusal(elsewhere) is None
-    assert base.executor_for("slurm").refusal(refused) == refused.reason
+        assert executor_for(name).refusal(elsewhere) == "needs 4 node(s) x 8 GPUs"
+    assert executor_for("slurm").refusal(elsewhere) is None
+    assert executor_for("slurm").refusal(refused) == refused.reason

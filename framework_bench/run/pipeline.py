@@ -33,7 +33,8 @@ from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.backend import Job, LaunchPlan, Machine
 from framework_bench.run import orphans, readback, verdicts
 from framework_bench.run.hooks import HookError, call_hook, tail_of
-from framework_bench.run.launchers.base import Executor, Outcome, Submission, default_launcher, executor_for
+from framework_bench.run.launchers import executor_for
+from framework_bench.run.launchers.base import Executor, Outcome, Submission, default_launcher
 from framework_bench.run.launchers.slurm import SBATCH_FILE, TimeEstimate
 from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario

@@ -13,12 +13,12 @@ import backend_helpers as helpers
 from backend_helpers import CPU, H100x8, tiny
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.run.launchers import base as launch
+from framework_bench.run.launchers import executor_for
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import BackendEnv, Job
+from framework_bench.plugins.contract import BackendEnv, Job
 from framework_bench.worker.files import read_metrics, read_worker_report
 
 
@@ -83,7 +83,7 @@ def test_worker_refuses_data_other_than_the_job_names(torch_backend, tmp_path):
               device="cpu")
     job.write()
     plan = torch_backend.plan(job, env)
-    out = subprocess.run(launch.executor_for("local").argv(plan, job), capture_output=True, text=True)
+    out = subprocess.run(executor_for("local").argv(plan, job), capture_output=True, text=True)
     assert out.returncode != 0
     assert f"has sha256 {data.sha256}, the host expected {'0' * 64}" in out.stderr
     assert not read_metrics(job.run_dir)
@@ -131,7 +131,7 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
 
     from framework_bench.measure import metrics, update
     from framework_bench.measure import verify
-    from framework_bench.plugins.backend import WorkerReport
+    from framework_bench.plugins.contract import WorkerReport
     from framework_bench.data.packing import pack
 
     env = backend_env_or_skip("torch")

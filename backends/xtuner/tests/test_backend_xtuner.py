@@ -14,10 +14,10 @@ from backend_helpers import CPU, H100x8, tiny
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.envs import venvs as envs
-from framework_bench.run.launchers import base as launch
+from framework_bench.run.launchers import executor_for
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import BackendEnv, Job
+from framework_bench.plugins.contract import BackendEnv, Job
 from framework_bench.worker.files import read_metrics
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_published_yi34b_128k_config(xtuner, tmp_path):
     model_cfg = json.loads((plan.files["model_dir"] / "config.json").read_text())
     assert model_cfg["hidden_size"] == 7168 and model_cfg["num_key_value_heads"] == 8
     # Several GPUs: the host wraps the worker in torchrun (mmengine's "pytorch" launcher).
-    argv = launch.executor_for("torchrun").argv(plan, job)
+    argv = executor_for("torchrun").argv(plan, job)
     assert argv[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node" in argv
     assert argv[-3:] == ["-m", "fbench_xtuner.worker", str(job.job_file)]
 
@@ -178,7 +178,7 @@ def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
               device="cpu")
     job.write()  # the host's, before the plan (the plan writes its own files only)
     plan = xtuner.plan(job, env)
-    out = subprocess.run(launch.executor_for("local").argv(plan, job), capture_output=True, text=True)
+    out = subprocess.run(executor_for("local").argv(plan, job), capture_output=True, text=True)
     assert out.returncode != 0
     assert f"has sha256 {data.sha256}, the host expected {'0' * 64}" in out.stderr  # the SDK's one check
     assert not read_metrics(job.run_dir)

@@ -115,18 +115,6 @@ def default_launcher(scenario: Scenario) -> Launcher:
     return "torchrun" if scenario.cluster.gpus > 1 else "local"
 
 
-def executor_for(launcher: Launcher) -> Executor:
-    """The executor of a launcher; imported on use, so choosing one loads only its module."""
-    if launcher == "local":
-        from framework_bench.run.launchers.local import LocalExecutor
-        return LocalExecutor()
-    if launcher == "torchrun":
-        from framework_bench.run.launchers.torchrun import TorchrunExecutor
-        return TorchrunExecutor()
-    from framework_bench.run.launchers.slurm import SlurmExecutor
-    return SlurmExecutor()
-
-
 def tail(path: Path, lines: int = 30) -> str:
     try:
         with path.open("rb") as fh:
