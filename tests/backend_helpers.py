@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import BackendEnv, Job, Machine
+from framework_bench.plugins.contract import BackendEnv, Job, Machine
 
 CPU = Machine(gpus=0, cpu_count=2)
 H100x8 = Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80)

@@ -7,7 +7,7 @@ import pytest
 
 from framework_bench.spec import scenario
 from framework_bench.measure import verify
-from framework_bench.plugins.backend import StepMetric, WorkerReport
+from framework_bench.plugins.contract import StepMetric, WorkerReport
 
 SCN = scenario.load("llama2_7b_8k_1gpu")
 

@@ -10,7 +10,7 @@ import pytest
 
 from backend_helpers import CPU
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import CONTRACT, BackendInfo, Capabilities, EnvSpec
+from framework_bench.plugins.contract import CONTRACT, BackendInfo, Capabilities, EnvSpec
 from framework_bench.run.compare import percent_of_reference
 
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import Machine
+from framework_bench.plugins.contract import Machine
 from framework_bench.cli import app
 
 PUBLISHED = [s.name for s in scenario.load_all() if s.reference]

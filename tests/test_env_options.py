@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from framework_bench.envs import venvs as envs
-from framework_bench.plugins.backend import EnvSpec
+from framework_bench.plugins.contract import EnvSpec
 
 
 def build_wheel(folder: Path, name: str, version: str) -> Path:

@@ -404,7 +404,7 @@ def test_a_nan_loss_is_stored_as_nan_not_as_no_loss(fakes, fbench_home, tmp_path
 def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
     from framework_bench.measure import metrics
     from framework_bench.spec import scenario
-    from framework_bench.plugins.backend import StepMetric
+    from framework_bench.plugins.contract import StepMetric
     s = scenario.load("tiny_cpu")
     steps = [StepMetric(step=i, seconds=1e-9, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
     out = metrics.figures(s, steps, peak_tflops=1.0, gpu_name="NVIDIA H100")

@@ -3,7 +3,7 @@
 
 from backend_helpers import tiny
 from framework_bench.measure import metrics
-from framework_bench.plugins.backend import StepMetric
+from framework_bench.plugins.contract import StepMetric
 
 GiB = 2**30
 

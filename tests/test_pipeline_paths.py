@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
-from framework_bench.plugins.backend import Job, Machine
+from framework_bench.plugins.contract import Job, Machine
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario

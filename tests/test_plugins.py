@@ -17,14 +17,14 @@ from typer.testing import CliRunner
 from framework_bench.plugins import hookspecs
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
-from framework_bench.plugins.backend import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.plugins.contract import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.cli import app
 
 FAKE_MODULE = '''
 """A third-party fbench backend living in another package."""
 from pathlib import Path
 
-from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.plugins.contract import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
 from framework_bench.plugins.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
@@ -157,7 +157,7 @@ def test_third_party_backend_registered_through_entry_point(fake, tmp_path):
 
 
 def test_hooks_reach_only_their_own_backend(site):
-    """Two third-party backends: each Backend calls its own plugin's hooks, never the other's."""
+    """Two third-party backends: each RegisteredBackend calls its own plugin's hooks, never the other's."""
     for name in ("fake_a", "fake_b"):
         install_dist(site, name, name, f"{name}_mod", textwrap.dedent(FAKE_MODULE.format(name=name)))
     found = plugins.backends()
@@ -203,7 +203,7 @@ PROBE_MODULE = '''
 import sys
 from pathlib import Path
 
-from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.plugins.contract import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
 from framework_bench.plugins.hookspecs import hookimpl
 
 HERE = Path(__file__).resolve().parent
@@ -385,7 +385,7 @@ SUBCLASS_MODULE = '''
 """A third-party backend on the base class: info and one refusal of its own, nothing else."""
 from pathlib import Path
 
-from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec
+from framework_bench.plugins.contract import BackendInfo, Capabilities, EnvSpec
 from framework_bench.plugins.base import Backend
 
 HERE = Path(__file__).resolve().parent
@@ -489,3 +489,26 @@ def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_
     assert not written and "def fbench_read_report" not in contributing_backend()[1]
     for name in ("torch", "xtuner", "llamafactory"):
         assert isinstance(plugins.manager().get_plugin(name), Backend), name
+
+
+# The contract's data models moved to plugins/contract.py (issue 25, item 3); plugins written
+# against the older paths import the very same objects, with a DeprecationWarning naming the new one.
+CONTRACT_NAMES = ("CONTRACT", "AdamWImpl", "MemoryScheme", "Capabilities", "EnvSpec", "BackendInfo", "Machine",
+                  "BackendEnv", "Job", "LaunchPlan", "StepMetric", "WorkerReport")
+
+
+@pytest.mark.parametrize("old, new", [("framework_bench.plugins.contract", "framework_bench.plugins.contract"),
+                                      ("framework_bench.backend", "framework_bench.plugins.contract"),
+                                      ("framework_bench.hookspecs", "framework_bench.plugins.hookspecs")])
+def test_old_plugin_module_names_warn_and_keep_working(old, new):
+    import importlib
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+        module = importlib.import_module(old)
+    home = importlib.import_module(new)
+    for name, value in vars(home).items():
+        if not name.startswith("__"):
+            assert getattr(module, name) is value, name
+    if new.endswith(".contract"):
+        assert all(hasattr(module, name) for name in CONTRACT_NAMES)

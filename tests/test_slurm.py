@@ -179,7 +179,7 @@ def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_pat
     import subprocess
 
     from framework_bench.run.launchers import slurm
-    from framework_bench.plugins.backend import Job, LaunchPlan
+    from framework_bench.plugins.contract import Job, LaunchPlan
     s = scenario.load("tiny_cpu")
     job = Job(backend="fake_ok", scenario=s, data_dir=tmp_path, data_sha256="0" * 64, run_dir=tmp_path / "run",
               device="cpu")

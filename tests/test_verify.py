@@ -13,7 +13,7 @@ from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.measure import memory, verify
-from framework_bench.plugins.backend import StepMetric, WorkerReport
+from framework_bench.plugins.contract import StepMetric, WorkerReport
 from framework_bench.spec.models import PRESETS
 from framework_bench.store.results import ResultStore
 

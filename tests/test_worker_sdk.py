@@ -63,7 +63,7 @@ import pydantic
 import pytest
 
 from backend_helpers import contributing_backend, tiny
-from framework_bench.plugins.backend import Job as HostJob
+from framework_bench.plugins.contract import Job as HostJob
 from framework_bench.worker import Report, StepLog, load_job, publish_once, wait_for, write_report
 from framework_bench.worker import packed as packed_format
 from framework_bench.worker.files import read_worker_report, write_worker_report
@@ -118,7 +118,7 @@ def test_host_and_worker_share_one_definition_of_what_they_exchange():
     the SDK's own checks (bounds) are what the host's validation refuses."""
     from dataclasses import fields
 
-    from framework_bench.plugins import backend as host
+    from framework_bench.plugins import contract as host
     from framework_bench.worker import job as worker_job, report as worker_report
 
     for ours, theirs in ((host.Job, worker_job.Job), (host.StepMetric, worker_report.StepMetric),

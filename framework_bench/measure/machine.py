@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from functools import cache
 
-from framework_bench.plugins.backend import Machine
+from framework_bench.plugins.contract import Machine
 
 
 @cache

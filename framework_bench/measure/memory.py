@@ -62,7 +62,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from framework_bench.measure import gpus
-from framework_bench.plugins.backend import MemoryScheme, OptimizerImpl, SettingsMode
+from framework_bench.plugins.contract import MemoryScheme, OptimizerImpl, SettingsMode
 from framework_bench.spec.models import ModelArch
 from framework_bench.spec.scenario import Scenario
 

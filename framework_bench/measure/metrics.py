@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from framework_bench.measure import flops
-from framework_bench.plugins.backend import StepMetric
+from framework_bench.plugins.contract import StepMetric
 from framework_bench.spec.scenario import Scenario
 from framework_bench.measure.verify import Check
 

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.measure.memory import parameter_count
 from framework_bench.worker import initial_weights
-from framework_bench.plugins.backend import Job, StepMetric, WorkerReport
+from framework_bench.plugins.contract import Job, StepMetric, WorkerReport
 from framework_bench.worker.packed import PackedRows
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.rows import row_fingerprint
@@ -56,7 +56,7 @@ CLAIMS = "claims"
 # What every worker must record (issue #11); `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
-# The plugin contract (`framework_bench.plugins.backend.CONTRACT`) from which each claim is
+# The plugin contract (`framework_bench.plugins.contract.CONTRACT`) from which each claim is
 # required; every claim not named here is required from contract 2.
 CLAIMED_SINCE = {"update": 3}
 

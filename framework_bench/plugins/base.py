@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from framework_bench.plugins import deepspeed_jit, plan_env
-from framework_bench.plugins.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.files import read_metrics, read_worker_report
@@ -47,7 +47,7 @@ class Backend:
 
     def info(self) -> BackendInfo:
         """Name, framework, capabilities and env spec (see `fbench_backend_info`). Set
-        `contract=CONTRACT` (`framework_bench.plugins.backend`): a subclass that leaves it unset
+        `contract=CONTRACT` (`framework_bench.plugins.contract`): a subclass that leaves it unset
         is of contract `SUBCLASS_CONTRACT`, the one in force before contracts moved on without it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement info()")
 

@@ -48,7 +48,7 @@ keeps it by construction):
 - Beside the lines, `StepTimer` writes its clock events to `RUN_DIR/clock/rank<R>.jsonl` as
   they happen; the host stamps them with its own clock and holds the claimed seconds against
   what it saw pass (`framework_bench/measure/clock.py`). Backends declaring the current contract
-  (`BackendInfo.contract`, `framework_bench.plugins.backend.CONTRACT`) must make every claim,
+  (`BackendInfo.contract`, `framework_bench.plugins.contract.CONTRACT`) must make every claim,
   or say in the run's report which they cannot make there and why (`WorkerReport.unclaimed`).
 - After the last step, every rank projects its weight update onto the vector of the seed the
   host reveals then (`framework_bench/worker/update.py`, contract 3).
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import pluggy
 
-from framework_bench.plugins.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.spec.scenario import Scenario
 
 PROJECT = "fbench"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from framework_bench.plugins.backend import Job
+from framework_bench.plugins.contract import Job
 
 
 def free_port() -> int:

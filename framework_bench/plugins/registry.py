@@ -4,8 +4,8 @@ The bundled backends are registered by this project's own `pyproject.toml` entry
 exactly as a third-party package would register one. An entry point names either a
 subclass of `framework_bench.plugins.base.Backend` (registered as one instance of it) or,
 as every plugin of the first contract does, any object holding the four hooks (a module of
-module-level hooks, an instance): pluggy calls both alike, so this registry's `Backend`
-handle is the adapter that gives the runner one surface for either form.
+module-level hooks, an instance): pluggy calls both alike, so this registry's
+`RegisteredBackend` is the adapter that gives the run one surface for either form.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 import pluggy
 
 from framework_bench.plugins import base, hookspecs
-from framework_bench.plugins.backend import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
+from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.spec.scenario import Scenario
 
 
@@ -25,8 +25,9 @@ class UnknownBackend(LookupError):
     pass
 
 
-class Backend:
-    """One registered backend; calls its hooks (and only its hooks) through pluggy."""
+class RegisteredBackend:
+    """One registered backend, whichever form its plugin takes (a `base.Backend` instance, a
+    module of hooks); calls its hooks (and only its hooks) through pluggy."""
 
     def __init__(self, pm: pluggy.PluginManager, plugin: object):
         self._pm = pm
@@ -61,6 +62,10 @@ class Backend:
         return self._call("fbench_read_report", job=job)
 
 
+# The adapter's former name, which framework_bench/run/ still spells until it moves to the one above.
+Backend = RegisteredBackend
+
+
 # Backends that are installed but broken, by entry-point name: an import error, a missing
 # hook, or a `fbench_backend_info` that raises or returns something else. Shown by
 # `fbench backends` and by `fbench run --backend NAME`, instead of letting one broken
@@ -85,7 +90,7 @@ def _origin(ep) -> str:
 
 
 def _plugin_object(loaded: object) -> object:
-    """What pluggy registers for an entry point's object: a `Backend` subclass as its one instance."""
+    """What pluggy registers for an entry point's object: a `base.Backend` subclass as its one instance."""
     return loaded() if isinstance(loaded, type) and issubclass(loaded, base.Backend) else loaded
 
 
@@ -118,11 +123,11 @@ def manager() -> pluggy.PluginManager:
     return pm
 
 
-def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
+def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBackend]:
     pm = pm or manager()
-    by_name: dict[str, list[tuple[str, Backend]]] = {}
+    by_name: dict[str, list[tuple[str, RegisteredBackend]]] = {}
     for name, plugin in pm.list_name_plugin():
-        backend = Backend(pm, plugin)
+        backend = RegisteredBackend(pm, plugin)
         try:
             info = backend.info
             if not isinstance(info, BackendInfo):
@@ -141,7 +146,7 @@ def backends(pm: pluggy.PluginManager | None = None) -> dict[str, Backend]:
     return found
 
 
-def get(name: str, pm: pluggy.PluginManager | None = None) -> Backend:
+def get(name: str, pm: pluggy.PluginManager | None = None) -> RegisteredBackend:
     found = backends(pm)
     if name not in found:
         if name in load_errors:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from framework_bench import __version__
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins import registry
-from framework_bench.plugins.backend import StepMetric
+from framework_bench.plugins.contract import StepMetric
 from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import PROJECT_ROOT, Scenario

@@ -1,7 +1,7 @@
 """The job a worker runs: `load_job(path)` reads the host's `job.json` into a typed `Job`.
 
 These dataclasses are the one definition of the job file: the host's
-`framework_bench.plugins.backend.Job` is this `Job` validated with pydantic, holding the whole
+`framework_bench.plugins.contract.Job` is this `Job` validated with pydantic, holding the whole
 validated scenario where a worker holds the `Scenario` view below. A worker reads the file
 with the stdlib only (worker envs are the frameworks', without pydantic). Reading is tolerant
 both ways: a key this SDK does not know (a newer host) is kept in `raw` and ignored, a key it
@@ -193,5 +193,5 @@ class Job:
 
 
 def load_job(path: str | Path) -> Job:
-    """The job the host wrote (`framework_bench.plugins.backend.Job`, as JSON)."""
+    """The job the host wrote (`framework_bench.plugins.contract.Job`, as JSON)."""
     return Job.from_dict(json.loads(Path(path).read_text()))

@@ -11,7 +11,7 @@ after a run (the job before it: `framework_bench.worker.job`).
 - `WorkerReport`: the claims as the host reads them back from the run folder, with the steps
   and the rows each step consumed.
 
-The host validates these same dataclasses with pydantic (`framework_bench.plugins.backend`):
+The host validates these same dataclasses with pydantic (`framework_bench.plugins.contract`):
 the checks a type cannot say (bounds) are in `__post_init__`, which pydantic runs.
 """
 

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from framework_bench.plugins.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, WorkerReport, StepMetric
+from framework_bench.plugins.contract import BackendInfo, Capabilities, EnvSpec, LaunchPlan, WorkerReport, StepMetric
 from framework_bench.plugins.hookspecs import hookimpl
 from framework_bench.worker.rows import read_consumed
 from framework_bench.worker.files import read_metrics, read_worker_report

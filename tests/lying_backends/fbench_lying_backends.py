@@ -15,7 +15,7 @@ from pathlib import Path
 from fbench_torch import plugin as torch_plugin
 
 from framework_bench.envs import venvs as envs
-from framework_bench.plugins.backend import BackendEnv
+from framework_bench.plugins.contract import BackendEnv
 
 from fbench_lying_worker import LIES
 

@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from framework_bench.plugins.backend import Job
+from framework_bench.plugins.contract import Job
 from framework_bench.worker.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from framework_bench.plugins.backend import CONTRACT, AdamWImpl, BackendInfo, Capabilities, EnvSpec, Job, MemoryScheme
+from framework_bench.plugins.contract import CONTRACT, AdamWImpl, BackendInfo, Capabilities, EnvSpec, Job, MemoryScheme
 from framework_bench.plugins.base import Backend
 
 NAME = "torch"

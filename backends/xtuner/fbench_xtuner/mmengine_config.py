@@ -34,7 +34,7 @@ import shutil
 from pathlib import Path
 
 from fbench_xtuner.run_layout import CONFIG_NAME, DATA_DIR, MODEL_DIR, WORK_DIR
-from framework_bench.plugins.backend import Job
+from framework_bench.plugins.contract import Job
 from framework_bench.worker.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 

@@ -1,0 +1,247 @@
+"""The plugin contract's data: what crosses between the host and a backend plugin, and
+`CONTRACT`, the version of the contract this host implements (the hooks that carry these
+are `framework_bench/plugins/hookspecs.py`).
+
+Plugins receive and return these, validated by pydantic. What also crosses to the worker
+(the job, the steps, the report) is defined once, in the worker SDK
+(`framework_bench.worker.job`, `framework_bench.worker.report`), as stdlib dataclasses;
+`Job`, `StepMetric` and `WorkerReport` here are those dataclasses validated by pydantic,
+with pydantic's model API. The rest are pydantic models of the host's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from framework_bench.spec.scenario import Scenario
+from framework_bench.worker import job as worker_job
+from framework_bench.worker import report as worker_report
+
+
+OptimizerImpl = Literal["fused", "foreach", "for-loop"]
+SettingsMode = Literal["matched", "native"]
+
+
+class AdamWImpl(BaseModel):
+    """The AdamW implementation a backend runs, per device (one row of the AdamW table)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cuda: OptimizerImpl
+    cpu: OptimizerImpl = "for-loop"  # torch's own choice for CPU tensors with no flag set
+
+
+class MemoryScheme(BaseModel):
+    """What a backend declares about how it holds a training step (`BackendInfo.memory`):
+    the only backend-specific input of the estimate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    adamw: dict[SettingsMode, AdamWImpl] = Field(
+        default_factory=lambda: {m: AdamWImpl(cuda="fused") for m in ("matched", "native")},
+        description="the AdamW implementation per settings mode (recorded by the run as `optimizer_impl`)")
+    sequence_parallel: Literal["deepspeed", "fsdp2"] = Field(
+        "deepspeed", description="the engine its sequence parallel runs on: DeepSpeed bf16 or FSDP2 over fp32 weights")
+    sequence_parallel_adamw: OptimizerImpl | None = Field(
+        None, description="the AdamW of that engine when it builds its own (None: as `adamw`)")
+
+    def optimizer_impl(self, scenario: Scenario, mode: SettingsMode = "matched") -> OptimizerImpl:
+        if scenario.sequence_parallel > 1 and self.sequence_parallel_adamw:
+            return self.sequence_parallel_adamw
+        row = self.adamw[mode]
+        return row.cuda if scenario.cluster.device == "cuda" else row.cpu
+
+
+class Capabilities(BaseModel):
+    """What a backend can run at all. The host enforces it before `fbench_check` is asked:
+    a scenario outside it is `unsupported` with the reason `refusal` gives."""
+
+    cpu: bool
+    gpu: bool
+    sequence_parallel: bool
+    varlen: bool
+    zero_stages: list[int] = Field(default_factory=lambda: [0])
+
+    def refusal(self, scenario: Scenario, backend: str) -> str | None:
+        """Why `backend`, declaring these capabilities, cannot run `scenario`; None if it may."""
+        device = scenario.cluster.device
+        if device == "cuda" and not self.gpu:
+            return f"the {backend} backend declares no GPU support; the scenario runs on CUDA GPUs"
+        if device == "cpu" and not self.cpu:
+            return f"the {backend} backend declares no CPU support; the scenario runs on CPU"
+        if scenario.sequence_parallel > 1 and not self.sequence_parallel:
+            return f"the {backend} backend declares no sequence parallel; the scenario asks for {scenario.sequence_parallel}"
+        if scenario.attention == "varlen" and not self.varlen:
+            return f"the {backend} backend declares no varlen attention; the scenario asks for it"
+        if scenario.zero_stage not in self.zero_stages:
+            stages = "/".join(map(str, self.zero_stages))
+            return f"the {backend} backend declares ZeRO stages {stages}; the scenario asks for {scenario.zero_stage}"
+        return None
+
+
+class EnvSpec(BaseModel):
+    """How the host builds the backend's own virtual environment (see `framework_bench/envs/venvs.py`)."""
+
+    requirements: dict[Literal["cpu", "cuda"], Path] = Field(
+        description="requirements file per flavour; it pins torch (2.13.0 on CPU: the local CPU build)"
+    )
+    framework_package: str = Field(description="distribution whose version is reported as the framework version")
+    post_install: list[str] = Field(
+        default_factory=list,
+        description="modules run as `python -m MODULE FLAVOUR` with the env's Python after pip (documented workarounds)",
+    )
+
+
+# The plugin contract this host implements. 1: the claims are optional (a claim not made is
+# flagged "unverified"). 2: the step timer's clock lines (framework_bench/measure/clock.py) and every
+# claim of `WorkerReport` are required; a run missing one is `invalid`. 3: the update projection
+# after training too (framework_bench/worker/update.py). A plugin declares the version it was
+# written against (`BackendInfo.contract`); one declaring none is of contract 1. A claim its
+# contract does not name leaves its run `unverified` (framework_bench/measure/verify.py: CLAIMED_SINCE).
+CONTRACT = 3
+
+
+class BackendInfo(BaseModel):
+    name: str
+    framework: str
+    description: str = ""
+    capabilities: Capabilities
+    env: EnvSpec
+    memory: MemoryScheme = Field(default_factory=MemoryScheme, description=(
+        "how it holds a training step: its AdamW table (per settings mode and device) and its "
+        "sequence-parallel engine, the only backend-specific input of the memory estimate"))
+    contract: int = Field(1, ge=1, le=CONTRACT, description=(
+        "the plugin contract it was written against (`CONTRACT`): at the current one every claim is required, "
+        "at an older one a claim not made leaves its runs `unverified`"))
+    reference: bool = Field(False, description=(
+        "the no-framework reference whose TGS the report shows the others' as a share of (one installed backend)"))
+    manifest_packages: list[str] = Field(default_factory=list, description=(
+        "distributions of its env whose versions each run's manifest records, beside the framework package "
+        "and the common stack (`framework_bench/store/results.py`)"))
+    report_notes: list[str] = Field(default_factory=list, description=(
+        "what matched settings cannot align because it lives inside the framework's own code: listed in "
+        "the report beside the recorded settings"))
+
+
+class Machine(BaseModel):
+    """What the host can see of this machine without importing torch."""
+
+    gpus: int = 0
+    gpu_name: str | None = None
+    gpu_memory_gib: float | None = None
+    cpu: str = ""
+    cpu_count: int = 1
+
+    @property
+    def device(self) -> Literal["cpu", "cuda"]:
+        return "cuda" if self.gpus else "cpu"
+
+
+class BackendEnv(BaseModel):
+    """A backend's virtual environment as found on disk."""
+
+    name: str
+    path: Path
+    python: Path
+    flavour: Literal["cpu", "cuda"] | None = None
+    ready: bool = False
+    problem: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    def has(self, distribution: str) -> bool:
+        """Whether a distribution is installed (names compared as pip normalises them)."""
+        key = distribution.lower().replace("_", "-")
+        return any(k.lower().replace("_", "-") == key for k in self.versions)
+
+    def version(self, distribution: str) -> str | None:
+        key = distribution.lower().replace("_", "-")
+        return next((v for k, v in self.versions.items() if k.lower().replace("_", "-") == key), None)
+
+
+def _init_fields(obj: Any) -> dict:
+    """A dataclass instance's constructor arguments, nested dataclasses as dicts (so each is
+    validated again) and everything else as it is (a validated `Scenario` stays one)."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return plain(obj)
+
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+class _Validated:
+    """pydantic's model API on a worker SDK dataclass validated by the host: the names callers
+    (and plugins written when these were pydantic models) use."""
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self:
+        """`obj` (a dict, or an instance of this dataclass or of the worker SDK's, built without
+        validation) validated as this type."""
+        return _adapter(cls).validate_python(_init_fields(obj))
+
+    @classmethod
+    def model_validate_json(cls, text: str | bytes) -> Self:
+        return _adapter(cls).validate_json(text)
+
+    def model_copy(self, update: dict | None = None) -> Self:
+        return dataclasses.replace(self, **(update or {}))
+
+
+@pydantic_dataclass(kw_only=True)
+class Job(_Validated, worker_job.Job):
+    """One run of one backend on one scenario; written to `run_dir/job.json` for the worker.
+
+    The worker SDK's `Job` (framework_bench/worker/job.py defines every field), validated,
+    with the whole validated `Scenario` where a worker reads its view of it."""
+
+    scenario: Scenario
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # The model's HF `config.json` (random weights are built from it; positions extended if asked).
+        self.hf_config = self.scenario.model_config_for_run
+
+    @property
+    def job_file(self) -> Path:
+        return self.run_dir / "job.json"
+
+    def write(self) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # `raw` and `verified_sha256` belong to the process that reads the file, never to the file.
+        self.job_file.write_bytes(_adapter(Job).dump_json(self, indent=2, exclude={"raw", "verified_sha256"}))
+        return self.job_file
+
+
+class LaunchPlan(BaseModel):
+    """What to start: a module run with the backend env's Python, wrapped by the chosen launcher."""
+
+    python: Path
+    module: str = Field(description="worker module, run as `python -m MODULE ARGS...`")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="added to the worker's environment")
+    files: dict[str, Path] = Field(default_factory=dict, description="generated files, by role (shown by --dry-run)")
+
+
+@pydantic_dataclass(kw_only=True)
+class StepMetric(_Validated, worker_report.StepMetric):
+    """One line of a worker's common metrics file: the worker SDK's `StepMetric`, validated."""
+
+
+@pydantic_dataclass(kw_only=True)
+class WorkerReport(_Validated, worker_report.WorkerReport):
+    """What a backend read back from its run folder: the worker SDK's `WorkerReport`, validated
+    (its steps are the SDK's `StepMetric`s)."""
