@@ -497,7 +497,7 @@ CONTRACT_NAMES = ("CONTRACT", "AdamWImpl", "MemoryScheme", "Capabilities", "EnvS
                   "BackendEnv", "Job", "LaunchPlan", "StepMetric", "WorkerReport")
 
 
-@pytest.mark.parametrize("old, new", [("framework_bench.plugins.contract", "framework_bench.plugins.contract"),
+@pytest.mark.parametrize("old, new", [("framework_bench.plugins.backend", "framework_bench.plugins.contract"),
                                       ("framework_bench.backend", "framework_bench.plugins.contract"),
                                       ("framework_bench.hookspecs", "framework_bench.plugins.hookspecs")])
 def test_old_plugin_module_names_warn_and_keep_working(old, new):
