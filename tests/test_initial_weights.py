@@ -12,7 +12,7 @@ import pytest
 
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.worker import initial_weights as iw
+from framework_bench.worker import initial_weights_host as iw
 from framework_bench.spec import scenario
 from framework_bench.measure.memory import parameter_count as expected_param_count
 
@@ -46,12 +46,12 @@ def test_keys_follow_seed_and_canonical_name():
 
 FILL_AND_REPORT = """
 import json, sys, torch, transformers
-from framework_bench.worker import init_weights
+from framework_bench.worker import initial_weights_worker
 cfg = json.loads(sys.argv[1]); run_dir = sys.argv[2]
 config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 model = transformers.AutoModelForCausalLM.from_config(config)
-init_weights.fill(model, 1024, config.to_dict())
-init_weights.report(model, 1024, run_dir)
+initial_weights_worker.fill(model, 1024, config.to_dict())
+initial_weights_worker.report(model, 1024, run_dir)
 """
 
 

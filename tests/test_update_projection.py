@@ -20,7 +20,7 @@ from framework_bench.measure import clock, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.spec import scenario
-from framework_bench.worker import initial_weights as iw
+from framework_bench.worker import initial_weights_host as iw
 from framework_bench.worker import update as worker_update
 from framework_bench.worker.files import CLOCK_DIR, REVEAL_FILE, UPDATE_FILE
 
@@ -114,11 +114,11 @@ def test_update_parity_is_judged_where_both_trained_alike():
 
 PROJECT = """
 import json, sys, torch, transformers
-from framework_bench.worker import init_weights, update
+from framework_bench.worker import initial_weights_worker, update
 cfg = json.loads(sys.argv[1])
 config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 model = transformers.AutoModelForCausalLM.from_config(config)
-init_weights.fill(model, 1024, config.to_dict())
+initial_weights_worker.fill(model, 1024, config.to_dict())
 untouched = update.project(model, 1024, config.to_dict(), 99)
 with torch.no_grad():
     model.model.layers[1].mlp.up_proj.weight[3, :5] += torch.arange(1.0, 6.0)

@@ -10,7 +10,7 @@ host's packed stream say it must be:
   - parameters: the model the framework built has the scenario's parameter count;
   - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
   - initial_weights: the sampled initial weights read from the live model are the compare's
-    (seed, name, index) values (`framework_bench/worker/initial_weights.py`), over every parameter;
+    (seed, name, index) values (`framework_bench/worker/initial_weights_host.py`), over every parameter;
   - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
     measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
     thermals or a regression: the reader should look before trusting the row).
@@ -37,7 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from framework_bench.measure.memory import parameter_count
-from framework_bench.worker import initial_weights
+from framework_bench.worker import initial_weights_host
 from framework_bench.plugins.contract import Job, StepMetric, WorkerReport
 from framework_bench.worker.packed import PackedRows
 from framework_bench.spec.scenario import Scenario
@@ -195,9 +195,9 @@ def check_settings(report: WorkerReport) -> Check:
 def check_initial_weights(job: Job) -> Check:
     """The worker's sampled initial weights (`RUN_DIR/initial_weights.json`) against the host's
     own computation of the same elements."""
-    path = job.run_dir / initial_weights.REPORT_FILE
+    path = job.run_dir / initial_weights_host.REPORT_FILE
     report = json.loads(path.read_text()) if path.exists() else None
-    status, detail = initial_weights.check(report, job.seed, job.hf_config, parameter_count(job.scenario.arch))
+    status, detail = initial_weights_host.check(report, job.seed, job.hf_config, parameter_count(job.scenario.arch))
     return Check(name="initial_weights", status=status, detail=detail)
 
 

@@ -16,8 +16,9 @@
 - `StartupClock`: start-up seconds by phase (imports, data, model build, framework set-up).
 - `ConsumedRows`: the record of the rows each step fed, which the host checks
   (`framework_bench.worker.rows`); `MicroLosses`: each micro-batch's loss and its divisor
-  (`framework_bench.worker.losses`); `init_weights` (a submodule, imported when named): the
-  compare's initial weights; `models.from_config`: a HF model from the job's config with them.
+  (`framework_bench.worker.losses`); `initial_weights_worker` (a submodule, imported when
+  named): the compare's initial weights; `models.from_config`: a HF model from the job's
+  config with them.
 - `settings`: the settings in effect, read from the live objects (`torch_loop_settings` for
   a plain loop; `param_count` for the built model).
 - `SEED`, `LEARNING_RATE`, `ADAM_BETAS`, `ADAM_EPS`, `WEIGHT_DECAY`, `MAX_GRAD_NORM`: the seed

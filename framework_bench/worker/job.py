@@ -119,7 +119,7 @@ class Job:
     # matched: both frameworks configured alike where both allow; native: as each framework's
     # own docs and examples configure it.
     settings_mode: Literal["matched", "native"] = "matched"
-    # One per compare: the initial weights (framework_bench/worker/initial_weights.py) and the
+    # One per compare: the initial weights (framework_bench/worker/initial_weights_host.py) and the
     # framework's own seeding.
     seed: int = SEED
     hf_config: dict = field(default_factory=dict, repr=False)  # the model's HF config.json, positions extended if asked

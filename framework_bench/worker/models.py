@@ -1,13 +1,13 @@
 """A Hugging Face model built from the job's config, with the compare's initial weights.
 
 For workers that build the model themselves (a plain loop); a framework that builds its own
-calls `init_weights.fill` on what it built instead. torch and transformers are imported
+calls `initial_weights_worker.fill` on what it built instead. torch and transformers are imported
 when called, in the backend's env.
 """
 
 from __future__ import annotations
 
-from framework_bench.worker import init_weights
+from framework_bench.worker import initial_weights_worker
 from framework_bench.worker.job import Job
 
 
@@ -24,7 +24,7 @@ def from_config(job: Job, device, **kwargs):
     torch.manual_seed(job.seed)
     with device:
         model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
-    init_weights.fill(model, job.seed, job.hf_config)
+    initial_weights_worker.fill(model, job.seed, job.hf_config)
     if job.scenario.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()

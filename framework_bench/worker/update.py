@@ -10,7 +10,7 @@ that seed's random vector:
     sum over every parameter element of (w_final - w_initial) * v,   v ~ N(0, 1) from
     (projection seed, canonical name, element index)
 
-`w_initial` is recomputed from the compare's seed (`init_weights.initial_values`, rounded to the
+`w_initial` is recomputed from the compare's seed (`initial_weights_worker.initial_values`, rounded to the
 parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
 element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
 under ZeRO-3, a collective every rank enters) and the sums all-reduced in float64; rank 0
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from framework_bench.worker.dist import dist_info
 from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
-from framework_bench.worker.init_weights import chunks, gathered, init_args, initial_values, standard_normal
-from framework_bench.worker.initial_weights import projection_key
+from framework_bench.worker.initial_weights_worker import chunks, gathered, init_args, initial_values, standard_normal
+from framework_bench.worker.initial_weights_host import projection_key
 
 # The host writes the seed within a poll of the last step's end; a shared filesystem under
 # SLURM may take its attribute-cache time to show it on another node.

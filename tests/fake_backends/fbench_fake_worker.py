@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from framework_bench.worker import ConsumedRows, Report, initial_weights, load_job, write_report
+from framework_bench.worker import ConsumedRows, Report, initial_weights_host, load_job, write_report
 from framework_bench.worker.files import UPDATE_FILE, MetricsWriter
 from framework_bench.worker.update import wait_for_reveal
 from framework_bench.worker.steps import ClockLines
@@ -26,7 +26,8 @@ def write_update(run_dir, step: float = 1e-3) -> None:
     """The update projection of a model whose first embedding element moved by `step` (the fake
     has none), onto the vector of the seed the host reveals after the last step."""
     seed = wait_for_reveal(run_dir, timeout=30)
-    v = initial_weights.standard_normal(np.array([0]), initial_weights.projection_key(seed, "model.embed_tokens.weight"))
+    key = initial_weights_host.projection_key(seed, "model.embed_tokens.weight")
+    v = initial_weights_host.standard_normal(np.array([0]), key)
     with open(os.path.join(run_dir, UPDATE_FILE), "w") as f:
         json.dump({"projection_seed": seed, "projection": step * float(v[0])}, f)
 
@@ -57,10 +58,10 @@ def write_initial_weights(run_dir: str, seed: int, cfg: dict) -> None:
     std, pad = float(cfg.get("initializer_range", 0.02)), cfg.get("pad_token_id")
     tensors = {}
     for name, shape in llama_shapes(cfg).items():
-        idx = initial_weights.sample_indices(seed, name, int(np.prod(shape)))
-        values = initial_weights.expected_values(seed, name, shape, idx, std, pad)
+        idx = initial_weights_host.sample_indices(seed, name, int(np.prod(shape)))
+        values = initial_weights_host.expected_values(seed, name, shape, idx, std, pad)
         tensors[name] = {"shape": shape, "dtype": "float32", "values": values.astype(np.float32).tolist()}
-    with open(os.path.join(run_dir, initial_weights.REPORT_FILE), "w") as f:
+    with open(os.path.join(run_dir, initial_weights_host.REPORT_FILE), "w") as f:
         json.dump({"seed": seed, "tensors": tensors}, f)
 
 

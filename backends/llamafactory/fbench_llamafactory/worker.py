@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StartupClock, dist_info, init_weights, load_job,
-                                    publish_once, update, write_report)
+from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StartupClock, dist_info,
+                                    initial_weights_worker, load_job, publish_once, update, write_report)
 from framework_bench.worker import settings as capture
 from framework_bench.worker.packed import PackedRows
 
@@ -123,7 +123,7 @@ class Claims:
                 claims.probe.install()
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
-                init_weights.report(model, job.seed, job.run_dir)  # what the first step trains from
+                initial_weights_worker.report(model, job.seed, job.run_dir)  # what the first step trains from
 
             def on_step_end(self, args, state, control, **kw):
                 for ids, labels in claims.fed:
@@ -232,7 +232,7 @@ def build_where_trained(job: Job, startup: StartupClock) -> None:
                 model = from_config(cls, config, **kwargs)
         else:
             model = from_config(cls, config, **kwargs)
-        init_weights.fill(model, job.seed, model.config.to_dict())  # before the trainer or DeepSpeed sees it
+        initial_weights_worker.fill(model, job.seed, model.config.to_dict())  # before the trainer or DeepSpeed sees it
         startup.mark("model_build")
         return model
 

@@ -22,7 +22,7 @@ import torch
 import transformers
 
 from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, Report, StartupClock,
-                                    StepLog, dist_info, init_weights, join, leave, load_job, settings,
+                                    StepLog, dist_info, initial_weights_worker, join, leave, load_job, settings,
                                     supervised_after_shift, update, write_report)
 from framework_bench.worker.models import from_config
 
@@ -43,7 +43,7 @@ def main(job_file: str) -> None:
     startup.mark("model_build")
     train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None) if ddp else model
     optimizer = adamw(model.parameters(), cuda)
-    init_weights.report(model, job.seed, job.run_dir)
+    initial_weights_worker.report(model, job.seed, job.run_dir)
     startup.mark("framework_setup")
     bf16 = job.scenario.precision == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext

@@ -12,7 +12,7 @@ ZeRO-3 transformers builds them inside DeepSpeed's `zero.Init` (XTuner's strateg
 the DeepSpeed config first), already partitioned, so that path is left to it.
 
 Then every parameter is overwritten with the compare's initial weights (`init_seed`: the
-SDK's `init_weights.fill`), before XTuner's model, mmengine's wrapper or DeepSpeed see it.
+SDK's `initial_weights_worker.fill`), before XTuner's model, mmengine's wrapper or DeepSpeed see it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-from framework_bench.worker import init_weights
+from framework_bench.worker import initial_weights_worker
 
 
 def build_random_llm(pretrained_model_name_or_path: str, init_seed: int, trust_remote_code: bool = False,
                      keep_fp32_weights: bool = False, **kwargs):
     model = _from_config(pretrained_model_name_or_path, trust_remote_code, keep_fp32_weights, **kwargs)
-    init_weights.fill(model, init_seed, model.config.to_dict())
+    initial_weights_worker.fill(model, init_seed, model.config.to_dict())
     return model
 
 

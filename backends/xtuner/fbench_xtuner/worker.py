@@ -31,7 +31,7 @@ from mmengine.runner import Runner
 from fbench_xtuner import run_layout
 from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.worker import (ConsumedRows, Job, MicroLosses, PeakMemory, Report, StartupClock, StepTimer, dist_info,
-                                    init_weights, join, load_job, publish_once, supervised_after_shift, update,
+                                    initial_weights_worker, join, load_job, publish_once, supervised_after_shift, update,
                                     write_report)
 from framework_bench.worker import settings as capture
 from framework_bench.worker.packed import PackedRows, stream_sha256
@@ -282,7 +282,7 @@ class Claims(Hook):
         self.probe.install()
         self.param_count = capture.param_count(_unwrap(runner.model).llm)
         # The weights the first step trains from, read after mmengine's init_weights ran.
-        init_weights.report(_unwrap(runner.model).llm, self.job.seed, self.job.run_dir)
+        initial_weights_worker.report(_unwrap(runner.model).llm, self.job.seed, self.job.run_dir)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         labels = data_batch["data"]["labels"]

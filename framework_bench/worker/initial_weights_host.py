@@ -1,13 +1,16 @@
-"""The initial weights every backend trains from, and the host's check of them (numpy only).
+"""The initial weights every backend trains from (host side, numpy only): the generator's
+definition and the host's check of them.
 
 Every framework builds its model its own way (transformers 4.48 under XTuner, 5.6 under
 LLaMA-Factory, mmengine consuming random numbers between seeding and building), so seeding
 alone does not give them the same weights. Instead the worker SDK
-(`framework_bench.worker.init_weights`, the torch twin of this module) overwrites every
-parameter right after the framework built the model, from a counter-based generator: the
-value of element `i` of the tensor named `name` depends only on (seed, name, i). That makes
-it random-access, so the host recomputes a sample here and compares it with the values the
-worker read from the live parameters, without a weight file anywhere.
+(`framework_bench.worker.initial_weights_worker`, the torch twin of this module) overwrites
+every parameter right after the framework built the model, from a counter-based generator:
+the value of element `i` of the tensor named `name` depends only on (seed, name, i). That
+makes it random-access, so the host recomputes a sample here and compares it with the values
+the worker read from the live parameters, without a weight file anywhere. It sits in the
+worker package, the bottom layer, because the torch twin takes its constants and names from
+here: the generator is defined once.
 
 The distribution is HF Llama's `_init_weights`: normal(0, initializer_range) for linear and
 embedding weights (the padding row of the embedding zero), ones for norm weights (1-D

@@ -1,5 +1,5 @@
 """The same initial weights for every backend (worker side, torch): see
-`framework_bench.worker.initial_weights`, the numpy twin the host checks with.
+`framework_bench.worker.initial_weights_host`, the numpy twin the host checks with.
 
 - `fill(model, seed, hf_config)`: right after the framework built the model, before any
   optimizer, DDP or DeepSpeed engine sees it (under ZeRO-3 inside `GatheredParameters`),
@@ -15,7 +15,7 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-from framework_bench.worker.initial_weights import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32,
+from framework_bench.worker.initial_weights_host import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32,
                                                     kind, sample_indices, tensor_key)
 from framework_bench.worker.dist import dist_info
 
