@@ -263,7 +263,9 @@ def test_publish_once_one_writer_across_two_processes_the_other_waits(tmp_path, 
 
 
 @pytest.mark.parametrize("old, new", [("framework_bench.worker_io", "framework_bench.worker.files"),
-                                      ("framework_bench.packed", "framework_bench.worker.packed")])
+                                      ("framework_bench.packed", "framework_bench.worker.packed"),
+                                      ("framework_bench.worker.init_weights", "framework_bench.worker.initial_weights_worker"),
+                                      ("framework_bench.worker.initial_weights", "framework_bench.worker.initial_weights_host")])
 def test_old_module_names_warn_and_keep_working(old, new):
     sys.modules.pop(old, None)
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
