@@ -87,7 +87,7 @@ missing_steps = FakeBackend("fake_missing_steps", "missing_steps")
 wrong_rows = FakeBackend("fake_wrong_rows", "wrong_rows")
 wrong_model = FakeBackend("fake_wrong_model", "wrong_model")
 
-# Workers that write what no real measurement can be (framework_bench/plugins/backend.py bounds StepMetric):
+# Workers that write what no real measurement can be (StepMetric bounds them: framework_bench/worker/report.py):
 # a garbage line, a step too short to time, no tokens, a NaN loss, numbers beyond SQLite...
 BAD_LINES = ("garbage_line", "slow_seconds", "tiny_seconds", "inf_seconds", "zero_tokens", "nan_loss",
              "huge_tokens", "huge_memory", "negative_rank", "extra_steps", "grandchild", "deaf")
