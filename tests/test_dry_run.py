@@ -4,7 +4,7 @@ packing or launching anything, on a machine that has none of the GPUs they need.
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench.run import pipeline
+from framework_bench.run.dry_run import dry_run
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.plugins.contract import Machine
@@ -18,7 +18,7 @@ NO_GPU = Machine(gpus=0, cpu_count=2)
 @pytest.mark.parametrize("name", PUBLISHED)
 def test_dry_run_plans_every_published_scenario(name, backend, fbench_home):
     s = scenario.load(name)
-    d = pipeline.dry_run(backend, s, RunOptions(launcher="slurm"), NO_GPU)
+    d = dry_run(backend, s, RunOptions(launcher="slurm"), NO_GPU)
     assert d.check and f"{s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} GPUs" in d.check
     # the backend's own verdict on the scenario's nodes stands beside this machine's shortfall
     v = d.verdict

@@ -24,6 +24,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
 from framework_bench.plugins.contract import Job, Machine
 from framework_bench.run import pipeline
+from framework_bench.run.dry_run import dry_run
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 
@@ -89,11 +90,9 @@ def test_job_json_is_the_hosts_on_the_torchrun_launcher(torch_python, fakes, tmp
 
 def test_dry_run_a_raising_plan_is_a_plan_error_and_job_json_the_hosts(fakes, tmp_path):
     for launcher in ("local", "torchrun", "slurm"):
-        d = pipeline.dry_run("fake_plan_raises", scenario.load("tiny_cpu"), RunOptions(launcher=launcher, root=tmp_path),
-                             CPU)
+        d = dry_run("fake_plan_raises", scenario.load("tiny_cpu"), RunOptions(launcher=launcher, root=tmp_path), CPU)
         assert d.plan_error.startswith(f"{RAISED} tiny_cpu") and d.argv == [] and d.launcher == launcher
-        d = pipeline.dry_run("fake_plan_writes_job", scenario.load("tiny_cpu"),
-                             RunOptions(launcher=launcher, root=tmp_path), CPU)
+        d = dry_run("fake_plan_writes_job", scenario.load("tiny_cpu"), RunOptions(launcher=launcher, root=tmp_path), CPU)
         assert d.plan_error is None
         _is_the_hosts(d.run_dir, "fake_plan_writes_job", "tiny_cpu")
     res = _invoke("run", "--backend", "fake_plan_raises", "--scenario", "tiny_cpu", "--dry-run", "--launcher", "slurm")
@@ -147,7 +146,7 @@ def _seed_of(run_dir) -> int:
 def test_the_seed_reaches_the_workers_job_on_every_path(cluster, fakes, tmp_path):
     """`--seed` is the job's, not only the row's: before, every worker got the default 1024."""
     tiny = scenario.load("tiny_cpu")
-    d = pipeline.dry_run("fake_ok", tiny, RunOptions(seed=7, root=tmp_path), CPU)
+    d = dry_run("fake_ok", tiny, RunOptions(seed=7, root=tmp_path), CPU)
     assert _seed_of(d.run_dir) == 7
     r = pipeline.run_one("fake_ok", tiny, RunOptions(seed=7, root=tmp_path), machine=CPU)
     assert r.status == "ok" and r.seed == 7 and _seed_of(r.run_dir) == 7

@@ -14,8 +14,10 @@ from pathlib import Path
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.backend import Machine
-from framework_bench.run import pipeline
+from framework_bench.run import pipeline, readback
+from framework_bench.run.dry_run import DryRun, dry_run
 from framework_bench.run.options import RunOptions
+from framework_bench.run.submit import Planned, submit as submit_one  # `submit` here is the loop over them
 from framework_bench.spec import scenario as scenarios_
 from framework_bench.spec.scenario import Scenario, ScenarioError
 
@@ -130,7 +132,7 @@ def compare(
     *,
     on_result: Callable[[RunResult, Scenario], None] = lambda r, s: None,
     on_start: Callable[[str, Scenario], None] = lambda b, s: None,
-    on_step: pipeline.StepCallback = lambda done, total, secs: None,
+    on_step: readback.StepCallback = lambda done, total, secs: None,
 ) -> list[RunResult]:
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
@@ -164,7 +166,7 @@ def submit(
     options: RunOptions,
     *,
     on_scenario: Callable[[Scenario], None] = lambda s: None,
-    on_planned: Callable[[str, Scenario, pipeline.Planned], None] = lambda b, s, p: None,
+    on_planned: Callable[[str, Scenario, Planned], None] = lambda b, s, p: None,
 ) -> None:
     """`compare --launcher slurm`: every backend on every scenario written and submitted, the
     reference first; each other run records the reference's run folder, so `results collect`
@@ -174,7 +176,7 @@ def submit(
         on_scenario(s)
         reference = None
         for name in ordered:
-            planned = pipeline.submit(name, s, options, reference=reference)
+            planned = submit_one(name, s, options, reference=reference)
             if name == reference_name and planned.submission is not None:
                 reference = planned.submission.run_dir
             on_planned(name, s, planned)
@@ -187,14 +189,14 @@ def plans(
     machine: Machine,
     *,
     on_scenario: Callable[[Scenario], None] = lambda s: None,
-    on_plan: Callable[[pipeline.DryRun, Scenario], None] = lambda d, s: None,
-) -> list[pipeline.DryRun]:
+    on_plan: Callable[[DryRun, Scenario], None] = lambda d, s: None,
+) -> list[DryRun]:
     """`--dry-run`: every backend's plan on every scenario, in the order given; nothing is packed,
     launched or submitted."""
     out = []
     for s in scenarios:
         on_scenario(s)
         for name in backend_names:
-            out.append(pipeline.dry_run(name, s, options, machine))
+            out.append(dry_run(name, s, options, machine))
             on_plan(out[-1], s)
     return out

@@ -8,10 +8,11 @@
 3. `finish`: read the report back, verify every claim, judge parity with the reference,
    write result.json.
 
-`run_one` runs the three here; `submit` stops after the start on SLURM; `dry_run` prepares
-without packing and describes the plan. Every outcome is a `RunResult`: unsupported settings,
-a raising hook, crashes, OOMs and timeouts are results with a status and a reason, never a
-traceback in the host.
+`run_one` runs the three here. The other two ends of `prepare` have their own modules:
+`framework_bench/run/submit.py` stops after the start on SLURM, and
+`framework_bench/run/dry_run.py` prepares without packing and describes the plan. Every outcome
+is a `RunResult`: unsupported settings, a raising hook, crashes, OOMs and timeouts are results
+with a status and a reason, never a traceback in the host.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from framework_bench.data import tokenizer
-from framework_bench.data.packing import PackedData, pack, packed_dir
+from framework_bench.data.packing import PackedData, pack
 from framework_bench.envs import venvs as envs
 from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
@@ -34,15 +34,10 @@ from framework_bench.plugins.backend import Job, LaunchPlan, Machine
 from framework_bench.run import orphans, readback, verdicts
 from framework_bench.run.hooks import HookError, call_hook, tail_of
 from framework_bench.run.launchers import executor_for
-from framework_bench.run.launchers.base import Executor, Outcome, Submission, default_launcher
-from framework_bench.run.launchers.slurm import SBATCH_FILE, TimeEstimate
+from framework_bench.run.launchers.base import Executor, Outcome, default_launcher
 from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario
-from framework_bench.worker.files import read_metrics
 from framework_bench.worker.hparams import SEED
-from framework_bench.worker.packed import TOKENIZER_DIR
-
-StepCallback = Callable[[int, int, float | None], None]  # (steps done, steps total, last step seconds)
 
 
 def runs_root() -> Path:
@@ -91,9 +86,9 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
             on_verdict: Callable[[verdicts.Verdict], None] = lambda v: None) -> Prepared | RunResult:
     """Judge, pack, write the job and plan it; a `RunResult` when the run ends here (refused, a
     raising hook, a run folder that cannot be written). `dry`: refusals and a raising plan are
-    kept on the `Prepared` instead, nothing is packed (the plan gets a stand-in data folder
-    holding only the tokenizer) and the run folder is under `options.root` or FBENCH_HOME/runs/dry-run.
-    A run that is not dry is claimed (framework_bench/run/orphans.py) before packing.
+    kept on the `Prepared` instead, and nothing is packed: the plan gets `data`, a stand-in
+    (`framework_bench/run/dry_run.py`). A run that is not dry is claimed
+    (framework_bench/run/orphans.py) before packing.
     `on_verdict` hears the verdict, every refusal on its own, whatever comes of it."""
     backend, machine = plugins.get(backend_name), machine or detect()
     identity = Identity(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode,
@@ -116,8 +111,7 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
                  and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return identity.result("failed" if setup else "unsupported", reason=refusal)
     if dry:
-        root = options.root or runs_root() / "dry-run"
-        job = make_job(backend_name, scenario, _unpacked(scenario, root), root, options.settings_mode, seed=options.seed)
+        job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=options.seed)
         job.write()
     else:
         job = _packed_job(identity, scenario, data, options)
@@ -125,8 +119,9 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
             return job
     prepared = Prepared(identity, backend, job, verdicts.target_machine(scenario, machine).gpu_name,
                         executor=executor, verdict=verdict, refusal=refusal)
-    try:
-        prepared.plan = plan_for(backend, job, env)
+    try:  # job.json again after the plan: whatever a plan wrote there, the worker reads the host's job
+        prepared.plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
+        job.write()
     except HookError as e:
         if not dry:
             return _save(identity.result("failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256))
@@ -160,18 +155,9 @@ def _packed_job(identity: Identity, scenario: Scenario, data: PackedData | None,
     return job
 
 
-def plan_for(backend: plugins.Backend, job: Job, env) -> LaunchPlan:
-    """`fbench_plan` under the host's guarantees, on every path: an exception in it is a
-    `HookError`; job.json (written before) is written again after it, so whatever a plan wrote
-    there, the worker reads the host's job."""
-    plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
-    job.write()
-    return plan
-
-
 def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = None, *,
             data: PackedData | None = None, machine: Machine | None = None,
-            on_step: StepCallback = lambda done, total, secs: None, reference: RunResult | None = None) -> RunResult:
+            on_step: readback.StepCallback = lambda done, total, secs: None, reference: RunResult | None = None) -> RunResult:
     """Prepare, start here (the local or torchrun launcher) and finish.
 
     `options.db`: the results file the caller will store the run in (`results.save`); should
@@ -192,7 +178,7 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
         (job.run_dir / "plan.json").write_text(json.dumps(
             {"launcher": executor.name, "argv": executor.node_argvs(plan, job), "env": plan.env,
              "files": {k: str(v) for k, v in plan.files.items()}}, indent=2))
-        outcome = executor.start(plan, job, options, prepared.gpu_name, _progress(job, on_step))
+        outcome = executor.start(plan, job, options, prepared.gpu_name, readback.progress(job, on_step))
         return finish(prepared, outcome, reference)
     except Exception as e:  # noqa: BLE001 - any host or plugin error after the job exists
         return _save(prepared.identity.result("failed", run_dir=job.run_dir, data_sha256=job.data_sha256,
@@ -206,25 +192,6 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
     finally:
         if options.db is None:
             orphans.release(job.run_dir)
-
-
-def _progress(job: Job, on_step: StepCallback) -> Callable[[], None]:
-    """The launcher's poll: `on_step` each time the worker's metrics show another step done."""
-    seen = [0]
-
-    def poll() -> None:
-        # Progress only: a line the worker is writing now (or garbage) is read again later,
-        # and the figures come from the full read once the worker has ended.
-        try:
-            steps = read_metrics(job.run_dir)
-            done = len({s["step"] for s in steps})
-            last = float(steps[-1]["seconds"]) if steps else None
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            return
-        if done != seen[0]:
-            seen[0] = done
-            on_step(done, job.scenario.steps.total, last)
-    return poll
 
 
 def finish(prepared: Prepared, outcome: Outcome, reference: RunResult | None = None) -> RunResult:
@@ -257,69 +224,6 @@ def _save(result: RunResult) -> RunResult:
     return result
 
 
-class DryRun(BaseModel):
-    """What `run_one` (or `submit`) would do, without packing or launching anything."""
-
-    backend: str
-    scenario: str
-    launcher: str
-    check: str | None = Field(description="why it would be refused on this machine; None if it would run")
-    verdict: verdicts.Verdict | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
-    time: TimeEstimate | None = Field(None, description="the SLURM time limit estimate (slurm launcher)")
-    plan_error: str | None = Field(None, description="fbench_plan raised: its error (no argv, env or files then)")
-    argv: list[str]
-    env: dict[str, str]
-    files: dict[str, Path]
-    run_dir: Path
-
-
-def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = None,
-            machine: Machine | None = None) -> DryRun:
-    """`prepare` without packing, described: the verdict, the command, its environment and the
-    files the plan and the launcher wrote."""
-    options = options or RunOptions()
-    p = prepare(backend_name, scenario, options, machine=machine, dry=True)
-    files = {"job": p.job.job_file}
-    head = dict(backend=backend_name, scenario=scenario.name, launcher=p.executor.name, check=p.refusal,
-                verdict=p.verdict, run_dir=p.job.run_dir)
-    if p.plan is None:
-        return DryRun(**head, plan_error=p.plan_error, argv=[], env={}, files=files)
-    files |= p.plan.files | p.executor.write(p.plan, p.job, options, p.gpu_name)
-    return DryRun(**head, time=p.executor.time_limit(scenario, p.gpu_name), argv=p.executor.argv(p.plan, p.job),
-                  env=p.plan.env, files=files)
-
-
-class Planned(BaseModel):
-    """One backend x scenario for SLURM: refused or failed (result), or written (and maybe submitted)."""
-
-    verdict: verdicts.Verdict
-    result: RunResult | None = Field(None, description="the unsupported or failed result: nothing submitted")
-    sbatch: Path | None = None
-    time: TimeEstimate | None = None
-    submission: Submission | None = None
-    note: str | None = None
-
-
-def submit(backend_name: str, scenario: Scenario, options: RunOptions, machine: Machine | None = None,
-           reference: Path | None = None) -> Planned:
-    """Prepare and start on SLURM: write the sbatch script, submitted where sbatch exists here.
-    Nothing is written or submitted for a backend that refused, or whose hooks raised (a
-    result then, as on every launcher); the job ends on the cluster and
-    `framework_bench/run/collect.py` finishes it, judged for parity with the run in `reference`."""
-    options = options.model_copy(update={"launcher": "slurm"})
-    heard: list[verdicts.Verdict] = []
-    p = prepare(backend_name, scenario, options, machine=machine, on_verdict=heard.append)
-    if isinstance(p, RunResult):  # the caller stores it, which releases its claim
-        return Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=backend_name, check=p.reason), result=p)
-    sub = p.executor.start(p.plan, p.job, options, p.gpu_name, lambda: None)
-    orphans.release(p.job.run_dir)  # its job is `results collect`'s to store now
-    if sub.job_id is not None and reference is not None:
-        sub.reference = reference
-        sub.save()
-    return Planned(verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=p.executor.time_limit(scenario, p.gpu_name),
-                   submission=sub if sub.job_id else None, note=sub.note)
-
-
 def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return (root or runs_root()) / f"{stamp}-{scenario.name}-{backend}-{time.monotonic_ns() % 10**6:06d}"
@@ -333,9 +237,3 @@ def make_job(backend: str, scenario: Scenario, data: PackedData, root: Path | No
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
                settings_mode=settings_mode, seed=seed)
 
-
-def _unpacked(scenario: Scenario, root: Path) -> PackedData:
-    directory = root / f"unpacked-{packed_dir(scenario).name}"
-    tokenizer.save_for_transformers(tokenizer.load(scenario.dataset.tokenizer), directory / TOKENIZER_DIR,
-                                    scenario.context_length)
-    return PackedData(directory, {"sha256": "(not packed in a dry run)"})

@@ -1,9 +1,12 @@
-"""What `finish` makes of a launched run once it ended: the worker's report read back, the data
-it trained on checked, the figures, the host's checks of every claim
-(framework_bench/measure/verify.py), parity with the reference, and a reason short enough to
-read on a terminal. Called by `framework_bench/run/pipeline.py` only."""
+"""What the host reads of what a worker wrote: while it runs, its progress (`progress`); once it
+ended, what `finish` makes of it: the worker's report read back, the data it trained on checked,
+the figures, the host's checks of every claim (framework_bench/measure/verify.py), parity with
+the reference, and a reason short enough to read on a terminal. Called by
+`framework_bench/run/pipeline.py` only."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from framework_bench.measure import clock, flops, losses, metrics, update, verify
 from framework_bench.measure.metrics import RunResult
@@ -12,6 +15,28 @@ from framework_bench.plugins.backend import CONTRACT, Job, WorkerReport
 from framework_bench.run.hooks import HookError, call_hook
 from framework_bench.run.launchers.base import Outcome
 from framework_bench.spec.scenario import Scenario
+from framework_bench.worker.files import read_metrics
+
+StepCallback = Callable[[int, int, float | None], None]  # (steps done, steps total, last step seconds)
+
+
+def progress(job: Job, on_step: StepCallback) -> Callable[[], None]:
+    """The launcher's poll: `on_step` each time the worker's metrics show another step done."""
+    seen = [0]
+
+    def poll() -> None:
+        # Progress only: a line the worker is writing now (or garbage) is read again later,
+        # and the figures come from the full read once the worker has ended.
+        try:
+            steps = read_metrics(job.run_dir)
+            done = len({s["step"] for s in steps})
+            last = float(steps[-1]["seconds"]) if steps else None
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return
+        if done != seen[0]:
+            seen[0] = done
+            on_step(done, job.scenario.steps.total, last)
+    return poll
 
 
 def read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: Outcome, gpu_name: str | None) -> None:

@@ -63,8 +63,9 @@ def test_v1_model_engine_builds_from_config_rank0_in_host_memory_others_on_meta(
     from fbench_fixtures import backend_env_or_skip
     env = backend_env_or_skip("llamafactory")
     from framework_bench.run import pipeline
+    from framework_bench.run.dry_run import unpacked
     s = helpers.tiny(name="tiny_v1", sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2})
-    data = pipeline._unpacked(s, tmp_path)  # the real tokenizer files, no packed rows
+    data = unpacked(s, tmp_path)  # the real tokenizer files, no packed rows
     job = pipeline.make_job("llamafactory", s, data, tmp_path)
     job.write()
     plan = llamafactory.plan(job, _env())
