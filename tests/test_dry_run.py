@@ -76,9 +76,10 @@ def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("settings", ["native", "matched"])
-def test_the_memory_figure_of_each_verdict_is_its_plan_lines(settings, tmp_path, monkeypatch):
-    """Before, the verdict's "~N GiB each" was the estimate for no backend in matched mode: ~105
-    GiB above XTuner's own 127.5 GiB plan line (native mode) on llama2_7b_8k_1gpu."""
+def test_every_memory_figure_of_a_backend_is_its_plan_lines(settings, tmp_path, monkeypatch):
+    """The scenario's header, the verdict's "~N GiB each" and the plan line give one figure per
+    backend. Before, the header and the verdict gave the estimate for no backend in matched mode:
+    ~105 GiB above XTuner's own 127.5 GiB plan line (native mode) on llama2_7b_8k_1gpu."""
     import re
 
     from fbench_fixtures import backend_env_or_skip
@@ -93,9 +94,15 @@ def test_the_memory_figure_of_each_verdict_is_its_plan_lines(settings, tmp_path,
     res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_7b_8k_1gpu", "--backends", "xtuner,torch",
                                    "--dry-run", "--settings", settings])
     assert res.exit_code == 0, res.output
-    out = " ".join(res.stdout.split())
-    verdicts = re.findall(r"~([\d.]+) GiB each by the memory estimate", out)
-    plans = re.findall(r"memory: ~([\d.]+) GiB at the", out)
-    assert len(verdicts) == len(plans) == 2 and verdicts == plans, out
+    out = " ".join(res.stdout.split())  # undo the console's wrapping
+    header = {backend: gib for names, gib in re.findall(rf"(\w+(?:, \w+)*) \({settings} settings\): ~([\d.]+) GiB per GPU", out)
+              for backend in names.split(", ")}
+    printed = {}  # each backend's block: its verdict's figures, its plan line's
+    for block in re.split(r"(?=\b(?:xtuner|torch) via local: )", out)[1:]:
+        printed[block.split()[0]] = (re.findall(r"~([\d.]+) GiB each by the memory estimate", block),
+                                     re.findall(r"memory: ~([\d.]+) GiB at the", block))
+    assert sorted(header) == sorted(printed) == ["torch", "xtuner"], out
+    for backend, (verdict, plan) in printed.items():
+        assert len(plan) == 1 and verdict == plan == [header[backend]], (backend, out)
     if settings == "native":  # XTuner's foreach AdamW with its fp32 copy: not the reference's figure
-        assert plans[0] != plans[1]
+        assert header["xtuner"] != header["torch"]

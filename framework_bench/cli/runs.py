@@ -204,6 +204,7 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
     submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
     from framework_bench.measure.machine import detect
     from framework_bench.measure.memory import estimate
+    from framework_bench.plugins import registry as plugins
     from framework_bench.run import compare
 
     machine = detect()
@@ -211,8 +212,17 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
 
     def on_scenario(s) -> None:
         show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        # Each backend's own estimate in this settings mode (its declared AdamW and sequence-parallel
+        # engine), the figure of its verdict and plan lines below; one line per distinct estimate.
         target = s.reference.hardware if s.reference else None
-        show.print(estimate(s, gpu_memory_gib=machine.gpu_memory_gib, gpu=target).summary(), highlight=False)
+        by_estimate: dict[str, list[str]] = {}
+        for name in backend_names:
+            e = estimate(s, declared=plugins.get(name).info.memory, settings_mode=options.settings_mode,
+                         gpu_memory_gib=machine.gpu_memory_gib, gpu=target)
+            by_estimate.setdefault(e.summary(), []).append(name)
+        for summary, names in by_estimate.items():
+            show.print(f"{', '.join(names)} ({options.settings_mode} settings): {summary}", highlight=False,
+                       markup=False)
 
     try:
         plans = compare.plans(chosen, backend_names, options, machine, on_scenario=on_scenario,
