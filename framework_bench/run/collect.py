@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
-from framework_bench.plugins.backend import Job
+from framework_bench.plugins.contract import Job
 from framework_bench.run import pipeline
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission

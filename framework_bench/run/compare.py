@@ -13,7 +13,7 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import Machine
+from framework_bench.plugins.contract import Machine
 from framework_bench.run import pipeline, readback
 from framework_bench.run.dry_run import DryRun, dry_run
 from framework_bench.run.options import RunOptions

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, packed_dir
-from framework_bench.plugins.backend import Machine
+from framework_bench.plugins.contract import Machine
 from framework_bench.run import pipeline, verdicts
 from framework_bench.run.launchers.slurm import TimeEstimate
 from framework_bench.run.options import RunOptions

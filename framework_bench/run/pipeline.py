@@ -30,7 +30,7 @@ from framework_bench.envs import venvs as envs
 from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import Job, LaunchPlan, Machine
+from framework_bench.plugins.contract import Job, LaunchPlan, Machine
 from framework_bench.run import orphans, readback, verdicts
 from framework_bench.run.hooks import HookError, call_hook, tail_of
 from framework_bench.run.launchers import executor_for
@@ -64,7 +64,7 @@ class Prepared:
     and the GPU of the nodes it targets (its MFU's)."""
 
     identity: Identity
-    backend: plugins.Backend
+    backend: plugins.RegisteredBackend
     job: Job
     gpu_name: str | None
     plan: LaunchPlan | None = None

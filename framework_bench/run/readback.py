@@ -11,7 +11,7 @@ from collections.abc import Callable
 from framework_bench.measure import clock, flops, losses, metrics, update, verify
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import CONTRACT, Job, WorkerReport
+from framework_bench.plugins.contract import CONTRACT, Job, WorkerReport
 from framework_bench.run.hooks import HookError, call_hook
 from framework_bench.run.launchers.base import Outcome
 from framework_bench.spec.scenario import Scenario
@@ -39,7 +39,7 @@ def progress(job: Job, on_step: StepCallback) -> Callable[[], None]:
     return poll
 
 
-def read_back(result: RunResult, backend: plugins.Backend, job: Job, outcome: Outcome, gpu_name: str | None) -> None:
+def read_back(result: RunResult, backend: plugins.RegisteredBackend, job: Job, outcome: Outcome, gpu_name: str | None) -> None:
     """Fill `result` from what the worker left in the run folder; a wrong or missing claim makes it
     `invalid` (or `unverified`), a worker that ended otherwise keeps its status with the log's tail."""
     scenario = job.scenario

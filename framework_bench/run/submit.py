@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from framework_bench.measure.metrics import RunResult
-from framework_bench.plugins.backend import Machine
+from framework_bench.plugins.contract import Machine
 from framework_bench.run import orphans, pipeline, verdicts
 from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.slurm import SBATCH_FILE, TimeEstimate

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins import registry as plugins
-from framework_bench.plugins.backend import BackendEnv, Machine, MemoryScheme
+from framework_bench.plugins.contract import BackendEnv, Machine, MemoryScheme
 from framework_bench.measure.memory import MemoryEstimate, estimate, gpu_memory_for
 from framework_bench.spec.scenario import Scenario
 
@@ -85,7 +85,7 @@ def env_for_target(scenario: Scenario, env: BackendEnv) -> tuple[BackendEnv, str
     return env, None
 
 
-def judge(backend: plugins.Backend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
+def judge(backend: plugins.RegisteredBackend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
           force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Verdict]:
     """(env, verdict) for `backend` running `scenario`, seen from `machine`."""
     env = env or envs.inspect(backend.name, backend.info.env)

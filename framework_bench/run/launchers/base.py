@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run.verdicts import Verdict
 from framework_bench.spec.scenario import Scenario
 

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from framework_bench.measure import clock, update
-from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run import interrupts
 from framework_bench.plugins.plan_env import visible_gpus_env
 from framework_bench.run.launchers.base import OOM_MARKERS, Executor, LaunchOptions, Outcome, tail

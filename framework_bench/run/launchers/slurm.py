@@ -32,7 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from framework_bench.measure import flops
-from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run.launchers.base import (OOM_MARKERS, RDZV_PORT, Executor, LaunchOptions, Outcome, Submission,
                                                 tail)
 from framework_bench.run.launchers.torchrun import torchrun_argv

@@ -5,7 +5,7 @@ rendezvous; processes started and watched as the `local` launcher does.
 
 from __future__ import annotations
 
-from framework_bench.plugins.backend import Job, LaunchPlan
+from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.plugins.plan_env import free_port
 from framework_bench.run.launchers.base import RDZV_PORT
 from framework_bench.run.launchers.local import LocalExecutor
