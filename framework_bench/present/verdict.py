@@ -1,0 +1,77 @@
+"""Verdicts in words, from the statistics over trials (framework_bench/measure/statistics.py).
+
+"xtuner is 4.1% faster than llamafactory (95% CI 2.0 to 6.3%, 5 trials each)" only when the
+whole interval is on one side of 0; otherwise "no difference detected"; from a single trial,
+"1 trial: no interval", never a bare percentage. The table cells that show an interval are
+written here too, so a table, the report and the terminal say the same thing.
+"""
+
+from __future__ import annotations
+
+from framework_bench.measure import statistics
+from framework_bench.measure.statistics import Ratio, Summary
+
+MINUS = "\u2212"  # a typographic minus: "−1.8" reads as a number, "-1.8" as a dash
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.1f}".replace("-", MINUS)
+
+
+def _trials(r: Ratio) -> str:
+    a, b = r.trials
+    return f"{a} trials each" if a == b else f"{a} and {b} trials"
+
+
+def sentence(r: Ratio) -> str:
+    """One pair's verdict: `r.backend` against `r.other`."""
+    if r.low is None:
+        return f"{r.backend} vs {r.other}: 1 trial: no interval"
+    pct, low, high = ((x - 1) * 100 for x in (r.ratio, r.low, r.high))
+    if low > 0:
+        return f"{r.backend} is {pct:.1f}% faster than {r.other} (95% CI {low:.1f} to {high:.1f}%, {_trials(r)})"
+    if high < 0:
+        return f"{r.backend} is {-pct:.1f}% slower than {r.other} (95% CI {-high:.1f} to {-low:.1f}%, {_trials(r)})"
+    return (f"no difference detected between {r.backend} and {r.other} "
+            f"(95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})")
+
+
+def verdicts(trials: list[statistics.Trial], reference: str | None) -> list[str]:
+    """Per scenario, each pair's sentence, then each backend's noise and left-out trials."""
+    summaries = statistics.summarise(trials)
+    out = []
+    for r in statistics.pairs(trials, reference):
+        out.append(f"{r.scenario}: {sentence(r)}")
+    for (scenario, backend), s in sorted(summaries.items()):
+        if s.noisy:
+            out.append(f"{scenario}: {backend} is noisy: trial-to-trial CV {s.cv:.1%}; about {s.trials_for_target} "
+                       f"trials would narrow its interval to ±{statistics.TARGET_HALF_WIDTH:.0%}")
+        if s.excluded:
+            out.append(f"{scenario}: {backend}: {len(s.excluded)} trial(s) not counted: {'; '.join(s.excluded)}")
+    return out
+
+
+def tgs_cell(s: Summary | None) -> str:
+    """The median TGS and, from two trials, its interval: `2,506.6 (2,480.1–2,530.2)`."""
+    if s is None or s.median is None:
+        return "-"
+    if s.low is None:
+        return f"{s.median:,.1f}"
+    return f"{s.median:,.1f} ({s.low:,.1f}–{s.high:,.1f})"
+
+
+def share_cell(r: Ratio | None) -> str:
+    """TGS as % of the other backend's and, from two trials each, its interval: `97% (95–99%)`."""
+    if r is None:
+        return "-"
+    if r.low is None:
+        return f"{r.ratio * 100:.0f}%"
+    return f"{r.ratio * 100:.0f}% ({r.low * 100:.0f}–{r.high * 100:.0f}%)"
+
+
+def noise_note(s: Summary | None) -> list[str]:
+    """A table row's note when its backend's trials are noisy."""
+    if s is None or not s.noisy:
+        return []
+    return [f"noisy: CV {s.cv:.1%} over {s.trials} trials; ~{s.trials_for_target} for ±"
+            f"{statistics.TARGET_HALF_WIDTH:.0%}"]
