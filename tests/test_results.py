@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,47 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(tmp_path):
 def test_get_unknown_id(store):
     with pytest.raises(ResultsError, match="no run with id 42"):
         store.get(42)
+
+
+def trial(backend: str, tgs: float, compare: str | None, round_: int | None) -> RunResult:
+    return ok_result(backend=backend, tgs=tgs).model_copy(
+        update={"compare_id": compare, "trial_round": round_, "trial_position": round_ and 1})
+
+
+def test_latest_by_point_is_every_trial_of_the_newest_compare_and_an_old_row_is_one_trial(store):
+    store.add(trial("xtuner", 900.0, None, None), load("tiny_cpu"), manifest_={})  # before trials: alone
+    for round_, tgs in enumerate((1000.0, 1010.0, 990.0), 1):
+        store.add(trial("xtuner", tgs, "c1", round_), load("tiny_cpu"), manifest_={})
+        store.add(trial("torch", tgs / 2, "c1", round_), load("tiny_cpu"), manifest_={})
+    store.add(trial("llamafactory", 800.0, None, None), load("tiny_cpu"), manifest_={})
+    latest = store.latest_by_point()
+    assert [(r["backend"], r["tgs"], r["trial_round"]) for r in latest] == [
+        ("llamafactory", 800.0, None), ("torch", 500.0, 1), ("torch", 505.0, 2), ("torch", 495.0, 3),
+        ("xtuner", 1000.0, 1), ("xtuner", 1010.0, 2), ("xtuner", 990.0, 3)]
+    store.add(trial("xtuner", 700.0, "c2", 1), load("tiny_cpu"), manifest_={})  # a newer compare replaces c1's
+    assert [r["tgs"] for r in store.latest_by_point(backend="xtuner")] == [700.0]
+
+
+def test_export_keeps_one_row_per_trial_with_its_compares_aggregates(store):
+    for round_, tgs in enumerate((1000.0, 1010.0, 990.0), 1):
+        store.add(trial("xtuner", tgs, "c1", round_), load("tiny_cpu"), manifest_={})
+        store.add(trial("torch", tgs / 2, "c1", round_), load("tiny_cpu"), manifest_={})
+    store.add(trial("xtuner", 900.0, None, None), load("tiny_cpu"), manifest_={})
+    rows = list(csv.DictReader(io.StringIO(store.export("csv", backend="xtuner", reference="torch"))))
+    assert [(r["trial_round"], r["trials"], r["tgs_median"], r["pct_of_reference"]) for r in rows] == [
+        ("1", "3", "1000.0", "200.0"), ("2", "3", "1000.0", "200.0"), ("3", "3", "1000.0", "200.0"),
+        ("", "1", "900.0", "")]  # the old row: a compare of one trial, without the reference
+    assert float(rows[0]["tgs_ci_low"]) <= 1000.0 <= float(rows[0]["tgs_ci_high"]) and rows[3]["tgs_ci_low"] == ""
+    runs = json.loads(store.export("json", reference="torch"))
+    assert {r["pct_ci_low"] for r in runs if r["backend"] == "torch"} == {None}  # the reference itself
+    assert all(r["pct_ci_low"] <= 200.0 <= r["pct_ci_high"] for r in runs if r["compare_id"] and r["backend"] == "xtuner")
+
+
+def test_a_store_from_before_trials_reads_its_rows_as_single_trials(tmp_path):
+    """Schema 6 (the golden fixture's): migrated on open, its rows get no compare, one trial each."""
+    path = tmp_path / "old.sqlite"
+    path.write_bytes((Path(__file__).parent / "golden" / "fixture_results.sqlite").read_bytes())
+    with ResultStore(path) as store:
+        rows = store.list()
+        assert rows and all(r["compare_id"] is None and r["trial_round"] is None for r in rows)
+        assert {r["trials"] for r in json.loads(store.export("json"))} <= {0, 1}

@@ -60,10 +60,14 @@ def results_export(
     backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
     db: common.DbOption = None,
 ) -> None:
-    """Print every stored run as CSV or JSON."""
+    """Print every stored run as CSV or JSON.
+
+    One row per trial, each with the aggregates of its compare: trials, median TGS and its 95%
+    interval, CV, % of the reference and its interval."""
+    from framework_bench.run.compare import reference_backend
     if format not in ("csv", "json"):
         common.fail(f"--format {format!r}: use csv or json")
-    print(common.open_store(db, read_only=True).export(format, scenario, backend), end="")
+    print(common.open_store(db, read_only=True).export(format, scenario, backend, reference_backend()), end="")
 
 
 @results_app.command("collect")

@@ -65,6 +65,9 @@ class RunResult(BaseModel):
     seed: int | None = Field(None, description="the compare's seed: initial weights and the framework's seeding")
     loss_curve: dict[int, float] = Field(default_factory=dict, description=(
         "canonical loss per optimizer step: the token mean over all ranks (framework_bench/measure/losses.py)"))
+    compare_id: str | None = Field(None, description="the compare this run is a trial of (None: a run on its own)")
+    trial_round: int | None = Field(None, description="the compare's round this trial ran in, from 1")
+    trial_position: int | None = Field(None, description="its place in the round's order of backends, from 1")
 
 
 def per_step(steps: list[StepMetric]) -> list[tuple[int, float, float]]:

@@ -29,12 +29,13 @@ from framework_bench import __version__
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins import registry
 from framework_bench.plugins.contract import StepMetric
+from framework_bench.measure import statistics
 from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import PROJECT_ROOT, Scenario
 from framework_bench.worker.files import read_metrics
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # SQLite's header field for "which application owns this file" ("fbnc"): fbench writes only
 # into a new file or one that carries it (or, from before it was set, holds fbench's tables).
 APPLICATION_ID = 0x66626E63
@@ -106,6 +107,14 @@ _MIGRATIONS = [
     """
     ALTER TABLE runs ADD COLUMN seed INTEGER;
     ALTER TABLE runs ADD COLUMN loss_curve TEXT NOT NULL DEFAULT '{}';
+    """,
+    # 7: repeated trials (issue 26): the compare a run is a trial of, its round and its place in
+    # the round; rows from before have none and read as a compare of one trial.
+    """
+    ALTER TABLE runs ADD COLUMN compare_id TEXT;
+    ALTER TABLE runs ADD COLUMN trial_round INTEGER;
+    ALTER TABLE runs ADD COLUMN trial_position INTEGER;
+    CREATE INDEX runs_compare ON runs (compare_id);
     """,
 ]
 
@@ -332,6 +341,9 @@ class ResultStore:
             "checks": json.dumps([c.model_dump() for c in result.checks]),
             "notes": json.dumps(result.notes),
             "seed": result.seed,
+            "compare_id": result.compare_id,
+            "trial_round": result.trial_round,
+            "trial_position": result.trial_position,
             "loss_curve": json.dumps(result.loss_curve),
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "manifest": json.dumps(manifest_ if manifest_ is not None else manifest(result.backend)),
@@ -378,29 +390,60 @@ class ResultStore:
 
     def latest_by_point(self, scenario_glob: str | None = None, backend: str | None = None,
                         settings_mode: str | None = None) -> list[dict]:
-        """The newest run of each backend x scenario (whatever its status): what charts and reports show;
-        `settings_mode` keeps one mode's runs (matched and native runs are never mixed in one chart)."""
+        """The newest run of each backend x scenario (whatever its status) with the other trials of its
+        compare, oldest first: what charts and reports show; `settings_mode` keeps one mode's runs
+        (matched and native runs are never mixed in one chart)."""
+        rows = [r for r in self.list(scenario_glob, backend)
+                if settings_mode is None or r["settings_mode"] == settings_mode]
         latest: dict[tuple[str, str], dict] = {}
-        for r in self.list(scenario_glob, backend):
-            if settings_mode is not None and r["settings_mode"] != settings_mode:
-                continue
+        for r in rows:
             latest[(r["backend"], r["scenario"])] = r  # ordered by id: later runs replace earlier ones
-        return sorted(latest.values(), key=lambda r: (r["model"], r["context_length"], r["scenario"], r["backend"]))
+        newest = {point: r["compare_id"] or r["id"] for point, r in latest.items()}
+        trials = [r for r in rows if newest[r["backend"], r["scenario"]] in (r["compare_id"], r["id"])]
+        return sorted(trials, key=lambda r: (r["model"], r["context_length"], r["scenario"], r["backend"], r["id"]))
 
-    def export(self, format: str, scenario_glob: str | None = None, backend: str | None = None) -> str:
-        """`csv`: one line per run (JSON fields as JSON text); `json`: a list of runs with their steps."""
+    def export(self, format: str, scenario_glob: str | None = None, backend: str | None = None,
+               reference: str | None = None) -> str:
+        """`csv`: one line per run (JSON fields as JSON text); `json`: a list of runs with their steps.
+        Each run also carries the aggregates of its compare's trials of its backend and scenario
+        (`AGGREGATES`; against the `reference` backend's trials of the same compare)."""
         rows = self.list(scenario_glob, backend)
+        if format not in ("csv", "json"):
+            raise ValueError(f"unknown export format {format!r}: use csv or json")
+        aggregates = _aggregates(self.list(), reference)  # all rows: the reference's too, whatever the filter
         if format == "json":
-            return json.dumps(standard_json([self.get(r["id"]) for r in rows]), indent=2, allow_nan=False)
-        if format == "csv":
-            buf = io.StringIO()
-            columns = [d[1] for d in self.conn.execute("PRAGMA table_info(runs)")]
-            writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-            writer.writeheader()
-            for r in rows:
-                writer.writerow({k: json.dumps(r[k]) if k in _JSON_COLUMNS else r[k] for k in columns})
-            return buf.getvalue()
-        raise ValueError(f"unknown export format {format!r}: use csv or json")
+            return json.dumps(standard_json([self.get(r["id"]) | aggregates[r["id"]] for r in rows]), indent=2,
+                              allow_nan=False)
+        buf = io.StringIO()
+        columns = [d[1] for d in self.conn.execute("PRAGMA table_info(runs)")] + list(AGGREGATES)
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            r |= aggregates[r["id"]]
+            writer.writerow({k: json.dumps(r[k]) if k in _JSON_COLUMNS else r[k] for k in columns})
+        return buf.getvalue()
+
+
+# What `export` adds to each run: over the counted trials of its compare (a run stored before
+# trials existed is a compare of one), of its backend and scenario.
+AGGREGATES = ("trials", "tgs_median", "tgs_ci_low", "tgs_ci_high", "tgs_cv",
+              "pct_of_reference", "pct_ci_low", "pct_ci_high")
+
+
+def _aggregates(rows: list[dict], reference: str | None) -> dict[int, dict]:
+    by_compare: dict[object, list[dict]] = {}
+    for r in rows:
+        by_compare.setdefault(r["compare_id"] or r["id"], []).append(r)
+    out = {}
+    for trials_ in by_compare.values():
+        trials = [statistics.Trial.from_record(r) for r in trials_]
+        summaries = statistics.summarise(trials)
+        shares = {(p.scenario, p.backend): p for p in statistics.pairs(trials, reference) if p.other == reference}
+        for r in trials_:
+            s, p = summaries[r["scenario"], r["backend"]], shares.get((r["scenario"], r["backend"]))
+            share = [None] * 3 if p is None else [None if x is None else 100 * x for x in (p.ratio, p.low, p.high)]
+            out[r["id"]] = dict(zip(AGGREGATES, (s.trials, s.median, s.low, s.high, s.cv, *share)))
+    return out
 
 
 def _insert_steps(conn: sqlite3.Connection, run_id: int, steps: list[StepMetric]) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -84,12 +86,15 @@ def capture() -> dict[str, str]:
     for cmd in COMMANDS:
         key = "help/" + ("_".join(cmd) or "fbench") + ".txt"
         jobs[key] = [lambda c: normalise(_run(c + ["--help"])), cmd]
-    jobs["results-export.json"] = [
-        lambda _: normalise(_run(["results", "export", "--format", "json", "--db",
-                                  str(FIXTURE_STORE)])), None]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {key: pool.submit(fn, arg) for key, (fn, arg) in jobs.items()}
-    return {key: f.result() for key, f in futures.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        # a copy: reading migrates a store to the current schema, and the fixture stays as written
+        # (schema 6, before trials), so that its rows are read as old rows every time
+        store = Path(shutil.copy(FIXTURE_STORE, tmp))
+        jobs["results-export.json"] = [
+            lambda _: normalise(_run(["results", "export", "--format", "json", "--db", str(store)])), None]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = {key: pool.submit(fn, arg) for key, (fn, arg) in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
 
 
 def write() -> None:

@@ -6,8 +6,8 @@ backend's plan builds it).
 An executor takes a prepared run (the host's `Job` and the backend's `LaunchPlan`) and
 `start`s it: here, waiting for its end (`local`, `torchrun`: an `Outcome`), or by handing it
 to a scheduler (`slurm`: a `Submission`, whose `Outcome` is read back when its job ends, see
-`framework_bench/run/collect.py`). `framework_bench/run/pipeline.py` drives them all through
-this interface alone.
+`framework_bench/run/collect.py`). `framework_bench/run/pipeline.py`, `submit.py` and
+`dry_run.py` beside it drive them all through this interface alone.
 """
 
 from __future__ import annotations
