@@ -62,10 +62,6 @@ class RegisteredBackend:
         return self._call("fbench_read_report", job=job)
 
 
-# The adapter's former name, which framework_bench/run/ still spells until it moves to the one above.
-Backend = RegisteredBackend
-
-
 # Backends that are installed but broken, by entry-point name: an import error, a missing
 # hook, or a `fbench_backend_info` that raises or returns something else. Shown by
 # `fbench backends` and by `fbench run --backend NAME`, instead of letting one broken
