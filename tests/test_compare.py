@@ -121,3 +121,50 @@ def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, mon
     assert "% of fake_ok" in res.output
     row = next(line for line in res.output.splitlines() if "│ fake_ok" in line)
     assert "100%" in row
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_round_orders_put_each_backend_in_each_place_and_after_each_other_equally_often(k):
+    from collections import Counter
+    names = [f"b{i}" for i in range(k)]
+    rows = compare.round_orders(names)
+    assert rows[0][0] == "b0" and all(sorted(row) == names for row in rows)
+    places = Counter((row.index(b), b) for row in rows for b in row)
+    after = Counter(pair for row in rows for pair in zip(row, row[1:]))
+    assert len(set(places.values())) == 1 and len(places) == k * k
+    assert len(set(after.values())) == 1 and len(after) == k * (k - 1)
+
+
+def test_repeated_trials_are_tagged_rotated_and_judged_against_the_latest_reference(monkeypatch):
+    """The loop alone (run_one stands in): a warm-up round on CPU, then `repeat` rounds."""
+    from framework_bench.measure.metrics import RunResult
+    monkeypatch.setattr(compare, "reference_backend", lambda: "ref")
+    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None, "b": None})
+    calls = []
+
+    def run_one(name, s, options, on_step, reference):
+        calls.append((name, reference and (reference.trial_round, reference.trial_position)))
+        return RunResult(backend=name, scenario=s.name, status="ok", tgs=1.0)
+
+    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
+    results = compare.compare([scenario.load("tiny_cpu")], ["a", "b", "ref"], repeat=2)
+    assert [(r.trial_round, r.trial_position, r.backend) for r in results] == [
+        (0, 1, "ref"), (0, 2, "a"), (0, 3, "b"), (1, 1, "a"), (1, 2, "b"), (1, 3, "ref"),
+        (2, 1, "b"), (2, 2, "ref"), (2, 3, "a")]
+    assert len({r.compare_id for r in results}) == 1
+    assert calls[3] == ("a", (0, 1)) and calls[8] == ("a", (2, 2))  # the reference's latest run
+    assert calls[5] == ("ref", None)  # never judged against itself
+    assert len(compare.compare([scenario.load("tiny_cpu")], ["a"], repeat=2, warmup_rounds=0)) == 2
+
+
+def test_cli_compare_repeat_stores_each_trial_and_shows_the_interval(fakes, tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "reference_backend", lambda: "fake_ok")
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--repeat", "2",
+                                   "--warmup-rounds", "0", "--db", str(db), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    rows = ResultStore(db).list()
+    assert [(r["trial_round"], r["trial_position"]) for r in rows] == [(1, 1), (2, 1)]
+    assert rows[0]["compare_id"] == rows[1]["compare_id"] is not None
+    line = next(line for line in res.output.splitlines() if "│ fake_ok" in line)
+    assert "1,024.0 (1,024.0–1,024.0)" in line and "100%" in line

@@ -237,6 +237,8 @@ def test_a_store_from_before_trials_reads_its_rows_as_single_trials(tmp_path):
     """Schema 6 (the golden fixture's): migrated on open, its rows get no compare, one trial each."""
     path = tmp_path / "old.sqlite"
     path.write_bytes((Path(__file__).parent / "golden" / "fixture_results.sqlite").read_bytes())
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 6  # nobody opened the fixture itself
     with ResultStore(path) as store:
         rows = store.list()
         assert rows and all(r["compare_id"] is None and r["trial_round"] is None for r in rows)

@@ -114,3 +114,10 @@ def test_a_trial_from_a_stored_row_or_a_result():
     assert Trial.from_record(row) == Trial("xtuner", "tiny_cpu", 2500.0, "ok", "run 12, round 2", ("update",))
     old = {"result_id": 3, "backend": "torch", "scenario": "tiny_cpu", "tgs": None, "status": "oom", "checks": []}
     assert Trial.from_record(old).label == "run 3"
+
+
+def test_warm_up_trials_neither_count_nor_are_named():
+    rows = [{"id": i, "backend": "torch", "scenario": "tiny_cpu", "tgs": tgs, "status": "ok", "trial_round": r}
+            for i, (r, tgs) in enumerate(((0, 4000.0), (1, 2500.0), (2, 2510.0)), 1)]
+    s = statistics.summarise([Trial.from_record(r) for r in rows])["tiny_cpu", "torch"]
+    assert (s.trials, s.median, s.excluded) == (2, 2505.0, ())

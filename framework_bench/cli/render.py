@@ -38,7 +38,7 @@ def result_dict(r) -> dict:
 # No cell is ever cut: a column is as wide as its widest cell (headers wrap), and a column that
 # does not fit is left out whole and named under the table.
 DROP_ORDER: dict[str, tuple[str, ...]] = {
-    "compare": ("published TGS", "start-up", "MFU", "reserved", "TFLOPs/GPU", "peak mem", "TGS min–max"),
+    "compare": ("published TGS", "start-up", "MFU", "reserved", "TFLOPs/GPU", "peak mem", "TGS min–max", "trials"),
     "results list": ("data sha256", "created", "version", "settings", "steps", "TFLOPs/GPU"),
     "scenarios": ("ZeRO", "SP", "published TGS", "device", "model"),
 }
@@ -161,27 +161,40 @@ def is_startup_breakdown(note: str) -> bool:
 
 
 def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool = False) -> FittedTable:
-    """The runs of a compare (and of the device check): headline figures first, notes as footnotes."""
-    from framework_bench.run.compare import percent_of_reference, reference_backend
-    # one compare: every run of a scenario ran its one definition
-    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, "") for r in results])
+    """The runs of a compare (and of the device check), one row per backend x scenario over its
+    trials: the median TGS and % of the reference with their 95% intervals from two trials,
+    headline figures first, notes as footnotes."""
+    from framework_bench.present.verdict import Points, noise_note, share_cell, tgs_cell
+    from framework_bench.run.compare import reference_backend
+    points = Points([result_dict(r) for r in results], reference_backend())
     t = FittedTable("compare", [
-        Col("scenario"), Col("backend"), Col("status"), Col("TGS", "right"),
+        Col("scenario"), Col("backend"), Col("status"), Col("trials", "right"), Col("TGS", "right"),
         Col(f"% of {reference_backend() or 'reference'}", "right"), Col("TGS min–max", "right"),
         Col("TFLOPs/GPU", "right"), Col("MFU", "right"), Col("peak mem", "right"), Col("reserved", "right"),
         Col("start-up", "right"), Col("published TGS", "right"), Col("notes", kind="notes")],
         title="fbench compare", wide=wide)
-    for r in results:
-        s = scenarios_by_name.get(r.scenario)
-        pct = share.get((r.scenario, r.backend))
-        t.add_row(r.scenario, r.backend, status_text(r.status), fmt(r.tgs), "-" if pct is None else f"{pct:.0f}%",
-                  f"{fmt(r.tgs_min)}–{fmt(r.tgs_max)}" if r.tgs_min is not None else "-",
-                  fmt(r.tflops, ".3g"), "-" if r.mfu is None else f"{r.mfu * 100:.1f}%",
-                  gib(r.peak_mem_bytes), gib(r.peak_reserved_bytes),
-                  "-" if r.startup_seconds is None else f"{r.startup_seconds:.1f} s",
+    for r in points.rows:
+        s = scenarios_by_name.get(r["scenario"])
+        summary = points.summaries[r["scenario"], r["backend"]]
+        t.add_row(r["scenario"], r["backend"], status_text(r["status"]),
+                  "" if summary.trials <= 1 else str(summary.trials),  # one trial: the column is left out
+                  tgs_cell(summary) if summary.trials else fmt(r["tgs"]),  # no trial counts: the run's own figure
+                  share_cell(points.shares.get((r["scenario"], r["backend"]))),
+                  f"{fmt(r['tgs_min'])}–{fmt(r['tgs_max'])}" if r["tgs_min"] is not None else "-",
+                  fmt(r["tflops"], ".3g"), "-" if r["mfu"] is None else f"{r['mfu'] * 100:.1f}%",
+                  gib(r["peak_mem_bytes"]), gib(r["peak_reserved_bytes"]),
+                  "-" if r["startup_seconds"] is None else f"{r['startup_seconds']:.1f} s",
                   f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s and s.reference else "-",
-                  r.flags + [n for n in r.notes if verbose or not is_startup_breakdown(n)])
+                  r["flags"] + [n for n in r["notes"] if verbose or not is_startup_breakdown(n)] + noise_note(summary))
     return t
+
+
+def print_verdicts(results) -> None:
+    """Below a compare's table: each pair's verdict, each noisy backend, each trial not counted."""
+    from framework_bench.present.verdict import Points
+    from framework_bench.run.compare import reference_backend
+    for line in Points([result_dict(r) for r in results], reference_backend()).lines:
+        common.console.print(line, highlight=False, markup=False)
 
 
 def gib(n: int | None) -> str:

@@ -115,6 +115,11 @@ def compare(
     seed: common.SeedOption = SEED,
     wide: common.WideOption = False,
     verbose: common.VerboseOption = False,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help=(
+        "trials of each backend on each scenario, in rotated orders: from 2, TGS with 95% intervals and verdicts; "
+        "5 for a verdict you can trust"))] = 1,
+    warmup_rounds: Annotated[Optional[int], typer.Option("--warmup-rounds", min=0, help=(
+        "rounds run first and not counted (default: 1 on CPU scenarios with --repeat 2 or more, else 0)"))] = None,
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -166,8 +171,8 @@ def compare(
     with progress:
         try:
             with stop_signals_interrupt():
-                compare_.compare(chosen, names, options.model_copy(update={"db": store.path}), on_start=on_start,
-                                 on_step=on_step, on_result=on_result)
+                compare_.compare(chosen, names, options.model_copy(update={"db": store.path}), repeat=repeat,
+                                 warmup_rounds=warmup_rounds, on_start=on_start, on_step=on_step, on_result=on_result)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
         except common.user_errors() as e:
@@ -177,6 +182,7 @@ def compare(
         print(json.dumps([render.result_dict(r) for r in results], indent=2))
     else:
         render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
+        render.print_verdicts(results)
         render.print_reasons(results)
         render.print_differences([render.result_dict(r) for r in results], settings)
         common.console.print(f"results stored in {store.path}")

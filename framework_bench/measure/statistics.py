@@ -17,7 +17,7 @@ interval misses 1.0 in about 2% of compares (nominal 5%); with 3 trials a side i
 the percentile bootstrap of a median of 3 being too narrow: a verdict wants 5 trials.
 
 Trials whose run did not end `ok`, or whose host checks failed one claim, do not count: they
-are named in `Summary.excluded`.
+are named in `Summary.excluded`. Warm-up rounds' trials (round 0 and below) do not count either.
 """
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ class Trial:
     status: str
     label: str
     failed_checks: tuple[str, ...] = ()
+    warmup: bool = False  # a warm-up round's: neither counted nor named
 
     @property
     def counts(self) -> bool:
-        return self.status == "ok" and not self.failed_checks and self.tgs is not None and self.tgs > 0
+        return (self.status == "ok" and not self.failed_checks and self.tgs is not None and self.tgs > 0
+                and not self.warmup)
 
     def why_excluded(self) -> str:
         return f"{self.label} ({self.status if self.status != 'ok' else 'failed ' + ', '.join(self.failed_checks)})"
@@ -64,7 +66,8 @@ class Trial:
         """From a stored row or a `RunResult` dump: its checks are dicts with `name` and `status`."""
         label = f"run {r.get('id', r.get('result_id'))}" + (f", round {r['trial_round']}" if r.get("trial_round") else "")
         return cls(r["backend"], r["scenario"], r.get("tgs"), r["status"], label,
-                   tuple(c["name"] for c in r.get("checks") or [] if c["status"] == "fail"))
+                   tuple(c["name"] for c in r.get("checks") or [] if c["status"] == "fail"),
+                   warmup=r.get("trial_round") is not None and r["trial_round"] <= 0)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def summarise(trials: Iterable[Trial]) -> dict[tuple[str, str], Summary]:
     """Per (scenario, backend): the median TGS over counted trials, its interval, CV and exclusions."""
     by_point: dict[tuple[str, str], list[Trial]] = defaultdict(list)
     for t in trials:
-        by_point[t.scenario, t.backend].append(t)
+        if not t.warmup:
+            by_point[t.scenario, t.backend].append(t)
     out = {}
     for (scenario, backend), ts in by_point.items():
         values = np.array([t.tgs for t in ts if t.counts], dtype=float)

@@ -3,13 +3,17 @@
 "xtuner is 4.1% faster than llamafactory (95% CI 2.0 to 6.3%, 5 trials each)" only when the
 whole interval is on one side of 0; otherwise "no difference detected"; from a single trial,
 "1 trial: no interval", never a bare percentage. The table cells that show an interval are
-written here too, so a table, the report and the terminal say the same thing.
+written here too, and `Points` makes the trials of each point (backend x scenario) one row, so
+a table, the report, the charts and the terminal say the same thing.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from framework_bench.measure import statistics
-from framework_bench.measure.statistics import Ratio, Summary
+from framework_bench.measure.statistics import Ratio, Summary, Trial
+from framework_bench.run.compare import definition
 
 MINUS = "\u2212"  # a typographic minus: "−1.8" reads as a number, "-1.8" as a dash
 
@@ -75,3 +79,50 @@ def noise_note(s: Summary | None) -> list[str]:
         return []
     return [f"noisy: CV {s.cv:.1%} over {s.trials} trials; ~{s.trials_for_target} for ±"
             f"{statistics.TARGET_HALF_WIDTH:.0%}"]
+
+
+# The figures that scale with TGS on one scenario (the FLOPs per token are the scenario's).
+_WITH_TGS = ("tflops", "model_tflops", "mfu")
+
+
+class Points:
+    """Runs (store rows or `RunResult` dumps, oldest first) as the trials of their points: `rows`,
+    one per backend x scenario in the order they first appear, its figures at the median over
+    the counted trials (TGS min–max over all their steps; `trials` and, from two, `tgs_low` and
+    `tgs_high`, the median's interval); `shares` each framework's `Ratio` to the reference;
+    `lines` the verdict sentences. Runs of a scenario stored under two definitions (the file
+    edited between them) are never paired."""
+
+    def __init__(self, runs: list[dict], reference: str | None):
+        groups: dict[str, list[dict]] = defaultdict(list)
+        for r in runs:  # a compare's results carry no definition: they ran one
+            groups[definition(r["scenario_json"]) if "scenario_json" in r else ""].append(r)
+        self.summaries: dict[tuple[str, str], Summary] = {}
+        self.shares: dict[tuple[str, str], Ratio] = {}
+        self.lines: list[str] = []
+        for group in groups.values():
+            trials = [Trial.from_record(r) for r in group]
+            self.summaries |= statistics.summarise(trials)
+            self.shares |= {(p.scenario, p.backend): p for p in statistics.pairs(trials, reference)
+                            if p.other == reference}
+            # the reference is 100% of itself, exactly: no interval
+            self.shares |= {key: Ratio(key[0], reference, reference, (s.trials, s.trials), 1.0)
+                            for key, s in self.summaries.items() if key[1] == reference and s.trials}
+            self.lines += verdicts(trials, reference)
+        newest = {(r["scenario"], r["backend"]): r for r in runs}
+        self.rows = [self._at_median(r, [t for t in runs if (t["scenario"], t["backend"]) == key])
+                     for key, r in newest.items()]
+
+    def _at_median(self, newest: dict, trials: list[dict]) -> dict:
+        s = self.summaries[newest["scenario"], newest["backend"]]
+        counted = [t for t in trials if Trial.from_record(t).counts]
+        if not counted:
+            return {**newest, "trials": 0}
+        r = dict(counted[-1])
+        scale = s.median / r["tgs"]
+        r.update({k: r[k] * scale for k in _WITH_TGS if r.get(k) is not None}, tgs=s.median, trials=s.trials,
+                 tgs_low=s.low, tgs_high=s.high)
+        spread = [t for t in counted if t.get("tgs_min") is not None]
+        if spread:
+            r.update(tgs_min=min(t["tgs_min"] for t in spread), tgs_max=max(t["tgs_max"] for t in spread))
+        return r

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,15 +127,41 @@ def _reference_first(backend_names: list[str]) -> tuple[list[str], str | None]:
     return sorted(backend_names, key=lambda b: b != reference_name), reference_name
 
 
+def round_orders(backends: list[str]) -> list[list[str]]:
+    """The orders of successive rounds, cycled: a Williams design (a Latin square balanced for
+    what runs just before), so that over its rows each backend runs in each place equally often
+    and right after each other backend once; an odd count needs the mirrored rows too. Its first
+    row is `backends` first, then alternately from the end: 0, 1, k-1, 2, k-2, ..."""
+    k = len(backends)
+    first = [0] + [(j + 1) // 2 if j % 2 else k - j // 2 for j in range(1, k)]
+    rows = [[(i + r) % k for i in first] for r in range(k)]
+    if k % 2 and k > 1:
+        rows += [row[::-1] for row in rows]
+    return [[backends[i] for i in row] for row in rows]
+
+
+def warmup_default(repeat: int, scenario: Scenario) -> int:
+    """One warm-up round when a CPU scenario is repeated: the first runs after start-up pay for
+    cold caches (+41-45% for whichever ran first, issue 26); it costs one more run per backend."""
+    return 1 if repeat >= 2 and scenario.cluster.device == "cpu" else 0
+
+
 def compare(
     scenarios: list[Scenario],
     backend_names: list[str],
     options: RunOptions | None = None,
     *,
+    repeat: int = 1,
+    warmup_rounds: int | None = None,
     on_result: Callable[[RunResult, Scenario], None] = lambda r, s: None,
     on_start: Callable[[str, Scenario], None] = lambda b, s: None,
     on_step: readback.StepCallback = lambda done, total, secs: None,
 ) -> list[RunResult]:
+    """Every backend on every scenario, `repeat` rounds (after `warmup_rounds`, by default
+    `warmup_default`): each trial a full run with every check, tagged with the compare's id, its
+    round (warm-up rounds are 0 and below: stored, never counted) and its place in the round.
+    The rounds' orders are `round_orders` with the reference first in the first round; each
+    other backend's run is judged for parity with the reference's latest run."""
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
     broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
@@ -144,19 +172,25 @@ def compare(
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     results: list[RunResult] = []
     ordered, reference_name = _reference_first(backend_names)
+    orders = round_orders(ordered)
+    compare_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     for s in scenarios:
         reference = None
-        for name in ordered:
-            on_start(name, s)
-            # run_one packs only when the backend can run the scenario; the packed data is
-            # cached by its inputs, so the second backend reads the very same files.
-            result = pipeline.run_one(name, s, options, on_step=on_step, reference=reference)
-            if name == reference_name:
-                reference = result
-            on_result(result, s)
-            results.append(result)
-            if result.status == "interrupted":
-                raise Interrupted(results)
+        warm = warmup_default(repeat, s) if warmup_rounds is None else warmup_rounds
+        for i, round_ in enumerate(range(1 - warm, repeat + 1)):
+            for position, name in enumerate(orders[i % len(orders)], 1):
+                on_start(name, s)
+                # run_one packs only when the backend can run the scenario; the packed data is
+                # cached by its inputs, so every trial reads the very same files.
+                result = pipeline.run_one(name, s, options, on_step=on_step,
+                                          reference=None if name == reference_name else reference)
+                result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
+                if name == reference_name:
+                    reference = result
+                on_result(result, s)
+                results.append(result)
+                if result.status == "interrupted":
+                    raise Interrupted(results)
     return results
 
 
