@@ -423,8 +423,8 @@ def test_the_share_of_torch_pairs_runs_by_their_stored_definition(tmp_path, fben
         rows = store.latest_by_point()
     table = report.scenario_table(rows)
     assert "400%" not in str(table) and "400 %" not in str(table)
-    from framework_bench.run.compare import percent_of_reference
-    assert ("tiny_cpu", "xtuner") not in percent_of_reference(report._pairing(rows))
+    from framework_bench.present.verdict import Points
+    assert ("tiny_cpu", "xtuner") not in Points(rows, "torch").shares
 
 
 # ---------------------------------------------------------------------------------------

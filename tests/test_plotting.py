@@ -103,3 +103,19 @@ def test_importing_the_modules_does_not_import_matplotlib():
     code = ("import sys, framework_bench.present.plotting, framework_bench.present.report, framework_bench.store.results; "
             "assert 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_point_of_several_trials_draws_its_interval_as_an_error_bar(tmp_path):
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        for round_, tgs in enumerate((3000.0, 3100.0, 2900.0), 1):
+            r = RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", tgs=tgs, tgs_min=tgs * 0.9,
+                          tgs_max=tgs * 1.1, tflops=tgs * 1e-4, model_tflops=tgs * 9e-5, compare_id="c1",
+                          trial_round=round_, trial_position=1)
+            store.add(r, load("tiny_cpu"), manifest_=CPU_MANIFEST)
+        add(store, "llamafactory", "tiny_cpu", tgs=2500.0)  # one trial: its step spread
+        rows = store.latest_by_point()
+    plotting.plot_results(rows, tmp_path, published=False)
+    svg = (tmp_path / "tgs_tflops_tiny-llama.svg").read_text()
+    for metric in ("tgs", "tflops"):
+        assert f'id="{metric}-ci-xtuner"' in svg and f'id="{metric}-spread-xtuner"' not in svg
+        assert f'id="{metric}-spread-llamafactory"' in svg and f'id="{metric}-ci-llamafactory"' not in svg

@@ -3,8 +3,9 @@
 Rows are the dicts `ResultStore.list()`/`latest_by_point()` return. matplotlib is imported
 inside the drawing functions only (so `fbench --help` stays fast), and figures are drawn
 on a bare `Figure` (Agg, no pyplot state). Each element a test or a reader may look for in
-the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-spread-<backend>` (min-max over
-steps), `<metric>-line-published`,
+the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-ci-<backend>` (the 95% interval
+over trials, from two), `<metric>-spread-<backend>` (min-max over steps, for a point of one
+trial), `<metric>-line-published`,
 `<metric>-failed-<backend>-<context>` (the x of a point without a figure),
 `<metric>-status-<backend>-<context>-<status>` (its label), with metric `tgs` or `tflops`.
 """
@@ -16,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from framework_bench.plugins import registry
+from framework_bench.present.verdict import Points
 from framework_bench.spec.scenario import Scenario, load_all
 
 DEFAULT_OUT = Path("plots")
@@ -120,7 +122,7 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
 
     scenarios = load_all() if published else []
     by_model: dict[str, list[dict]] = defaultdict(list)
-    for r in _latest_per_point(rows):
+    for r in _latest_per_point(Points(rows, reference=None).rows):  # the trials of a point as one, at their median
         by_model[r["model"]].append(r)
     backends = sorted({r["backend"] for r in rows})
     colours = {b: matplotlib.colormaps["tab10"](i % 10) for i, b in enumerate(backends)}
@@ -140,10 +142,21 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                     line, = ax.plot([r["context_length"] for r in ok], [r[metric] for r in ok], marker="o",
                                     color=colours[backend], label=backend, linewidth=2)
                     line.set_gid(f"{metric}-line-{_slug(backend)}")
-                    # The step-to-step spread (min-max of step TGS; TFLOPs scale with it) as a bar at each point.
-                    spread = [r for r in ok if r["tgs_min"] is not None and r["tgs_max"] is not None and r["tgs"]]
+                    dodge = 2 ** (0.03 * (i - (len(backends) - 1) / 2))  # backends' bars side by side
+                    # The 95% interval of the median over trials (TFLOPs scale with TGS) as an error bar.
+                    trials = [r for r in ok if r.get("tgs_low") is not None]
+                    if trials:
+                        y = [r[metric] for r in trials]
+                        bars = ax.errorbar([r["context_length"] * dodge for r in trials], y, yerr=[
+                            [v - v * r["tgs_low"] / r["tgs"] for v, r in zip(y, trials)],
+                            [v * r["tgs_high"] / r["tgs"] - v for v, r in zip(y, trials)]],
+                            fmt="none", ecolor=colours[backend], capsize=4, linewidth=1.5)
+                        _, _, (stems,) = bars.lines  # the container has no gid of its own: its bars carry it
+                        stems.set_gid(f"{metric}-ci-{_slug(backend)}")
+                    # A point of one trial: the step-to-step spread (min-max of step TGS) as a bar instead.
+                    spread = [r for r in ok if r.get("tgs_low") is None and r["tgs_min"] is not None
+                              and r["tgs_max"] is not None and r["tgs"]]
                     if spread:
-                        dodge = 2 ** (0.03 * (i - (len(backends) - 1) / 2))  # backends' bars side by side
                         bars = ax.vlines([r["context_length"] * dodge for r in spread],
                                          [r[metric] * r["tgs_min"] / r["tgs"] for r in spread],
                                          [r[metric] * r["tgs_max"] / r["tgs"] for r in spread],

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench.measure import flops
-from framework_bench.run.compare import NOT_ALIGNED, SPEED_RELEVANT, definition, percent_of_reference, reference_backend
+from framework_bench.run.compare import NOT_ALIGNED, SPEED_RELEVANT, reference_backend
 from framework_bench.plugins import registry
 from framework_bench.present.plotting import ctx_label, hardware
+from framework_bench.present.verdict import Points, share_cell
 from framework_bench.spec.scenario import Scenario
 
 REASON_LINES = 6  # of a failed run's error tail, enough to see the cause without the whole log
@@ -60,25 +61,23 @@ def _reference(spec: dict) -> str:
     return f"{ref['tgs']:,.1f} TGS, {ref['tflops']:.1f} TFLOPs ({ref['hardware']})" if ref else "-"
 
 
-def _pairing(rows: list[dict]) -> list[tuple]:
-    """Stored rows as `percent_of_reference` pairs them: by scenario name and stored definition."""
-    return [(r["scenario"], r["backend"], r["status"], r["tgs"], definition(r["scenario_json"])) for r in rows]
-
-
 def scenario_table(rows: list[dict]) -> Block:
-    share = percent_of_reference(_pairing(rows))
-    header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "TGS median (min–max)",
-              f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU XTuner / model", "MFU", "peak memory", "published",
-              "flags / notes"]
+    """One row per backend x scenario: its figures at the median over its trials (`Points`)."""
+    points = Points(rows, reference_backend())
+    header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "trials", "TGS median (min–max)",
+              "TGS 95% CI", f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU XTuner / model", "MFU",
+              "peak memory", "published", "flags / notes"]
     body = []
-    for r in rows:
-        pct = share.get((r["scenario"], r["backend"]))
+    for r in points.rows:
+        summary = points.summaries[r["scenario"], r["backend"]]
         spec = r["scenario_json"]
         version = f" {r['framework_version']}" if r["framework_version"] else ""
         body.append([
             r["scenario"], r["model"], ctx_label(r["context_length"]),
             f"{r['gpus']}" + (" (CPU)" if r["device"] == "cpu" else ""), str(r["sequence_parallel"]),
-            r["backend"] + version, r["status"], _tgs(r), "-" if pct is None else f"{pct:.0f}%",
+            r["backend"] + version, r["status"], str(summary.trials), _tgs(r),
+            "-" if summary.low is None else f"{summary.low:,.1f}–{summary.high:,.1f}",
+            share_cell(points.shares.get((r["scenario"], r["backend"]))),
             _tflops(r),
             "-" if r["mfu"] is None else f"{r['mfu']:.1%}", _mem(r["peak_mem_bytes"]), _reference(spec),
             "; ".join(r["flags"] + r.get("notes", [])) or "-",
@@ -115,7 +114,7 @@ def environment(rows: list[dict]) -> list[Block]:
     return blocks
 
 
-def caveats(rows: list[dict]) -> list[str]:
+def caveats(rows: list[dict], points: Points) -> list[str]:
     out = ["Models are built from their config with random weights (nothing is downloaded), the same for every "
            "backend: each parameter is drawn from (seed, name, element index) and the host checks a sample. The "
            "loss charts show each backend's loss per step as the token mean over the step (whatever the framework "
@@ -150,7 +149,12 @@ def caveats(rows: list[dict]) -> list[str]:
         out.append("TFLOPs/GPU uses XTuner's published formula, which counts K and V projections at the full "
                    "head count and so over-counts grouped-query-attention models; the model-FLOPs column and MFU "
                    "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
-    if percent_of_reference(_pairing(rows)):
+    if max((s.trials for s in points.summaries.values()), default=0) > 1:
+        out.append("A backend's TGS is the median over its trials (each a full run; warm-up rounds and trials "
+                   "that failed a check not counted), with its 95% interval; the % of the reference and the "
+                   "verdicts carry the 95% interval of the ratio of medians, both by a seeded bootstrap over "
+                   "trials (framework_bench/measure/statistics.py). One trial gives no interval.")
+    if points.shares:
         reference = reference_backend()
         out.append(f"\"% of {reference}\" is a backend's TGS as a share of the {reference} "
                    "backend's on the same scenario: a plain PyTorch loop over the same packed rows (the HF model class "
@@ -181,8 +185,8 @@ def verification(rows: list[dict]) -> Block | None:
 
 
 def settings_sections(rows: list[dict]) -> list[Block]:
-    """Per scenario, the settings each backend really ran with, side by side; rows that differ
-    are marked, speed-relevant ones first and highlighted."""
+    """Per scenario, the settings each backend really ran with (one trial of each: `Points.rows`),
+    side by side; rows that differ are marked, speed-relevant ones first and highlighted."""
     out = []
     by_scenario: dict[str, list[dict]] = {}
     for r in rows:
@@ -219,10 +223,13 @@ def not_aligned(rows: list[dict]) -> list[str]:
 
 def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in rows})) or "matched"
-    out = [Block("h1", "fbench report"),
-           Block("p", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS is "
-                      "tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
-                      "min–max over steps.")]
+    points = Points(rows, reference_backend())
+    out = [Block("h1", "fbench report")]
+    if points.lines:
+        out += [Block("h2", "Verdicts"), Block("list", items=points.lines)]
+    out += [Block("p", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS is "
+                       "tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
+                       "min–max over steps.")]
     out += [Block("h2", "Results"), scenario_table(rows)]
     checks = verification(rows)
     if checks:
@@ -231,7 +238,7 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
                            "rows consumed against the packed stream, the parameter count, the settings recorded "
                            "(a failure makes the run invalid), and the framework's own throughput against the "
                            "host's (flagged beyond 10 %)."), checks]
-    settings = settings_sections(rows)
+    settings = settings_sections(points.rows)
     if settings:
         out += [Block("h2", "Settings in effect"), *settings]
         if "matched" in modes:
@@ -241,7 +248,7 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     if pngs:
         out.append(Block("h2", "Charts"))
         out += [Block("image", text=c.stem, path=c) for c in pngs]
-    out += [Block("h2", "Caveats"), Block("list", items=caveats(rows))]
+    out += [Block("h2", "Caveats"), Block("list", items=caveats(rows, points))]
     fails = failures(rows)
     if fails:
         out += [Block("h2", "Runs without a figure"), *fails]
