@@ -243,3 +243,23 @@ def test_a_store_from_before_trials_reads_its_rows_as_single_trials(tmp_path):
         rows = store.list()
         assert rows and all(r["compare_id"] is None and r["trial_round"] is None for r in rows)
         assert {r["trials"] for r in json.loads(store.export("json"))} <= {0, 1}
+
+
+def test_results_list_groups_the_trials_of_a_compare_and_gives_its_verdicts(fbench_home, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+    from framework_bench.run import compare
+    monkeypatch.setattr(compare, "reference_backend", lambda: "torch")
+    monkeypatch.setenv("COLUMNS", "200")
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as store:
+        store.add(trial("xtuner", 900.0, None, None), load("tiny_cpu"), manifest_={})
+        for round_, wobble in enumerate((1.0, 1.01, 0.99), 1):
+            for backend, tgs in (("xtuner", 1000.0), ("torch", 500.0)):
+                store.add(trial(backend, tgs * wobble, "c1", round_), load("tiny_cpu"), manifest_={})
+    out = CliRunner().invoke(app, ["results", "list", "--db", str(db)]).output
+    rows = [[line.split("│")[i].strip() for i in (3, 4, 6)] for line in out.splitlines() if "│ tiny_cpu" in line]
+    assert rows == [["-", "-", "xtuner"], *[["c1", f"{r}·1", b] for b in ("torch", "xtuner") for r in (1, 2, 3)]]
+    lines = out.splitlines()
+    assert lines[lines.index("compare c1:") + 1].startswith("  tiny_cpu: xtuner is 100.0% faster than torch (95% CI ")

@@ -23,6 +23,12 @@ from framework_bench.spec import scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_STORE = ROOT / "tests" / "golden" / "fixture_results.sqlite"
+
+
+def fixture_copy(tmp_path: Path) -> str:
+    """The fixture store, copied: reading a store migrates it to the current schema, and the
+    fixture stays as written (tests/golden/golden.py, tests/test_results.py read it as old rows)."""
+    return shutil.copy(FIXTURE_STORE, tmp_path / "fixture.sqlite")
 WIDTHS = (80, 100, 120)
 BACKENDS = ("torch", "xtuner", "llamafactory")
 STARTUP = "start-up 18.3 s: imports 10.7, data 3.3, framework_setup 4.1, model_build 0.2"
@@ -142,9 +148,10 @@ def test_compare_wide_and_verbose_show_every_column_and_the_start_up_breakdown()
 def test_results_list_shows_id_scenario_backend_status_and_tgs_whole(width, tmp_path):
     env = {**os.environ, "COLUMNS": str(width), "FBENCH_HOME": str(tmp_path)}
     fbench = str(Path(sys.executable).with_name("fbench"))
-    listed = subprocess.run([fbench, "results", "list", "--db", str(FIXTURE_STORE)], capture_output=True, text=True,
+    store = fixture_copy(tmp_path)
+    listed = subprocess.run([fbench, "results", "list", "--db", store], capture_output=True, text=True,
                             env=env, check=True).stdout
-    records = json.loads(subprocess.run([fbench, "results", "export", "--format", "json", "--db", str(FIXTURE_STORE)],
+    records = json.loads(subprocess.run([fbench, "results", "export", "--format", "json", "--db", store],
                                         capture_output=True, text=True, env=env, check=True).stdout)
     body = assert_fits(listed, width, len(records))
     for record, row in zip(records, body):
@@ -232,7 +239,7 @@ def test_run_prints_its_figures_whole_and_the_start_up_breakdown_with_verbose(wi
 
 def test_results_show_keeps_the_start_up_breakdown(tmp_path, monkeypatch):
     monkeypatch.setenv("FBENCH_HOME", str(tmp_path))
-    out = CliRunner().invoke(app, ["results", "show", "1", "--db", str(FIXTURE_STORE)])
+    out = CliRunner().invoke(app, ["results", "show", "1", "--db", fixture_copy(tmp_path)])
     assert out.exit_code == 0, out.output
     assert any(n.startswith("start-up 9.4 s: imports") for n in json.loads(out.stdout)["notes"])
 

@@ -39,7 +39,7 @@ def result_dict(r) -> dict:
 # does not fit is left out whole and named under the table.
 DROP_ORDER: dict[str, tuple[str, ...]] = {
     "compare": ("published TGS", "start-up", "MFU", "reserved", "TFLOPs/GPU", "peak mem", "TGS min–max", "trials"),
-    "results list": ("data sha256", "created", "version", "settings", "steps", "TFLOPs/GPU"),
+    "results list": ("data sha256", "created", "version", "settings", "steps", "TFLOPs/GPU", "round", "compare"),
     "scenarios": ("ZeRO", "SP", "published TGS", "device", "model"),
 }
 PROSE_MIN = 12  # the narrowest a sentence column gets: below it a sentence reads as a list of words

@@ -23,23 +23,41 @@ def results_list(
     all_: Annotated[bool, typer.Option("--all", help="show every stored run")] = False,
     wide: common.WideOption = False,
 ) -> None:
-    """One line per stored run: the latest 50 unless --limit N or --all."""
+    """One line per stored run: the latest 50 unless --limit N or --all.
+
+    The trials of one compare together, each backend's in round order; then the verdicts of each
+    compare of several rounds."""
+    from framework_bench.present.verdict import Points
+    from framework_bench.run.compare import reference_backend
     store = common.open_store(db, read_only=True)
     t = render.FittedTable("results list", [
-        render.Col("id", "right"), render.Col("created"), render.Col("scenario"), render.Col("backend"),
+        render.Col("id", "right"), render.Col("created"), render.Col("compare"), render.Col("round", "right"),
+        render.Col("scenario"), render.Col("backend"),
         render.Col("version"), render.Col("settings"), render.Col("status"), render.Col("TGS", "right"),
         render.Col("TFLOPs/GPU", "right"), render.Col("steps", "right"), render.Col("data sha256")],
         more="--wide, or `fbench results export --format json`", wide=wide)
     rows = store.list(scenario, backend)
     shown = rows if all_ else rows[-limit:]
+    compares: dict = {}  # a compare's rows, in the order of its first shown row (rows from before trials: alone)
     for r in shown:
-        t.add_row(str(r["id"]), r["created_at"], r["scenario"], r["backend"], r["framework_version"] or "-",
-                  r["settings_mode"], render.status_text(r["status"]), render.fmt(r["tgs"]), render.fmt(r["tflops"], ".3g"),
-                  f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
-                  (r["data_sha256"] or "-")[:12])
+        compares.setdefault(r["compare_id"] or r["id"], []).append(r)
+    for trials in compares.values():
+        for r in sorted(trials, key=lambda r: (r["scenario"], r["backend"], r["trial_round"] or 0)):
+            t.add_row(str(r["id"]), r["created_at"], r["compare_id"] or "-",
+                      "-" if r["trial_round"] is None else f"{r['trial_round']}·{r['trial_position']}",
+                      r["scenario"], r["backend"], r["framework_version"] or "-",
+                      r["settings_mode"], render.status_text(r["status"]), render.fmt(r["tgs"]),
+                      render.fmt(r["tflops"], ".3g"),
+                      f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
+                      (r["data_sha256"] or "-")[:12])
     render.show(t)
     if len(shown) < len(rows):
         common.console.print(f"the latest {len(shown)} of {len(rows)} runs; --all or --limit N for more", highlight=False)
+    for compare_id, trials in compares.items():
+        if len({r["trial_round"] for r in trials}) > 1:  # the verdicts of a compare of several rounds
+            common.console.print(f"compare {compare_id}:", highlight=False, markup=False)
+            for line in Points(trials, reference_backend()).lines:
+                common.console.print(f"  {line}", highlight=False, markup=False)
 
 
 @results_app.command("show")
