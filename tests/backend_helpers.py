@@ -60,13 +60,15 @@ def make_job(backend: str, tmp_path: Path, scn: scenario.Scenario) -> Job:
                run_dir=tmp_path / "run", device=c.device, nprocs=c.gpus_per_node, nnodes=c.nodes)
 
 
-def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, settings_mode: str = "matched"):
+def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, settings_mode: str = "matched",
+                   shared=None):
     """Train `tiny_cpu` with the backend's real trainer and check what every backend must
     deliver: a metrics line per step, tokens per step = context length, finite loss, the
     host's packed data (same sha256), figures over the measured steps, the framework's own
     throughput, every host verification passed (framework_bench/measure/verify.py; the throughput
     agreement is timing, so only its presence is asserted) and the settings recorded.
-    Returns (scenario, result) for backend-specific checks."""
+    `shared`: the session's `tiny_cpu_run` fixture, whose run is used in matched mode instead of
+    training again. Returns (scenario, result) for backend-specific checks."""
     import math
 
     from framework_bench.run import pipeline
@@ -74,9 +76,13 @@ def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, setting
     from framework_bench.data.packing import pack
     from framework_bench.worker.files import read_metrics
 
-    scn = scenario.load("tiny_cpu")
-    data = pack(scn, progress=False, say=lambda msg: None)
-    result = pipeline.run_one(backend, scn, RunOptions(root=tmp_path, settings_mode=settings_mode), data=data, machine=CPU)
+    if shared is not None and settings_mode == "matched":
+        scn, data, result = shared(backend)
+    else:
+        scn = scenario.load("tiny_cpu")
+        data = pack(scn, progress=False, say=lambda msg: None)
+        result = pipeline.run_one(backend, scn, RunOptions(root=tmp_path, settings_mode=settings_mode), data=data,
+                                  machine=CPU)
     assert result.status == "ok", result.reason
     steps = read_metrics(result.run_dir)
     assert [s["step"] for s in steps] == list(range(1, scn.steps.total + 1))

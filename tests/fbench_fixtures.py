@@ -116,3 +116,31 @@ def liars(tmp_path_factory):
         mp.syspath_prepend(str(site))
         mp.setenv("PYTHONPATH", os.pathsep.join([str(LIARS), str(site), os.environ.get("PYTHONPATH", "")]))
         yield fbench_lying_backends
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_run(tmp_path_factory):
+    """`tiny_cpu_run(backend)`: the backend's real run of `tiny_cpu` (matched settings, the default
+    seed), made on first use and shared by every test of the session that reads one — the
+    reference a parity test judges against, a backend's own checks of its run. The runs are
+    the same whichever test asks first, so a real trainer runs once per backend, not once per
+    test. Tests read a shared result, never change it."""
+    from backend_helpers import CPU
+
+    from framework_bench.data.packing import pack
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
+    from framework_bench.spec import scenario
+
+    scn = scenario.load("tiny_cpu")
+    root = tmp_path_factory.mktemp("tiny-cpu-runs")
+    done: dict = {}
+
+    def run(backend: str):
+        if backend not in done:
+            backend_env_or_skip(backend)
+            data = pack(scn, progress=False, say=lambda msg: None)
+            done[backend] = (scn, data, pipeline.run_one(backend, scn, RunOptions(root=root), data=data, machine=CPU))
+        return done[backend]
+
+    return run

@@ -5,8 +5,8 @@ as JSON and exit 1) and no process of it left.
 Faults: SIGKILL of the host; SIGSTOP of the worker (mid-training: the only stage with a
 worker); ENOSPC, by filling a small tmpfs holding FBENCH_HOME (the store's own tmpfs at the
 `store` stage) or, where mounting is not allowed, a read-only folder; an exclusive lock on the
-store held longer than the host waits (the waits scaled down: SQLite's wait 1 s, the patience
-3 s, the lock 5 s, where fbench's defaults are 30 s and 10 min). Stages: packing, after the
+store held longer than the host waits (the waits scaled down: SQLite's wait 0.5 s, the patience
+1.5 s, the lock 2.5 s, where fbench's defaults are 30 s and 10 min). Stages: packing, after the
 plan, mid-training, after the worker exits, figures, store, report. The host is the real CLI
 in its own process; the fault is triggered from inside it on entering the stage's function.
 The fake backend's worker trains nothing (0.4 s a step); one real tiny run is killed mid-training.
@@ -27,10 +27,13 @@ import pytest
 
 from fbench_fixtures import backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
 
+# Each case is the whole host in its own process, a fault injected into it: the slow part of the suite.
+pytestmark = pytest.mark.slow
+
 STAGES = {  # stage: (module, function) the fault is triggered on entering
     "packing": ("framework_bench.run.pipeline", "pack"),
     "after_plan": ("framework_bench.run.launchers.local", "execute"),
-    "mid_training": ("framework_bench.run.pipeline", "read_metrics"),
+    "mid_training": ("framework_bench.run.readback", "read_metrics"),
     "worker_exited": ("framework_bench.run.pipeline", "finish"),
     "figures": ("framework_bench.measure.metrics", "figures"),
     "store": ("framework_bench.store.results", "save"),
@@ -45,7 +48,7 @@ module, function, fault, stage, full, db = sys.argv[1:7]
 from framework_bench import cli
 from framework_bench.store import results
 from framework_bench.data import packing
-results.LOCK_WAIT, results.LOCK_PATIENCE = 1.0, 3.0
+results.LOCK_WAIT, results.LOCK_PATIENCE = 0.5, 1.5
 packing.FREE_SPACE_MARGIN = 0  # the small disks of this test hold the tiny scenario's few kB
 target = importlib.import_module(module)
 original = getattr(target, function)
@@ -74,7 +77,7 @@ def inject():
     elif fault == "lock":
         locker = subprocess.Popen([sys.executable, "-c",
             "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], timeout=30); c.execute('BEGIN EXCLUSIVE');"
-            "print('held', flush=True); time.sleep(5)", db], stdout=subprocess.PIPE, text=True)
+            "print('held', flush=True); time.sleep(2.5)", db], stdout=subprocess.PIPE, text=True)
         locker.stdout.readline()
     elif fault == "sigstop":
         home = os.environ["FBENCH_HOME"].encode()
@@ -174,7 +177,7 @@ def test_each_fault_at_each_stage_leaves_one_row_and_no_process(fakes, disks, fa
         host = _inject(fault, stage, "fake_slow", home, db, full, env)
         if fault == "kill":
             assert host.returncode == -signal.SIGKILL
-        time.sleep(5.5 if fault == "lock" else 0)  # the lock's holder ends
+        time.sleep(3 if fault == "lock" else 0)  # the lock's holder ends
         _free(full)
         _one_row_or_printed(host, home, db, env)
     finally:

@@ -79,6 +79,7 @@ def test_lists_pin_every_package_and_leave_out_what_the_machine_has():
     assert {"pydantic", "deepspeed", "hjson", "flash-attn"}.isdisjoint(machine)
 
 
+@pytest.mark.slow  # builds the whole bundle: every wheel of the three backends' lists
 def test_python312_bundle_builds_within_45_mib(tmp_path):
     dest = tmp_path / "bundle"
     subprocess.run([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(dest), "--python", "3.12"],

@@ -52,17 +52,19 @@ def test_check_backend_variants_are_grad_accum_2_and_two_processes_with_zero_2_n
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["grad_accum1", "grad_accum2"])
-def three_runs(request, tmp_path_factory):
+def three_runs(request, tmp_path_factory, tiny_cpu_run):
     for b in BACKENDS:
         backend_env_or_skip(b)
+    if request.param == 1:  # the session's shared runs of tiny_cpu
+        return tiny_cpu_run(BACKENDS[0])[0], {b: tiny_cpu_run(b)[2] for b in BACKENDS}
     scn = scenario.load("tiny_cpu")
-    if request.param != 1:
-        scn = scn.model_copy(update={"name": f"tiny_cpu_grad_accum{request.param}", "grad_accum": request.param})
+    scn = scn.model_copy(update={"name": f"tiny_cpu_grad_accum{request.param}", "grad_accum": request.param})
     data = pack(scn, progress=False, say=lambda msg: None)
     root = tmp_path_factory.mktemp("runs")
     return scn, {b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS}
 
 
+@pytest.mark.slow  # real runs of the three trainers
 def test_same_initial_weights_and_step_one_loss_as_the_reference(three_runs):
     scn, runs = three_runs
     for b, r in runs.items():

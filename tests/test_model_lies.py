@@ -17,9 +17,10 @@ from fbench_fixtures import LIARS, backend_env_or_skip
 
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
-from framework_bench.data.packing import pack
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
+
+# Real runs of the torch worker's lying copies: end to end, so in the slow part of the suite.
+pytestmark = pytest.mark.slow
 
 # issue 20's checks: the initial weights, parity with the reference, the update projection and
 # the host's clock (a model that never runs leaves steps so short that the time between them is
@@ -35,8 +36,9 @@ CAUGHT_BY = {"half_rows": "parity", "no_update": "update", "one_layer": "initial
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """The lying backends installed through entry points, the packed stream and the reference run."""
+def world(tmp_path_factory, tiny_cpu_run):
+    """The lying backends installed through entry points, the packed stream and the reference
+    run (the session's shared run of torch on tiny_cpu)."""
     backend_env_or_skip("torch")
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(LIARS))
@@ -46,10 +48,8 @@ def world(tmp_path_factory):
         fbench_lying_backends.register_through_entry_points(site)
         mp.syspath_prepend(str(site))
         mp.setenv("PYTHONPATH", os.pathsep.join([str(LIARS), str(site), os.environ.get("PYTHONPATH", "")]))
-        scn = scenario.load("tiny_cpu")
-        data = pack(scn, progress=False, say=lambda msg: None)
+        scn, data, reference = tiny_cpu_run("torch")
         root = tmp_path_factory.mktemp("runs")
-        reference = pipeline.run_one("torch", scn, RunOptions(root=root), data=data, machine=CPU)
         assert reference.status == "ok", reference.reason
         yield scn, data, root, reference, mp
 

@@ -185,9 +185,9 @@ def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_cpu_trains_with_xtuner(xtuner, tmp_path):
+def test_tiny_cpu_trains_with_xtuner(xtuner, tmp_path, tiny_cpu_run):
     backend_env_or_skip("xtuner")
-    scn, result = helpers.train_tiny_cpu("xtuner", tmp_path, "0.2.0")
+    scn, result = helpers.train_tiny_cpu("xtuner", tmp_path, "0.2.0", shared=tiny_cpu_run)
     # XTuner's own ThroughputHook log is kept, and agrees with the host's figure: a token
     # miscount (x2, /SP) on either side would be far outside this band.
     own = result.framework_throughput
