@@ -12,9 +12,10 @@ interval that holds 20%.
     .venv/bin/python benchmarks/aa_false_alarm.py [--scenario tiny_cpu] [--compares 20] [--repeat 5]
         [--slow-compares 5] [--db PATH]
 
-How long: every trial is a full run (~21 s for tiny_cpu on this 2-core machine, most of it
-start-up), and a compare is 2 backends x (repeat + 1 warm-up) runs: 12 runs, ~4.2 min. The
-defaults (20 A/A + 5 slowdown compares) are 300 runs, about 1 h 45 min here.
+How long: every trial is a full run (torch and torch_slow on tiny_cpu: 5 and 7 s of wall time
+in one check on this 2-core machine, ~6 s with the process's own overhead), and a compare is
+2 backends x (repeat + 1 warm-up) runs: 12 runs, ~75 s. The defaults (20 A/A + 5 slowdown
+compares) are 300 runs, about 30 min here, more on a busy machine.
 """
 
 from __future__ import annotations
