@@ -81,3 +81,16 @@ def test_the_check_sees_a_backend_name(tmp_path):
                       'label = "TFLOPs / GPU (XTuner formula)"\n')
     hits = offences(module, tmp_path)
     assert sorted(h.split(":")[1] for h in hits) == ["3", "4", "4", "5"]
+
+
+def test_an_engines_settings_keys_come_from_the_backends_that_use_it():
+    """DeepSpeed's ZeRO bucket keys move a step's time, but only a DeepSpeed run records them:
+    the host's common keys hold none of them; they count because the backends declare them."""
+    from framework_bench.plugins import registry
+    from framework_bench.plugins.deepspeed_settings import DEEPSPEED_SPEED_SETTINGS
+    from framework_bench.run.compare import COMMON_SPEED_SETTINGS, speed_relevant
+
+    assert COMMON_SPEED_SETTINGS.isdisjoint(DEEPSPEED_SPEED_SETTINGS)
+    declaring = {name for name, b in registry.backends().items() if b.info.speed_settings}
+    assert declaring == {"xtuner", "llamafactory"}
+    assert set(DEEPSPEED_SPEED_SETTINGS) <= speed_relevant()

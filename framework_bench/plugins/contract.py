@@ -127,6 +127,9 @@ class BackendInfo(BaseModel):
     report_notes: list[str] = Field(default_factory=list, description=(
         "what matched settings cannot align because it lives inside the framework's own code: listed in "
         "the report beside the recorded settings"))
+    speed_settings: list[str] = Field(default_factory=list, description=(
+        "settings keys that only this backend's engine records (DeepSpeed's ZeRO buckets, say) and that change "
+        "a step's time: marked where backends differ, beside the keys every backend records"))
 
 
 class Machine(BaseModel):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench.measure import flops
-from framework_bench.run.compare import NOT_ALIGNED, SPEED_RELEVANT, reference_backend
+from framework_bench.run.compare import NOT_ALIGNED, reference_backend, speed_relevant
 from framework_bench.plugins import registry
 from framework_bench.present.plotting import ctx_label, hardware
 from framework_bench.present.verdict import Points, share_cell
@@ -192,6 +192,7 @@ def settings_sections(rows: list[dict]) -> list[Block]:
     for r in rows:
         if r.get("settings"):
             by_scenario.setdefault(r["scenario"], []).append(r)
+    speed = speed_relevant()
     for name, runs in sorted(by_scenario.items()):
         backends = [r["backend"] for r in runs]
         keys = sorted({k for r in runs for k in r["settings"]} - {"settings_mode"})
@@ -200,7 +201,7 @@ def settings_sections(rows: list[dict]) -> list[Block]:
             values = [r["settings"].get(key) for r in runs]
             # a key one backend does not record is unknown there ("-"), not a difference
             differs = all(key in r["settings"] for r in runs) and len({repr(v) for v in values}) > 1
-            mark = (SPEED_MARK if key in SPEED_RELEVANT else OTHER_MARK) if differs else ""
+            mark = (SPEED_MARK if key in speed else OTHER_MARK) if differs else ""
             table.append((0 if mark == SPEED_MARK else 1 if mark else 2, mark + key,
                           ["-" if v is None else str(v) for v in values]))
         table.sort(key=lambda t: t[0])
@@ -218,7 +219,7 @@ def not_aligned(rows: list[dict]) -> list[str]:
     notes = list(NOT_ALIGNED)
     for name in sorted({r["backend"] for r in rows} & set(installed)):
         notes += installed[name].info.report_notes
-    return notes
+    return list(dict.fromkeys(notes))  # a note two backends share (their engine's) once
 
 
 def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:

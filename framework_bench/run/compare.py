@@ -24,16 +24,14 @@ from framework_bench.spec import scenario as scenarios_
 from framework_bench.spec.scenario import Scenario, ScenarioError
 
 SETTINGS_MODES = ("matched", "native")
-# Settings that change a step's time (highlighted where backends differ); the rest
-# (seed, learning rate, library versions...) are shown but do not move TGS.
-SPEED_RELEVANT = frozenset({
+# Settings every backend records that change a step's time (marked where backends differ);
+# each backend adds the keys only its engine records (`BackendInfo.speed_settings`: speed_relevant).
+# The rest (seed, learning rate, library versions...) are shown but do not move TGS.
+COMMON_SPEED_SETTINGS = frozenset({
     "trainer", "optimizer", "optimizer_impl", "grad_clip", "param_dtype", "autocast_dtype", "loss_scaler",
     "grad_reduce_dtype", "master_weights", "attention", "attention_kv_repeat", "activation_checkpointing",
-    "checkpointing_reentrant", "zero_stage", "zero_reduce_bucket_size", "zero_allgather_bucket_size",
-    "zero_overlap_comm", "zero_contiguous_gradients", "zero_stage3_prefetch_bucket_size",
-    "zero_stage3_param_persistence_threshold", "zero_stage3_max_live_parameters", "deepspeed_version",
-    "flash_attn_version", "sequence_parallel", "compile", "ddp_find_unused_parameters", "token_count_sync",
-    "torch_version",
+    "checkpointing_reentrant", "zero_stage", "flash_attn_version", "sequence_parallel", "compile",
+    "ddp_find_unused_parameters", "token_count_sync", "torch_version",
 })
 # What matched mode cannot align because it lives inside the frameworks' own code (fairness
 # audit rows), whatever the frameworks; each backend adds its own (`BackendInfo.report_notes`).
@@ -41,9 +39,13 @@ SPEED_RELEVANT = frozenset({
 NOT_ALIGNED = (
     "Each framework's transformers pin decides whether SDPA repeats grouped K/V heads "
     "(attention_kv_repeat) and the default checkpointing variant.",
-    "DeepSpeed versions follow each framework's requirements (deepspeed_version).",
     "Rows are fed in the host's order on both sides (no shuffling): the host checks each step's rows.",
 )
+
+
+def speed_relevant() -> frozenset[str]:
+    """The settings keys that can move TGS: the common ones and each installed backend's own."""
+    return COMMON_SPEED_SETTINGS.union(*(b.info.speed_settings for b in plugins.backends().values()))
 
 
 def setting_differences(records: list[dict]) -> dict[str, list[tuple[str, dict[str, object], bool]]]:
@@ -54,6 +56,7 @@ def setting_differences(records: list[dict]) -> dict[str, list[tuple[str, dict[s
         if r.get("settings"):
             by_scenario.setdefault(r["scenario"], {})[r["backend"]] = r["settings"]
     out: dict[str, list[tuple[str, dict[str, object], bool]]] = {}
+    speed = speed_relevant()
     for name, per_backend in by_scenario.items():
         if len(per_backend) < 2:
             continue
@@ -63,7 +66,7 @@ def setting_differences(records: list[dict]) -> dict[str, list[tuple[str, dict[s
         for key in keys:
             values = {b: s.get(key) for b, s in sorted(per_backend.items())}
             if len({repr(v) for v in values.values()}) > 1:
-                diffs.append((key, values, key in SPEED_RELEVANT))
+                diffs.append((key, values, key in speed))
         out[name] = sorted(diffs, key=lambda d: (not d[2], d[0]))
     return out
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                              Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
+from framework_bench.plugins.deepspeed_settings import DEEPSPEED_SPEED_SETTINGS, DEEPSPEED_VERSION_NOTE
 from framework_bench.spec.scenario import Scenario
 
 from fbench_llamafactory import run_files, train_args
@@ -40,7 +41,9 @@ def backend_info() -> BackendInfo:
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
                             sequence_parallel="fsdp2", sequence_parallel_adamw="foreach"),
         contract=CONTRACT,  # every claim made: the step timer's clock lines included
+        speed_settings=DEEPSPEED_SPEED_SETTINGS,
         report_notes=[
+            DEEPSPEED_VERSION_NOTE,
             "LLaMA-Factory 0.9.5 runs on transformers 5.6 (it needs >= 4.55).",
             "Sequence-parallel rows: LLaMA-Factory has sequence parallelism only in its v1 trainer (FSDP2 + Ulysses).",
         ],

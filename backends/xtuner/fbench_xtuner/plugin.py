@@ -12,6 +12,7 @@ from statistics import mean, median
 from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                              Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
+from framework_bench.plugins.deepspeed_settings import DEEPSPEED_SPEED_SETTINGS, DEEPSPEED_VERSION_NOTE
 from framework_bench.spec.scenario import Scenario
 
 from fbench_xtuner import mmengine_config, run_layout
@@ -36,7 +37,9 @@ def backend_info() -> BackendInfo:
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="foreach")},
                             sequence_parallel="deepspeed"),
         contract=CONTRACT,  # every claim made: the step timer's clock lines included
+        speed_settings=DEEPSPEED_SPEED_SETTINGS,
         report_notes=[
+            DEEPSPEED_VERSION_NOTE,
             "XTuner without DeepSpeed clips gradients through mmengine, which reads the norm back to the host "
             "(float(grad_norm)) every step; the HF Trainer does it only under DeepSpeed.",
             "XTuner computes the loss over a shifted contiguous fp32 copy of the logits; the HF Trainer's loss "
