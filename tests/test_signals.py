@@ -64,16 +64,17 @@ def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, fbench_hom
     assert "fake_ok" in out and "interrupted" in out  # the table of what finished
 
 
-def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, fbench_home, tmp_path):
-    """The stubborn worker ignores SIGTERM, so stopping it takes the host's 10 s grace; a
-    second Ctrl-C in that time must neither orphan it nor lose its row or the table."""
+def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, fbench_home, tmp_path, monkeypatch):
+    """The stubborn worker ignores SIGTERM, so stopping it takes the host's whole grace (10 s,
+    here 5 s); a second Ctrl-C in that time must neither orphan it nor lose its row or the table."""
+    monkeypatch.setattr(local, "STOP_GRACE_S", 5.0)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = None
 
     def second_ctrl_c():
         nonlocal timer
         # once the first Ctrl-C has arrived (the worker sent it) and the host is stopping the worker
-        timer = threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT))
+        timer = threading.Timer(2.5, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
 
     db = tmp_path / "r.sqlite"
