@@ -32,6 +32,20 @@ def fbench_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture
+def home_with_envs(tmp_path, monkeypatch) -> Path:
+    """A private FBENCH_HOME whose envs are the ones setup made (a link to them): a test's runs,
+    plans and packed data go to its own folder, the backends' envs are not built again."""
+    from framework_bench.envs import venvs as envs
+
+    real_envs = (envs.fbench_home() / "envs").resolve()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "envs").symlink_to(real_envs)
+    monkeypatch.setenv("FBENCH_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def alpaca_dir() -> Path:
     assert (ALPACA_DIR / "alpaca_en_demo.json").is_file(), f"Alpaca demo data missing at {ALPACA_DIR}"

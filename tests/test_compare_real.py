@@ -21,15 +21,9 @@ MATCHED_EQUAL = ("optimizer", "optimizer_impl", "lr", "betas", "eps", "weight_de
 
 
 @pytest.mark.slow
-def test_compare_both_real_backends_on_tiny_cpu(tmp_path, monkeypatch):
+def test_compare_both_real_backends_on_tiny_cpu(tmp_path, home_with_envs):
     for name in ("xtuner", "llamafactory"):
         backend_env_or_skip(name)
-    # Runs and packed data go to a private home; the envs stay where setup made them.
-    from framework_bench.envs import venvs as envs
-    real_envs = envs.fbench_home() / "envs"
-    monkeypatch.setenv("FBENCH_HOME", str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "envs").symlink_to(real_envs.resolve())
     db, out = tmp_path / "results.sqlite", tmp_path / "plots"
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "xtuner,llamafactory",
                                    "--db", str(db), "--out", str(out), "--json", "--timeout", "900"])

@@ -54,16 +54,11 @@ def test_without_dry_run_it_says_what_is_missing(fbench_home, tmp_path):
 
 
 
-def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypatch):
+def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(home_with_envs):
     """Beside the GPU shortfall: XTuner's flash-attn requirement, LLaMA-Factory's verdict on SP 16 with 8 KV heads."""
     from fbench_fixtures import backend_env_or_skip
-    from framework_bench.envs import venvs as envs
     for name in ("xtuner", "llamafactory"):
         backend_env_or_skip(name)
-    home = tmp_path / "home"  # the plans' files go here; the envs stay where setup made them
-    home.mkdir()
-    (home / "envs").symlink_to((envs.fbench_home() / "envs").resolve())
-    monkeypatch.setenv("FBENCH_HOME", str(home))
     res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_70b_256k", "--backends", "xtuner,llamafactory",
                                    "--dry-run"])
     assert res.exit_code == 0, res.output
@@ -76,20 +71,15 @@ def test_cli_dry_run_shows_every_verdict_for_llama2_70b_256k(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("settings", ["native", "matched"])
-def test_every_memory_figure_of_a_backend_is_its_plan_lines(settings, tmp_path, monkeypatch):
+def test_every_memory_figure_of_a_backend_is_its_plan_lines(settings, home_with_envs, monkeypatch):
     """The scenario's header, the verdict's "~N GiB each" and the plan line give one figure per
     backend. Before, the header and the verdict gave the estimate for no backend in matched mode:
     ~105 GiB above XTuner's own 127.5 GiB plan line (native mode) on llama2_7b_8k_1gpu."""
     import re
 
     from fbench_fixtures import backend_env_or_skip
-    from framework_bench.envs import venvs as envs
     for name in ("xtuner", "torch"):
         backend_env_or_skip(name)
-    home = tmp_path / "home"  # the plans' files go here; the envs stay where setup made them
-    home.mkdir()
-    (home / "envs").symlink_to((envs.fbench_home() / "envs").resolve())
-    monkeypatch.setenv("FBENCH_HOME", str(home))
     monkeypatch.setattr("framework_bench.measure.machine.detect", lambda: NO_GPU)
     res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_7b_8k_1gpu", "--backends", "xtuner,torch",
                                    "--dry-run", "--settings", settings])

@@ -491,16 +491,23 @@ def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_
         assert isinstance(plugins.manager().get_plugin(name), Backend), name
 
 
-# The contract's data models moved to plugins/contract.py (issue 25, item 3); plugins written
-# against the older paths import the very same objects, with a DeprecationWarning naming the new one.
+# Modules that moved (the contract's data models to plugins/contract.py, the two sides'
+# initial weights to modules named for their side: issue 25, item 3): plugins written against
+# the older paths import the very same objects, with a DeprecationWarning naming the new one.
 CONTRACT_NAMES = ("CONTRACT", "AdamWImpl", "MemoryScheme", "Capabilities", "EnvSpec", "BackendInfo", "Machine",
                   "BackendEnv", "Job", "LaunchPlan", "StepMetric", "WorkerReport")
 
 
 @pytest.mark.parametrize("old, new", [("framework_bench.plugins.backend", "framework_bench.plugins.contract"),
                                       ("framework_bench.backend", "framework_bench.plugins.contract"),
-                                      ("framework_bench.hookspecs", "framework_bench.plugins.hookspecs")])
-def test_old_plugin_module_names_warn_and_keep_working(old, new):
+                                      ("framework_bench.hookspecs", "framework_bench.plugins.hookspecs"),
+                                      ("framework_bench.worker_io", "framework_bench.worker.files"),
+                                      ("framework_bench.packed", "framework_bench.worker.packed"),
+                                      ("framework_bench.worker.init_weights",
+                                       "framework_bench.worker.initial_weights_worker"),
+                                      ("framework_bench.worker.initial_weights",
+                                       "framework_bench.worker.initial_weights_host")])
+def test_old_module_names_warn_and_keep_working(old, new):
     import importlib
 
     sys.modules.pop(old, None)

@@ -53,13 +53,8 @@ def test_giant_rows_point_to_micro_steps():
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
+def cluster(tmp_path, monkeypatch, home_with_envs):
     """Stand-in SLURM on PATH, and a private FBENCH_HOME sharing the real backend envs."""
-    real_envs = envs.fbench_home() / "envs"
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "envs").symlink_to(real_envs.resolve())
-    monkeypatch.setenv("FBENCH_HOME", str(home))
     monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path / "slurm-state"))
     monkeypatch.setenv("PATH", f"{STANDINS}:{__import__('os').environ['PATH']}")
     return tmp_path / "slurm-state"

@@ -50,11 +50,9 @@ def test_dist_info_reads_the_launcher_variables(monkeypatch):
 
 # --- the typed job, the verified rows, the report writer ------------------------------------------------------------
 
-import importlib
 import json
 import multiprocessing
 import re
-import sys
 import warnings
 from pathlib import Path
 
@@ -260,19 +258,6 @@ def test_publish_once_one_writer_across_two_processes_the_other_waits(tmp_path, 
     assert publish_once(target, lambda tmp: pytest.fail("wrote twice")) is False
     with pytest.raises(SystemExit, match="timed out waiting for .*never"):
         wait_for(tmp_path / "never", seconds=0.3)
-
-
-@pytest.mark.parametrize("old, new", [("framework_bench.worker_io", "framework_bench.worker.files"),
-                                      ("framework_bench.packed", "framework_bench.worker.packed"),
-                                      ("framework_bench.worker.init_weights", "framework_bench.worker.initial_weights_worker"),
-                                      ("framework_bench.worker.initial_weights", "framework_bench.worker.initial_weights_host")])
-def test_old_module_names_warn_and_keep_working(old, new):
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
-        module = importlib.import_module(old)
-    for name, value in vars(importlib.import_module(new)).items():
-        if not name.startswith("__"):
-            assert getattr(module, name) is value
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from framework_bench.worker.rows import ConsumedRows, read_consumed  # noqa: F401  (its home, no warning)
