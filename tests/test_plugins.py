@@ -519,3 +519,42 @@ def test_old_module_names_warn_and_keep_working(old, new):
             assert getattr(module, name) is value, name
     if new.endswith(".contract"):
         assert all(hasattr(module, name) for name in CONTRACT_NAMES)
+
+
+# One reference (issue 28, item 3c): a copy of the torch plugin that keeps `reference=True`
+# (as starting from backends/torch invites) is refused like a name clash, never made the reference.
+
+TORCH_COPY = '''
+"""A third party's start from backends/torch: renamed, the reference flag kept."""
+from fbench_torch import plugin
+
+
+class CopiedTorch(plugin.TorchBackend):
+    def info(self):
+        return super().info().model_copy(update={"name": "torch_copy", "framework": "PyTorch, copied"})
+'''
+
+
+def test_a_second_backend_declaring_itself_the_reference_is_refused_with_the_first(site, fbench_home):
+    from framework_bench.run import compare
+
+    install_dist(site, "fbench_torch_copy", "torch_copy", "fbench_torch_copy_mod:CopiedTorch", TORCH_COPY)
+    found = plugins.backends()
+    assert "torch_copy" not in found and "torch" not in found
+    assert compare.reference_backend() is None  # no plugin sorts its way into being the reference
+    for name in ("torch", "torch_copy"):
+        why = plugins.load_errors[name]
+        assert "reference" in why and "fbench_torch_copy" in why and "fbench-torch" in why, why
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "torch,torch_copy", "--dry-run"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "installed but broken" in res.stderr and "reference" in res.stderr, res.output
+    assert "torch_copy" in CliRunner().invoke(app, ["backends"]).stdout
+
+
+def test_one_backend_declaring_itself_the_reference_is_the_reference(site):
+    from framework_bench.run import compare
+
+    install_dist(site, "fbench_torch_copy", "torch_copy", "fbench_torch_copy_mod:CopiedTorch",
+                 TORCH_COPY.replace('"PyTorch, copied"', '"PyTorch, copied", "reference": False'))
+    assert compare.reference_backend() == "torch" and "torch_copy" in plugins.backends()
+    assert not plugins.load_errors

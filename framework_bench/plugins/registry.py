@@ -120,6 +120,8 @@ def manager() -> pluggy.PluginManager:
 
 
 def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBackend]:
+    """The working backends by name. Two answering to one name, or two declaring themselves the
+    reference, are broken all (`load_errors`): none is chosen by the order they sort in."""
     pm = pm or manager()
     by_name: dict[str, list[tuple[str, RegisteredBackend]]] = {}
     for name, plugin in pm.list_name_plugin():
@@ -139,6 +141,15 @@ def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBack
             load_errors[name] = f"the backend name {name!r} is given by {who}: none of them runs; uninstall all but one"
             continue
         found[name] = claimants[0][1]
+    references = {name: ep for name, claimants in by_name.items() if name in found
+                  for ep, backend in claimants if backend.info.reference}
+    if len(references) > 1:  # which would be the reference would depend on sort order: none is
+        who = " and ".join(f"{name!r} (entry point {ep} of {origins.get(ep, '?')})"
+                           for name, ep in sorted(references.items()))
+        for name in references:
+            del found[name]
+            load_errors[name] = (f"the backends {who} each declare themselves the reference (BackendInfo.reference): "
+                                 "none of them runs; uninstall all but one, or declare reference=False in yours")
     return found
 
 

@@ -33,7 +33,7 @@ class LyingBackend(torch_plugin.TorchBackend):
         self.info_fields = info_fields
 
     def info(self):
-        return super().info().model_copy(update={"name": self.name, "framework": f"PyTorch, lying: {self.lie}",
+        return super().info().model_copy(update={"name": self.name, "framework": f"PyTorch, lying: {self.lie}", "reference": False,
                                                  **self.info_fields})
 
     def check(self, scenario, machine, env):
