@@ -97,3 +97,18 @@ def test_python312_bundle_builds_within_45_mib(tmp_path):
     assert json.loads((dest / "manifest.json").read_text())["python"] == "3.12"
     for name in device_bundle.list_names():  # what gpu_check.sh installs, by pin, --no-deps
         assert (dest / f"requirements-{name}.txt").read_text().count("==") == len(manifest.lists[name])
+
+
+def test_table_txt_gives_the_share_of_torch_as_the_compare_table_does_with_the_verdicts(tmp_path):
+    from framework_bench.measure.metrics import RunResult
+    check = device_check.Check(tmp_path / "out", "cpu", 60.0, (), say=lambda message: None)
+    s = device_check.load_scenario("tiny_cpu")
+    for backend, tgs in (("torch", 200.0), ("xtuner", 150.0)):
+        check.record(RunResult(backend=backend, scenario=s.name, status="ok", tgs=tgs), s)
+    check.record(RunResult(backend="llamafactory", scenario=s.name, status="failed", reason="fell over"), s)
+    check.store.close()
+    rows = {line.split()[1]: line.split() for line in (tmp_path / "out" / "table.txt").read_text().splitlines()
+            if line.startswith("tiny_cpu ")}
+    assert rows["torch"][3:5] == ["200.0", "100%"] and rows["xtuner"][3:5] == ["150.0", "75%"]
+    assert rows["llamafactory"][3:5] == ["-", "-"]
+    assert "tiny_cpu: xtuner vs torch: 1 trial: no interval" in (tmp_path / "out" / "table.txt").read_text()

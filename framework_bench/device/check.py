@@ -10,7 +10,8 @@ budget is stored `unsupported` ("check budget") without starting. On a machine w
 
 `--out` holds exactly: results.sqlite, runs.json, report.html (charts inlined), logs.txt (every
 run's log tail) and table.txt (TGS, % of torch, TFLOPs, MFU, peak memory, start-up, and the GPU's
-SM clock and power over the run where nvidia-smi reads them).
+SM clock and power over the run where nvidia-smi reads them; then each pair's verdict, as
+`fbench compare` gives them: one run a point says "1 trial: no interval").
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from framework_bench.envs import venvs as envs
 from framework_bench.measure import flops
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario as scenario_mod
-from framework_bench.run.compare import definition, percent_of_reference, reference_backend
+from framework_bench.present.verdict import Points, share_cell, tgs_cell
+from framework_bench.run.compare import reference_backend
 from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import PROJECT_ROOT, Scenario
 
@@ -276,14 +278,19 @@ class Check:
                 shutil.copy2(page, self.out / "report.html")
 
     def table(self) -> str:
-        share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, definition(s.model_dump(mode="json")))
-                                       for r, s, *_ in self.rows])
+        # TGS and % of the reference as the compare table gives them (present/verdict.py): the
+        # median and its 95% interval from two trials of a point, each run's own scenario definition
+        # (the 7B runs' shortened steps) keeping it apart from the stored scenario of that name.
+        points = Points([{**r.model_dump(mode="json"), "scenario_json": s.model_dump(mode="json")}
+                         for r, s, *_ in self.rows], reference_backend())
         header = ("scenario", "backend", "status", "TGS", f"% {reference_backend() or 'reference'}", "TFLOPs", "MFU%", "alloc GiB",
                   "reserved GiB", "start-up s", "wall s", "SM MHz", "power W", "version")
         lines = [header]
         for r, s, wall, (sm, power) in self.rows:
-            pct = share.get((r.scenario, r.backend))
-            lines.append((r.scenario, r.backend, r.status, _fmt(r.tgs), _fmt(pct, ".0f"), _fmt(r.tflops, ".1f"),
+            summary = points.summaries.get((r.scenario, r.backend))
+            tgs = tgs_cell(summary) if summary and summary.trials else _fmt(r.tgs)  # none counts: the run's own figure
+            lines.append((r.scenario, r.backend, r.status, tgs, share_cell(points.shares.get((r.scenario, r.backend))),
+                          _fmt(r.tflops, ".1f"),
                           _fmt(r.mfu * 100 if r.mfu is not None else None, ".1f"), _gib(r.peak_mem_bytes),
                           _gib(r.peak_reserved_bytes), _fmt(r.startup_seconds), _fmt(wall or None),
                           _fmt(sm, ".0f"), _fmt(power, ".0f"), r.framework_version or "-"))
@@ -300,6 +307,7 @@ class Check:
         for r, *_ in self.rows:
             if r.status != "ok" and r.reason:
                 text += f"{r.scenario} {r.backend}: {r.reason.splitlines()[0][:300]}\n"
+        text += "".join(f"{line}\n" for line in points.lines)
         return text
 
 
