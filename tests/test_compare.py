@@ -107,9 +107,12 @@ def test_globs_expand_in_context_order():
 
 
 def test_percent_of_the_reference_needs_an_ok_reference_row_on_the_same_scenario():
-    rows = [(*r, "") for r in [("a", "torch", "ok", 200.0), ("a", "xtuner", "ok", 150.0), ("a", "lf", "failed", None),
-                                ("b", "torch", "failed", None), ("b", "xtuner", "ok", 90.0), ("c", "xtuner", "ok", 10.0)]]
-    assert compare.percent_of_reference(rows) == {("a", "torch"): 100.0, ("a", "xtuner"): 75.0}
+    from framework_bench.present.verdict import Points
+    runs = [dict(scenario=scn, backend=b, status=status, tgs=tgs) for scn, b, status, tgs in [
+        ("a", "torch", "ok", 200.0), ("a", "xtuner", "ok", 150.0), ("a", "lf", "failed", None),
+        ("b", "torch", "failed", None), ("b", "xtuner", "ok", 90.0), ("c", "xtuner", "ok", 10.0)]]
+    shares = Points(runs, "torch").shares
+    assert {key: r.ratio * 100 for key, r in shares.items()} == {("a", "torch"): 100.0, ("a", "xtuner"): 75.0}
 
 
 def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, monkeypatch):
@@ -168,3 +171,126 @@ def test_cli_compare_repeat_stores_each_trial_and_shows_the_interval(fakes, tmp_
     assert rows[0]["compare_id"] == rows[1]["compare_id"] is not None
     line = next(line for line in res.output.splitlines() if "│ fake_ok" in line)
     assert "1,024.0 (1,024.0–1,024.0)" in line and "100%" in line
+
+
+def _synthetic_trials(monkeypatch, tgs):
+    """The loop alone, as above: run_one stands in, each run's TGS from `tgs(name)`."""
+    from framework_bench.measure.metrics import RunResult
+    monkeypatch.setattr(compare, "reference_backend", lambda: "ref")
+    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
+    monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step, reference: RunResult(
+        backend=name, scenario=s.name, status="ok" if tgs(name) else "failed", tgs=tgs(name)))
+
+
+def _auto(precision, warmup_rounds=0):
+    stops = []
+    results = compare.compare([scenario.load("tiny_cpu")], ["a", "ref"], repeat="auto", precision=precision,
+                              warmup_rounds=warmup_rounds, on_auto=stops.append)
+    [stop] = stops
+    return results, stop
+
+
+PRECISION = 2.5  # with the seed below, the widest interval first gets within it at round 8 (2.69 at 7)
+
+
+def test_repeat_auto_adds_rounds_until_every_interval_is_within_the_precision(monkeypatch):
+    import numpy as np
+    from framework_bench.measure import statistics
+    from framework_bench.measure.statistics import Trial
+    from framework_bench.present.verdict import auto_stop_sentence
+    rng = np.random.default_rng(7)  # seeded trial-to-trial noise of 3%
+    _synthetic_trials(monkeypatch, lambda name: 1000.0 * (1 + 0.03 * rng.standard_normal()))
+    results, stop = _auto(precision=PRECISION)
+    assert compare.AUTO_MIN_ROUNDS < stop.rounds < compare.AUTO_MAX_ROUNDS and not stop.capped
+    assert len(results) == 2 * stop.rounds and stop.widest <= PRECISION
+    before = [Trial.from_record(r.model_dump(mode="json")) for r in results[:-2]]
+    assert statistics.widest_half_width(before, "ref") > PRECISION  # it stopped at the first round that reached it
+    assert auto_stop_sentence(stop) == (f"tiny_cpu: every 95% interval within ±{PRECISION:g}% after {stop.rounds} "
+                                        f"rounds (widest ±{stop.widest:.1f}%)")
+
+
+def test_repeat_auto_stops_at_its_cap_and_says_so(monkeypatch):
+    from framework_bench.present.verdict import auto_stop_sentence
+    tgs = iter(range(1000, 10**6, 37))  # trials ever further apart: no interval narrows
+    _synthetic_trials(monkeypatch, lambda name: float(next(tgs)))
+    results, stop = _auto(precision=0.5, warmup_rounds=None)  # tiny_cpu: one warm-up round by default
+    assert stop.rounds == compare.AUTO_MAX_ROUNDS and stop.capped
+    assert [r.trial_round for r in results[::2]] == list(range(0, compare.AUTO_MAX_ROUNDS + 1))
+    assert auto_stop_sentence(stop).startswith(f"tiny_cpu: --repeat auto stopped at its cap of "
+                                               f"{compare.AUTO_MAX_ROUNDS} rounds: the widest 95% interval is ±")
+    assert auto_stop_sentence(stop).endswith("%, not within ±0.5%")
+
+
+def test_repeat_auto_stops_when_no_trial_counts(monkeypatch):
+    _synthetic_trials(monkeypatch, lambda name: None)  # every run failed: more rounds narrow nothing
+    results, stop = _auto(precision=2)
+    assert stop.rounds == compare.AUTO_MIN_ROUNDS and stop.widest is None and not stop.capped
+    assert len(results) == 2 * compare.AUTO_MIN_ROUNDS
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--repeat", "auto"], "--repeat auto needs --precision P"),
+    (["--repeat", "auto", "--precision", "0"], "--repeat auto needs --precision P"),
+    (["--repeat", "3", "--precision", "2"], "--precision goes with --repeat auto"),
+    (["--repeat", "0"], "give a number of trials from 1, or auto"),
+    (["--repeat", "2", "--launcher", "slurm"], "with --launcher slurm, submit one compare per trial"),
+])
+@pytest.mark.parametrize("command", [["compare", "--scenario"], ["run", "--backend", "torch", "--scenario"]])
+def test_repeat_options_that_cannot_hold_are_one_clear_error(command, argv, said):
+    res = CliRunner().invoke(app, [*command, "tiny_cpu", *argv])
+    assert res.exit_code == 1 and said in " ".join(res.output.split()), res.output
+
+
+def test_run_repeat_is_the_trial_loop_with_one_backend(fakes, tmp_path):
+    """fake_noisy's trials draw their step time from a seeded distribution (3% apart): five rounds
+    give its median an interval narrower than 10%, so --repeat auto stops at its fewest rounds."""
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["run", "--backend", "fake_noisy", "--scenario", "tiny_cpu", "--repeat", "auto",
+                                   "--precision", "10", "--warmup-rounds", "0", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    rows = ResultStore(db).list()
+    assert [(r["trial_round"], r["trial_position"], r["status"]) for r in rows] == [(n, 1, "ok") for n in range(1, 6)]
+    assert len({r["tgs"] for r in rows}) == 5 and len({r["compare_id"] for r in rows}) == 1
+    line = next(line for line in res.output.splitlines() if "│ fake_noisy" in line)
+    cells = [cell.strip() for cell in line.split("│")]
+    assert "5" in cells and any("–" in cell and "(" in cell for cell in cells)  # five trials, the median's interval
+    assert f"tiny_cpu: every 95% interval within ±10% after {compare.AUTO_MIN_ROUNDS} rounds" in res.output
+    assert "no torch trials in this run" in " ".join(res.output.split())
+
+
+def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario():
+    from framework_bench.plugins.contract import Machine
+    from framework_bench.run.dry_run import DryRun
+    from framework_bench.run.launchers.slurm import estimate_time
+    from framework_bench.run.verdicts import Verdict
+    s = scenario.load("llama2_7b_8k_1gpu")
+
+    def plan(backend, **refusal):
+        return DryRun(backend=backend, scenario=s.name, launcher="local", check=None,
+                      verdict=Verdict(backend=backend, **refusal), argv=[], env={}, files={}, run_dir="/nowhere")
+
+    planned = [plan("a"), plan("b", machine="no GPU here", memory="GPU memory unknown"), plan("c", check="no ZeRO-3")]
+    machine = Machine()
+    cost = compare.trial_cost(s, planned, machine, 5, None)
+    estimate = estimate_time(s, None)  # no GPU here, none named by the scenario: the weakest GPU's peak
+    assert cost.backends == ["a", "b"]  # c refuses the scenario: stored at once; b is judged on this machine
+    assert cost.warmup == 0 and cost.training_s == pytest.approx(estimate.steps * estimate.step_seconds)
+    assert cost.summary().startswith("5 trials + 0 warm-up of 2 backend(s) (a, b): 10 runs, ~")
+    assert compare.trial_cost(s, planned, machine, 3, 1).summary().startswith("3 trials + 1 warm-up of 2 backend(s) (a, b): 8 runs")
+    assert "5 to 10 (--repeat auto) trials" in compare.trial_cost(s, planned, machine, "auto", None).summary()
+    assert compare.trial_cost(s, planned, machine, 1, None) is None  # one run each: nothing multiplied
+    assert compare.trial_cost(scenario.load("tiny_cpu"), planned, machine, 5, None) is None  # GPU scenarios only
+
+
+def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_the_20_percent_slowdown(fakes, tmp_path):
+    """Through the whole loop (every check, the store, the table): fake_noisy and fake_noisy_twin
+    draw their trials' step times alike, fake_noisy_slow's steps take 25% longer (TGS 20% lower)."""
+    import re
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends",
+                                   "fake_noisy,fake_noisy_twin,fake_noisy_slow", "--repeat", "3", "--warmup-rounds", "0",
+                                   "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    assert "no difference detected between fake_noisy and fake_noisy_twin (95% CI \u2212" in res.output
+    low, high = map(float, re.search(r"fake_noisy_slow is [\d.]+% slower than fake_noisy_twin "
+                                     r"\(95% CI ([\d.]+) to ([\d.]+)%, 3 trials each\)", res.output).groups())
+    assert low <= 20 <= high

@@ -11,7 +11,7 @@ import pytest
 from backend_helpers import CPU
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import CONTRACT, BackendInfo, Capabilities, EnvSpec
-from framework_bench.run.compare import percent_of_reference
+from framework_bench.present.verdict import Points
 
 
 def test_a_plugin_declaring_no_contract_is_of_contract_1_and_none_beyond_the_hosts():
@@ -28,8 +28,10 @@ def test_the_bundled_backends_declare_the_current_contract():
 
 
 def test_an_unverified_run_is_no_share_of_the_reference():
-    rows = [("s", "torch", "ok", 100.0, ""), ("s", "old", "unverified", 300.0, ""), ("s", "new", "ok", 90.0, "")]
-    assert percent_of_reference(rows) == {("s", "torch"): 100.0, ("s", "new"): 90.0}
+    runs = [dict(scenario="s", backend=b, status=status, tgs=tgs)
+            for b, status, tgs in [("torch", "ok", 100.0), ("old", "unverified", 300.0), ("new", "ok", 90.0)]]
+    shares = Points(runs, "torch").shares
+    assert {key: round(r.ratio * 100, 9) for key, r in shares.items()} == {("s", "torch"): 100.0, ("s", "new"): 90.0}
 
 
 @pytest.mark.slow

@@ -121,3 +121,17 @@ def test_warm_up_trials_neither_count_nor_are_named():
             for i, (r, tgs) in enumerate(((0, 4000.0), (1, 2500.0), (2, 2510.0)), 1)]
     s = statistics.summarise([Trial.from_record(r) for r in rows])["tiny_cpu", "torch"]
     assert (s.trials, s.median, s.excluded) == (2, 2505.0, ())
+
+
+def test_the_widest_half_width_is_over_every_pair_or_a_lone_backends_median():
+    rng = np.random.default_rng(3)
+    ts = trials("torch", trial_tgs(rng, 1.0, 5)) + trials("a", trial_tgs(rng, 1.0, 5)) + trials("b", trial_tgs(rng, 0.8, 5))
+    widths = [100 * (p.high - p.low) / 2 for p in statistics.pairs(ts, reference="torch")]
+    assert statistics.widest_half_width(ts, "torch") == pytest.approx(max(widths))
+    # one backend alone: its median's interval, relative to the median
+    [s] = statistics.summarise(trials("a", [100.0, 102.0, 98.0, 101.0, 99.0])).values()
+    assert statistics.widest_half_width(trials("a", [100.0, 102.0, 98.0, 101.0, 99.0]), "torch") == \
+        pytest.approx(100 * (s.high - s.low) / 2 / s.median)
+    # a side of one counted trial has no interval yet; no counted trial at all: nothing to narrow
+    assert statistics.widest_half_width(trials("torch", [1.0, 1.1]) + trials("a", [1.0]), "torch") == float("inf")
+    assert statistics.widest_half_width([Trial("a", "s", None, "failed", "run 1")], "torch") is None

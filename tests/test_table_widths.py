@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from framework_bench.cli import app, common, render
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.run.compare import percent_of_reference, reference_backend
+from framework_bench.run.compare import reference_backend
 from framework_bench.spec import scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,9 @@ def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
     text = rendered(render.results_table(results, by_name), width)
     body = assert_fits(text, width, len(results))
     header = flat(text.split("┡")[0])
-    share = percent_of_reference([(r.scenario, r.backend, r.status, r.tgs, "") for r in results])
+    reference = {r.scenario: r.tgs for r in results if r.backend == reference_backend() and r.status == "ok"}
+    share = {(r.scenario, r.backend): 100 * r.tgs / reference[r.scenario] for r in results
+             if r.status == "ok" and r.scenario in reference}
     shown = [h for h in ("TGS min–max", "TFLOPs/GPU", "MFU", "peak mem", "reserved", "start-up") if h in header]
     left_out = more_columns(text)
     assert set(left_out) | set(shown) >= {"TGS min–max", "TFLOPs/GPU", "MFU", "peak mem", "reserved", "start-up"}

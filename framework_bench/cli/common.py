@@ -32,6 +32,13 @@ PollOption = Annotated[float, typer.Option("--poll", min=0.1, help="slurm: secon
 WideOption = Annotated[bool, typer.Option(
     "--wide", help="every column, whatever the terminal's width (by default the ones that do not fit are named)")]
 VerboseOption = Annotated[bool, typer.Option("--verbose", help="also each run's start-up breakdown")]
+RepeatOption = Annotated[str, typer.Option("--repeat", metavar="N|auto", help=(
+    "trials of each backend on each scenario, in rotated orders: from 2, TGS with 95% intervals and verdicts; "
+    "5 for a verdict you can trust; auto: 5 to 10 rounds, until every interval is within --precision"))]
+WarmupOption = Annotated[Optional[int], typer.Option("--warmup-rounds", min=0, help=(
+    "rounds run first and not counted (default: 1 on CPU scenarios with --repeat 2 or more, else 0)"))]
+PrecisionOption = Annotated[Optional[float], typer.Option("--precision", help=(
+    "with --repeat auto: the 95% interval half-width, in percent, every pair must reach (e.g. 2)"))]
 
 # Tables fit the terminal, or COLUMNS when set; piped output without COLUMNS is 160 wide, not
 # rich's 80, so a log keeps most columns (framework_bench/cli/render.py says which go first).
@@ -69,6 +76,26 @@ def check_timeout(timeout: float | None) -> None:
     import math
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         fail(f"--timeout {timeout}: give a number of seconds above 0")
+
+
+def check_repeat(repeat: str, precision: float | None, warmup_rounds: int | None, launcher: str | None):
+    """--repeat as the trial loop takes it: a count from 1, or "auto" (which needs --precision)."""
+    import math
+    if repeat == "auto":
+        if precision is None or not (math.isfinite(precision) and precision > 0):
+            fail("--repeat auto needs --precision P: the 95% interval half-width to reach, in percent above 0")
+        trials = "auto"
+    else:
+        if not repeat.isdigit() or int(repeat) < 1:
+            fail(f"--repeat {repeat!r}: give a number of trials from 1, or auto")
+        if precision is not None:
+            fail("--precision goes with --repeat auto")
+        trials = int(repeat)
+    if launcher == "slurm" and (trials != 1 or warmup_rounds):
+        # each trial would be a job of its own, queued apart: nothing rotates or interleaves them
+        fail("--repeat and --warmup-rounds run their trials here, one after the other; with --launcher slurm, "
+             "submit one compare per trial")
+    return trials
 
 
 def check_local(launcher: str | None, chosen: list) -> None:

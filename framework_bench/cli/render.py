@@ -197,6 +197,13 @@ def print_verdicts(results) -> None:
         common.console.print(line, highlight=False, markup=False)
 
 
+def print_auto_stops(stops) -> None:
+    """Below a repeated run's verdicts: where `--repeat auto` stopped, and whether the cap stopped it."""
+    from framework_bench.present.verdict import auto_stop_sentence
+    for stop in stops:
+        common.console.print(auto_stop_sentence(stop), highlight=False, markup=False)
+
+
 def gib(n: int | None) -> str:
     return "-" if not n else f"{n / 2**30:.2f} GiB"
 

@@ -60,8 +60,13 @@ def run(
     poll: common.PollOption = 30.0,
     seed: common.SeedOption = SEED,
     verbose: common.VerboseOption = False,
+    repeat: common.RepeatOption = "1",
+    warmup_rounds: common.WarmupOption = None,
+    precision: common.PrecisionOption = None,
 ) -> None:
-    """Run one backend on one scenario, store the result, and report TGS / TFLOPs."""
+    """Run one backend on one scenario, store the result, and report TGS / TFLOPs.
+
+    With --repeat: its trials (compare's trial loop, this backend alone) and the median's 95% interval."""
     from framework_bench.run import pipeline
     from framework_bench.run.interrupts import stop_signals_interrupt
     s = common.load_scenario(scenario)
@@ -69,15 +74,20 @@ def run(
     common.check_timeout(timeout)
     common.check_settings(settings)
     common.check_local(launcher, [s])
+    trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
-        _plan_only([backend], [s], options, as_json=as_json)
+        _plan_only([backend], [s], options, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
         return
     if launcher == "slurm":
         _submit_slurm([backend], [s], options.model_copy(update={"db": db}), wait=wait, poll=poll, out=None)
         return
     store = common.open_store(db)
     common.preflight(store)
+    if trials != 1 or warmup_rounds:
+        _run_trials(backend, s, options.model_copy(update={"db": store.path}), store, trials, warmup_rounds,
+                    precision, as_json=as_json, verbose=verbose)
+        return
     try:
         with stop_signals_interrupt(), common.err.status(f"{backend} on {escape(s.name)}: starting") as status:
             def on_step(done, total, secs):
@@ -115,22 +125,18 @@ def compare(
     seed: common.SeedOption = SEED,
     wide: common.WideOption = False,
     verbose: common.VerboseOption = False,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help=(
-        "trials of each backend on each scenario, in rotated orders: from 2, TGS with 95% intervals and verdicts; "
-        "5 for a verdict you can trust"))] = 1,
-    warmup_rounds: Annotated[Optional[int], typer.Option("--warmup-rounds", min=0, help=(
-        "rounds run first and not counted (default: 1 on CPU scenarios with --repeat 2 or more, else 0)"))] = None,
+    repeat: common.RepeatOption = "1",
+    warmup_rounds: common.WarmupOption = None,
+    precision: common.PrecisionOption = None,
 ) -> None:
     """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from framework_bench.run import compare as compare_
     from framework_bench.plugins import registry as plugins
-    from framework_bench.run.interrupts import stop_signals_interrupt
 
     common.check_launcher(launcher)
     common.check_timeout(timeout)
     common.check_settings(settings)
+    trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
     out = common.out_folder(out)
     try:
         chosen = compare_.expand(scenario)
@@ -143,7 +149,7 @@ def compare(
     common.check_local(launcher, chosen)
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
-        _plan_only(names, chosen, options, as_json=as_json)
+        _plan_only(names, chosen, options, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
         return
     if launcher == "slurm":
         _submit_slurm(names, chosen, options.model_copy(update={"db": db}), wait=wait, poll=poll, out=out)
@@ -151,7 +157,38 @@ def compare(
     store = common.open_store(db)
     common.preflight(store, out)
     by_name = {s.name: s for s in chosen}
-    done: list = []  # every stored run, whatever ends the compare
+    results, stops, interrupted = _trial_loop(chosen, names, options.model_copy(update={"db": store.path}), store,
+                                              trials, warmup_rounds, precision)
+    if as_json:
+        print(json.dumps([render.result_dict(r) for r in results], indent=2))
+    else:
+        render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
+        render.print_verdicts(results)
+        render.print_auto_stops(stops)
+        render.print_reasons(results)
+        render.print_differences([render.result_dict(r) for r in results], settings)
+        common.console.print(f"results stored in {store.path}")
+    if results:
+        charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
+        (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
+                                            f"report: {md}, {page}", highlight=False, markup=False)
+    if interrupted:
+        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if code := common.exit_code(results):
+        raise typer.Exit(code)
+
+
+def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_rounds: int | None,
+                precision: float | None) -> tuple[list, list, bool]:
+    """`run/compare.py`'s trial loop with a progress bar, each run stored as it ends: (every
+    stored run, whatever ended the loop; the `--repeat auto` stops; whether Ctrl-C ended it)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from framework_bench.run import compare as compare_
+    from framework_bench.run.interrupts import stop_signals_interrupt
+    done: list = []
+    stops: list = []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=common.err, transient=False)
     tasks: dict = {}
@@ -171,25 +208,35 @@ def compare(
     with progress:
         try:
             with stop_signals_interrupt():
-                compare_.compare(chosen, names, options.model_copy(update={"db": store.path}), repeat=repeat,
-                                 warmup_rounds=warmup_rounds, on_start=on_start, on_step=on_step, on_result=on_result)
+                compare_.compare(chosen, names, options, repeat=trials, warmup_rounds=warmup_rounds,
+                                 precision=precision, on_start=on_start, on_step=on_step, on_result=on_result,
+                                 on_auto=stops.append)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
         except common.user_errors() as e:
             common.fail(str(e))
-    results = done
+    return done, stops, interrupted
+
+
+def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | None, precision: float | None,
+                as_json: bool, verbose: bool) -> None:
+    """`fbench run --repeat`: the backend's trials as compare shows them, its row with the median's
+    interval; % of the reference only where the reference is the backend run (no other ran)."""
+    from framework_bench.run.compare import reference_backend
+    results, stops, interrupted = _trial_loop([s], [backend], options, store, trials, warmup_rounds, precision)
     if as_json:
         print(json.dumps([render.result_dict(r) for r in results], indent=2))
     else:
-        render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
+        render.show(render.results_table(results, {s.name: s}, verbose=verbose))
         render.print_verdicts(results)
+        render.print_auto_stops(stops)
         render.print_reasons(results)
-        render.print_differences([render.result_dict(r) for r in results], settings)
-        common.console.print(f"results stored in {store.path}")
-    if results:
-        charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
-        (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
-                                            f"report: {md}, {page}", highlight=False, markup=False)
+        reference = reference_backend()
+        if reference and backend != reference:
+            common.console.print(f"no {reference} trials in this run: `fbench compare --backends {reference},{backend} "
+                                 f"--repeat N` gives {backend}'s % of {reference} with its interval",
+                                 highlight=False, markup=False)
+        common.console.print(f"results stored in {store.path}", highlight=False)
     if interrupted:
         common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
         raise typer.Exit(common.EXIT_INTERRUPTED)
@@ -205,9 +252,11 @@ def _run_options(launcher: str | None, timeout: float | None, force: bool, setti
                       sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg))
 
 
-def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = False) -> None:
+def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = False, repeat=1,
+               warmup_rounds: int | None = None) -> None:
     """--dry-run: print every plan, with every verdict side by side; nothing is launched or
-    submitted. With --json, one JSON list of the plans on stdout and nothing else there."""
+    submitted. With --json, one JSON list of the plans on stdout and nothing else there. On GPU
+    scenarios, what --repeat and the warm-up rounds multiply: runs and training time."""
     from framework_bench.measure.machine import detect
     from framework_bench.measure.memory import estimate
     from framework_bench.plugins import registry as plugins
@@ -235,6 +284,10 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
                               on_plan=lambda d, s: render.print_plan(d, s, options, machine, show))
     except common.user_errors() as e:
         common.fail(str(e))
+    for s in chosen:
+        cost = compare.trial_cost(s, [d for d in plans if d.scenario == s.name], machine, repeat, warmup_rounds)
+        if cost is not None:
+            show.print(f"{s.name}: {cost.summary()}", highlight=False, markup=False)
     if as_json:
         print(json.dumps([d.model_dump(mode="json") for d in plans], indent=2))
 

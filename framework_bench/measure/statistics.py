@@ -169,3 +169,19 @@ def pairs(trials: Iterable[Trial], reference: str | None) -> list[Ratio]:
             out += [ratio(by_backend[b], by_backend[reference], scenario, b, reference) for b in frameworks]
         out += [ratio(by_backend[a], by_backend[b], scenario, a, b) for a, b in combinations(frameworks, 2)]
     return out
+
+
+def widest_half_width(trials: Iterable[Trial], reference: str | None) -> float | None:
+    """How far the least sure figure still is from a fixed precision: the widest 95% interval's
+    half-width in percent, over every pair of each scenario (of the ratio, in points of %) or,
+    where one backend alone has counted trials, over its median TGS (relative to the median).
+    `inf` while one of them has no interval yet (a side with one counted trial); None when no
+    trial counts at all, so that nothing more trials could narrow."""
+    trials = list(trials)
+    ratios = pairs(trials, reference)
+    widths = [100 * (r.high - r.low) / 2 if r.low is not None else math.inf for r in ratios]
+    paired = {(r.scenario, b) for r in ratios for b in (r.backend, r.other)}
+    for key, s in summarise(trials).items():
+        if s.trials and key not in paired:
+            widths.append(100 * (s.high - s.low) / 2 / s.median if s.low is not None else math.inf)
+    return max(widths, default=None)

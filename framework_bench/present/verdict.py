@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from framework_bench.measure import statistics
 from framework_bench.measure.statistics import Ratio, Summary, Trial
-from framework_bench.run.compare import definition
+from framework_bench.run.compare import AutoStop, definition
 
 MINUS = "\u2212"  # a typographic minus: "−1.8" reads as a number, "-1.8" as a dash
 
@@ -53,6 +53,19 @@ def verdicts(trials: list[statistics.Trial], reference: str | None) -> list[str]
         if s.excluded:
             out.append(f"{scenario}: {backend}: {len(s.excluded)} trial(s) not counted: {'; '.join(s.excluded)}")
     return out
+
+
+def auto_stop_sentence(stop: AutoStop) -> str:
+    """Why `--repeat auto` stopped on a scenario: the precision reached, or the cap."""
+    asked = f"±{stop.precision:g}%"
+    if stop.widest is None:
+        return f"{stop.scenario}: --repeat auto stopped after {stop.rounds} rounds: no trial counted, nothing to narrow"
+    if stop.capped:
+        widest = "one pair still has no interval" if stop.widest == float("inf") else \
+            f"the widest 95% interval is ±{stop.widest:.1f}%"
+        return (f"{stop.scenario}: --repeat auto stopped at its cap of {stop.rounds} rounds: {widest}, "
+                f"not within {asked}")
+    return f"{stop.scenario}: every 95% interval within {asked} after {stop.rounds} rounds (widest ±{stop.widest:.1f}%)"
 
 
 def tgs_cell(s: Summary | None) -> str:

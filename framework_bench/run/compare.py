@@ -12,12 +12,18 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
+from pydantic import BaseModel, Field
+
+from framework_bench.measure import statistics
 from framework_bench.measure.metrics import RunResult
+from framework_bench.measure.statistics import Trial
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import pipeline, readback
+from framework_bench.run import pipeline, readback, verdicts
 from framework_bench.run.dry_run import DryRun, dry_run
+from framework_bench.run.launchers.slurm import _duration, estimate_time  # the SLURM plan's wording of a time
 from framework_bench.run.options import RunOptions
 from framework_bench.run.submit import Planned, submit as submit_one  # `submit` here is the loop over them
 from framework_bench.spec import scenario as scenarios_
@@ -101,19 +107,6 @@ def reference_backend() -> str | None:
     return next((name for name, b in plugins.backends().items() if b.info.reference), None)
 
 
-def percent_of_reference(rows: list[tuple[str, str, str, float | None, str]]) -> dict[tuple[str, str], float]:
-    """TGS as % of the reference backend's on the same scenario, by (scenario, backend), from
-    (scenario, backend, status, tgs, definition) rows; only rows that are `ok` beside an `ok`
-    reference row whose scenario definition (its stored JSON) is the same: a scenario file
-    edited between two runs (512 then 2k tokens) is another scenario under the same name.
-    100 % - x is the framework's overhead (or, above 100 %, what it gains) over the plain loop."""
-    reference = reference_backend()
-    ref = {(scn, definition): tgs for scn, backend, status, tgs, definition in rows
-           if backend == reference and status == "ok" and tgs}
-    return {(scn, backend): 100.0 * tgs / ref[scn, definition] for scn, backend, status, tgs, definition in rows
-            if (scn, definition) in ref and status == "ok" and tgs is not None}
-
-
 def definition(scenario_json: dict) -> str:
     """A scenario's stored definition as one comparable string."""
     return json.dumps(scenario_json, sort_keys=True)
@@ -149,22 +142,49 @@ def warmup_default(repeat: int, scenario: Scenario) -> int:
     return 1 if repeat >= 2 and scenario.cluster.device == "cpu" else 0
 
 
+# `--repeat auto`: rounds until every pair's interval is narrow enough. It judges only from
+# AUTO_MIN_ROUNDS on (measure/statistics.py's calibration: with fewer trials a side the
+# bootstrap's intervals are too narrow, so an early stop would trust the luckiest rounds), and
+# stops at AUTO_MAX_ROUNDS whatever the width (a noisy machine would otherwise never end).
+AUTO_MIN_ROUNDS = 5
+AUTO_MAX_ROUNDS = 10
+
+
+class AutoStop(BaseModel):
+    """Why `--repeat auto` stopped adding rounds on one scenario."""
+    scenario: str
+    rounds: int = Field(description="counted rounds run (warm-up rounds not included)")
+    precision: float = Field(description="the half-width asked for, in percent")
+    widest: float | None = Field(description="the widest interval's half-width then, in percent (inf: one had "
+                                             "no interval; None: no trial counted)")
+
+    @property
+    def capped(self) -> bool:
+        """Stopped by AUTO_MAX_ROUNDS, not by the precision (nor by having nothing to narrow)."""
+        return self.widest is not None and self.widest > self.precision
+
+
 def compare(
     scenarios: list[Scenario],
     backend_names: list[str],
     options: RunOptions | None = None,
     *,
-    repeat: int = 1,
+    repeat: int | Literal["auto"] = 1,
     warmup_rounds: int | None = None,
+    precision: float | None = None,
     on_result: Callable[[RunResult, Scenario], None] = lambda r, s: None,
     on_start: Callable[[str, Scenario], None] = lambda b, s: None,
     on_step: readback.StepCallback = lambda done, total, secs: None,
+    on_auto: Callable[[AutoStop], None] = lambda stop: None,
 ) -> list[RunResult]:
     """Every backend on every scenario, `repeat` rounds (after `warmup_rounds`, by default
     `warmup_default`): each trial a full run with every check, tagged with the compare's id, its
     round (warm-up rounds are 0 and below: stored, never counted) and its place in the round.
     The rounds' orders are `round_orders` with the reference first in the first round; each
-    other backend's run is judged for parity with the reference's latest run."""
+    other backend's run is judged for parity with the reference's latest run. `repeat="auto"`:
+    from AUTO_MIN_ROUNDS rounds on, stop once every pair's 95% interval is within ±`precision`
+    percent (`statistics.widest_half_width`), or at AUTO_MAX_ROUNDS, said through `on_auto`.
+    `fbench run --repeat` is this loop with one backend."""
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
     broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
@@ -173,14 +193,18 @@ def compare(
         raise plugins.UnknownBackend("\n".join(broken))
     if missing:
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
+    if (repeat == "auto") != (precision is not None):
+        raise ValueError("repeat='auto' goes with a precision, and a precision with repeat='auto'")
+    first, last = (AUTO_MIN_ROUNDS, AUTO_MAX_ROUNDS) if repeat == "auto" else (repeat, repeat)
     results: list[RunResult] = []
     ordered, reference_name = _reference_first(backend_names)
     orders = round_orders(ordered)
     compare_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     for s in scenarios:
         reference = None
-        warm = warmup_default(repeat, s) if warmup_rounds is None else warmup_rounds
-        for i, round_ in enumerate(range(1 - warm, repeat + 1)):
+        warm = warmup_default(first, s) if warmup_rounds is None else warmup_rounds
+        trials: list[RunResult] = []  # this scenario's, for the auto stop
+        for i, round_ in enumerate(range(1 - warm, last + 1)):
             for position, name in enumerate(orders[i % len(orders)], 1):
                 on_start(name, s)
                 # run_one packs only when the backend can run the scenario; the packed data is
@@ -192,8 +216,15 @@ def compare(
                     reference = result
                 on_result(result, s)
                 results.append(result)
+                trials.append(result)
                 if result.status == "interrupted":
                     raise Interrupted(results)
+            if precision is not None and round_ >= first:
+                widest = statistics.widest_half_width(
+                    [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
+                if widest is None or widest <= precision or round_ == last:
+                    on_auto(AutoStop(scenario=s.name, rounds=round_, precision=precision, widest=widest))
+                    break
     return results
 
 
@@ -237,3 +268,41 @@ def plans(
             out.append(dry_run(name, s, options, machine))
             on_plan(out[-1], s)
     return out
+
+
+class TrialCost(BaseModel):
+    """What --repeat and the warm-up rounds multiply on one GPU scenario, for `--dry-run`."""
+    scenario: str
+    trials: tuple[int, int] = Field(description="the fewest and the most counted rounds (apart: --repeat auto)")
+    warmup: int
+    backends: list[str] = Field(description="those whose own check takes the scenario: one that refuses it is "
+                                            "stored at once, for nothing")
+    training_s: float = Field(description="one run's expected training: its steps at the estimated step time")
+    source: str = Field(description="where the step time comes from")
+
+    def summary(self) -> str:
+        fewest, most = self.trials
+        trials = f"{fewest}" if fewest == most else f"{fewest} to {most} (--repeat auto)"
+        rounds = [(n + self.warmup) * len(self.backends) for n in (fewest, most)]
+        runs = f"{rounds[0]}" if fewest == most else f"{rounds[0]} to {rounds[1]}"
+        hours = " to ".join(dict.fromkeys(_duration(n * self.training_s) for n in rounds))
+        return (f"{trials} trials + {self.warmup} warm-up of {len(self.backends)} backend(s) "
+                f"({', '.join(self.backends)}): {runs} runs, ~{hours} of training ({runs} x "
+                f"{_duration(self.training_s)}: steps x the step time of the {self.source}) plus each run's start-up")
+
+
+def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repeat: int | Literal["auto"],
+               warmup_rounds: int | None) -> TrialCost | None:
+    """The cost of --repeat on a GPU scenario (None on CPU, or for a single run each): the runs of
+    every backend whose own check takes the scenario, times one run's expected training (the
+    estimate the SLURM time limit starts from, before its margin and start-up)."""
+    first, last = (AUTO_MIN_ROUNDS, AUTO_MAX_ROUNDS) if repeat == "auto" else (repeat, repeat)
+    warm = warmup_default(first, scenario) if warmup_rounds is None else warmup_rounds
+    if scenario.cluster.device != "cuda" or last + warm <= 1:
+        return None
+    # A backend's own check refuses the scenario wherever it runs (stored unsupported at once, for
+    # nothing); this machine, the env's flavour and memory are judged here, not on the GPU node.
+    running = [d.backend for d in planned if d.verdict is not None and not d.verdict.check and not d.plan_error]
+    estimate = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
+    return TrialCost(scenario=scenario.name, trials=(first, last), warmup=warm, backends=running,
+                     training_s=estimate.steps * estimate.step_seconds, source=estimate.source)

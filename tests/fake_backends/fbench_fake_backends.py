@@ -5,13 +5,15 @@ They are registered through the `fbench.backends` entry-point group (see
 (`fbench_fake_worker`) does no training: it exists to end in each way a real worker can
 (ok, crash, hang, Ctrl-C), or to tell one lie the host must catch (an echoed sha256, doubled
 tokens, missing steps, the wrong rows, the wrong model size), so the tests can check what the
-host records.
+host records; the noisy ones give each trial a step time drawn from a seeded distribution, so
+that repeated trials vary as real ones do, the same way on every run of a test.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -58,14 +60,21 @@ class FakeBackend:
             extra_env["FAKE_SETTING"] = "a\0b"
         elif self.fault == "long_argv":
             args.append("x" * (4 << 20))  # beyond the kernel's limit on one argument list
+        if self.mode in NOISY:
+            # The trial's number among this backend's runs on the scenario in this FBENCH_HOME (each
+            # test has its own): the worker's draw is seeded with it, so a test's trials are the same
+            # sequence every time, and two backends of one mode draw apart (their names differ).
+            trial = len(list(job.run_dir.parent.glob(f"*-{job.scenario.name}-{self.name}-*")))
+            args.append(f"{self.name}:{trial}")
         return LaunchPlan(python=python, module="fbench_fake_worker", args=args, env=extra_env)
 
     @hookimpl
     def fbench_read_report(self, job):
         report = read_worker_report(job.run_dir)
         steps = [StepMetric(**m) for m in read_metrics(job.run_dir)]
-        # The fake's "own" figure: its fixed step time, as a framework's log would give it.
-        own = {"tokens_per_sec_median": job.scenario.context_length / 0.5} if steps else {}
+        # The fake's "own" figure: its step time (fixed, or the noisy trial's draw), as a framework's log would give it.
+        seconds = statistics.median(m.seconds for m in steps) if steps and self.mode in NOISY else 0.5
+        own = {"tokens_per_sec_median": job.scenario.context_length / seconds} if steps else {}
         if self.fault == "rm_run_dir":
             shutil.rmtree(job.run_dir)
         elif self.fault == "full_disk":  # result.json lands on a device that is always full (ENOSPC)
@@ -110,6 +119,15 @@ ENTRY_POINTS |= {"fake_plan_raises": "fbench_fake_backends:plan_raises",
 
 slow = FakeBackend("fake_slow", "slow")  # 0.4 s a step: the fault-injection test stops it mid-training
 ENTRY_POINTS["fake_slow"] = "fbench_fake_backends:slow"
+
+# Trial-to-trial noise (3% CV, seeded per trial): fake_noisy and fake_noisy_twin are an A/A pair,
+# fake_noisy_slow's steps take 25% longer (its TGS 20% lower). NOISY is read by their worker too.
+NOISY = ("noisy", "noisy_slow")
+noisy = FakeBackend("fake_noisy", "noisy")
+noisy_twin = FakeBackend("fake_noisy_twin", "noisy")
+noisy_slow = FakeBackend("fake_noisy_slow", "noisy_slow")
+ENTRY_POINTS |= {b.name: f"fbench_fake_backends:{attr}" for attr, b in
+                 [("noisy", noisy), ("noisy_twin", noisy_twin), ("noisy_slow", noisy_slow)]}
 
 # Two plugins of one distribution answering to one backend name (issue 19, item 15).
 twin_a = FakeBackend("fake_twin_a", "ok", info_name="fake_twin")

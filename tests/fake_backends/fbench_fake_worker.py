@@ -4,7 +4,8 @@
 tokens they hold, every step, the parameter count of the scenario's config, its settings, and
 the initial weights a Llama of that config gets from the seed (it builds no model: the samples
 come from the host's own generator, so the host's bookkeeping is what these tests exercise).
-The other training modes each tell one lie the host must catch (framework_bench/measure/verify.py).
+The other training modes each tell one lie the host must catch (framework_bench/measure/verify.py);
+`noisy` and `noisy_slow` are `ok` with a step time drawn per trial (seeded by the plugin's argument).
 """
 
 import json
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -85,6 +87,11 @@ if mode == "deaf":  # ignores SIGTERM (the parent-death signal too): only a SIGK
     open(job.run_dir / "deaf", "w").close()
     time.sleep(120)
 ctx = job.scenario.context_length
+step_seconds = 0.5
+if mode in ("noisy", "noisy_slow"):  # a trial's step time, drawn from a seed its plugin names ("backend:trial")
+    name, trial = sys.argv[3].rsplit(":", 1)
+    draw = np.random.default_rng([zlib.crc32(name.encode()), int(trial)]).lognormal(0.0, 0.03)
+    step_seconds *= draw * (1.25 if mode == "noisy_slow" else 1.0)
 writer = MetricsWriter(job.run_dir)
 clock = ClockLines(job.run_dir, rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes less
 consumed = ConsumedRows(job.run_dir, rank=0)
@@ -106,7 +113,7 @@ for step in range(1, job.steps + 1):
     clock.write("begin")
     consumed.add(rows_ids[row], rows_labels[row])
     consumed.end_step(step)
-    line = {"step": step, "seconds": 0.5, "tokens": ctx * (2 if mode == "double_tokens" else 1), "loss": 10.0 / step,
+    line = {"step": step, "seconds": step_seconds, "tokens": ctx * (2 if mode == "double_tokens" else 1), "loss": 10.0 / step,
             "peak_mem_bytes": None, "peak_reserved_bytes": None, "rank": 0, **(OVERRIDE or {})}
     writer._fh.write(json.dumps(line) + "\n")
     clock.write("end", step)
