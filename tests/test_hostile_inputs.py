@@ -315,3 +315,81 @@ def test_a_corrupt_env_record_is_a_broken_env_not_a_traceback(fbench_home, tmp_p
         assert "broken" in result.output and "unreadable" in result.output
     result = cli("run", "--backend", "xtuner", "--scenario", "tiny_cpu", "--db", str(tmp_path / "r.sqlite"))
     assert result.exit_code == 1 and "failed" in result.stdout and "fbench env create xtuner" in result.stdout
+
+
+# Issue 28, item 8: the tracebacks and silences left, each one clear line.
+
+def _scenario_file(tmp_path: Path, text: str, name: str = "hostile") -> Path:
+    f = tmp_path / f"{name}.yaml"
+    f.write_text(text)
+    return f
+
+
+def test_a_duplicate_key_in_a_scenario_is_an_error_naming_the_key_and_its_line(tmp_path):
+    f = _scenario_file(tmp_path, TINY.read_text() + "micro_batch: 2\n")
+    line_no = TINY.read_text().count("\n") + 1
+    one_error(cli("validate", str(f)), "duplicate key 'micro_batch'", f"line {line_no}")
+    nested = _scenario_file(tmp_path, TINY.read_text().replace("  warmup: 2\n", "  warmup: 2\n  warmup: 3\n"), "nested")
+    one_error(cli("show", str(nested)), "duplicate key 'warmup'")
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("description: " + "[" * 20_000 + "]" * 20_000 + "\n", "nested too deeply"),
+    ("description: {" + "a: {" * 20_000 + "}" * 20_001 + "\n", "nested too deeply"),
+    ("micro_batch: " + "7" * 5_000 + "\n", "5000 digits"),  # was a ValueError from int()
+])
+def test_deep_nesting_and_huge_integers_are_one_line(tmp_path, text, needle):
+    f = _scenario_file(tmp_path, TINY.read_text().replace("micro_batch: 1\n", "") + text)
+    for command in ("validate", "show"):
+        one_error(cli(command, str(f)), needle)
+
+
+def test_a_published_figure_too_small_to_divide_by_is_refused_at_validation(tmp_path):
+    text = TINY.read_text() + "reference: {tgs: 5.0e-324, tflops: 1.0, hardware: A100, framework: torch}\n"
+    f = _scenario_file(tmp_path, text)
+    one_error(cli("validate", str(f)), "reference.tgs")
+    f.write_text(text.replace("5.0e-324", "1.0e308"))
+    one_error(cli("validate", str(f)), "reference.tgs")
+    f.write_text(text.replace("5.0e-324", "2500"))
+    result = cli("show", str(f))
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+
+
+def test_a_scenario_through_a_symlink_loop_is_one_line(tmp_path, fbench_home):
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(tmp_path / "loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to(loop)
+    for command in (["show", str(loop)], ["validate", str(loop)],
+                    ["compare", "--scenario", str(loop), "--backends", "torch", "--dry-run"]):
+        one_error(cli(*command), str(loop))
+    bare = tmp_path / "bare"
+    bare.symlink_to(bare)
+    one_error(cli("show", str(bare)), str(bare))
+
+
+def test_an_invalid_scenario_of_the_users_leaves_the_others_usable(tmp_path, fbench_home):
+    (fbench_home / "scenarios").mkdir(parents=True)
+    (fbench_home / "scenarios" / "broken.yaml").write_text("model: {preset: nope}\n")
+    assert "tiny_cpu" in [s.name for s in scenario.load_all()]
+    result = cli("plot", "--published", "--out", str(tmp_path / "plots"))
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    result = cli("scenarios", "--wide")  # where it is named, with why
+    assert result.exit_code == 0 and "invalid" in result.output
+
+
+def test_a_users_scenario_shadowing_a_bundled_one_is_shown(fbench_home):
+    (fbench_home / "scenarios").mkdir(parents=True)
+    (fbench_home / "scenarios" / "tiny_cpu.yaml").write_text(TINY.read_text().replace("micro_batch: 1", "micro_batch: 2"))
+    result = cli("scenarios", "--wide")
+    assert result.exit_code == 0, result.output
+    row = next(l for l in result.stdout.splitlines() if "tiny_cpu " in l)
+    assert "[1]" in row and "over the bundled one" in result.stdout, result.stdout  # a footnote of its row
+    assert scenario.shadowing(scenario.source_path("tiny_cpu")) is not None
+
+
+def test_a_huge_alpaca_file_is_refused_by_its_size_before_reading(tmp_path, fbench_home):
+    data = tmp_path / "alpaca.json"
+    with data.open("wb") as fh:
+        fh.truncate(1 << 30)  # 1 GiB, sparse: nothing is written
+    with pytest.raises(alpaca.DataError, match="larger than"):
+        alpaca.load_source(DataSource(path=str(data)))

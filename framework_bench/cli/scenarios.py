@@ -27,8 +27,9 @@ def scenarios(wide: common.WideOption = False) -> None:
         except scenario.ScenarioError as e:
             t.add_row(p.stem, Text("invalid", style="red"), "", "", "", "", "", "", [str(e).splitlines()[0]])
             continue
+        notes = [f"yours ({p}), over the bundled one"] if scenario.shadowing(p) else []
         t.add_row(s.name, s.model.preset or "inline", s.cluster.device, str(s.cluster.gpus), render.ctx(s.context_length),
-                  str(s.sequence_parallel), str(s.zero_stage), render.fmt(s.reference.tgs if s.reference else None), [])
+                  str(s.sequence_parallel), str(s.zero_stage), render.fmt(s.reference.tgs if s.reference else None), notes)
     render.show(t)
 
 

@@ -10,6 +10,8 @@ from framework_bench.spec.scenario import DataSource
 from framework_bench.spec.catalog import DataError
 
 TEMPLATE_NAME = "alpaca-v1"
+# The full Alpaca sets are 20-50 MiB; one file is read and parsed whole (a 1 GiB one ran out of memory).
+MAX_FILE_BYTES = 256 << 20
 _PROMPT = (
     "Below is an instruction that describes a task{ctx}. "
     "Write a response that appropriately completes the request.\n\n"
@@ -36,6 +38,9 @@ def load_source(src: DataSource) -> tuple[list[dict], str]:
         if path.exists() and not path.is_file():  # /dev/zero, a FIFO: would be read for ever
             raise DataError(f"cannot read Alpaca file {path}: not a regular file")
         try:
+            if (size := path.stat().st_size) > MAX_FILE_BYTES:  # parsed whole, at many times its size
+                raise DataError(f"cannot read Alpaca file {path}: {size / 2**20:,.0f} MiB is larger than the "
+                                f"{MAX_FILE_BYTES >> 20} MiB one file may hold; split it into several sources")
             raw = path.read_bytes()
         except OSError as e:
             raise DataError(f"cannot read Alpaca file {path}: {e.strerror}") from None

@@ -156,11 +156,16 @@ class Dataset(_Strict):
         return self
 
 
+# A published figure is divided by (step time, SLURM time limit, "% of"): bounded so that no
+# quotient overflows (5e-324 is positive and finite, and its inverse is not).
+MIN_FIGURE, MAX_FIGURE = 1e-3, 1e9
+
+
 class Reference(_Strict):
     """A published figure for this scenario, to draw and compare against."""
 
-    tgs: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
-    tflops: Annotated[float, Strict()] = Field(gt=0, allow_inf_nan=False)
+    tgs: Annotated[float, Strict()] = Field(ge=MIN_FIGURE, le=MAX_FIGURE, allow_inf_nan=False)
+    tflops: Annotated[float, Strict()] = Field(ge=MIN_FIGURE, le=MAX_FIGURE, allow_inf_nan=False)
     hardware: str
     framework: str = Field(description="whose figure it is: a backend name (the report names it by its display name)")
     source: str = ""
@@ -269,13 +274,55 @@ def _read_text(path: Path) -> str:
     return data.decode("utf-8")
 
 
+class _Refused(yaml.YAMLError):
+    """YAML that parses but is no scenario's: said with its line, never read another way."""
+
+    def __init__(self, mark, message: str):
+        super().__init__(message)
+        self.line, self.message = mark.line + 1, message
+
+
+MAX_DIGITS = 100  # no count or figure of a scenario has more; Python refuses int() past 4300
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, refusing what it would silently resolve: a key given twice (the last
+    won) and an integer too long to convert (a ValueError from deep inside the constructor)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key, (str, int, float, bool)):
+                    continue
+                if key in first:
+                    raise _Refused(key_node.start_mark, f"duplicate key {key!r} (first on line {first[key]}): "
+                                                        "give each key once")
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        if digits > MAX_DIGITS:
+            raise _Refused(node.start_mark, f"an integer of {digits} digits: no scenario field holds one")
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
 def load_file(path: Path) -> Scenario:
     try:
-        raw = yaml.safe_load(_read_text(path))
+        raw = yaml.load(_read_text(path), Loader=_Loader)  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
+    except RecursionError:  # the composer recurses once per level: no scenario is nested 1,000 deep
+        raise ScenarioError(f"{path}: cannot read: nested too deeply to be a scenario") from None
+    except _Refused as e:
+        raise ScenarioError(f"{path}: line {e.line}: {e.message}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: cannot read: not YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
@@ -307,11 +354,25 @@ def scenario_paths(directory: Path = SCENARIO_DIR) -> list[Path]:
     return sorted(by_name.values(), key=lambda p: p.stem)
 
 
+def _resolved(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop, before Python 3.13
+        raise ScenarioError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def shadowing(path: Path, directory: Path = SCENARIO_DIR) -> Path | None:
+    """The bundled scenario file that `path`, one of the user's scenarios, takes the name of."""
+    bundled = directory / path.name
+    mine = path.parent.resolve() == places.user_scenarios().resolve()
+    return bundled if mine and bundled.is_file() else None
+
+
 def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
     """The file `load(name_or_path)` reads, resolved."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
-        return p.resolve()
+        return _resolved(p)
     candidate = next((c for c in (places.user_scenarios() / f"{name_or_path}.yaml", directory / f"{name_or_path}.yaml")
                       if c.exists()), None)
     if candidate is None:
@@ -326,4 +387,14 @@ def load(name_or_path: str, directory: Path = SCENARIO_DIR) -> Scenario:
 
 
 def load_all(directory: Path = SCENARIO_DIR) -> list[Scenario]:
-    return [load_file(p) for p in scenario_paths(directory)]
+    """Every scenario; one of the user's that does not validate is left out (`fbench scenarios`
+    shows it invalid, with why), so one bad file of theirs cannot stop the charts and report of
+    unrelated runs. A bundled one that does not validate is fbench's bug, and raises."""
+    found = []
+    for p in scenario_paths(directory):
+        try:
+            found.append(load_file(p))
+        except ScenarioError:
+            if p.parent == directory:
+                raise
+    return found
