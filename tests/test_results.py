@@ -263,3 +263,111 @@ def test_results_list_groups_the_trials_of_a_compare_and_gives_its_verdicts(fben
     assert rows == [["-", "-", "xtuner"], *[["c1", f"{r}·1", b] for b in ("torch", "xtuner") for r in (1, 2, 3)]]
     lines = out.splitlines()
     assert lines[lines.index("compare c1:") + 1].startswith("  tiny_cpu: xtuner is 100.0% faster than torch (95% CI ")
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 28 item 6: a store is never made unreadable or altered by reading.
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+    res = CliRunner().invoke(app, list(args))
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output  # no traceback
+    return res
+
+
+def test_one_damaged_row_is_skipped_and_named_by_list_export_plot_and_report(fbench_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as s:
+        for backend in ("xtuner", "llamafactory", "torch"):
+            s.add(ok_result(backend=backend), load("tiny_cpu"), manifest_={})
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE runs SET flags = '[not json' WHERE id = 2")  # bad JSON in a column
+        raw.execute("UPDATE runs SET tgs = 'fast' WHERE id = 3")  # text in a number column
+    for command in (["results", "list"], ["results", "export"], ["results", "export", "--format", "json"],
+                    ["plot", "--out", str(tmp_path / "p")], ["report", "--out", str(tmp_path / "p")]):
+        res = _cli(*command, "--db", str(db))
+        assert res.exit_code == 0, (command, res.output)
+        assert "run 2" in res.stderr and "run 3" in res.stderr and "skipped" in res.stderr, (command, res.stderr)
+    assert "xtuner" in _cli("results", "list", "--db", str(db)).stdout
+    exported = json.loads(_cli("results", "export", "--format", "json", "--db", str(db)).stdout)
+    assert [r["id"] for r in exported] == [1]
+
+
+def test_a_path_that_is_no_regular_file_is_refused_in_one_line(tmp_path):
+    import os
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (Path("/dev/null"), fifo):
+        with pytest.raises(ResultsError, match="not a regular file"):
+            ResultStore(path)
+    assert not Path("/dev/null-journal").exists() and not (tmp_path / "fifo-journal").exists()
+
+
+def test_another_applications_file_with_runs_and_steps_is_refused_not_altered(tmp_path):
+    path = tmp_path / "other.sqlite"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
+        raw.execute("CREATE TABLE steps (id INTEGER PRIMARY KEY, run INTEGER)")
+        raw.execute("PRAGMA user_version = 3")  # its own schema version, no application id
+    before = path.read_bytes()
+    with pytest.raises(ResultsError, match="another application"):
+        ResultStore(path)
+    assert path.read_bytes() == before
+
+
+def _old_store(tmp_path) -> Path:
+    path = tmp_path / "old.sqlite"
+    path.write_bytes((Path(__file__).parent / "golden" / "fixture_results.sqlite").read_bytes())
+    return path
+
+
+def _version(path: Path) -> int:
+    with sqlite3.connect(path) as raw:
+        return raw.execute("PRAGMA user_version").fetchone()[0]
+
+
+def test_reading_commands_read_an_older_store_without_migrating_it(fbench_home, tmp_path):
+    path = _old_store(tmp_path)
+    assert _version(path) == 6
+    with ResultStore(path, must_exist=True, read_only=True) as s:
+        rows = s.list()
+        assert rows and all(r["compare_id"] is None and r["trial_round"] is None for r in rows)
+        assert s.get(rows[0]["id"])["steps"] is not None
+        assert json.loads(s.export("json"))
+    for command in (["results", "list"], ["results", "export"], ["results", "show", str(rows[0]["id"])]):
+        res = _cli(*command, "--db", str(path))
+        assert res.exit_code == 0, (command, res.output)
+    assert _version(path) == 6 and not list(tmp_path.glob("*.bak"))
+
+
+def test_the_first_write_migrates_an_older_store_after_a_backup_beside_it(tmp_path):
+    path = _old_store(tmp_path)
+    before = path.read_bytes()
+    ResultStore(path).close()
+    assert _version(path) == results.SCHEMA_VERSION
+    backups = list(tmp_path.glob("old.sqlite.schema6*.bak"))
+    assert len(backups) == 1 and backups[0].read_bytes() == before
+
+
+def test_a_locked_store_says_who_holds_it_and_that_it_waits(fbench_home, tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as s:
+        s.add(ok_result(), load("tiny_cpu"), manifest_={})
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(db)!r}); c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(3)\n"
+        "c.rollback()")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with ResultStore(db, must_exist=True, read_only=True) as s:
+            assert len(s.list()) == 1
+    finally:
+        holder.wait()
+    err = capsys.readouterr().err
+    assert str(db) in err and f"pid {holder.pid}" in err and "waiting" in err

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from framework_bench.cli import common
+from framework_bench.cli.results import reading_store, say_damaged
 
 
 def plot(
@@ -26,7 +27,9 @@ def plot(
         paths = plot_published(out)
     else:
         common.check_settings(settings)
-        rows = common.open_store(db, read_only=True).latest_by_point(scenario, settings_mode=settings)
+        store = reading_store(db)
+        rows = store.latest_by_point(scenario, settings_mode=settings)
+        say_damaged(store)
         if not rows:
             common.fail(f"no stored runs with {settings} settings to plot: run `fbench compare` first, or use --published")
         paths = plot_results(rows, out, include_unverified=include_unverified)
@@ -43,7 +46,9 @@ def report(
     """Write report.md and a self-contained report.html from the stored runs."""
     common.check_settings(settings)
     out = common.out_folder(out)
-    rows = common.open_store(db, read_only=True).latest_by_point(scenario, settings_mode=settings)
+    store = reading_store(db)
+    rows = store.latest_by_point(scenario, settings_mode=settings)
+    say_damaged(store)
     if not rows:
         common.fail(f"no stored runs with {settings} settings to report: run `fbench compare` first")
     common.writable_folder(out, "--out")

@@ -14,6 +14,30 @@ from framework_bench.cli import common, render
 results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite).")
 
 
+def reading_store(db: Path | None):
+    """The store for a command that only reads (list, show, export, plot, report): a current one
+    as `common.open_store` opens it (the rows earlier commands kept aside are stored first); an
+    older schema is read as it is, never migrated: the next command that stores a run does that."""
+    from framework_bench.store import results
+    try:
+        store = results.ResultStore(db, must_exist=db is not None, read_only=True)
+    except results.ResultsError as e:
+        common.fail(str(e))
+    if store.version == results.SCHEMA_VERSION:
+        store.close()
+        return common.open_store(db, read_only=True)
+    common.err.print(f"[yellow]{escape(str(store.path))} has schema version {store.version}: read as it is; the next "
+                     f"command that stores a run (fbench run, compare, results collect) migrates it to "
+                     f"{results.SCHEMA_VERSION}, after a backup copy beside it[/yellow]", highlight=False, soft_wrap=True)
+    return store
+
+
+def say_damaged(store) -> None:
+    """One line for each stored row that could not be read and was left out."""
+    for line in store.damaged.values():
+        common.err.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
+
+
 @results_app.command("list")
 def results_list(
     scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
@@ -29,7 +53,7 @@ def results_list(
     compare of several rounds."""
     from framework_bench.present.verdict import Points
     from framework_bench.run.compare import reference_backend
-    store = common.open_store(db, read_only=True)
+    store = reading_store(db)
     t = render.FittedTable("results list", [
         render.Col("id", "right"), render.Col("created"), render.Col("compare"), render.Col("round", "right"),
         render.Col("scenario"), render.Col("backend"),
@@ -37,6 +61,7 @@ def results_list(
         render.Col("TFLOPs/GPU", "right"), render.Col("steps", "right"), render.Col("data sha256")],
         more="--wide, or `fbench results export --format json`", wide=wide)
     rows = store.list(scenario, backend)
+    say_damaged(store)
     shown = rows if all_ else rows[-limit:]
     compares: dict = {}  # a compare's rows, in the order of its first shown row (rows from before trials: alone)
     for r in shown:
@@ -66,7 +91,7 @@ def results_show(run_id: int, db: common.DbOption = None) -> None:
     from framework_bench.store.results import ResultsError
     try:
         from framework_bench.store.results import standard_json
-        print(json.dumps(standard_json(common.open_store(db, read_only=True).get(run_id)), indent=2, default=str, allow_nan=False))
+        print(json.dumps(standard_json(reading_store(db).get(run_id)), indent=2, default=str, allow_nan=False))
     except ResultsError as e:
         common.fail(str(e))
 
@@ -85,7 +110,9 @@ def results_export(
     from framework_bench.run.compare import reference_backend
     if format not in ("csv", "json"):
         common.fail(f"--format {format!r}: use csv or json")
-    print(common.open_store(db, read_only=True).export(format, scenario, backend, reference_backend()), end="")
+    store = reading_store(db)
+    print(store.export(format, scenario, backend, reference_backend()), end="")
+    say_damaged(store)
 
 
 @results_app.command("collect")

@@ -16,9 +16,11 @@ import json
 import math
 import os
 import platform
+import shutil
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 from functools import cache
 from pathlib import Path
@@ -118,9 +120,23 @@ _MIGRATIONS = [
     """,
 ]
 
-# Columns holding JSON text, decoded when rows are read back.
+# Columns holding JSON text, decoded when rows are read back, with the kind each must decode to.
 _JSON_COLUMNS = ("scenario_json", "flags", "framework_throughput", "manifest", "settings", "checks", "notes",
                  "loss_curve")
+_JSON_KINDS = {"scenario_json": dict, "flags": list, "framework_throughput": dict, "manifest": dict, "settings": dict,
+               "checks": list, "notes": list, "loss_curve": dict}
+# Columns holding numbers: a row with text there is damaged (SQLite keeps whatever it is given).
+_NUMBER_COLUMNS = ("id", "context_length", "gpus", "sequence_parallel", "tgs", "tgs_min", "tgs_max", "tflops",
+                   "model_tflops", "mfu", "steps_measured", "step_seconds", "peak_mem_bytes", "final_loss",
+                   "wall_seconds", "tokens_measured", "peak_reserved_bytes", "startup_seconds", "seed",
+                   "trial_round", "trial_position")
+# What a row of an older schema (read without migrating it) has in the columns added since.
+_COLUMN_DEFAULTS = {"settings": "{}", "settings_mode": "matched", "checks": "[]", "step_unit": "optimizer",
+                    "tokens_measured": None, "notes": "[]", "peak_reserved_bytes": None, "startup_seconds": None,
+                    "seed": None, "loss_curve": "{}", "compare_id": None, "trial_round": None,
+                    "trial_position": None}
+# The columns of the first schema's `runs` that another application's table of that name would hardly have.
+_OWN_COLUMNS = {"backend", "scenario_json", "framework_throughput", "manifest", "steps_measured"}
 
 # The common stack of a backend env worth naming in the manifest (those that exist are kept);
 # each backend adds its framework package and its own (`BackendInfo.manifest_packages`).
@@ -140,6 +156,27 @@ FIRST_PAUSE = 0.5
 
 def _locked(e: sqlite3.Error) -> bool:
     return isinstance(e, sqlite3.OperationalError) and any(w in str(e) for w in ("locked", "busy"))
+
+
+def holders(path: Path) -> list[str]:
+    """The other processes of this machine that have the file `path` open ("pid N (command)"),
+    read from /proc: SQLite does not say which one holds its lock, so each is named."""
+    try:
+        target = os.path.realpath(path)
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if any(os.path.realpath(fd) == target for fd in (entry / "fd").iterdir()):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.append(f"pid {entry.name}" + (f" ({command[:80]})" if command else ""))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
 
 
 def _nan_as_text(x: float | None) -> float | str | None:
@@ -237,29 +274,84 @@ def read_steps(run_dir: Path | None) -> tuple[list[StepMetric], list[str]]:
 class ResultStore:
     """`ResultStore(path)`; `path` defaults to `default_db()`. Usable as a context manager."""
 
-    def __init__(self, path: Path | str | None = None, must_exist: bool = False):
-        """`must_exist`: for commands that only read, a missing file is a mistyped --db, not a new store."""
-        self.path = Path(path) if path is not None else default_db()
+    def __init__(self, path: Path | str | None = None, must_exist: bool = False, read_only: bool = False):
+        """`must_exist`: for commands that only read, a missing file is a mistyped --db, not a new store.
+        `read_only`: open an existing file without writing anything into it (no migration: an older
+        schema is read as it is, `version` says which); a missing one is made as for writing."""
+        self.path = (Path(path) if path is not None else default_db()).absolute()
+        self.damaged: dict[int, str] = {}  # rows skipped by `list`, by id: why
+        self._said_waiting = False
         if self.path.is_dir():
             raise ResultsError(f"{self.path} is a folder, not a results file: give a file path with --db")
+        if self.path.exists() and not self.path.is_file():  # /dev/null, a fifo: SQLite would write beside it
+            raise ResultsError(f"{self.path} is not a regular file: give a file path with --db")
         if must_exist and not self.path.exists():
             raise ResultsError(f"no results file at {self.path}: give the --db the runs were stored in")
+        self.read_only = read_only and self.path.exists()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(self.path, timeout=LOCK_WAIT)
+            if self.read_only:
+                self.conn = sqlite3.connect(f"file:{_uri_path(self.path)}?mode=ro", uri=True, timeout=LOCK_WAIT)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.conn = sqlite3.connect(self.path, timeout=LOCK_WAIT)
         except (OSError, sqlite3.Error) as e:
             raise ResultsError(f"cannot open the results file {self.path}: {e}") from None
         self.conn.row_factory = sqlite3.Row
         try:
-            self.conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
+            if self.read_only:
+                app, self.version = self._patiently(self._state)
+                self._check_ours(app, self.version)
+            else:
+                self.conn.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+                self.version = SCHEMA_VERSION
             bad = self.conn.execute("PRAGMA quick_check").fetchone()[0]
+        except ResultsError:
+            self.conn.close()
+            raise
         except sqlite3.Error as e:  # not a database, a truncated one, unreadable
             self.conn.close()
             raise ResultsError(f"{self.path} is not a usable results file ({e}): give another --db") from None
         if bad != "ok":
             self.conn.close()
             raise ResultsError(f"{self.path} is damaged ({bad}): give another --db")
+
+    def _say_waiting(self, patience: float) -> None:
+        """One line, once: the store is locked, by whom, and that this command waits for it."""
+        if self._said_waiting:
+            return
+        self._said_waiting = True
+        who = ", ".join(holders(self.path)) or "another process"
+        print(f"the results file {self.path} is locked (open in {who}): waiting for it, up to {patience:.0f} s",
+              file=sys.stderr, flush=True)
+
+    def _patiently(self, step):
+        """`step()`, first with a short wait: when the store is locked, say so (`_say_waiting`),
+        then wait SQLite's whole wait."""
+        self.conn.execute("PRAGMA busy_timeout = 200")
+        try:
+            return step()
+        except sqlite3.OperationalError as e:
+            if not _locked(e):
+                raise
+            self._say_waiting(LOCK_WAIT)
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {int(LOCK_WAIT * 1000)}")
+        return step()
+
+    def _check_ours(self, app: int, version: int) -> None:
+        """Raise ResultsError unless the file is fbench's (or new) and of a schema this fbench knows."""
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        columns = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")} if "runs" in tables else set()
+        ours = app == APPLICATION_ID or (app == 0 and version >= 1 and {"runs", "steps"} <= tables
+                                         and _OWN_COLUMNS <= columns)
+        if not ours and (app or version or tables):
+            held = ", ".join(sorted(tables)) or "no tables"
+            raise ResultsError(f"{self.path} belongs to another application (application id {app}, {held}): "
+                               "fbench will not write into it; give another --db")
+        if version > SCHEMA_VERSION:
+            raise ResultsError(f"{self.path} has schema version {version}; this fbench knows up to "
+                               f"{SCHEMA_VERSION}: use a newer fbench or another --db")
 
     def check_writable(self) -> None:
         """Raise ResultsError unless a run's row could be written now (checked before launching,
@@ -281,22 +373,16 @@ class ResultStore:
         self.conn.close()
 
     def _migrate(self) -> None:
-        if self._state() == (APPLICATION_ID, SCHEMA_VERSION):
+        if self._patiently(self._state) == (APPLICATION_ID, SCHEMA_VERSION):
             return  # the common case, without taking the write lock
         # The write lock first, then a fresh look: of several processes opening a new store at
         # once, one creates the tables and the others find them made.
-        self.conn.execute("BEGIN IMMEDIATE")
+        self._patiently(lambda: self.conn.execute("BEGIN IMMEDIATE"))
         try:
             app, version = self._state()
-            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            ours = app == APPLICATION_ID or (app == 0 and version >= 1 and {"runs", "steps"} <= tables)
-            if not ours and (app or version or tables):
-                held = ", ".join(sorted(tables)) or "no tables"
-                raise ResultsError(f"{self.path} belongs to another application (application id {app}, {held}): "
-                                   "fbench will not write into it; give another --db")
-            if version > SCHEMA_VERSION:
-                raise ResultsError(f"{self.path} has schema version {version}; this fbench knows up to "
-                                   f"{SCHEMA_VERSION}: use a newer fbench or another --db")
+            self._check_ours(app, version)
+            if 1 <= version < SCHEMA_VERSION:
+                self._back_up(version)
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[target - 1].split(";"):
                     if statement.strip():
@@ -307,6 +393,20 @@ class ResultStore:
         except BaseException:
             self.conn.rollback()
             raise
+
+    def _back_up(self, version: int) -> None:
+        """A copy of the store as it is, beside it, before it is migrated from `version` (an older
+        fbench refuses the migrated file). Taken under the write lock: nothing changes it meanwhile."""
+        backup = self.path.with_name(f"{self.path.name}.schema{version}.bak")
+        if backup.exists():
+            backup = self.path.with_name(f"{self.path.name}.schema{version}-{time.strftime('%Y%m%d-%H%M%S')}.bak")
+        try:
+            shutil.copyfile(self.path, backup)
+        except OSError as e:
+            raise ResultsError(f"{self.path} has schema version {version} and is migrated to {SCHEMA_VERSION} "
+                               f"on this write, but no backup could be made first ({e}): not migrated") from None
+        print(f"the results file {self.path} was of schema version {version}: migrated to {SCHEMA_VERSION}, "
+              f"the file as it was is kept in {backup}", file=sys.stderr, flush=True)
 
     def _state(self) -> tuple[int, int]:
         return (self.conn.execute("PRAGMA application_id").fetchone()[0],
@@ -360,6 +460,7 @@ class ResultStore:
             except sqlite3.Error as e:
                 if not _locked(e) or time.monotonic() + pause > deadline:
                     raise
+                self._say_waiting(LOCK_PATIENCE)
                 time.sleep(pause)
                 pause = min(2 * pause, 30.0)
         result.result_id = run_id
@@ -370,7 +471,12 @@ class ResultStore:
         query, args = "SELECT * FROM runs", []
         if backend is not None:
             query, args = query + " WHERE backend = ?", [backend]
-        rows = [_decode(r) for r in self.conn.execute(query + " ORDER BY id", args)]
+        rows = []
+        for r in self.conn.execute(query + " ORDER BY id", args):
+            try:
+                rows.append(_decode(r))
+            except _Damaged as e:
+                self.damaged[r["id"]] = f"run {r['id']} is damaged and skipped: {e}"
         if scenario_glob is not None:
             rows = [r for r in rows if fnmatch.fnmatchcase(r["scenario"], scenario_glob)]
         return rows
@@ -382,10 +488,13 @@ class ResultStore:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise ResultsError(f"no run with id {run_id} in {self.path}")
-        out = _decode(row)
-        out["steps"] = [{**dict(s), "loss": _text_as_nan(s["loss"])} for s in self.conn.execute(
-            "SELECT step, rank, seconds, tokens, loss, peak_mem_bytes, peak_reserved_bytes FROM steps WHERE run_id = ? "
-            "ORDER BY step, rank", (run_id,))]
+        try:
+            out = _decode(row)
+        except _Damaged as e:
+            raise ResultsError(f"run {run_id} in {self.path} is damaged: {e}") from None
+        out["steps"] = [{k: s[k] if k in s.keys() else None for k in _STEP_COLUMNS} | {"loss": _text_as_nan(s["loss"])}
+                        for s in self.conn.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY step, rank",
+                                                   (run_id,))]
         return out
 
     def latest_by_point(self, scenario_glob: str | None = None, backend: str | None = None,
@@ -415,7 +524,8 @@ class ResultStore:
             return json.dumps(standard_json([self.get(r["id"]) | aggregates[r["id"]] for r in rows]), indent=2,
                               allow_nan=False)
         buf = io.StringIO()
-        columns = [d[1] for d in self.conn.execute("PRAGMA table_info(runs)")] + list(AGGREGATES)
+        stored = [d[1] for d in self.conn.execute("PRAGMA table_info(runs)")]  # an older schema's, with the newer
+        columns = stored + [c for c in _COLUMN_DEFAULTS if c not in stored] + list(AGGREGATES)
         writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         for r in rows:
@@ -454,11 +564,34 @@ def _insert_steps(conn: sqlite3.Connection, run_id: int, steps: list[StepMetric]
          for s in steps])
 
 
+_STEP_COLUMNS = ("step", "rank", "seconds", "tokens", "loss", "peak_mem_bytes", "peak_reserved_bytes")
+
+
+class _Damaged(ValueError):
+    """A stored row that cannot be read back: a column holding what no fbench wrote there."""
+
+
+def _uri_path(path: Path) -> str:
+    from urllib.parse import quote
+    return quote(str(path), safe="/")
+
+
 def _decode(row: sqlite3.Row) -> dict:
     out = dict(row)
+    for key, default in _COLUMN_DEFAULTS.items():  # a row of an older schema gets the columns added since
+        out.setdefault(key, default)
     out["final_loss"] = _text_as_nan(out["final_loss"])
+    for key in _NUMBER_COLUMNS:
+        value = out.get(key)
+        if not (value is None or isinstance(value, (int, float))):
+            raise _Damaged(f"column {key} holds {str(value)[:40]!r}, not a number")
     for key in _JSON_COLUMNS:
-        out[key] = json.loads(out[key])
+        try:
+            out[key] = json.loads(out[key])
+        except (TypeError, ValueError) as e:
+            raise _Damaged(f"column {key} is not JSON ({e})") from None
+        if not isinstance(out[key], _JSON_KINDS[key]):
+            raise _Damaged(f"column {key} holds {type(out[key]).__name__}, not {_JSON_KINDS[key].__name__}")
     return out
 
 
