@@ -497,3 +497,70 @@ def test_results_list_shows_the_latest_50_unless_asked(tmp_path, fbench_home):
     assert "the latest 50 of 60 runs" in shown and "│ 10 " not in shown and "│ 11 " in shown
     assert "latest" not in cli("results", "list", "--all", "--db", str(db)).stdout
     assert "the latest 5 of 60" in cli("results", "list", "--limit", "5", "--db", str(db)).stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 28 item 5 (the store's side): a claim on a kept row is released on every exit and a dead
+# command's claim is taken over; every path written into a run folder is absolute.
+
+
+def _keep_a_row(db: Path) -> Path:
+    from framework_bench.spec import scenario
+    folder = results.unstored_dir(db)
+    folder.mkdir()
+    result = results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="ok")
+    path = folder / "20260101-000000-1-1.json"
+    path.write_text(json.dumps({"result": result.model_dump(mode="json"),
+                                "scenario": scenario.load("tiny_cpu").model_dump(mode="json"),
+                                "manifest": {}, "error": "OperationalError: database is locked"}))
+    return path
+
+
+def test_a_kept_row_claimed_by_a_command_that_died_is_taken_over_by_the_next(fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    kept = _keep_a_row(db)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    kept.rename(kept.with_name(f"{kept.name}.{dead.pid}"))  # as `kill -9` left it, mid-claim
+    with ResultStore(db) as store:
+        lines = results.recover(store)
+        assert [r["backend"] for r in store.list()] == ["fake_ok"]
+    assert any("recovered the ok run of fake_ok" in line for line in lines), lines
+    assert list(results.unstored_dir(db).iterdir()) == []
+
+
+def test_a_kept_row_claimed_by_a_live_command_is_left_to_it(fbench_home, tmp_path):
+    db = tmp_path / "r.sqlite"
+    kept = _keep_a_row(db)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        kept.rename(kept.with_name(f"{kept.name}.{live.pid}"))
+        with ResultStore(db) as store:
+            assert results.recover(store) == [] and store.list() == []
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_ctrl_c_while_storing_a_kept_row_gives_it_back(fbench_home, tmp_path, monkeypatch):
+    db = tmp_path / "r.sqlite"
+    kept = _keep_a_row(db)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with ResultStore(db) as store:
+        monkeypatch.setattr(store, "add", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            results.recover(store)
+    assert [p.name for p in results.unstored_dir(db).iterdir()] == [kept.name]
+
+
+def test_the_db_written_into_host_json_is_absolute(fbench_home, tmp_path, monkeypatch):
+    from framework_bench.run import orphans
+    from framework_bench.spec import scenario
+    monkeypatch.chdir(tmp_path)
+    orphans.claim(tmp_path / "run", Path("results.sqlite"), "fake_ok", scenario.load("tiny_cpu"), "matched")
+    assert json.loads((tmp_path / "run" / orphans.HOST_FILE).read_text())["db"] == str(tmp_path / "results.sqlite")
+    with ResultStore(Path("results.sqlite")) as store:
+        assert store.path == tmp_path / "results.sqlite"

@@ -38,7 +38,7 @@ def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, sett
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / HOST_FILE).write_text(json.dumps({
         "pid": os.getpid(), "started": _start_time(os.getpid()), "hostname": socket.gethostname(),
-        "db": str(db) if db else None,
+        "db": str(Path(db).absolute()) if db else None,  # the next command may run from another folder
         "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json")}))
 
 

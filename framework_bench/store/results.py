@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import socket
 import sqlite3
@@ -643,24 +644,63 @@ def save(store: "ResultStore", result: RunResult, scenario: Scenario) -> Path | 
     return path
 
 
+_CLAIM = re.compile(r"^(?P<name>.+\.json)\.(?P<pid>\d+)(@(?P<host>.+))?$")
+
+
+def _claim_is_stale(path: Path) -> bool:
+    """Whether `path` (`<row>.json.<pid>[@<host>]`) is the claim of a command of this machine that
+    is gone (`kill -9`, a power cut): then the next command takes the row over."""
+    m = _CLAIM.match(path.name)
+    if m is None or (m["host"] is not None and m["host"] != socket.gethostname()):
+        return False
+    pid = int(m["pid"])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
 def recover(store: "ResultStore") -> list[str]:
-    """Store the rows kept aside for `store` by earlier commands; one line for each."""
+    """Store the rows kept aside for `store` by earlier commands; one line for each. A row is
+    claimed while it is stored (renamed `<row>.json.<pid>@<host>`) and given back on every exit
+    that leaves it unstored; a claim whose command is gone is taken over."""
     folder = unstored_dir(store.path)
     lines = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        taken = path.with_name(f"{path.name}.{os.getpid()}")  # of two commands at once, one stores it
+    found = sorted(folder.iterdir()) if folder.is_dir() else []
+    for path in found:
+        if path.name.endswith(".json"):
+            claimed = path
+        elif _claim_is_stale(path):
+            claimed, path = path, path.with_name(_CLAIM.match(path.name)["name"])
+        else:
+            continue
+        taken = path.with_name(f"{path.name}.{os.getpid()}@{socket.gethostname()}")  # of two commands, one stores it
         try:
-            path.rename(taken)
+            claimed.rename(taken)
         except OSError:
             continue
+        stored = False
         try:
             record = json.loads(taken.read_text())
             result = RunResult.model_validate(record["result"])
             store.add(result, Scenario.model_validate(record["scenario"]), record["manifest"])
+            stored = True
         except Exception as e:  # noqa: BLE001 - kept for the next try, said now
             taken.rename(path)
             lines.append(f"a run kept in {path} could not be stored yet: {type(e).__name__}: {e}")
             continue
+        except BaseException:  # Ctrl-C, a signal turned into an exception: the row is the next command's
+            with contextlib.suppress(OSError):
+                if stored:
+                    taken.unlink()
+                else:
+                    taken.rename(path)
+            raise
         taken.unlink()
         lines.append(f"recovered the {result.status} run of {result.backend} on {result.scenario} kept in {path} "
                      f"({record['error']}): stored as result {result.result_id}")
