@@ -387,6 +387,18 @@ def test_a_users_scenario_shadowing_a_bundled_one_is_shown(fbench_home):
     assert scenario.shadowing(scenario.source_path("tiny_cpu")) is not None
 
 
+@pytest.mark.parametrize("home", ["long", "not_utf8", "unwritable"])
+def test_an_unusable_fbench_home_is_one_line(tmp_path, monkeypatch, home):
+    value = {"long": str(tmp_path / ("h" * 4000)), "not_utf8": os.fsdecode(str(tmp_path).encode() + b"/caf\xe9"),
+             "unwritable": "/proc/fbench-home"}[home]
+    monkeypatch.setenv("FBENCH_HOME", value)
+    for command in (["compare", "--scenario", "tiny_cpu", "--backends", "torch", "--dry-run"],
+                    ["results", "list"], ["backends"]):
+        one_error(cli(*command), "FBENCH_HOME")
+    if home == "unwritable":  # reading scenarios needs no writable state folder
+        assert cli("scenarios").exit_code == 0
+
+
 def test_a_huge_alpaca_file_is_refused_by_its_size_before_reading(tmp_path, fbench_home):
     data = tmp_path / "alpaca.json"
     with data.open("wb") as fh:

@@ -11,6 +11,18 @@ from framework_bench.cli.device import device_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
+
+
+@app.callback()
+def _state_folder(ctx: typer.Context) -> None:
+    """An unusable FBENCH_HOME (not UTF-8, too long, not writable) is one line before any command."""
+    from framework_bench.cli import common
+    from framework_bench.spec import places
+    if problem := places.state_dir_problem(writable=ctx.invoked_subcommand not in READ_ONLY):
+        common.fail(problem)
+
+
+READ_ONLY = {"scenarios", "show", "validate", "schema"}  # commands that never write into the state folder
 # In the order `fbench --help` lists them.
 app.add_typer(envs.env_app, name="env")
 app.add_typer(results.results_app, name="results")
