@@ -377,6 +377,16 @@ def test_an_invalid_scenario_of_the_users_leaves_the_others_usable(tmp_path, fbe
     assert result.exit_code == 0 and "invalid" in result.output
 
 
+def test_an_invalid_scenario_of_the_users_fails_neither_compare_nor_report(fakes, fbench_home, tmp_path):
+    (fbench_home / "scenarios").mkdir(parents=True)
+    (fbench_home / "scenarios" / "broken.yaml").write_text("model: {preset: nope}\n")
+    db, out = tmp_path / "r.sqlite", tmp_path / "plots"
+    result = cli("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--db", str(db), "--out", str(out))
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output  # was 1, after storing
+    result = cli("report", "--db", str(db), "--out", str(out))
+    assert result.exit_code == 0 and (out / "report.html").is_file(), result.output
+
+
 def test_a_users_scenario_shadowing_a_bundled_one_is_shown(fbench_home):
     (fbench_home / "scenarios").mkdir(parents=True)
     (fbench_home / "scenarios" / "tiny_cpu.yaml").write_text(TINY.read_text().replace("micro_batch: 1", "micro_batch: 2"))
