@@ -564,3 +564,41 @@ def test_the_db_written_into_host_json_is_absolute(fbench_home, tmp_path, monkey
     assert json.loads((tmp_path / "run" / orphans.HOST_FILE).read_text())["db"] == str(tmp_path / "results.sqlite")
     with ResultStore(Path("results.sqlite")) as store:
         assert store.path == tmp_path / "results.sqlite"
+
+
+def _dead_hosts_run(fbench_home: Path, tmp_path: Path) -> Path:
+    from framework_bench.run import orphans
+    from framework_bench.spec import scenario
+    run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000009"
+    orphans.claim(run_dir, tmp_path / "r.sqlite", "fake_ok", scenario.load("tiny_cpu"), "matched")
+    record = json.loads((run_dir / orphans.HOST_FILE).read_text())
+    (run_dir / orphans.HOST_FILE).write_text(json.dumps(record | {"pid": 2**22 + 1, "started": "1"}))  # a dead host
+    return run_dir
+
+
+def test_ctrl_c_while_recovering_a_dead_hosts_run_gives_its_host_file_back(fbench_home, tmp_path, monkeypatch):
+    from framework_bench.run import orphans
+    run_dir = _dead_hosts_run(fbench_home, tmp_path)
+
+    def interrupted(run_dir):
+        raise KeyboardInterrupt  # during the 5-second wait for its processes to end
+
+    monkeypatch.setattr(orphans, "end_leftovers", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        orphans.recover(fbench_home / "runs")
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(orphans.HOST_FILE)] == [orphans.HOST_FILE]
+    monkeypatch.undo()
+    assert len(orphans.recover(fbench_home / "runs")) == 1
+    assert [r["status"] for r in rows(tmp_path / "r.sqlite")] == ["failed"]
+
+
+def test_a_dead_hosts_run_claimed_by_a_command_that_died_is_taken_over(fbench_home, tmp_path):
+    from framework_bench.run import orphans
+    run_dir = _dead_hosts_run(fbench_home, tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run_dir / orphans.HOST_FILE).rename(run_dir / f"{orphans.HOST_FILE}.{dead.pid}")  # killed mid-recovery
+    lines = orphans.recover(fbench_home / "runs")
+    assert len(lines) == 1 and "ended before storing the run" in lines[0], lines
+    assert [r["status"] for r in rows(tmp_path / "r.sqlite")] == ["failed"]
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(orphans.HOST_FILE)]

@@ -9,6 +9,7 @@ ended only when its own command line names that run folder: pids are reused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
+from framework_bench.run.interrupts import held
 from framework_bench.spec.scenario import Scenario
 from framework_bench.store import results
 
@@ -111,42 +113,77 @@ def end_leftovers(run_dir: Path) -> int:
     return len(pids)
 
 
-def recover(root: Path) -> list[str]:
-    """Store each run under `root` whose host died before storing it; one line for each."""
+def _claim_of_the_dead(path: Path) -> bool:
+    """Whether `path` (`host.json.<pid>`) was taken by a recovering command of this machine that
+    is gone (`kill -9` during its wait): then the next command takes the run over."""
+    pid = path.name[len(HOST_FILE) + 1:]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        if json.loads(path.read_text()).get("hostname") != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, AttributeError):
+        return False
+    return False
 
+
+def recover(root: Path) -> list[str]:
+    """Store each run under `root` whose host died before storing it; one line for each. The run
+    is claimed while it is recovered (`host.json` renamed `host.json.<pid>`) and given back on
+    every exit that leaves it unstored, Ctrl-C included; a claim whose command is gone is taken over."""
+
+    found = []
+    for path in sorted(root.glob(f"*/{HOST_FILE}*")):
+        if path.name == HOST_FILE:
+            found.append((path, path))
+        elif _claim_of_the_dead(path):
+            found.append((path, path.with_name(HOST_FILE)))
     lines = []
-    for host_file in sorted(root.glob(f"*/{HOST_FILE}")):
+    for claimed, host_file in found:
         run_dir = host_file.parent
         try:
-            record = json.loads(host_file.read_text())
+            record = json.loads(claimed.read_text())
             if _host_alive(record):
                 continue
             # The host's own file, taken so that of two commands starting at once one stores it.
             taken = host_file.with_name(f"{HOST_FILE}.{os.getpid()}")
-            host_file.rename(taken)
+            claimed.rename(taken)
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        ended = end_leftovers(run_dir)
-        what = f"fbench (pid {record.get('pid')}) ended before storing the run in {run_dir}"
-        if ended:
-            what += f"; {ended} process(es) of it were still running and are now stopped"
-        if record.get("db"):
-            try:
-                scenario = Scenario.model_validate(record["scenario"])
-                job_file = run_dir / "job.json"
-                stage = "during the run" if job_file.exists() else "while packing the data"
-                sha = json.loads(job_file.read_text()).get("data_sha256") if job_file.exists() else None
-                result = RunResult(backend=record["backend"], scenario=scenario.name, status="failed", run_dir=run_dir,
-                                   settings_mode=record["settings_mode"], data_sha256=sha,
-                                   reason=f"the fbench host (pid {record['pid']}) died {stage}")
-                with results.ResultStore(record["db"]) as store:
-                    kept = save(store, result, scenario)
-                what += f": kept in {kept} for the next command" if kept else \
-                    f": stored as failed result {result.result_id} in {record['db']}"
-            except Exception as e:  # noqa: BLE001 - one damaged folder must not stop the others
+        try:
+            lines.append(_recover_one(run_dir, record, taken, host_file))
+        except BaseException:  # Ctrl-C during the wait for its processes: the run is the next command's
+            with contextlib.suppress(OSError):  # gone: the row was stored (the claim goes with it)
                 taken.rename(host_file)
-                lines.append(f"{what}, but it could not be stored yet: {type(e).__name__}: {e}")
-                continue
-        taken.unlink(missing_ok=True)
-        lines.append(what)
+            raise
     return lines
+
+
+def _recover_one(run_dir: Path, record: dict, taken: Path, host_file: Path) -> str:
+    """End what is left of the dead host's run and store it as failed; the line saying so."""
+    ended = end_leftovers(run_dir)
+    what = f"fbench (pid {record.get('pid')}) ended before storing the run in {run_dir}"
+    if ended:
+        what += f"; {ended} process(es) of it were still running and are now stopped"
+    if record.get("db"):
+        try:
+            scenario = Scenario.model_validate(record["scenario"])
+            job_file = run_dir / "job.json"
+            stage = "during the run" if job_file.exists() else "while packing the data"
+            sha = json.loads(job_file.read_text()).get("data_sha256") if job_file.exists() else None
+            result = RunResult(backend=record["backend"], scenario=scenario.name, status="failed", run_dir=run_dir,
+                               settings_mode=record["settings_mode"], data_sha256=sha,
+                               reason=f"the fbench host (pid {record['pid']}) died {stage}")
+            with results.ResultStore(record["db"]) as store, held():  # the row and the claim's end, together
+                kept = save(store, result, scenario)
+                taken.unlink(missing_ok=True)
+            what += f": kept in {kept} for the next command" if kept else \
+                f": stored as failed result {result.result_id} in {record['db']}"
+        except Exception as e:  # noqa: BLE001 - one damaged folder must not stop the others
+            taken.rename(host_file)
+            return f"{what}, but it could not be stored yet: {type(e).__name__}: {e}"
+    taken.unlink(missing_ok=True)
+    return what
