@@ -456,3 +456,17 @@ def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes,
     assert rows["fake_alike"]["status"] == "ok" and alike["status"] == "pass" and "fake_reference" in alike["detail"]
     apart = rows["fake_apart"]
     assert apart["status"] == "invalid" and _checks(apart)["parity"]["status"] == "fail", apart["reason"]
+
+
+def test_a_relative_db_is_written_into_slurm_json_absolute(cluster, fakes, tmp_path, monkeypatch):
+    """`--db results.sqlite` typed in one folder: `results collect` run from another stores the row
+    into that file, not into a new one there (issue 28, item 5)."""
+    monkeypatch.chdir(tmp_path)
+    job_id, run_dir = _submit(Path("r.sqlite"))
+    assert json.loads((run_dir / "slurm.json").read_text())["db"] == str(tmp_path / "r.sqlite")
+    _ended(cluster, job_id)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert _invoke("results", "collect").exit_code == 0
+    assert len(_rows(tmp_path / "r.sqlite")) == 1 and not (elsewhere / "r.sqlite").exists()

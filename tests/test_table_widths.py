@@ -26,8 +26,8 @@ FIXTURE_STORE = ROOT / "tests" / "golden" / "fixture_results.sqlite"
 
 
 def fixture_copy(tmp_path: Path) -> str:
-    """The fixture store, copied: reading a store migrates it to the current schema, and the
-    fixture stays as written (tests/golden/golden.py, tests/test_results.py read it as old rows)."""
+    """The fixture store, copied: the fixture stays as written, whatever a command does with the
+    file it is given (tests/golden/golden.py, tests/test_results.py read it as old rows)."""
     return shutil.copy(FIXTURE_STORE, tmp_path / "fixture.sqlite")
 WIDTHS = (80, 100, 120)
 BACKENDS = ("torch", "xtuner", "llamafactory")

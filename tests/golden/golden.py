@@ -87,7 +87,7 @@ def capture() -> dict[str, str]:
         key = "help/" + ("_".join(cmd) or "fbench") + ".txt"
         jobs[key] = [lambda c: normalise(_run(c + ["--help"])), cmd]
     with tempfile.TemporaryDirectory() as tmp:
-        # a copy: reading migrates a store to the current schema, and the fixture stays as written
+        # a copy: the fixture stays as written, whatever a command does with the file it is given
         # (schema 6, before trials), so that its rows are read as old rows every time
         store = Path(shutil.copy(FIXTURE_STORE, tmp))
         jobs["results-export.json"] = [
