@@ -397,6 +397,18 @@ def test_a_users_scenario_shadowing_a_bundled_one_is_shown(fbench_home):
     assert scenario.shadowing(scenario.source_path("tiny_cpu")) is not None
 
 
+def test_a_run_of_a_users_scenario_over_a_bundled_one_says_so_in_its_notes(fakes, fbench_home, tmp_path):
+    (fbench_home / "scenarios").mkdir(parents=True)
+    (fbench_home / "scenarios" / "tiny_cpu.yaml").write_text(TINY.read_text())
+    db = tmp_path / "r.sqlite"
+    result = cli("run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    with ResultStore(db) as store:
+        notes = store.list()[0]["notes"]
+    assert any("over the bundled" in n and str(fbench_home / "scenarios") in n for n in notes), notes
+    assert scenario.load(str(TINY)).shadow_note is None
+
+
 @pytest.mark.parametrize("home", ["long", "not_utf8", "unwritable"])
 def test_an_unusable_fbench_home_is_one_line(tmp_path, monkeypatch, home):
     value = {"long": str(tmp_path / ("h" * 4000)), "not_utf8": os.fsdecode(str(tmp_path).encode() + b"/caf\xe9"),

@@ -186,6 +186,9 @@ def keep(store, result, scenario) -> None:
     from framework_bench.run import orphans
     from framework_bench.run.interrupts import held
     from framework_bench.store import results
+    note = getattr(scenario, "shadow_note", None)  # a user's scenario over a bundled one: said on its runs
+    if note and note not in result.notes:
+        result.notes.append(note)
     with held():  # a second Ctrl-C now must not lose this run's row
         try:
             kept = orphans.save(store, result, scenario)

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 import yaml
 from annotated_types import Le
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, Strict, StrictBool, ValidationError,
                       field_validator, model_validator)
 
 from framework_bench.spec import places
@@ -190,6 +190,13 @@ class Scenario(_Strict):
     steps: Steps = Field(default_factory=Steps)
     dataset: Dataset = Field(default_factory=Dataset)
     reference: Reference | None = None
+    # Set by `load_file` when the file is one of the user's taking a bundled scenario's name.
+    _shadows: str | None = PrivateAttr(None)
+
+    @property
+    def shadow_note(self) -> str | None:
+        """The note a run of this scenario carries when the user's file replaced the bundled one."""
+        return self._shadows
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
@@ -334,6 +341,8 @@ def load_file(path: Path) -> Scenario:
         scenario = Scenario.model_validate(raw)
     except ValidationError as e:
         raise ScenarioError(format_validation_error(e, str(path))) from None
+    if bundled := shadowing(path):
+        scenario._shadows = f"scenario {scenario.name}: the user's {path}, over the bundled {bundled}"
     return _resolve_paths(scenario, PROJECT_ROOT)
 
 
