@@ -77,12 +77,17 @@ def _invoke(*args: str):
 
 
 def _collect_until_done(db: Path, timeout: float = 600) -> str:
+    """`results collect` until no job is left waiting (queued, running, of a state not known yet,
+    or waiting for its reference's job: each such job is a "<state> SLURM job N: ..." line);
+    what every collect printed."""
     deadline = time.monotonic() + timeout
+    printed = ""
     while True:
         res = _invoke("results", "collect", "--db", str(db))
         assert res.exit_code == 0, res.output
-        if "running" not in res.stdout and "no submitted runs" not in res.stdout:
-            return res.stdout
+        printed += res.stdout
+        if not re.search(r"SLURM job \d+: ", res.stdout) and "no submitted runs" not in res.stdout:
+            return printed
         assert time.monotonic() < deadline, res.stdout
         time.sleep(1)
 
