@@ -498,6 +498,12 @@ class ResultStore:
                                                    (run_id,))]
         return out
 
+    def id_of_run(self, run_dir: Path | str) -> int | None:
+        """The id of the row stored for the run folder `run_dir`, or None (read only): how `results
+        collect` tells a run it stored but could not record so in the run folder."""
+        return self._patiently(lambda: self.conn.execute("SELECT MAX(id) FROM runs WHERE run_dir = ?",
+                                                         (str(run_dir),)).fetchone()[0])
+
     def latest_by_point(self, scenario_glob: str | None = None, backend: str | None = None,
                         settings_mode: str | None = None) -> list[dict]:
         """The newest run of each backend x scenario (whatever its status) with the other trials of its
