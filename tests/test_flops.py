@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -234,3 +235,143 @@ def test_mfu_of_published_cell_on_a100():
     model_tflops = flops.tflops(s.reference.tgs, flops.model_flops_per_token(s.arch, s.context_length, True))
     mfu = flops.mfu(model_tflops, flops.gpu_peak_tflops(s.reference.hardware))
     assert 0.5 < mfu < 0.7  # ~193 TFLOPs of 312
+
+
+# ---- The CPU ceiling (framework_bench/measure/cpu_peak.py) -----------------------------------
+
+from backend_helpers import tiny  # noqa: E402
+
+from framework_bench.measure import cpu_peak, metrics  # noqa: E402
+from framework_bench.plugins.contract import StepMetric  # noqa: E402
+
+XEON_AMX = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+cpu MHz\t\t: 2000.000
+flags\t\t: fpu sse sse2 avx fma avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse sse2
+"""
+DESKTOP_AVX2 = """processor\t: 0
+model name\t: Intel(R) Core(TM) i7-6700 CPU @ 3.40GHz
+cpu MHz\t\t: 800.021
+flags\t\t: fpu sse sse2 ssse3 fma avx avx2
+"""
+GRAVITON3 = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm sve bf16 i8mm
+CPU implementer\t: 0x41
+CPU part\t: 0xd40
+"""
+
+
+def fake_machine(root, cpuinfo: str | None, max_khz: int | None = None, driver: str = "intel_pstate",
+                 boost: bool = False, cpuset: str | None = None):
+    """A /proc and /sys of a machine, as `cpu_peak.read` reads them."""
+    proc, sysfs = root / "proc", root / "sys"
+    (proc / "self").mkdir(parents=True)
+    if cpuinfo is not None:
+        (proc / "cpuinfo").write_text(cpuinfo)
+    if max_khz:
+        for i in range(2):
+            freq = sysfs / f"devices/system/cpu/cpu{i}/cpufreq"
+            freq.mkdir(parents=True)
+            (freq / "cpuinfo_max_freq").write_text(f"{max_khz - 1000 * i}\n")
+            (freq / "scaling_driver").write_text(driver + "\n")
+        if boost:
+            (sysfs / "devices/system/cpu/cpufreq").mkdir()
+            (sysfs / "devices/system/cpu/cpufreq/boost").write_text("1\n")
+    if cpuset is not None:
+        (proc / "self/cgroup").write_text("0::/fbench.slice\n")
+        (sysfs / "fs/cgroup/fbench.slice").mkdir(parents=True)
+        (sysfs / "fs/cgroup/fbench.slice/cpuset.cpus.effective").write_text(cpuset + "\n")
+    return proc, sysfs
+
+
+def test_cpu_peak_of_an_avx512_amx_xeon_counts_its_cpuset_at_its_turbo_clock(tmp_path):
+    peak = cpu_peak.read(*fake_machine(tmp_path, XEON_AMX, max_khz=3_800_000, cpuset="0-3,8-11"))
+    assert peak.model == "Intel(R) Xeon(R) Platinum 8480+" and peak.cpus == max(8, len(os.sched_getaffinity(0)))
+    assert peak.ghz == 3.8 and peak.clock_source == "cpuinfo_max_freq"
+    assert (peak.fp32_flops_per_cycle, peak.bf16_flops_per_cycle) == (64, 1024)  # 16 lanes x 2 FMA x 2; AMX
+    assert peak.tflops("fp32") == pytest.approx(peak.cpus * 3.8 * 64 / 1000)
+    assert peak.tflops("bf16") == pytest.approx(16 * peak.tflops("fp32"))
+    assert "avx512f: 16 fp32 lanes x 2 FMA units x 2" in peak.describe("fp32")
+
+
+def test_cpu_peak_of_an_avx2_desktop_whose_boost_clock_is_hidden_assumes_the_fastest_shipped(tmp_path):
+    # acpi-cpufreq with boost reports base + 1 MHz: not the clock the cores reach
+    peak = cpu_peak.read(*fake_machine(tmp_path, DESKTOP_AVX2, max_khz=3_401_000, driver="acpi-cpufreq", boost=True))
+    assert peak.cpus == len(os.sched_getaffinity(0))
+    assert peak.ghz == cpu_peak.MAX_SHIPPED_GHZ and "acpi-cpufreq hides the boost clock" in peak.clock_source
+    assert (peak.fp32_flops_per_cycle, peak.bf16_flops_per_cycle) == (32, 32)  # bf16 computed in fp32
+
+
+def test_cpu_peak_of_an_arm_vm_without_cpufreq(tmp_path):
+    peak = cpu_peak.read(*fake_machine(tmp_path, GRAVITON3))
+    assert peak.model == "Arm CPU part 0xd40"
+    assert peak.ghz == cpu_peak.MAX_SHIPPED_GHZ and peak.clock_source.startswith("no cpufreq")
+    assert (peak.fp32_flops_per_cycle, peak.bf16_flops_per_cycle) == (64, 256)  # SVE at 512 bits x 2 pipes; BFMMLA x4
+    no_sve = cpu_peak.read(*fake_machine(tmp_path / "neon", GRAVITON3.replace(" sve bf16", "")))
+    assert (no_sve.fp32_flops_per_cycle, no_sve.bf16_flops_per_cycle) == (32, 32)  # 4 lanes x 4 pipes x 2
+
+
+def test_a_cpu_whose_peak_cannot_be_read_says_why(tmp_path):
+    assert "cpuinfo cannot be read" in cpu_peak.read(*fake_machine(tmp_path / "a", None))
+    assert "SME" in cpu_peak.read(*fake_machine(tmp_path / "b", GRAVITON3.replace("bf16", "bf16 sme")))
+    assert "neither x86 flags nor Arm features" in cpu_peak.read(*fake_machine(tmp_path / "c", "processor\t: 0\n"))
+
+
+def test_cpu_list_size():
+    assert [cpu_peak.cpu_list_size(t) for t in ("0", "0-1", "0-3,8,10-11\n", "")] == [1, 2, 7, 0]
+
+
+def _steps(seconds: float, tokens: int = 512) -> list[StepMetric]:
+    return [StepMetric(step=i, seconds=seconds, tokens=tokens) for i in range(1, 8)]
+
+
+def test_cpu_figures_above_the_machines_peak_are_impossible_and_name_it(tmp_path):
+    s = tiny(cluster={"device": "cpu", "gpus_per_node": 2}, steps={"warmup": 2, "measured": 5})
+    peak = cpu_peak.read(*fake_machine(tmp_path, DESKTOP_AVX2, max_khz=4_000_000, cpuset="0-1"))
+    per_token = flops.model_flops_per_token(s.arch, s.context_length, False)
+    # 2 processes x TGS x FLOPs per token against CPUs x 4 GHz x 32 FLOPs/cycle (avx2)
+    assert peak.tflops("fp32") == pytest.approx(peak.cpus * 4.0 * 32 / 1000)
+    limit = peak.tflops("fp32") * 1e12 / per_token / 2
+    below = metrics.figures(s, _steps(512 / (0.99 * limit)), None, cpu=peak)
+    assert "impossible" not in below and below["mfu"] is None and not below["flags"]
+    above = metrics.figures(s, _steps(512 / (1.01 * limit)), None, cpu=peak)
+    assert above.get("tgs") is None and above.get("model_tflops") is None
+    assert "above the peak of the CPU that ran it" in above["impossible"]
+    assert "(2 processes x " in above["impossible"] and peak.describe("fp32") in above["impossible"]
+
+
+def test_a_cpu_run_without_a_ceiling_keeps_its_figures_and_flags_why():
+    out = metrics.figures(scenario.load("tiny_cpu"), _steps(1e-4), None, cpu="/proc/cpuinfo cannot be read")
+    assert out["tgs"] == pytest.approx(512 / 1e-4)
+    assert "no CPU ceiling: /proc/cpuinfo cannot be read" in out["flags"]
+
+
+def test_a_gpu_not_in_the_table_is_flagged_not_passed_silently():
+    s = tiny(cluster={"device": "cuda"})
+    assert "no GPU ceiling: Tesla V100-SXM2-32GB is not in the GPU table" in " ".join(
+        metrics.figures(s, _steps(0.5), None, "Tesla V100-SXM2-32GB")["flags"])
+    assert "no GPU ceiling: the GPU's name is unknown" in metrics.figures(s, _steps(0.5), None)["flags"]
+    assert not metrics.figures(s, _steps(0.5), flops.gpu_peak_tflops("NVIDIA H100"), "NVIDIA H100")["flags"]
+
+
+def test_this_machines_cpu_peak_is_read():
+    peak = cpu_peak.this_machine()
+    assert isinstance(peak, cpu_peak.CpuPeak), peak
+    assert peak.cpus >= len(os.sched_getaffinity(0)) and peak.tflops("fp32") > 0
+
+
+def test_a_plugin_claiming_5ms_steps_on_tiny_cpu_ends_invalid_naming_the_ceiling(fakes, tmp_path):
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
+
+    result = pipeline.run_one("fake_too_fast", scenario.load("tiny_cpu"), RunOptions(root=tmp_path / "runs"))
+    assert result.status == "invalid", (result.status, result.reason)
+    assert "above the peak of the CPU that ran it" in result.reason
+    assert cpu_peak.this_machine().describe("fp32") in result.reason
+    assert result.tgs is None and result.model_tflops is None

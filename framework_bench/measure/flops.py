@@ -6,7 +6,9 @@ Two conventions, reported side by side:
 - `model_flops_per_token`: projections at their real size (GQA K/V counted with their KV
   heads), causal attention as half of the full score matrix (Megatron / torchtitan
   convention), with or without recomputation of the layers.
-Both are per token of the full sequence; per GPU throughput = TGS x FLOPs per token.
+Both are per token of the full sequence; per GPU throughput = TGS x FLOPs per token (on CPU,
+per worker process). The device ceilings these figures are held to (a GPU's dense peak from
+gpus.py, a CPU's peak from cpu_peak.py) are applied in metrics.figures.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The GPUs fbench knows by name: their memory (the fit check) and dense bf16 peak (MFU).
 
-One table, matched by a substring of the device name, most specific first.
+One table, matched by a substring of the device name, most specific first. A GPU not in it
+has no ceiling: its runs keep their figures with a flag saying so (metrics.figures).
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 TGS (tokens per second per GPU) of a step = tokens per rank averaged over ranks / the
 step's wall time (the slowest rank's). A run's TGS is the median over measured steps
 (warm-up excluded), reported with its min and max.
+
+Every figure is held to the ceiling of the device that ran it: a GPU's dense bf16 peak from the
+one GPU table (measure/gpus.py), of which a step sustains at most MAX_MFU; a CPU's peak read
+from this machine (measure/cpu_peak.py: CPU runs are local), which the model FLOPs of all its
+worker processes together never exceed. Above either, the figures are impossible; a device
+whose ceiling is unknown keeps its figures with a flag saying why.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from framework_bench.measure import flops
+from framework_bench.measure import cpu_peak, flops
 from framework_bench.plugins.contract import StepMetric
 from framework_bench.spec.scenario import Scenario
 from framework_bench.measure.verify import Check
@@ -95,9 +101,12 @@ def impossible_steps(merged: list[tuple[int, float, float]], tgs_steps: list[flo
     return None
 
 
-def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | None, gpu_name: str | None = None) -> dict:
+def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | None, gpu_name: str | None = None,
+            cpu: cpu_peak.CpuPeak | str | None = None) -> dict:
     """The aggregated figures of a run (fields of RunResult). Steps that cannot give a
-    throughput leave the figures out and say why under the key `impossible`."""
+    throughput leave the figures out and say why under the key `impossible`. `peak_tflops`:
+    the GPU's (None when not in the table); `cpu`: a CPU run's ceiling, or why there is none
+    (default: this machine's)."""
     merged = [row for row in per_step(steps) if row[0] > scenario.steps.warmup]
     out: dict = {"steps_measured": len(merged), "flags": [], "step_unit": scenario.steps.unit,
                  "tokens_measured": round(sum(tokens for _, _, tokens in merged))}
@@ -125,6 +134,11 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
         # Above what a GPU sustains: the step times, the tokens or the GPU named are wrong.
         problem = (f"MFU {out['mfu']:.0%} is above the peak a GPU sustains, {MAX_MFU:.0%} of the "
                    f"{gpu_name or 'GPU'}'s dense bf16 {peak_tflops:g} TFLOPs")
+    elif scenario.cluster.device == "cpu":
+        problem = _above_cpu_peak(scenario, out, cpu_peak.this_machine() if cpu is None else cpu)
+    elif peak_tflops is None:
+        out["flags"].append(f"no GPU ceiling: {gpu_name} is not in the GPU table (framework_bench/measure/gpus.py)"
+                            if gpu_name else "no GPU ceiling: the GPU's name is unknown")
     if problem:
         return {k: v for k, v in out.items() if k not in FIGURES} | {"impossible": problem}
     # Each step's peak is a window over that step (the worker SDK's StepTimer), so the run's
@@ -144,3 +158,18 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
     if spread > MAX_SPREAD:
         out["flags"].append(f"step spread {spread:.0%}")
     return out
+
+
+def _above_cpu_peak(scenario: Scenario, out: dict, peak: cpu_peak.CpuPeak | str) -> str | None:
+    """Why the model FLOPs of the run's worker processes on one machine, together, are above its
+    CPU's peak; None when they are not, or when the peak is unknown (flagged, the figures stand)."""
+    if isinstance(peak, str):
+        out["flags"].append(f"no CPU ceiling: {peak}")
+        return None
+    processes = scenario.cluster.gpus_per_node
+    achieved, ceiling = out["model_tflops"] * processes, peak.tflops(scenario.precision)
+    if achieved <= ceiling:
+        return None
+    per = f" ({processes} processes x {out['model_tflops']:.3g})" if processes > 1 else ""
+    return (f"model FLOPs {achieved:.3g} TFLOPs{per} at TGS {out['tgs']:,.0f} are above the peak of the CPU "
+            f"that ran it, {peak.describe(scenario.precision)}")

@@ -143,3 +143,34 @@ def register_through_entry_points(site: Path, entry_points: dict[str, str] | Non
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.0\n")
     lines = ["[fbench.backends]"] + [f"{name} = {target}" for name, target in (entry_points or ENTRY_POINTS).items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+
+# A plugin whose report claims 5 ms a step on tiny_cpu (the worker of fake_ok; only its claimed
+# seconds, and its own throughput to match, are rewritten): 102,400 TGS, 2.2 model TFLOPs, above
+# the fp32 peak of a 2-CPU machine (framework_bench/measure/cpu_peak.py); on a machine whose peak
+# would allow 5 ms, a third of the shortest step it allows.
+class TooFast(FakeBackend):
+    @staticmethod
+    def claimed_seconds(scenario) -> float:
+        from framework_bench.measure import cpu_peak, flops
+
+        peak = cpu_peak.this_machine()
+        if isinstance(peak, str):
+            return 0.005
+        work = scenario.context_length * flops.model_flops_per_token(scenario.arch, scenario.context_length, False)
+        shortest = work / (peak.tflops(scenario.precision) * 1e12)
+        return 0.005 if 0.005 < shortest else shortest / 3
+
+    @hookimpl
+    def fbench_read_report(self, job):
+        import dataclasses
+
+        report, seconds = super().fbench_read_report(job), self.claimed_seconds(job.scenario)
+        return dataclasses.replace(
+            report, steps=[dataclasses.replace(m, seconds=seconds) for m in report.steps],
+            framework_throughput={"tokens_per_sec_median": job.scenario.context_length / seconds})
+
+
+too_fast = TooFast("fake_too_fast", "ok")
+ENTRY_POINTS["fake_too_fast"] = "fbench_fake_backends:too_fast"
