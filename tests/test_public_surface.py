@@ -1,0 +1,117 @@
+"""What a plugin may import (CONTRIBUTING.md, "What a plugin may import", issue 28 item 4): every
+name listed there imports without a warning, and every old path listed there still imports the
+very same objects, warning (DeprecationWarning) with its new home."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _section() -> str:
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    return text.split("### What a plugin may import", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+
+
+def public_names() -> dict[str, list[str]]:
+    """Module -> its listed names, from the section's lines "- `module`: `name`, `name`"."""
+    return {m[1]: re.findall(r"`(\w+)`", m[2])
+            for m in re.finditer(r"^- `(framework_bench[\w.]*)`: (.*)$", _section(), re.M)}
+
+
+def old_paths() -> list[tuple[str, str]]:
+    """(old path, new home) from the section's lines "- `old`, `.attr` ... → `new`"."""
+    pairs = []
+    for m in re.finditer(r"^- (.*?) → `(framework_bench[\w.]*)`", _section(), re.M):
+        first = None
+        for path in re.findall(r"`((?:framework_bench|\.)[\w.]*)`", m[1]):
+            if path.startswith("."):  # `.name`: an attribute of the module named first
+                path = first.rsplit(".", 1)[0] + path
+            first = first or path
+            pairs.append((path, m[2]))
+    return pairs
+
+
+def test_the_section_lists_the_surface():
+    names = public_names()
+    assert "framework_bench.plugins.base" in names and "Backend" in names["framework_bench.plugins.base"]
+    assert "hookimpl" in names["framework_bench.plugins.hookspecs"] and "StepTimer" in names["framework_bench.worker"]
+    assert ("framework_bench.scenario", "framework_bench.spec.scenario") in old_paths()
+    assert ("framework_bench.plugins.get", "framework_bench.plugins.registry") in old_paths()
+
+
+def test_every_public_name_imports_without_a_warning():
+    """In a fresh interpreter (nothing imported before), warnings as errors: no public name
+    may lean on a deprecated path."""
+    lines = [f"from {module} import {', '.join(names)}" for module, names in public_names().items()]
+    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", "\n".join(lines)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_bundled_backends_and_contract1_plugin_import_only_the_surface_or_old_paths():
+    """What the bundled backends and the kept contract-1 plugin import from fbench is listed."""
+    import ast
+
+    names, old = public_names(), dict(old_paths())
+    listed = {f"{module}.{name}" for module, module_names in names.items() for name in module_names}
+    sources = [*ROOT.glob("backends/*/fbench_*/*.py"), ROOT / "tests/contract1_backend/plugin.py"]
+    unlisted = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("framework_bench"):
+                for alias in node.names:
+                    path = f"{node.module}.{alias.name}"
+                    if not ({path, node.module} & (listed | set(names) | set(old))):
+                        unlisted.add(f"{path} ({source.relative_to(ROOT)})")
+    assert not unlisted, sorted(unlisted)
+
+
+@pytest.mark.parametrize("old, new", old_paths())
+def test_an_old_path_warns_naming_its_new_home_and_keeps_the_objects(old, new):
+    module_name, _, attr = old.rpartition(".")
+    try:
+        importlib.import_module(module_name)
+        parent_is_module = True
+    except ImportError:
+        parent_is_module = False
+    if parent_is_module and not _is_module(old):  # an attribute kept on a package
+        parent = importlib.import_module(module_name)
+        with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}")):
+            value = getattr(parent, attr)
+        home = importlib.import_module(new)
+        assert value is getattr(home, attr, None) or value is getattr(home, "Registered" + attr)
+        return
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}")):
+        module = importlib.import_module(old)
+    home = importlib.import_module(new)
+    kept = [name for name in vars(home) if not name.startswith("__")]
+    assert kept and all(getattr(module, name) is getattr(home, name) for name in kept)
+
+
+def _is_module(path: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return importlib.util.find_spec(path) is not None
+        except (ImportError, AttributeError):
+            return False
+
+
+def test_the_envs_attribute_shim_covers_the_former_module():
+    from framework_bench.envs import venvs
+
+    import framework_bench.envs as old
+    with pytest.warns(DeprecationWarning, match="framework_bench.envs.create moved to framework_bench.envs.venvs.create"):
+        assert old.create is venvs.create
+    with pytest.raises(AttributeError):
+        old.no_such_name  # noqa: B018 - an unknown name stays an AttributeError
