@@ -1,7 +1,7 @@
 """Stopping fbench from outside: Ctrl-C (SIGINT), `kill` or a CI cancel (SIGTERM) and a closed
 terminal or dropped SSH session (SIGHUP) all end the work the same way, as KeyboardInterrupt:
-the launcher stops the worker's whole process group, the run is stored as `interrupted`, a
-packing in progress removes its temporary folder.
+the launcher stops the worker's whole process group and every process it started, the run
+is stored as `interrupted`, a packing in progress removes its temporary folder.
 
 Signal handlers can only be set from the main thread; elsewhere these are no-ops.
 """

@@ -1,5 +1,6 @@
 """The `local` launcher: the worker module as one process of this machine, in its own process
 group, watched until it ends; and the process-tree runner the `torchrun` launcher shares.
+What the worker started outside its group ends with it too (`descendants.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run import interrupts
 from framework_bench.plugins.plan_env import visible_gpus_env
 from framework_bench.run.launchers.base import OOM_MARKERS, Executor, LaunchOptions, Outcome, tail
+from framework_bench.run.launchers.descendants import RunTree
 
 
 class LocalExecutor(Executor):
@@ -79,7 +81,8 @@ def execute(
     """Run each argv (one per node: several torchrun invocations meet at one rendezvous) in its
     own process group, output to `log_path` (node i > 0: `<stem>.node<i>.log`). Calls `poll`
     about twice a second. When one process fails, the others are stopped: they would hang.
-    However it ends (an exception in `poll` too), no process of these groups is left running."""
+    However it ends (an exception in `poll` too), no process of these groups is left running,
+    nor any other the processes started (`RunTree`)."""
     started = time.monotonic()
     oom_kills_before = kernel_oom_kills()
     logs = [node_log(log_path, i) for i in range(len(argvs))]
@@ -87,6 +90,7 @@ def execute(
     first_bad: int | None = None
     child_env = {**os.environ, **env, HOST_PID_ENV: str(os.getpid())}
     with ExitStack() as stack:
+        tree = stack.enter_context(RunTree(procs))
         try:  # starting too: an interrupt between two nodes' starts must stop the first
             for argv, path in zip(argvs, logs):
                 log = stack.enter_context(path.open("ab"))
@@ -97,7 +101,7 @@ def execute(
                                                   stdin=subprocess.DEVNULL, start_new_session=True,
                                                   preexec_fn=_parent_death_signal()))
                 except (OSError, ValueError, subprocess.SubprocessError) as e:  # no such Python, a NUL, E2BIG
-                    _kill_all(procs)
+                    _kill_all(procs, tree)
                     return Outcome("failed", None, time.monotonic() - started,
                                    f"[fbench] could not start {argv[0]}: {type(e).__name__}: {e}")
             while None in (codes := [p.poll() for p in procs]):
@@ -110,17 +114,17 @@ def execute(
                     pass
                 poll()
                 if timeout is not None and time.monotonic() - started > timeout:
-                    _kill_all(procs)
+                    _kill_all(procs, tree)
                     return Outcome("timeout", None, time.monotonic() - started,
                                    tail(log_path) + f"\n[fbench] killed after the {timeout:g} s timeout")
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP where the CLI maps them so
             with interrupts.held(reraise=False):  # a second Ctrl-C must not orphan the workers
-                _kill_all(procs)
+                _kill_all(procs, tree)
             return Outcome("interrupted", None, time.monotonic() - started, tail(log_path))
         except BaseException:
-            _kill_all(procs)
+            _kill_all(procs, tree)
             raise
-        _kill_all(procs)
+        _kill_all(procs, tree)
     poll()
     seconds = time.monotonic() - started
     if first_bad is None:
@@ -170,17 +174,19 @@ def kernel_oom_kills() -> int | None:
     return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
 
 
-def _kill_all(procs: list[subprocess.Popen]) -> None:
+def _kill_all(procs: list[subprocess.Popen], tree: RunTree) -> None:
     for proc in procs:
-        _kill(proc)
+        _kill(proc, tree)
+    tree.end(STOP_GRACE_S)
 
 
 STOP_GRACE_S = 10.0  # a worker's time to end on SIGTERM (its framework's own handlers) before SIGKILL
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Stop the whole process group (torchrun's children, anything a worker left behind when
-    it exited): TERM, then KILL. The group keeps the leader's pid while any member lives."""
+def _kill(proc: subprocess.Popen, tree: RunTree) -> None:
+    """Stop the whole process group (anything a worker left behind in it when it exited): TERM,
+    then KILL. The group keeps the leader's pid while any member lives. What left the group
+    (torchrun's workers: each in a session of its own) is `tree`'s to end."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -192,6 +198,7 @@ def _kill(proc: subprocess.Popen) -> None:
                 proc.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
                 continue
+            tree.reap()  # members the host adopted, ended: a zombie keeps the group
             try:
                 os.killpg(proc.pid, 0)  # the leader is gone: are other members left?
             except (ProcessLookupError, PermissionError):

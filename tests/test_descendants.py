@@ -1,0 +1,101 @@
+"""Every process a worker started ends with its run (issue 28 item 7), even one in a new
+session whose command line does not name the run: a daemon's double fork, or a torchrun
+worker (torchrun starts each in its own session) left behind when torchrun is killed. The
+launcher runs in this process, as the host does: pytest's other children must live on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fbench_fixtures import backend_env_or_skip
+from framework_bench.run.launchers import local
+
+# Not naming the run: nothing in it says fbench, the run folder or the worker.
+DAEMON = [sys.executable, "-c", "import time; time.sleep(600)"]
+# The intermediate: starts the daemon in a new session, writes its pid to argv[1], exits.
+DOUBLE_FORK = ("import subprocess, sys; "
+               f"d = subprocess.Popen({DAEMON!r}, start_new_session=True, stdin=subprocess.DEVNULL, "
+               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); open(sys.argv[1], 'w').write(str(d.pid))")
+
+
+def worker(pid_file: Path, then: str) -> list[str]:
+    """A worker that daemonises a process, then does `then`."""
+    return [sys.executable, "-c", "import subprocess, sys, time; "
+            f"subprocess.run([sys.executable, '-c', {DOUBLE_FORK!r}, {str(pid_file)!r}], check=True); {then}"]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def ended(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def end(pid_file: Path) -> None:
+    """Kill what a test left alive (the daemon, where the launcher did not end it)."""
+    if pid_file.exists() and alive(pid := int(pid_file.read_text())):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def bystander():
+    """A child of this process that was there before the run: not the run's to end."""
+    proc = subprocess.Popen(DAEMON)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("then, timeout, status", [("sys.exit(0)", None, "ok"),
+                                                   ("time.sleep(600)", 1.0, "timeout"),
+                                                   ("sys.exit(3)", None, "failed")])
+def test_a_daemon_the_worker_started_ends_with_the_run(tmp_path, bystander, then, timeout, status):
+    pid_file = tmp_path / "daemon.pid"
+    try:
+        out = local.execute([worker(pid_file, then)], {}, tmp_path, tmp_path / "w.log", timeout)
+        assert out.status == status, out.log_tail
+        daemon = int(pid_file.read_text())
+        assert ended(daemon), f"the daemon {daemon} outlived the run"
+        assert bystander.poll() is None  # this process's own child lives on
+    finally:
+        end(pid_file)
+
+
+@pytest.mark.slow  # imports torch in torchrun
+def test_a_torchrun_worker_deaf_to_sigterm_ends_with_the_run(tmp_path, monkeypatch):
+    """torchrun, stopped by the host, forwards SIGTERM to its worker (in a session of its
+    own, out of torchrun's process group) and waits 30 s; fbench KILLs torchrun after its grace
+    and the worker is left to itself."""
+    monkeypatch.setattr(local, "STOP_GRACE_S", 1.0)
+    python = backend_env_or_skip("torch").python
+    pid_file = tmp_path / "worker.pid"
+    script = tmp_path / "deaf_worker.py"
+    script.write_text("import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    argv = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(script)]
+
+    def stop_once_the_worker_runs() -> None:  # torchrun imports torch first: no fixed timeout fits
+        if pid_file.exists():
+            raise TimeoutError("the host gives up")
+
+    try:
+        with pytest.raises(TimeoutError):
+            local.execute([argv], {}, tmp_path, tmp_path / "w.log", poll=stop_once_the_worker_runs)
+        assert ended(int(pid_file.read_text())), "torchrun's worker outlived the run"
+    finally:
+        end(pid_file)
