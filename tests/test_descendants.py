@@ -27,7 +27,7 @@ DOUBLE_FORK = ("import subprocess, sys; "
 
 def worker(pid_file: Path, then: str) -> list[str]:
     """A worker that daemonises a process, then does `then`."""
-    return [sys.executable, "-c", "import subprocess, sys, time; "
+    return [sys.executable, "-c", "import os, signal, subprocess, sys, time; "
             f"subprocess.run([sys.executable, '-c', {DOUBLE_FORK!r}, {str(pid_file)!r}], check=True); {then}"]
 
 
@@ -61,9 +61,14 @@ def bystander():
     proc.wait()
 
 
+CTRL_C = "os.kill(int(os.environ['FBENCH_HOST_PID']), signal.SIGINT); time.sleep(600)"  # as if pressed in the host
+
+
 @pytest.mark.parametrize("then, timeout, status", [("sys.exit(0)", None, "ok"),
                                                    ("time.sleep(600)", 1.0, "timeout"),
-                                                   ("sys.exit(3)", None, "failed")])
+                                                   ("sys.exit(3)", None, "failed"),
+                                                   (CTRL_C, None, "interrupted")],
+                         ids=["exits_0", "timeout", "fails", "ctrl_c"])
 def test_a_daemon_the_worker_started_ends_with_the_run(tmp_path, bystander, then, timeout, status):
     pid_file = tmp_path / "daemon.pid"
     try:
