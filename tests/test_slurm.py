@@ -475,3 +475,128 @@ def test_a_relative_db_is_written_into_slurm_json_absolute(cluster, fakes, tmp_p
     monkeypatch.chdir(elsewhere)
     assert _invoke("results", "collect").exit_code == 0
     assert len(_rows(tmp_path / "r.sqlite")) == 1 and not (elsewhere / "r.sqlite").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# What goes wrong between a job and its row neither doubles nor loses the row (issue 28, item 5).
+
+
+def test_a_row_stored_but_not_recorded_in_slurm_json_is_not_stored_again(cluster, fakes, tmp_path, monkeypatch):
+    """A collect stores the row but cannot rewrite slurm.json (a full disk here; a kill -9 leaves
+    the same): the next collect, even one that would store into another file, finds the row and
+    records it (before, it stored a second row)."""
+    from framework_bench.run.launchers.base import Submission
+    submitted_for, given = tmp_path / "submitted.sqlite", tmp_path / "given.sqlite"
+    job_id, run_dir = _submit(submitted_for)
+    _ended(cluster, job_id)
+
+    def disk_full(self):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(Submission, "save", disk_full)
+        first = _invoke("results", "collect", "--db", str(given))
+    assert first.exit_code == 1 and len(_rows(given)) == 1, first.output
+    res = _invoke("results", "collect")  # no --db: the store the run was submitted for
+    assert len(_rows(given)) == 1 and (not submitted_for.exists() or _rows(submitted_for) == {})
+    assert res.exit_code == 0 and "stored as result 1" in res.stdout, res.output
+    record = json.loads((run_dir / "slurm.json").read_text())
+    assert record["result_id"] == 1 and record["db"] == str(given)
+    assert "no submitted runs" in _invoke("results", "collect").stdout
+    # what the first said: the row is stored, and will not be stored again
+    assert f"stored as result 1 in {given}" in " ".join(first.stderr.split()), first.output
+    assert "the next collect finds the row there and does not store it again" in " ".join(first.stderr.split())
+
+
+def _lost(cluster: Path, job_id: str, run_dir: Path) -> None:
+    """The scheduler forgets the job (no queue entry, no accounting record), and its node never
+    wrote the exit status into the run folder."""
+    _ended(cluster, job_id)
+    (cluster / f"{job_id}.purged").touch()
+    (run_dir / "slurm-exit-code").unlink()
+
+
+def test_a_job_gone_from_the_queue_without_a_word_is_stored_failed_after_the_limit(cluster, fakes, tmp_path):
+    """Before, such a job was "unknown" forever (and `collect --wait` polled forever)."""
+    from framework_bench.run import collect
+    db = tmp_path / "r.sqlite"
+    job_id, run_dir = _submit(db)
+    _lost(cluster, job_id, run_dir)
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and "gone from the queue for 0 min" in res.stdout, res.output
+    assert "stored failed at 10 min" in res.stdout
+    assert not db.exists() or _rows(db) == {}
+    (run_dir / collect.VANISHED).write_text(repr(time.time() - collect.VANISHED_AFTER_S - 1))  # ... 10 min later
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "failed" and f"SLURM job {job_id} left the queue 10 min ago" in row["reason"]
+    assert "stored failed after 10 min" in row["reason"]
+
+
+def test_a_job_seen_in_the_queue_again_starts_the_count_afresh(cluster, fakes, tmp_path):
+    from framework_bench.run import collect
+    db = tmp_path / "r.sqlite"
+    job_id, run_dir = _submit(db)
+    _lost(cluster, job_id, run_dir)
+    (run_dir / collect.VANISHED).write_text(repr(time.time() - collect.VANISHED_AFTER_S - 1))
+    (cluster / f"{job_id}.purged").unlink()
+    (cluster / f"{job_id}.rc").rename(cluster / f"{job_id}.rc.later")  # requeued: the queue holds it again
+    assert "running SLURM job" in _invoke("results", "collect", "--db", str(db)).stdout
+    assert not (run_dir / collect.VANISHED).exists()
+
+
+@pytest.mark.parametrize("garbage", ["garbage", "9" * 5000], ids=["text", "5000 digits"])
+def test_a_garbage_exit_status_is_a_failed_row_naming_it(cluster, fakes, tmp_path, garbage):
+    """A cluster without accounting: the exit status the batch script left is all there is. Before,
+    a garbage one made every collect fail with a ValueError."""
+    db = tmp_path / "r.sqlite"
+    job_id, run_dir = _submit(db)
+    _ended(cluster, job_id)
+    (cluster / f"{job_id}.purged").touch()
+    (run_dir / "slurm-exit-code").write_text(garbage + "\n")
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "failed" and f"{run_dir / 'slurm-exit-code'} holds {garbage[:60]!r}" in row["reason"]
+    assert "not an exit status" in row["reason"]
+    assert "no submitted runs" in _invoke("results", "collect", "--db", str(db)).stdout
+
+
+def _truncate(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text[:len(text) // 2])
+
+
+def test_a_truncated_job_file_is_a_failed_row_naming_it(cluster, fakes, tmp_path):
+    """Before, every collect failed on it (a pydantic ValidationError) and never stored the run."""
+    db = tmp_path / "r.sqlite"
+    job_id, run_dir = _submit(db)
+    _ended(cluster, job_id)
+    _truncate(run_dir / "job.json")
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "failed" and row["scenario"] == "tiny_cpu" and row["run_dir"] == str(run_dir)
+    assert f"its job file {run_dir / 'job.json'} is damaged (Invalid JSON: EOF while parsing" in row["reason"]
+    assert "no submitted runs" in _invoke("results", "collect", "--db", str(db)).stdout
+
+
+def test_a_script_submitted_by_hand_with_a_truncated_job_file_is_a_failed_row(cluster, fakes, tmp_path, monkeypatch):
+    """No slurm.json to say what ran: the batch script's own words do (before, the run folder was
+    skipped as unreadable by every collect)."""
+    import os
+    import subprocess
+    db = tmp_path / "r.sqlite"
+    monkeypatch.setenv("PATH", os.environ["PATH"].replace(f"{STANDINS}:", ""))  # no sbatch here
+    script = Path(re.search(r"sbatch: (\S+submit\.sbatch)", _invoke(
+        "run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--launcher", "slurm", "--db", str(db)).stdout).group(1))
+    monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
+    job_id = subprocess.run([str(STANDINS / "sbatch"), "--parsable", str(script)], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    _ended(cluster, job_id)
+    _truncate(script.parent / "job.json")
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "failed" and row["scenario"] == "tiny_cpu" and "is damaged (Invalid JSON" in row["reason"]

@@ -3,10 +3,22 @@ becomes a stored `RunResult` through the pipeline's `finish` (the worker's metri
 that completed, a `failed`/`timeout`/`oom` row with the tail of the SLURM output for one that
 did not), judged for parity with the reference's run submitted beside it, as a compare run
 here is; `wait` polls the queue until every job has ended.
+
+What can go wrong between a job and its row never loses the row nor doubles it:
+- A run folder stores at most one row: from just before its row is stored until `slurm.json`
+  records the row's id, `storing.json` in it names the store and the result, so a collect that
+  stored the row but could not record so (a full disk, a kill) is followed by one that finds the
+  row there (by run folder) and records it, instead of storing it again.
+- A job the queue no longer holds, with nothing to tell how it ended (no accounting, no exit
+  status in its run folder: a node lost), is waited for VANISHED_AFTER_S (10 min) from the first
+  collect that saw it so, then stored `failed` saying so: `collect --wait` ends.
+- A job whose files are damaged (a `slurm-exit-code` that is not a number, a `job.json` that does
+  not read) is stored `failed`, the reason naming the file and the damage.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -14,20 +26,56 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
+
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Job
-from framework_bench.run import pipeline
+from framework_bench.run import pipeline, readback
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
-from framework_bench.run.launchers.slurm import SBATCH_FILE, JobState, job_state, node, outcome_of
+from framework_bench.run.launchers.slurm import (SBATCH_EXIT_FILE, SBATCH_FILE, JobState, job_state, node, outcome_of,
+                                                 written_for)
 from framework_bench.spec.scenario import Scenario
+from framework_bench.spec.scenario import load as load_scenario
 from framework_bench.worker.files import read_metrics
+
+JOB_FILE = "job.json"
 
 
 def ingest(sub: Submission, state: JobState, reference: RunResult | None = None) -> RunResult:
     """The stored-to-be result of an ended job; its MFU against the GPU of the node that ran it
-    (none when that is unknown: the plan's target GPU may not be what the scheduler gave)."""
-    return pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome_of(sub, state), reference)
+    (none when that is unknown: the plan's target GPU may not be what the scheduler gave). A run
+    whose job file is damaged cannot be read back: `failed`, naming the damage."""
+    outcome = outcome_of(sub, state)
+    if damage := job_damage(sub):
+        reason = (f"{outcome.log_tail}\n[fbench] {damage}: the run cannot be read back (its row's scenario is "
+                  f"{sub.scenario!r} as defined now)")
+        return RunResult(backend=sub.backend, scenario=sub.scenario, status="failed", run_dir=sub.run_dir,
+                         wall_seconds=round(outcome.seconds, 2), reason=readback.shortened(reason.strip()))
+    return pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome, reference)
+
+
+def job_damage(sub: Submission) -> str | None:
+    """What is wrong with the run folder's job file, or None."""
+    path = sub.run_dir / JOB_FILE
+    try:
+        Job.model_validate_json(path.read_text())
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        return f"its job file {path} {_damage(e)}"
+    return None
+
+
+def _damage(e: OSError | ValueError) -> str:
+    """What is wrong with a file that did not read, in a few words."""
+    if isinstance(e, FileNotFoundError):
+        return "is missing"
+    if isinstance(e, OSError):
+        return f"cannot be read ({e.strerror or e})"
+    if isinstance(e, ValidationError):
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"is damaged ({where + ': ' if where else ''}{first['msg']})"
+    return f"is damaged ({e})"
 
 
 def reference_of(sub: Submission) -> RunResult | str | None:
@@ -82,10 +130,18 @@ def pending(root: Path | None = None, problems: list[str] | None = None) -> list
 
 
 def _hand_submitted(run_dir: Path, output: Path, script: Path) -> Submission:
-    job = Job.model_validate_json((run_dir / "job.json").read_text())
-    limit = next((line.split("=", 1)[1] for line in script.read_text().splitlines()
-                  if line.startswith("#SBATCH --time=")), "?")
-    return Submission(job_id=output.stem.removeprefix("slurm-"), backend=job.backend, scenario=job.scenario.name,
+    """What a script submitted by hand ran, from its job file or else (a damaged one: its run is
+    stored `failed` saying so) from the script's own words."""
+    text = script.read_text()
+    try:
+        job = Job.model_validate_json((run_dir / JOB_FILE).read_text())
+        scenario, backend = job.scenario.name, job.backend
+    except (OSError, ValueError) as e:
+        if (written := written_for(text)) is None:
+            raise ValueError(f"its {JOB_FILE} {_damage(e)}, and {script.name} does not say what it runs") from None
+        scenario, backend = written
+    limit = next((line.split("=", 1)[1] for line in text.splitlines() if line.startswith("#SBATCH --time=")), "?")
+    return Submission(job_id=output.stem.removeprefix("slurm-"), backend=backend, scenario=scenario,
                       run_dir=run_dir, submitted_at="(by hand)", time_limit=limit)
 
 
@@ -117,21 +173,101 @@ def _claimed(sub: Submission) -> Iterator[bool]:
     yield False
 
 
+STORING = "storing.json"  # in a run folder from just before its row is stored until slurm.json records the row
+
+
+class _Storing(BaseModel):
+    """A row being stored: its store, and the result (found there again by its run folder)."""
+
+    db: Path
+    result: RunResult
+
+
+def _stored_earlier(sub: Submission) -> tuple[RunResult, Path] | None:
+    """The result an earlier collect stored for `sub` without recording so in `slurm.json`, with
+    its store; None where no row was stored (the store named holds none for the run folder)."""
+    marker = sub.run_dir / STORING
+    try:
+        storing = _Storing.model_validate_json(marker.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # written whole (a rename): damaged by hand, not by a crash
+        raise ValueError(f"{marker} {_damage(e)}: whether the run's row was stored cannot be told; "
+                         "remove it once its store holds no row for this run folder") from None
+    if not storing.db.exists():
+        return None
+    with ResultStore(storing.db, must_exist=True, read_only=True) as store:
+        run_id = store.id_of_run(storing.result.run_dir)
+    if run_id is None:
+        return None
+    storing.result.result_id = run_id
+    return storing.result, storing.db
+
+
+def _store(sub: Submission, result: RunResult, store: ResultStore, scenario: Scenario) -> None:
+    """Store the run's row, named in the run folder first (`STORING`)."""
+    marker = sub.run_dir / STORING
+    written = marker.with_name(f".{STORING}.{os.getpid()}")
+    written.write_text(_Storing(db=store.path, result=result).model_dump_json())
+    os.replace(written, marker)
+    store.add(result, scenario, node_manifest(sub))
+
+
+def _record(sub: Submission, result: RunResult, db: Path) -> None:
+    """`slurm.json` records the stored row: the run is collected."""
+    sub.result_id, sub.db = result.result_id, str(db)
+    try:
+        sub.save()
+    except OSError as e:
+        raise OSError(f"stored as result {result.result_id} in {db}, but {sub.run_dir / SUBMISSION} could not "
+                      f"record so ({e.strerror or e}): the next collect finds the row there and does not store it again") from None
+    (sub.run_dir / STORING).unlink(missing_ok=True)
+
+
+VANISHED = "vanished-since"  # in a run folder whose job vanished (JobState.vanished): when a collect first saw so
+VANISHED_AFTER_S = 600  # then its run is stored failed: time for a late accounting record, and `collect --wait` ends
+
+
+def _unless_vanished(sub: Submission, state: JobState) -> JobState:
+    """`state`; for a job that vanished, UNKNOWN saying since when, until VANISHED_AFTER_S from
+    the first collect that saw it so (recorded in the run folder), then FAILED saying why."""
+    record = sub.run_dir / VANISHED
+    if not state.vanished:
+        record.unlink(missing_ok=True)  # seen again: the count starts afresh if it vanishes
+        return state
+    try:
+        since = float(record.read_text())
+        if not math.isfinite(since):
+            raise ValueError(since)
+    except (OSError, ValueError):
+        since = time.time()
+        record.write_text(repr(since))
+    minutes, limit = (time.time() - since) / 60, VANISHED_AFTER_S // 60
+    if minutes < limit:
+        return state.model_copy(update={"note": f"gone from the queue for {minutes:.0f} min with no word of how "
+                                                f"it ended; stored failed at {limit} min"})
+    return JobState(state="FAILED", note=(
+        f"left the queue {minutes:.0f} min ago with nothing to tell how it ended (no record in sacct, no "
+        f"{SBATCH_EXIT_FILE} in its run folder: a node lost, or the job purged from accounting): stored "
+        f"failed after {limit} min"))
+
+
 def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultStore"],
             scenario_of: Callable[[Submission], Scenario],
             on_result: Callable[[RunResult, Submission], None] = lambda r, s: None,
             on_problem: Callable[[Submission, str], None] = lambda s, why: None) -> list[tuple[Submission, JobState]]:
-    """Store every ended job among `subs`, each in `store_for(sub)`; returns those still queued
-    or running (or whose state cannot be told yet), with their state. A job that cannot be
-    stored (its plugin uninstalled, its folder damaged) goes to `on_problem` and stays to be
-    collected later; the others are stored all the same."""
+    """Store every ended job among `subs`, each in `store_for(sub)` (or, for a row an earlier
+    collect stored without recording so, found in that one's store); returns those still queued
+    or running (or whose state cannot be told yet, a vanished job for VANISHED_AFTER_S), with
+    their state. A job that cannot be stored (its plugin uninstalled, its `slurm.json` unwritable)
+    goes to `on_problem` and stays to be collected later; the others are stored all the same."""
     waiting = []
     # The references first: a run submitted beside one is judged against its result.
     for sub in sorted(subs, key=lambda sub: sub.reference is not None):
         try:
-            state = job_state(sub)
+            state = _unless_vanished(sub, job_state(sub))
             if state.active or state.state == "UNKNOWN":
-                waiting.append((sub, state))
+                waiting.append((sub, JobState(state=f"unknown ({state.note})") if state.note else state))
                 continue
             reference = reference_of(sub)
             if isinstance(reference, str):
@@ -140,11 +276,13 @@ def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultSto
             with _claimed(sub) as mine:
                 if not mine or Submission.load(sub.run_dir).result_id is not None:
                     continue  # another collect has it, or stored it meanwhile
-                result = ingest(sub, state, reference)
-                store = store_for(sub)
-                store.add(result, scenario_of(sub), node_manifest(sub))
-                sub.result_id, sub.db = result.result_id, str(store.path)
-                sub.save()
+                if earlier := _stored_earlier(sub):
+                    result, db = earlier
+                else:
+                    result, store = ingest(sub, state, reference), store_for(sub)
+                    _store(sub, result, store, scenario_of(sub))
+                    db = store.path
+                _record(sub, result, db)
         except Exception as e:  # noqa: BLE001 - one bad submission must not stop the others
             on_problem(sub, f"{type(e).__name__}: {e}".splitlines()[0])
             continue
@@ -153,7 +291,12 @@ def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultSto
 
 
 def scenario_of(sub: Submission) -> Scenario:
-    return Job.model_validate_json((sub.run_dir / "job.json").read_text()).scenario
+    """The scenario the run was submitted with; where its job file is damaged, the scenario of
+    that name as defined now (its `failed` row says so)."""
+    try:
+        return Job.model_validate_json((sub.run_dir / JOB_FILE).read_text()).scenario
+    except (OSError, ValueError):
+        return load_scenario(sub.scenario)
 
 
 def wait(subs: list[Submission], store_for: Callable[[Submission], "ResultStore"], poll: float,

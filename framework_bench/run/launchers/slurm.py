@@ -11,7 +11,9 @@ SLURM plan, overridable with `--time`.
 A submitted run is a run folder holding `submit.sbatch` and `slurm.json` (the job id and
 what was submitted). `job_state` asks `squeue` (still queued or running) and then `sacct`
 (how it ended), falling back to the exit status the batch script writes into the run folder
-when the cluster keeps no accounting. Its run is stored by `framework_bench/run/collect.py`.
+when the cluster keeps no accounting (a damaged one: the job ended, failed, the note says why).
+A job the queue no longer holds, with nothing to tell how it ended, is UNKNOWN and `vanished`.
+Its run is stored by `framework_bench/run/collect.py`.
 
 fbench assumes a filesystem every node shares, at the same path, for the run folder, the
 packed data and the backend env (FBENCH_HOME and the project checkout): the batch script
@@ -140,6 +142,15 @@ SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters
 NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its GPU's name (none on CPU)
 
 
+WRITTEN_FOR = "# Written by fbench: scenario {scenario}, backend {backend}."
+
+
+def written_for(script: str) -> tuple[str, str] | None:
+    """(scenario, backend) a batch script says it was written for; None where it does not."""
+    found = re.search(r"^# Written by fbench: scenario (.+), backend (.+)\.$", script, re.M)
+    return (found[1], found[2]) if found else None
+
+
 def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
                   extra: tuple[str, ...] = ()) -> str:
     """A submit-ready sbatch script: one srun task per node, each running torchrun over that
@@ -170,7 +181,7 @@ def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus
         f"#SBATCH --time={time_limit}",
         f"#SBATCH --output={job.run_dir}/slurm-%j.out",
         *(f"#SBATCH {arg}" for arg in extra),
-        f"# Written by fbench: scenario {job.scenario.name}, backend {job.backend}.",
+        WRITTEN_FOR.format(scenario=job.scenario.name, backend=job.backend),
         "set -euo pipefail",
         f"cd {shlex.quote(str(job.run_dir))}",
         *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
@@ -279,27 +290,31 @@ class JobState(BaseModel):
     state: str = Field(description="SLURM's state (COMPLETED, FAILED, TIMEOUT...), or UNKNOWN")
     exit_code: int | None = None
     elapsed: float | None = Field(None, description="seconds the job ran (sacct)")
+    vanished: bool = Field(False, description=(
+        "UNKNOWN, and the queue answered that it no longer holds the job: it ended, how is not recorded"))
+    note: str | None = Field(None, description="how fbench came to the state, where SLURM did not say it")
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
 
 
-def _run(argv: list[str]) -> str:
+def _ask(argv: list[str]) -> subprocess.CompletedProcess | None:
+    """The command's answer; None where it could not be asked (not installed here, hung)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
+        return None
 
 
 def job_state(sub: Submission) -> JobState:
     """squeue while the job is known to the scheduler, then sacct, then the exit status
     the batch script left in the run folder (clusters without accounting)."""
-    queued = _run(["squeue", "-h", "-j", sub.job_id, "-o", "%T"]).split()
-    if queued:
+    queue = _ask(["squeue", "-h", "-j", sub.job_id, "-o", "%T"])
+    if queue is not None and queue.returncode == 0 and (queued := queue.stdout.split()):
         return JobState(state=queued[0])
-    for line in _run(["sacct", "-n", "-P", "-X", "-j", sub.job_id, "-o", "State,ExitCode,ElapsedRaw"]).splitlines():
+    accounting = _ask(["sacct", "-n", "-P", "-X", "-j", sub.job_id, "-o", "State,ExitCode,ElapsedRaw"])
+    for line in (accounting.stdout if accounting is not None and accounting.returncode == 0 else "").splitlines():
         state, code, elapsed = (line.split("|") + ["", ""])[:3]
         if state.strip():
             rc = code.split(":")[0]
@@ -307,15 +322,34 @@ def job_state(sub: Submission) -> JobState:
                             elapsed=float(elapsed) if elapsed.strip().isdigit() else None)
     exit_file = sub.run_dir / SBATCH_EXIT_FILE
     if exit_file.exists():
-        rc = int(exit_file.read_text().strip() or 1)
-        return JobState(state="COMPLETED" if rc == 0 else "FAILED", exit_code=rc)
+        return _exit_status(exit_file)
     # No accounting and no exit status: a job killed by SLURM says so in its output.
     text = tail(slurm_output(sub), 50)
     if "DUE TO TIME LIMIT" in text:
         return JobState(state="TIMEOUT")
     if "CANCELLED" in text:
         return JobState(state="CANCELLED")
-    return JobState(state="UNKNOWN")
+    # Nothing tells how it ended; whether it ended, only the queue can say: one that answers without
+    # the job (squeue's "Invalid job id" for a job it has forgotten) no longer holds it.
+    gone = queue is not None and (queue.returncode == 0 or "Invalid job id" in queue.stderr)
+    return JobState(state="UNKNOWN", vanished=gone)
+
+
+def _exit_status(exit_file: Path) -> JobState:
+    """The status the batch script wrote last (`echo $status`): empty, the script was cut off
+    while writing it; anything but a number, the file is damaged: either way the job ended, failed."""
+    try:
+        text = exit_file.read_bytes().decode(errors="replace").strip()
+    except OSError as e:
+        return JobState(state="FAILED", note=f"ended, but its {exit_file} cannot be read ({e.strerror or e}): "
+                                             "how is unknown")
+    if not text:
+        return JobState(state="FAILED", exit_code=1)
+    if not re.fullmatch(r"[0-9]{1,3}", text):
+        return JobState(state="FAILED", note=f"ended, but its {exit_file} holds {text[:60]!r}, not an exit "
+                                             "status: how is unknown")
+    rc = int(text)
+    return JobState(state="COMPLETED" if rc == 0 else "FAILED", exit_code=rc)
 
 
 def slurm_output(sub: Submission) -> Path:
@@ -329,7 +363,7 @@ def outcome_of(sub: Submission, state: JobState) -> Outcome:
     seconds = state.elapsed if state.elapsed is not None else _output_span(sub)
     if state.state == "COMPLETED" and state.exit_code in (0, None):
         return Outcome("ok", 0, seconds, last)
-    note = f"[fbench] SLURM job {sub.job_id} ended {state.state}"
+    note = f"[fbench] SLURM job {sub.job_id} {state.note or f'ended {state.state}'}"
     if state.state == "TIMEOUT":
         return Outcome("timeout", None, seconds, f"{last}\n{note} (time limit {sub.time_limit})")
     oom = state.state == "OUT_OF_MEMORY" or any(m in tail(log, 2000) for m in OOM_MARKERS)
