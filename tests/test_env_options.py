@@ -4,39 +4,15 @@ versions re-read on every inspection. Real venvs and pip, with a tiny wheel buil
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from env_helpers import build_wheel, sdk_wheels  # noqa: F401 - sdk_wheels is a fixture
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins.contract import EnvSpec
-
-
-def build_wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel (one module) written by hand: no network, no build tools."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}.py": f"VERSION = {version!r}\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: fbench-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    record.append(f"{dist}/RECORD,,")
-    wheel = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in files.items():
-            zf.writestr(path, text)
-        zf.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
-    return wheel
 
 
 @pytest.fixture
@@ -47,9 +23,11 @@ def tiny_spec(tmp_path) -> EnvSpec:
 
 
 @pytest.fixture
-def wheelhouse(tmp_path) -> Path:
+def wheelhouse(tmp_path, sdk_wheels) -> Path:
     house = tmp_path / "wheelhouse"
     build_wheel(house, "fbench_tiny_a", "0.1")
+    for wheel in sdk_wheels.iterdir():  # every env gets the worker SDK's requirements
+        (house / wheel.name).symlink_to(wheel)
     build_wheel(house, "fbench_tiny_b", "0.2")
     return house
 

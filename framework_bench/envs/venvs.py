@@ -4,8 +4,10 @@ XTuner 0.2.0 pins transformers==4.48.0 and LLaMA-Factory 0.9.5 needs >=4.55: no 
 environment holds both, so each backend's worker runs with its own env's Python.
 
 Layout: `<state folder>/envs/<backend>/` (`FBENCH_HOME`, else as `framework_bench/spec/places.py` says), with
-`fbench-env.json` recording the flavour, the requirements hash, the resolved versions
-and how long creation took. Creating again with unchanged requirements does nothing.
+`fbench-env.json` recording the flavour, the requirements hash, the resolved versions, how long
+creation took, that the worker SDK imports there, and the host packages made importable in it
+(a copied plugin's version and source hash: `inspect` calls the env stale once the host's plugin
+differs). Creating again with unchanged requirements only refreshes those packages.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from framework_bench.spec import places
 RECORD = "fbench-env.json"
 PTH_NAME = "fbench_host.pth"
 COPY_MARK = ".fbench-copy"  # in a package folder `_link_packages` copied into an env
+STALE_PLUGIN = "stale: plugin changed since env create"  # its copy in the env: `env create` refreshes it
 Flavour = Literal["cpu", "cuda"]
 
 
@@ -114,7 +117,8 @@ def _requirements_hash(spec: EnvSpec, flavour: Flavour) -> str:
 
 
 def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
-    """The env as found on disk; `ready` only if it was completed and still matches its requirements."""
+    """The env as found on disk; `ready` only if it was completed, still matches its requirements,
+    holds the worker SDK's requirements and its copies of host packages match the host's."""
     path = env_path(name)
     env = BackendEnv(name=name, path=path, python=_python(path))
     record_file = path / RECORD
@@ -126,6 +130,7 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
         env.flavour = record["flavour"]
         made_from = record.get("requirements_sha256")
         site_dirs = list(record.get("site_dirs", []))
+        linked = dict(record.get("linked") or {})  # absent from an env made before fbench recorded it
         if env.flavour not in ("cpu", "cuda"):
             raise ValueError(env.flavour)
     except (OSError, ValueError, KeyError, TypeError) as e:  # a damaged record: remade, never a traceback
@@ -145,9 +150,52 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
         env.problem = "broken: its Python is missing"
     elif spec is not None and made_from != _requirements_hash(spec, env.flavour):
         env.problem = "stale: requirements changed since it was made (run `fbench env create %s`)" % name
+    elif missing := sdk_missing(env.versions):
+        # Every run's worker would die importing the SDK: refused before it starts, saying why.
+        env.problem = (f"broken: the worker SDK (framework_bench.worker) cannot import there: No module named "
+                       f"{missing[0]!r}, one of its requirements (run `fbench env create {name}`)")
+    elif changed := _changed_links(linked):
+        env.problem = f"{STALE_PLUGIN} ({changed}; run `fbench env create {name}`)"
     else:
         env.ready = True
     return env
+
+
+# What the worker SDK (`framework_bench.worker`) imports beyond the standard library, by
+# distribution: installed into every env whatever its requirements say (a backend's file need
+# not name it), and checked by `inspect` (tests/test_env_freshness.py holds it to the SDK's imports).
+SDK_REQUIREMENTS = ("numpy",)
+# Every module of the SDK, imported as a worker would; the old names' DeprecationWarnings are not errors.
+SDK_IMPORT = """
+import importlib, pkgutil, warnings
+import framework_bench.worker as sdk
+warnings.simplefilter("ignore", DeprecationWarning)
+for module in pkgutil.iter_modules(sdk.__path__):
+    importlib.import_module(sdk.__name__ + "." + module.name)
+"""
+
+
+def _canonical(dist: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
+def sdk_missing(versions: dict[str, str]) -> list[str]:
+    """The SDK's requirements an env's metadata does not list (milliseconds: no process started)."""
+    have = {_canonical(d) for d in versions}
+    return [r for r in SDK_REQUIREMENTS if _canonical(r) not in have]
+
+
+def sdk_import_error(python: Path) -> str | None:
+    """None when every module of the worker SDK imports with the env's Python, else the error's
+    last line. As a run's worker finds it: through the env's own site-packages and .pth files
+    (the host's `framework_bench`, inherited layers); the host's PYTHONPATH is left out, so that
+    the env stands on its own."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = subprocess.run([str(python), "-c", SDK_IMPORT], capture_output=True, text=True, env=environ)
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exited {proc.returncode}"
 
 
 def installed_versions(path: Path, extra_site_dirs: list[str] = ()) -> dict[str, str]:
@@ -236,7 +284,7 @@ def pip_argv(python: Path, requirements: Path, options: Options, torch_index: st
         argv.append("--no-deps")
     if torch_index:
         argv += ["--extra-index-url", torch_index]
-    return argv + options.with_specs
+    return argv + options.with_specs + list(SDK_REQUIREMENTS)  # already satisfied: no extra cost
 
 
 def validate(flavour: str | None, options: Options) -> None:
@@ -271,10 +319,13 @@ def create(
     current = inspect(name, spec)
     record_file = current.path / RECORD
     old_options = json.loads(record_file.read_text()).get("options", {}) if record_file.exists() else None
-    if current.ready and current.flavour == flavour and old_options == options.model_dump():
-        _link_packages(current.python, ("framework_bench", *packages))
-        say(f"{name}: ready at {current.path} (nothing to do)")
-        return current
+    if current.flavour == flavour and old_options == options.model_dump() and (
+            current.ready or current.problem.startswith(STALE_PLUGIN)):
+        record = json.loads(record_file.read_text())
+        record["linked"] = _link_packages(current.python, ("framework_bench", *packages))
+        _write_record(current.path, record)
+        say(f"{name}: ready at {current.path} (" + ("nothing to do" if current.ready else "plugin copy refreshed") + ")")
+        return inspect(name, spec)
     torch_index = options.torch_index
     if flavour == "cuda" and torch_index is None:
         torch_index = torch_index_for(driver_cuda_version())
@@ -301,7 +352,7 @@ def create(
                 + (f", torch from {torch_index}" if torch_index else ""))
             # pip, not uv: only pip sees the local CPU torch build this machine offers.
             _run(pip_argv(python, requirements, options, torch_index), log)
-            _link_packages(python, ("framework_bench", *packages))
+            linked = _link_packages(python, ("framework_bench", *packages))
         aside = _swap_in(building, path)
     except BaseException:  # a failure or Ctrl-C: the old env stays, the half-built one goes
         shutil.rmtree(building, ignore_errors=True)
@@ -319,6 +370,12 @@ def create(
                 say(f"{name}: smoke test {smoke['status']}")
                 if smoke["status"] == "failed":
                     raise EnvError(f"the cuda env's smoke test failed: {smoke}; see {log_path}")
+            # Before "ready": an env whose worker cannot import the SDK would fail every run.
+            sdk_error = sdk_import_error(_python(path))
+            log.write(f"worker SDK import: {sdk_error or 'ok'}\n")
+            if sdk_error:
+                raise EnvError(f"the worker SDK (framework_bench.worker) does not import in the {name} env: {sdk_error}; "
+                               f"see {log_path}")
         record = {
             "name": name,
             "flavour": flavour,
@@ -331,10 +388,12 @@ def create(
             "host_python": sysconfig.get_python_version(),
             "site_dirs": inherited if layered else _site_dirs(_python(path)) if options.system_site_packages else [],
             "smoke_test": smoke,
+            "sdk_import": "ok",
+            "linked": linked,
             "versions": installed_versions(path),
         }
         shutil.copy2(log_path, path / "create.log")
-        (path / RECORD).write_text(json.dumps(record, indent=2))  # last: the env is ready from here on
+        _write_record(path, record)  # last: the env is ready from here on
     except BaseException:  # the new env goes and the old one comes back, as if never swapped
         shutil.rmtree(path, ignore_errors=True)
         if aside is not None:
@@ -384,17 +443,18 @@ def _swap_in(building: Path, path: Path) -> Path | None:
     return aside if aside.exists() else None
 
 
-def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
+def _link_packages(python: Path, packages: tuple[str, ...]) -> dict[str, dict]:
     """Make the host's `framework_bench` and the plugin's own package importable by the
     worker. A package imported from a source folder (an editable install, a checkout) is
     reached through a .pth in the env listing that folder; a .pth *appends* to sys.path, so
     the env's own packages always win. A package installed as files into a site-packages
     (a non-editable `pip install`) is copied into the env instead: listing that site-packages
     would put every host package on the worker's path. Redone on every create, so the env
-    follows the checkout or the installed version the host runs."""
+    follows the checkout or the installed version the host runs. Returns, by package, where it
+    comes from and, for a copy, its distribution's version and its files' hash (`_changed_links`)."""
     purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                   capture_output=True, text=True, check=True).stdout.strip())
-    roots = []
+    roots, linked = [], {}
     for package in packages:
         spec = importlib.util.find_spec(package)
         if spec is None or not (spec.submodule_search_locations or spec.origin):
@@ -418,9 +478,60 @@ def _link_packages(python: Path, packages: tuple[str, ...]) -> None:
             else:
                 shutil.copy2(source, copy)
             mark.write_text(f"copied from {source} by fbench env create\n")
-        elif str(source.parent) not in roots:
-            roots.append(str(source.parent))
+            linked[package] = {"source": str(source), "copied": True, "version": _dist_version(package),
+                               "sha256": source_sha256(source)}
+        else:
+            linked[package] = {"source": str(source), "copied": False}
+            if str(source.parent) not in roots:
+                roots.append(str(source.parent))
     Path(purelib, PTH_NAME).write_text("".join(r + "\n" for r in roots))
+    return linked
+
+
+def source_sha256(source: Path) -> str:
+    """The sha256 of a package's files (names and bytes, byte code left out): what a copy holds."""
+    h = hashlib.sha256()
+    files = sorted(f for f in source.rglob("*") if f.is_file() and "__pycache__" not in f.parts) \
+        if source.is_dir() else [source]
+    for f in files:
+        h.update(f.relative_to(source.parent).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _dist_version(package: str) -> str | None:
+    from importlib.metadata import packages_distributions, version
+
+    names = packages_distributions().get(package) or []
+    return version(names[0]) if names else None
+
+
+def _changed_links(linked: dict[str, dict]) -> str | None:
+    """How the host packages an env was made with differ from those the host imports now, or None.
+    A package reached through a .pth follows its folder by itself; a copy goes stale silently
+    when its distribution is upgraded or reinstalled (its version, or its files' hash), and either
+    is wrong once the package comes from elsewhere (an editable install become a wheel, say)."""
+    changes = []
+    for package, was in linked.items():
+        spec = importlib.util.find_spec(package)
+        if spec is None or not (spec.submodule_search_locations or spec.origin):
+            changes.append(f"{package}: no longer importable by the host")
+            continue
+        source = Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations \
+            else Path(spec.origin)
+        if str(source) != was.get("source"):  # an installed package and its checkout are two places
+            changes.append(f"{package} now from {source}, was {was.get('source')}")
+        elif was.get("copied") and (now := _dist_version(package)) != was.get("version"):
+            changes.append(f"{package} version {was.get('version')}→{now}")
+        elif was.get("copied") and (now := source_sha256(source)) != was.get("sha256"):
+            changes.append(f"{package} source sha256 {str(was.get('sha256'))[:12]}→{now[:12]}")
+    return "; ".join(changes) or None
+
+
+def _write_record(path: Path, record: dict) -> None:
+    """Replace the env's record at once: a concurrent `inspect` never reads half of it."""
+    tmp = path / f"{RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path / RECORD)
 
 
 def _installed_as_files(package: str, origin: Path) -> bool:

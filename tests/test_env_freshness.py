@@ -1,0 +1,136 @@
+"""An env is ready only when a run's worker can import the worker SDK there, and only while its
+copy of the plugin is the plugin the host loads (issue 28 item 4). Real venvs and pip, offline:
+wheels written here, the SDK's numpy packed from the host's own install (tests/env_helpers.py)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from env_helpers import build_wheel, sdk_wheels  # noqa: F401 - sdk_wheels is a fixture
+from framework_bench.envs import venvs as envs
+from framework_bench.plugins.contract import EnvSpec
+
+SDK = Path(envs.__file__).resolve().parents[1] / "worker"
+
+
+@pytest.fixture
+def tiny_spec(tmp_path) -> EnvSpec:
+    req = tmp_path / "requirements.txt"
+    req.write_text("fbench_tiny_a==0.1\n")
+    return EnvSpec(requirements={"cpu": req, "cuda": req}, framework_package="fbench_tiny_a")
+
+
+def offline(*houses: Path) -> envs.Options:
+    return envs.Options(find_links=[str(h) for h in houses], no_index=True)
+
+
+def test_the_sdk_requirements_are_what_the_sdk_imports():
+    """Every module-level import of the worker SDK outside the standard library and fbench is an
+    SDK requirement (torch is imported inside the helpers that need it, never at import)."""
+    imported = set()
+    for source in SDK.glob("*.py"):
+        for node in ast.parse(source.read_text()).body:  # module level only
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            imported |= {n.split(".")[0] for n in names}
+    third_party = imported - set(sys.stdlib_module_names) - {"framework_bench", "__future__"}
+    assert third_party == set(envs.SDK_REQUIREMENTS)
+
+
+def test_an_env_whose_python_lacks_numpy_is_never_ready(fbench_home, tiny_spec):
+    """A bare venv (no pip, no numpy) with fbench linked and a record as `env create` writes it:
+    every run's worker would die importing the SDK, so inspect says so and the plugin refuses."""
+    from framework_bench.plugins.base import Backend
+    from framework_bench.plugins.contract import Machine
+    from framework_bench.spec import scenario
+
+    path = envs.env_path("bare")
+    venv.create(path, with_pip=False)
+    python = path / "bin" / "python"
+    linked = envs._link_packages(python, ("framework_bench",))
+    record = {"flavour": "cpu", "requirements_sha256": envs._requirements_hash(tiny_spec, "cpu"), "linked": linked}
+    (path / envs.RECORD).write_text(json.dumps(record))
+    assert envs.sdk_import_error(python) == "ModuleNotFoundError: No module named 'numpy'"
+    env = envs.inspect("bare", tiny_spec)
+    assert not env.ready and "framework_bench.worker" in env.problem and "'numpy'" in env.problem
+    assert "fbench env create bare" in env.problem
+
+    class Bare(Backend):
+        def info(self):
+            raise NotImplementedError
+
+    refusal = Bare().check(scenario.load("tiny_cpu"), Machine(gpus=0, cpu_count=2), env)
+    assert refusal and "No module named 'numpy'" in refusal
+
+
+def test_env_create_installs_the_sdk_requirements_and_refuses_an_env_where_it_does_not_import(
+        fbench_home, tiny_spec, tmp_path, sdk_wheels):
+    house = tmp_path / "house"
+    build_wheel(house, "fbench_tiny_a", "0.1")
+    # Without numpy to install (the backend's requirements do not name it): never "ready"
+    with pytest.raises(envs.EnvError, match="exited"):  # pip: no numpy in the wheelhouse
+        envs.create("tiny", tiny_spec, "cpu", options=offline(house))
+    assert "No matching distribution found for numpy" in (fbench_home / "envs" / "tiny.create.log").read_text()
+    assert not envs.inspect("tiny", tiny_spec).ready
+    # A numpy that installs but does not import (built for another machine, say): the smoke import catches it
+    broken = tmp_path / "broken"
+    build_wheel(broken, "numpy", "2.4.6", source="raise ImportError('numpy built for another CPU')\n")
+    with pytest.raises(envs.EnvError, match="does not import in the tiny env: ImportError: numpy built for another CPU"):
+        envs.create("tiny", tiny_spec, "cpu", options=offline(house, broken))
+    assert not envs.inspect("tiny", tiny_spec).ready and not envs.env_path("tiny").exists()
+    # With the wheel at hand, the requirements file still silent about numpy: installed, imported, ready
+    env = envs.create("tiny", tiny_spec, "cpu", options=offline(house, sdk_wheels))
+    assert env.ready and env.has("numpy") and envs.sdk_import_error(env.python) is None
+    assert json.loads((env.path / envs.RECORD).read_text())["sdk_import"] == "ok"
+
+
+def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
+        fbench_home, tiny_spec, tmp_path, sdk_wheels, monkeypatch):
+    """A plugin installed as files (non-editable) is copied into its env: a new version, or its
+    files changed in place, make the env stale, saying which; `env create` refreshes the copy."""
+    house = tmp_path / "house"
+    build_wheel(house, "fbench_tiny_a", "0.1")
+    site = tmp_path / "site"
+
+    def install(version: str, line: str) -> None:
+        wheel = build_wheel(tmp_path / "plugin-wheels" / version, "fbench_probe_plugin", version,
+                            source=f"VERSION = {version!r}\n{line}\n")
+        for old in site.glob("*.dist-info"):  # pip --target leaves the old version's metadata behind
+            shutil.rmtree(old)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade",
+                        "--target", str(site), str(wheel)], check=True, capture_output=True)
+        importlib.invalidate_caches()
+
+    install("0.1", "# first")
+    monkeypatch.syspath_prepend(str(site))
+    env = envs.create("probe", tiny_spec, "cpu", packages=("fbench_probe_plugin",), options=offline(house, sdk_wheels))
+    linked = json.loads((env.path / envs.RECORD).read_text())["linked"]
+    assert env.ready and linked["fbench_probe_plugin"]["copied"] and linked["fbench_probe_plugin"]["version"] == "0.1"
+    assert linked["framework_bench"] == {"source": str(SDK.parent), "copied": False}  # a checkout: followed live
+
+    module = site / "fbench_probe_plugin.py"
+    module.write_text(module.read_text() + "# edited in place\n")
+    env = envs.inspect("probe", tiny_spec)
+    assert not env.ready and env.problem.startswith("stale: plugin changed since env create (fbench_probe_plugin "
+                                                    "source sha256 ")
+    install("0.2", "# second")
+    env = envs.inspect("probe", tiny_spec)
+    assert not env.ready and "fbench_probe_plugin version 0.1→0.2" in env.problem, env.problem
+    assert "fbench env create probe" in env.problem
+
+    said = []
+    env = envs.create("probe", tiny_spec, "cpu", packages=("fbench_probe_plugin",), say=said.append,
+                      options=offline(house, sdk_wheels))
+    assert env.ready and said == [f"probe: ready at {env.path} (plugin copy refreshed)"]  # no rebuild
+    out = subprocess.run([str(env.python), "-c", "import fbench_probe_plugin as p; print(p.VERSION)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.2"
