@@ -530,7 +530,7 @@ def test_a_job_gone_from_the_queue_without_a_word_is_stored_failed_after_the_lim
     res = _invoke("results", "collect", "--db", str(db))
     assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
     row = _rows(db)["fake_ok"]
-    assert row["status"] == "failed" and f"SLURM job {job_id} left the queue 10 min ago" in row["reason"]
+    assert row["status"] == "failed" and f"SLURM job {job_id} gone from the queue for 10 min" in row["reason"]
     assert "stored failed after 10 min" in row["reason"]
 
 

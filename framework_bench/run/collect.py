@@ -247,7 +247,7 @@ def _unless_vanished(sub: Submission, state: JobState) -> JobState:
         return state.model_copy(update={"note": f"gone from the queue for {minutes:.0f} min with no word of how "
                                                 f"it ended; stored failed at {limit} min"})
     return JobState(state="FAILED", note=(
-        f"left the queue {minutes:.0f} min ago with nothing to tell how it ended (no record in sacct, no "
+        f"gone from the queue for {minutes:.0f} min with nothing to tell how it ended (no record in sacct, no "
         f"{SBATCH_EXIT_FILE} in its run folder: a node lost, or the job purged from accounting): stored "
         f"failed after {limit} min"))
 
