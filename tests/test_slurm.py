@@ -600,3 +600,25 @@ def test_a_script_submitted_by_hand_with_a_truncated_job_file_is_a_failed_row(cl
     assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
     row = _rows(db)["fake_ok"]
     assert row["status"] == "failed" and row["scenario"] == "tiny_cpu" and "is damaged (Invalid JSON" in row["reason"]
+
+
+def test_a_job_past_its_time_limit_is_failed_where_the_queue_cannot_be_asked(cluster, fakes, tmp_path, monkeypatch):
+    """No squeue or sacct on this machine (a script submitted by hand from elsewhere): a job that
+    started longer ago than its time limit allows cannot be running; before, it was "unknown"
+    forever."""
+    import os
+    from framework_bench.run.launchers import slurm
+    db = tmp_path / "r.sqlite"
+    job_id, run_dir = _submit(db)
+    _ended(cluster, job_id)
+    (run_dir / "slurm-exit-code").unlink()  # its node lost before the batch script wrote it
+    monkeypatch.setenv("PATH", os.environ["PATH"].replace(f"{STANDINS}:", ""))
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and f"unknown SLURM job {job_id}" in res.stdout, res.output
+    started = time.time() - 11 * 60 - slurm.OVERDUE_MARGIN_S - 1  # tiny_cpu's limit is 00:11:00
+    os.utime(run_dir / "node.txt", (started, started))
+    res = _invoke("results", "collect", "--db", str(db))
+    assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
+    row = _rows(db)["fake_ok"]
+    assert row["status"] == "failed" and "with a time limit of 00:11:00, and nothing tells how it ended" in row["reason"]
+    assert "stored failed 10 min past its limit" in row["reason"]

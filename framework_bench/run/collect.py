@@ -11,7 +11,9 @@ What can go wrong between a job and its row never loses the row nor doubles it:
   row there (by run folder) and records it, instead of storing it again.
 - A job the queue no longer holds, with nothing to tell how it ended (no accounting, no exit
   status in its run folder: a node lost), is waited for VANISHED_AFTER_S (10 min) from the first
-  collect that saw it so, then stored `failed` saying so: `collect --wait` ends.
+  collect that saw it so, then stored `failed` saying so: `collect --wait` ends. One that started
+  longer ago than its time limit allows (+ 10 min) is `failed` at once, even where the queue
+  cannot be asked (`slurm.job_state`).
 - A job whose files are damaged (a `slurm-exit-code` that is not a number, a `job.json` that does
   not read) is stored `failed`, the reason naming the file and the damage.
 """

@@ -12,7 +12,8 @@ A submitted run is a run folder holding `submit.sbatch` and `slurm.json` (the jo
 what was submitted). `job_state` asks `squeue` (still queued or running) and then `sacct`
 (how it ended), falling back to the exit status the batch script writes into the run folder
 when the cluster keeps no accounting (a damaged one: the job ended, failed, the note says why).
-A job the queue no longer holds, with nothing to tell how it ended, is UNKNOWN and `vanished`.
+A job the queue no longer holds, with nothing to tell how it ended, is UNKNOWN and `vanished`;
+one that started (wrote `node.txt`) longer ago than its time limit + OVERDUE_MARGIN_S is FAILED.
 Its run is stored by `framework_bench/run/collect.py`.
 
 fbench assumes a filesystem every node shares, at the same path, for the run folder, the
@@ -100,6 +101,22 @@ def estimate_time(scenario: Scenario, gpu_name: str | None = None) -> TimeEstima
                         unit=scenario.steps.unit, startup_seconds=STARTUP_S[device], source=source, hint=hint)
 
 
+def limit_seconds(limit: str) -> int | None:
+    """A `--time` value in seconds (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, as sbatch
+    reads it); None where it sets no limit or does not read."""
+    if not SLURM_TIME.match(limit) or len(limit) > 20:
+        return None
+    days, _, rest = limit.rpartition("-")
+    parts = [int(part) for part in rest.split(":")]
+    if days:
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        h, m, s = parts
+    else:
+        h, m, s = 0, *(parts + [0])[:2]
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
 def format_time(seconds: int) -> str:
     days, rest = divmod(int(seconds), 86400)
     h, rest = divmod(rest, 3600)
@@ -140,6 +157,9 @@ SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters
 
 
 NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its GPU's name (none on CPU)
+# A job is ended by its time limit: one that started (NODE_FILE written) longer ago than that, plus
+# this margin (SLURM's grace before the kill, clocks of two machines), is not running any more.
+OVERDUE_MARGIN_S = 600
 
 
 WRITTEN_FOR = "# Written by fbench: scenario {scenario}, backend {backend}."
@@ -329,10 +349,27 @@ def job_state(sub: Submission) -> JobState:
         return JobState(state="TIMEOUT")
     if "CANCELLED" in text:
         return JobState(state="CANCELLED")
+    if overdue := _overdue(sub):
+        return JobState(state="FAILED", note=overdue)
     # Nothing tells how it ended; whether it ended, only the queue can say: one that answers without
     # the job (squeue's "Invalid job id" for a job it has forgotten) no longer holds it.
     gone = queue is not None and (queue.returncode == 0 or "Invalid job id" in queue.stderr)
     return JobState(state="UNKNOWN", vanished=gone)
+
+
+def _overdue(sub: Submission) -> str | None:
+    """Why the job cannot be running any more, where it started longer ago than its time limit
+    allows; None otherwise (not started, or no limit to go by)."""
+    limit = limit_seconds(sub.time_limit)
+    try:
+        started = (sub.run_dir / NODE_FILE).stat().st_mtime
+    except OSError:
+        return None
+    if limit is None or time.time() - started <= limit + OVERDUE_MARGIN_S:
+        return None
+    return (f"started {_duration(time.time() - started)} ago with a time limit of {sub.time_limit}, and nothing "
+            f"tells how it ended (not in the queue, no record in sacct, no {SBATCH_EXIT_FILE} in its run folder: "
+            f"a node lost): stored failed {OVERDUE_MARGIN_S // 60} min past its limit")
 
 
 def _exit_status(exit_file: Path) -> JobState:
