@@ -115,3 +115,71 @@ def test_the_envs_attribute_shim_covers_the_former_module():
         assert old.create is venvs.create
     with pytest.raises(AttributeError):
         old.no_such_name  # noqa: B018 - an unknown name stays an AttributeError
+
+
+# A plugin written against the previous release's CONTRIBUTING: its module-level hooks
+# (tests/contract1_backend/plugin.py) declaring the memory scheme through `framework_bench.memory`
+# and annotating with `framework_bench.scenario.Scenario`, as that CONTRIBUTING and the bundled
+# plugins of the time did, and its worker on worker_io, packed and init_weights (contract1_backend/worker.py).
+OLD_IMPORTS = ("from framework_bench.memory import AdamWImpl, MemoryScheme\n"
+               "from framework_bench.scenario import Scenario\n")
+OLD_MEMORY = ('framework_package="torch"),\n                       memory=MemoryScheme(adamw={"matched": '
+              'AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}))')
+
+
+def previous_release_plugin(site: Path) -> None:
+    """Install it into `site` (on sys.path) through an entry point, like any third-party plugin;
+    its requirements are the torch backend's, so the torch env serves as its own."""
+    kept = ROOT / "tests" / "contract1_backend"
+    package = site / "fbench_mybackend"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    plugin = (kept / "plugin.py").read_text().replace("from framework_bench.hookspecs", OLD_IMPORTS
+                                                     + "from framework_bench.hookspecs")
+    plugin = plugin.replace('framework_package="torch"))', OLD_MEMORY).replace(
+        "def fbench_check(scenario, machine, env):", "def fbench_check(scenario: Scenario, machine, env):")
+    assert "framework_bench.memory" in plugin and "MemoryScheme(" in plugin and "scenario: Scenario" in plugin
+    (package / "plugin.py").write_text(plugin)
+    (package / "worker.py").write_text((kept / "worker.py").read_text())
+    (package / "requirements-cpu.txt").write_bytes((ROOT / "backends/torch/fbench_torch/requirements-cpu.txt").read_bytes())
+    info = site / "fbench_mybackend-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-mybackend\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fbench.backends]\nmybackend = fbench_mybackend.plugin\n")
+
+
+@pytest.mark.slow
+def test_a_plugin_of_the_previous_release_installs_runs_and_is_unverified_not_broken(tmp_path, monkeypatch):
+    import os
+
+    from backend_helpers import CPU
+    from fbench_fixtures import backend_env_or_skip
+    from framework_bench.data.packing import pack
+    from framework_bench.plugins import registry
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
+    from framework_bench.spec import scenario
+
+    torch_env = backend_env_or_skip("torch")
+    site = tmp_path / "site"
+    previous_release_plugin(site)
+    home = tmp_path / "home"
+    (home / "envs").mkdir(parents=True)
+    for name in ("mybackend", "torch"):  # its env: made from the same requirements as torch's
+        (home / "envs" / name).symlink_to(torch_env.path)
+    monkeypatch.setenv("FBENCH_HOME", str(home))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    importlib.invalidate_caches()
+    sys.modules.pop("framework_bench.memory", None)  # imported afresh, as in a new host process
+
+    with pytest.warns(DeprecationWarning, match="framework_bench.memory moved to framework_bench.measure.memory"):
+        backend = registry.get("mybackend")  # not broken: the old paths it imports are kept
+    assert backend.info.memory.adamw["matched"].cuda == "fused" and backend.info.contract == 1
+    scn = scenario.load("tiny_cpu")
+    data = pack(scn, progress=False, say=lambda msg: None)
+    result = pipeline.run_one("mybackend", scn, RunOptions(root=tmp_path / "runs"), data=data, machine=CPU)
+    assert result.status in ("unverified", "ok"), result.reason
+    checks = {c.name: c.status for c in result.checks}
+    for name in ("tokens", "steps", "rows", "initial_weights", "clock"):  # the claims it makes still hold
+        assert checks[name] == "pass", (name, result.checks)
