@@ -5,8 +5,10 @@ launcher runs in this process, as the host does: pytest's other children must li
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -103,4 +105,37 @@ def test_a_torchrun_worker_deaf_to_sigterm_ends_with_the_run(tmp_path, monkeypat
             local.execute([argv], {}, tmp_path, tmp_path / "w.log", poll=stop_once_the_worker_runs)
         assert ended(int(pid_file.read_text())), "torchrun's worker outlived the run"
     finally:
+        end(pid_file)
+
+
+def test_a_daemon_of_a_host_killed_9_is_ended_by_the_next_commands_sweep(fbench_home, tmp_path):
+    """The host's adoptions die with it: the daemon goes to init. The sweep of the dead host's
+    run finds it by the run folder in its environment (its command line does not name it)."""
+    from framework_bench.run import orphans
+    run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000001"
+    run_dir.mkdir(parents=True)
+    pid_file = tmp_path / "daemon.pid"
+    host = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                             "from framework_bench.run.launchers import local; run = Path(sys.argv[1]); "
+                             f"local.execute([{worker(pid_file, 'time.sleep(600)')!r}], {{}}, run, run / 'w.log')",
+                             str(run_dir)])
+    # A run of another folder whose name starts with this one's: not the sweep's to end.
+    other = subprocess.Popen(DAEMON, env={**os.environ, "FBENCH_RUN_DIR": f"{run_dir}0"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists():
+            assert host.poll() is None and time.monotonic() < deadline, "the worker never started its daemon"
+            time.sleep(0.05)
+        (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": host.pid, "started": orphans._start_time(host.pid),
+                                                            "db": None, "hostname": socket.gethostname()}))
+        host.kill()
+        host.wait()
+        daemon = int(pid_file.read_text())
+        assert alive(daemon)  # the daemon outlived its host
+        lines = orphans.recover(fbench_home / "runs")
+        assert ended(daemon), "the daemon outlived the sweep of its run"
+        assert len(lines) == 1 and other.poll() is None, lines
+    finally:
+        host.kill()
+        other.kill()
         end(pid_file)

@@ -4,7 +4,8 @@ Before launching, the host writes `host.json` into the run folder (its pid, that
 time, the results file); once the run's row is stored, or kept aside for the next command,
 the file goes. On start, fbench looks for run folders still holding one whose host is gone:
 it ends what is left of the worker and stores the run as `failed`, saying so. A process is
-ended only when its own command line names that run folder: pids are reused.
+ended only when its own command line names that run folder, or its environment does (what the
+worker started in a session of its own: `launchers/descendants.py`): pids are reused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run.interrupts import held
+from framework_bench.run.launchers.descendants import of_run
 from framework_bench.spec.scenario import Scenario
 from framework_bench.store import results
 
@@ -79,13 +81,14 @@ def _host_alive(record: dict) -> bool:
 
 
 def _naming(run_dir: Path) -> list[int]:
-    """Live processes whose command line names `run_dir` (the worker's job file lies there)."""
+    """Live processes whose command line names `run_dir` (the worker's job file lies there), or
+    whose environment names it their run."""
     needle = str(run_dir).encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if needle in (entry / "cmdline").read_bytes():
+                if needle in (entry / "cmdline").read_bytes() or of_run(int(entry.name), run_dir):
                     found.append(int(entry.name))
             except OSError:
                 continue

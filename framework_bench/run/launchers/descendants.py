@@ -12,6 +12,10 @@ itself starts no other process while a run goes on).
 
 Without prctl (not Linux) orphans go to init and cannot be found: only the worker's process
 group is ended, as before. Without /proc nothing here is done.
+
+A host that dies (`kill -9`) takes its adoptions with it: the next command's sweep of the dead
+host's run (`framework_bench/run/orphans.py`) finds the run's processes by `RUN_ENV`, which
+every process started by the run inherits unless it clears its environment.
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
+RUN_ENV = "FBENCH_RUN_DIR"  # the run folder, in the environment the launcher gives the worker
+
+
+def of_run(pid: int, run_dir: Path) -> bool:
+    """Whether the process's environment names `run_dir` as its run (`RUN_ENV`)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{RUN_ENV}={run_dir}".encode() in environ.split(b"\0")
 
 
 def _processes() -> dict[int, tuple[int, str, str]]:

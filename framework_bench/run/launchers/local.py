@@ -19,7 +19,7 @@ from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run import interrupts
 from framework_bench.plugins.plan_env import visible_gpus_env
 from framework_bench.run.launchers.base import OOM_MARKERS, Executor, LaunchOptions, Outcome, tail
-from framework_bench.run.launchers.descendants import RunTree
+from framework_bench.run.launchers.descendants import RUN_ENV, RunTree
 
 
 class LocalExecutor(Executor):
@@ -79,16 +79,16 @@ def execute(
     poll: Callable[[], None] = lambda: None,
 ) -> Outcome:
     """Run each argv (one per node: several torchrun invocations meet at one rendezvous) in its
-    own process group, output to `log_path` (node i > 0: `<stem>.node<i>.log`). Calls `poll`
-    about twice a second. When one process fails, the others are stopped: they would hang.
-    However it ends (an exception in `poll` too), no process of these groups is left running,
-    nor any other the processes started (`RunTree`)."""
+    own process group, in `cwd` (the run folder), output to `log_path` (node i > 0:
+    `<stem>.node<i>.log`). Calls `poll` about twice a second. When one process fails, the
+    others are stopped: they would hang. However it ends (an exception in `poll` too), no
+    process of these groups is left running, nor any other the processes started (`RunTree`)."""
     started = time.monotonic()
     oom_kills_before = kernel_oom_kills()
     logs = [node_log(log_path, i) for i in range(len(argvs))]
     procs: list[subprocess.Popen] = []
     first_bad: int | None = None
-    child_env = {**os.environ, **env, HOST_PID_ENV: str(os.getpid())}
+    child_env = {**os.environ, **env, HOST_PID_ENV: str(os.getpid()), RUN_ENV: str(cwd)}
     with ExitStack() as stack:
         tree = stack.enter_context(RunTree(procs))
         try:  # starting too: an interrupt between two nodes' starts must stop the first
