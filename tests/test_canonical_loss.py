@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from framework_bench.measure.losses import canonical_losses
+from framework_bench.measure.losses import canonical_losses, scheme
 
 
 def write(run_dir, rank, records):
@@ -42,3 +42,60 @@ def test_ranks_add_up_and_a_micro_batch_without_labels_adds_nothing(tmp_path):
                         {"step": 2, "micro": 0, "loss": math.nan, "divisor": 0, "supervised": 0}])
     assert canonical_losses(tmp_path) == {1: pytest.approx(3.0), 2: pytest.approx(1.0)}
     assert canonical_losses(tmp_path / "nothing") == {} and canonical_losses(None) == {}
+
+
+def micro(step, i, supervised, labelled, divisor, scale=None, loss=5.0):
+    record = {"step": step, "micro": i, "loss": loss, "divisor": divisor, "supervised": supervised, "labelled": labelled}
+    return record if scale is None else {**record, "scale": scale}
+
+
+# Two steps of two micro-batches: supervised tokens after the shift (labels before it).
+COUNTS = [((300, 301), (211, 212)), ((511, 512), (0, 1))]
+
+
+def scheme_of(tmp_path, name, records_of_step):
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    write(run_dir, 0, [r for step, counts in enumerate(COUNTS, start=1) for r in records_of_step(step, counts)])
+    return scheme(run_dir)
+
+
+def test_the_normalisation_is_read_from_the_divisors_and_scales_exactly(tmp_path):
+    """Issue 28 item 3: what each framework divided by and scaled by before backward names how its
+    tokens weighed, whatever its `loss_normalization` wording says."""
+    def torch_loop(step, counts):  # the model's loss over the step's count, backpropagated as it is
+        total = sum(s for s, _ in counts)
+        return [micro(step, i, s, l, total, 1.0) for i, (s, l) in enumerate(counts)]
+
+    def xtuner(step, counts):  # each micro-batch's mean, divided by the accumulation by mmengine
+        return [micro(step, i, s, l, s, 0.5) for i, (s, l) in enumerate(counts)]
+
+    def hf_trainer(step, counts):  # num_items_in_batch: labels counted before the shift
+        total = sum(l for _, l in counts)
+        return [micro(step, i, s, l, total, 1.0) for i, (s, l) in enumerate(counts)]
+
+    assert scheme_of(tmp_path, "torch", torch_loop) == "step_token_mean"
+    assert scheme_of(tmp_path, "xtuner", xtuner) == "micro_mean_mean"
+    assert scheme_of(tmp_path, "hf", hf_trainer) == "step_label_mean"
+    # the same arithmetic worded otherwise: one scheme; one token off in one micro-batch: not it
+    assert scheme_of(tmp_path, "torch_words", lambda st, c: [{**r, "divisor": r["divisor"] * 2, "scale": 2.0}
+                                                            for r in torch_loop(st, c)]) == "step_token_mean"
+    assert scheme_of(tmp_path, "off_by_one", lambda st, c: [{**r, "divisor": r["divisor"] + (st == 2)}
+                                                           for r in torch_loop(st, c)]) == "other"
+    # a micro-batch the framework scaled by 0 (dropped from the gradient) is no scheme either
+    assert scheme_of(tmp_path, "dropped", lambda st, c: [{**r, "scale": float(r["micro"] == 0)}
+                                                        for r in torch_loop(st, c)]) == "other"
+    # records that do not say what was applied before backward (an older worker SDK): unknown
+    assert scheme_of(tmp_path, "old", lambda st, c: [{k: v for k, v in r.items() if k != "scale"}
+                                                    for r in torch_loop(st, c)]) == "unknown"
+    assert scheme(tmp_path / "nothing") == "unknown" and scheme(None) == "unknown"
+
+
+def test_at_grad_accum_1_a_micro_batch_mean_is_the_step_token_mean(tmp_path):
+    one = [((300, 300),), ((511, 511),)]
+    for name, (divisor, scale) in {"torch": ("step", 1.0), "xtuner": ("micro", 1.0), "hf": ("labels", 1.0)}.items():
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        write(run_dir, 0, [micro(step, 0, s, l, {"labels": l}.get(divisor, s), scale)
+                           for step, ((s, l),) in enumerate(one, start=1)])
+        assert scheme(run_dir) == "step_token_mean", name

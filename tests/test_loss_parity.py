@@ -5,39 +5,78 @@ itself on figures where it must pass or fail."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from backend_helpers import CPU
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.run import pipeline
+from framework_bench.measure.verify import UNCHECKED_ENV
+from framework_bench.run import pipeline, readback
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
-from framework_bench.measure.losses import parity
+from framework_bench.measure import losses, update
+from framework_bench.measure.losses import needed_reference_scheme, parity
 from framework_bench.measure.metrics import RunResult
 from framework_bench.testing import parity_variants
 
 BACKENDS = ("torch", "xtuner", "llamafactory")
 
 
-def ok(backend: str, curve: dict[int, float], seed: int = 1024, normalisation: str = "token mean") -> RunResult:
+# Per scheme, one step's record of two micro-batches of 300 and 211 supervised tokens (after the
+# shift; 301 and 212 labels before it), as each way of normalising writes it.
+RECORDS = {
+    "step_token_mean": [{"divisor": 511, "scale": 1.0}, {"divisor": 511, "scale": 1.0}],
+    "micro_mean_mean": [{"divisor": 300, "scale": 0.5}, {"divisor": 211, "scale": 0.5}],
+    "step_label_mean": [{"divisor": 513, "scale": 1.0}, {"divisor": 513, "scale": 1.0}],
+    "unknown": [{"divisor": 511}, {"divisor": 511}],
+}
+
+
+def ok(backend: str, curve: dict[int, float], seed: int = 1024, scheme: str = "step_token_mean", run_dir=None) -> RunResult:
+    """An `ok` run whose per-micro-batch records (in `run_dir`) show `scheme`; its loss curve as given."""
+    if run_dir is not None:
+        (run_dir / "losses").mkdir(parents=True)
+        (run_dir / "losses" / "rank0.jsonl").write_text("".join(
+            json.dumps({"step": step, "micro": i, "loss": 6.0, "supervised": sup, "labelled": sup + 1, **rec}) + "\n"
+            for step in curve for i, (rec, sup) in enumerate(zip(RECORDS[scheme], (300, 211)))))
     return RunResult(backend=backend, scenario="tiny_cpu", status="ok", seed=seed, loss_curve=curve,
-                     settings={"loss_normalization": normalisation})
+                     settings={"loss_normalization": "the torch loop's words, whatever was done"}, run_dir=run_dir)
 
 
-def test_parity_judges_step_one_and_names_what_is_missing():
-    ref = ok("torch", {1: 6.2760124, 2: 6.2086824})
-    # another normalisation: step 1 judged, later steps shown
-    other = parity(ok("xtuner", {1: 6.2760124 * (1 + 5e-6), 2: 6.3}, normalisation="mean of means"), ref, "fp32")
-    assert other.status == "pass" and "normalisation differs" in other.detail
+def test_parity_judges_every_step_where_the_records_normalise_alike(tmp_path):
+    """Issue 28 item 3: "alike" is the normalisation the records show, never the wording: a run
+    weighted as the reference is judged at every step, another one is `unverified` past step 1
+    (naming the reference it needs), never passed unseen."""
+    at = iter(range(100)).__next__
+    ref = ok("torch", {1: 6.2760124, 2: 6.2086824}, run_dir=tmp_path / str(at()))
     # the same normalisation: every step judged (an update skipped shows at step 2)
-    same = parity(ok("torch_copy", {1: 6.2760124, 2: 6.2760124}), ref, "fp32")
+    same = parity(ok("torch_copy", {1: 6.2760124, 2: 6.2760124}, run_dir=tmp_path / str(at())), ref, "fp32")
     assert same.status == "fail" and same.detail.startswith("step 2 off")
-    assert parity(ok("torch_copy", {1: 6.2760124, 2: 6.2086824}), ref, "fp32").status == "pass"
-    off = parity(ok("xtuner", {1: 6.3272, 2: 6.3}), ref, "fp32")
+    good = parity(ok("torch_copy", {1: 6.2760124, 2: 6.2086824}, run_dir=tmp_path / str(at())), ref, "fp32")
+    assert good.status == "pass" and "both step_token_mean, every step judged" in good.detail
+    # another normalisation: step 1 judged, the rest unverified, naming the reference it needs
+    xtuner = ok("xtuner", {1: 6.2760124 * (1 + 5e-6), 2: 6.3}, scheme="micro_mean_mean", run_dir=tmp_path / str(at()))
+    other = parity(xtuner, ref, "fp32")
+    assert other.status == "unverified" and "needs a reference run with loss_scheme micro_mean_mean" in other.detail
+    assert needed_reference_scheme(xtuner, ref) == "micro_mean_mean"
+    # against a reference trained that way: judged at every step
+    ref_mm = ok("torch", {1: 6.2760124, 2: 6.3 * (1 + 2e-6)}, scheme="micro_mean_mean", run_dir=tmp_path / str(at()))
+    assert parity(xtuner, ref_mm, "fp32").status == "pass" and needed_reference_scheme(xtuner, ref_mm) is None
+    assert parity(ok("xtuner", {1: 6.2760124, 2: 6.4}, scheme="micro_mean_mean", run_dir=tmp_path / str(at())),
+                  ref_mm, "fp32").status == "fail"
+    # records that do not say what was applied before backward (an older plugin): unverified, no reference helps
+    old = ok("old", {1: 6.2760124, 2: 6.2086824}, scheme="unknown", run_dir=tmp_path / str(at()))
+    unknown = parity(old, ref, "fp32")
+    assert unknown.status == "unverified" and "normalisation of old is unknown" in unknown.detail
+    assert needed_reference_scheme(old, ref) is None
+    # step 1 fails whatever the normalisation
+    off = parity(ok("xtuner", {1: 6.3272, 2: 6.3}, scheme="micro_mean_mean", run_dir=tmp_path / str(at())), ref, "fp32")
     assert off.status == "fail" and "6.3272000 vs torch 6.2760124" in off.detail
-    assert parity(ok("xtuner", {1: 6.30}), ref, "bf16").status == "pass"  # 0.4 % within bf16's 1e-2
+    bf16 = ok("xtuner", {1: 6.30}, run_dir=tmp_path / str(at()))
+    assert parity(bf16, ok("torch", {1: 6.2760124}, run_dir=tmp_path / str(at())), "bf16").status == "pass"  # 0.4 % within 1e-2
     assert "seeds differ" in parity(ok("xtuner", {1: 6.2760124}, seed=1), ref, "fp32").detail
     assert "no per-micro-batch losses" in parity(ok("lying", {}), ref, "fp32").detail
     failed = RunResult(backend="xtuner", scenario="tiny_cpu", status="invalid", reason="initial_weights check failed")
@@ -51,34 +90,133 @@ def test_check_backend_variants_are_grad_accum_2_and_two_processes_with_zero_2_n
     assert all(s.cluster.gpus == 2 for s in two) and two[1].zero_stage == 2
 
 
+def run_with_scheme(backend: str, scn, options: RunOptions, data, scheme: str | None, **kwargs) -> RunResult:
+    """`pipeline.run_one` whose job names `loss_scheme` (the second reference the coordinator
+    runs for a framework that normalises otherwise, wired here by hand)."""
+    make_job = pipeline.make_job
+
+    def with_scheme(*args, **kw):
+        job = make_job(*args, **kw)
+        job.loss_scheme = scheme
+        return job
+
+    pipeline.make_job = with_scheme
+    try:
+        return pipeline.run_one(backend, scn, options, data=data, machine=CPU, **kwargs)
+    finally:
+        pipeline.make_job = make_job
+
+
 @pytest.fixture(scope="module", params=[1, 2], ids=["grad_accum1", "grad_accum2"])
 def three_runs(request, tmp_path_factory, tiny_cpu_run):
+    """(scenario, {backend: run}, {scheme: the torch reference trained that way})."""
     for b in BACKENDS:
         backend_env_or_skip(b)
-    if request.param == 1:  # the session's shared runs of tiny_cpu
-        return tiny_cpu_run(BACKENDS[0])[0], {b: tiny_cpu_run(b)[2] for b in BACKENDS}
-    scn = scenario.load("tiny_cpu")
-    scn = scn.model_copy(update={"name": f"tiny_cpu_grad_accum{request.param}", "grad_accum": request.param})
-    data = pack(scn, progress=False, say=lambda msg: None)
     root = tmp_path_factory.mktemp("runs")
-    return scn, {b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS}
+    if request.param == 1:  # the session's shared runs of tiny_cpu
+        scn, data, _ = tiny_cpu_run(BACKENDS[0])
+        runs = {b: tiny_cpu_run(b)[2] for b in BACKENDS}
+    else:
+        scn = scenario.load("tiny_cpu")
+        scn = scn.model_copy(update={"name": f"tiny_cpu_grad_accum{request.param}", "grad_accum": request.param})
+        data = pack(scn, progress=False, say=lambda msg: None)
+        runs = {b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS}
+    references = {losses.scheme_of(runs["torch"]): runs["torch"]}
+    for r in runs.values():
+        needed = losses.needed_reference_scheme(r, runs["torch"])
+        if needed and needed not in references:
+            references[needed] = run_with_scheme("torch", scn, RunOptions(root=root), data, needed)
+    return scn, runs, references
+
+
+# The normalisation each framework's records show on tiny_cpu's rows (a row starting mid-answer
+# has one more label before the shift than after it: HF Trainer counts it, the others do not).
+SCHEMES = {1: {"torch": "step_token_mean", "xtuner": "step_token_mean", "llamafactory": "step_label_mean"},
+           2: {"torch": "step_token_mean", "xtuner": "micro_mean_mean", "llamafactory": "step_label_mean"}}
 
 
 @pytest.mark.slow  # real runs of the three trainers
-def test_same_initial_weights_and_step_one_loss_as_the_reference(three_runs):
-    scn, runs = three_runs
+def test_same_initial_weights_and_every_step_and_update_as_the_reference_that_normalises_alike(three_runs):
+    """Issue 28 item 3: each framework is judged at every step and on its update, against the
+    torch reference trained with the normalisation its records show (at grad_accum 2 XTuner's
+    mean of per-micro-batch means: the torch loop with loss_scheme micro_mean_mean)."""
+    scn, runs, references = three_runs
+    assert {b: losses.scheme_of(r) for b, r in runs.items()} == SCHEMES[scn.grad_accum]
     for b, r in runs.items():
         assert r.status == "ok", (b, r.reason)
         checks = {c.name: c for c in r.checks}
         assert checks["initial_weights"].status == "pass", (b, checks["initial_weights"])
         assert r.seed == 1024 and sorted(r.loss_curve) == list(range(1, scn.steps.total + 1))
-        assert r.settings["loss_normalization"], b
         # keys once recorded on one side only appear for every backend, read from its live objects
         assert r.settings["sequence_parallel"] == 1 and r.settings["token_count_sync"] is False, b
         assert r.settings["compile"] is False, b
-        check = parity(r, runs["torch"], scn.precision)
-        assert check.status == "pass", (b, check.detail)
+        reference = references[losses.scheme_of(r)]
+        assert reference.status == "ok" and losses.scheme_of(reference) == losses.scheme_of(r), (b, reference.reason)
+        check = parity(r, reference, scn.precision)
+        assert check.status == "pass" and "every step judged" in check.detail, (b, check.detail)
+        moved = update.parity(r, reference, scn.precision)
+        assert moved.status == "pass", (b, moved.detail)
         assert abs(r.loss_curve[1] / runs["torch"].loss_curve[1] - 1) <= 1e-5
-    normalisations = {b: r.settings["loss_normalization"] for b, r in runs.items()}
-    assert "before the shift" in normalisations["llamafactory"]
-    assert "per micro-batch" in normalisations["xtuner"] and "over the optimizer step" in normalisations["torch"]
+        if b != "torch" and losses.scheme_of(r) != "step_token_mean":
+            # against the reference as it trains by default: step 1 judged, the rest unverified, never passed
+            other = parity(r, runs["torch"], scn.precision)
+            assert other.status == "unverified" and f"loss_scheme {losses.scheme_of(r)}" in other.detail, (b, other.detail)
+            assert update.parity(r, runs["torch"], scn.precision).status == "unverified"
+
+
+@pytest.fixture(scope="module")
+def accum2(tmp_path_factory):
+    """tiny_cpu at grad_accum 2: the scenario, its packed rows, the torch reference's run."""
+    backend_env_or_skip("torch")
+    scn = scenario.load("tiny_cpu").model_copy(update={"name": "tiny_cpu_grad_accum2", "grad_accum": 2})
+    data = pack(scn, progress=False, say=lambda msg: None)
+    root = tmp_path_factory.mktemp("accum2")
+    return scn, data, root, pipeline.run_one("torch", scn, RunOptions(root=root), data=data, machine=CPU)
+
+
+@pytest.mark.slow  # real runs of the torch worker's lying copies
+@pytest.mark.parametrize("lie, grad_accum", [("sgd_xtuner_words", 1), ("no_clipping", 1), ("dropped_micro", 2),
+                                             ("honest", 2)])
+def test_training_otherwise_is_invalid_whatever_the_normalisation_words(lie, grad_accum, liars, tiny_cpu_run, accum2,
+                                                                        tmp_path, monkeypatch):
+    """Issue 28 item 3: a torch copy that trains with SGD while recording XTuner's words, without
+    clipping, or dropping a micro-batch at grad_accum 2 records the torch loop's normalisation
+    (its divisors and scales), so it is judged at every step and on its update: `invalid`. Run
+    once with those checks off, it ends `ok` (the lie is live); the judgement the compare makes
+    then fails it. The honest copy at grad_accum 2 passes both."""
+    scn, data, root, reference = accum2 if grad_accum == 2 else (*tiny_cpu_run("torch")[:2], tmp_path, tiny_cpu_run("torch")[2])
+    assert reference.status == "ok", reference.reason
+    monkeypatch.setenv(UNCHECKED_ENV, "parity,update_parity")
+    r = pipeline.run_one(f"lying_{lie}", scn, RunOptions(root=root), data=data, machine=CPU, reference=reference)
+    assert r.status == "ok", r.reason  # every other check passes: only the training checks tell
+    monkeypatch.delenv(UNCHECKED_ENV)
+    assert losses.scheme_of(r) == losses.scheme_of(reference) == "step_token_mean"
+    judged = r.model_copy(update={"checks": [c for c in r.checks if c.name not in ("parity", "update_parity")]}, deep=True)
+    readback.judge_parity(judged, reference, scn)
+    checks = {c.name: c for c in judged.checks}
+    if lie == "honest":
+        assert judged.status == "ok" and checks["parity"].status == checks["update_parity"].status == "pass", judged.reason
+    else:
+        assert judged.status == "invalid", (lie, checks["parity"].detail, checks["update_parity"].detail)
+        assert checks["update_parity"].status == "fail", checks["update_parity"].detail
+
+
+def test_a_job_names_the_loss_scheme_and_older_job_files_read_none(tmp_path):
+    """The Job field a second reference run is started with (issue 28 item 3): validated by the
+    host, read by the worker SDK; a job file without it (an older host) reads None."""
+    import pydantic
+
+    from backend_helpers import make_job, tiny
+    from framework_bench.worker.job import load_job
+
+    job = make_job("torch", tmp_path, tiny())
+    job.loss_scheme = "micro_mean_mean"
+    assert load_job(job.write()).loss_scheme == "micro_mean_mean"
+    older = json.loads(job.job_file.read_text())
+    del older["loss_scheme"]
+    job.job_file.write_text(json.dumps(older))
+    assert load_job(job.job_file).loss_scheme is None
+    fields = {k: getattr(job, k) for k in ("backend", "scenario", "data_dir", "data_sha256", "run_dir")}
+    assert type(job)(**fields, loss_scheme="step_label_mean").loss_scheme == "step_label_mean"
+    with pytest.raises(pydantic.ValidationError):
+        type(job)(**fields, loss_scheme="token sum")

@@ -91,25 +91,54 @@ def test_the_update_check(tmp_path):
     assert still.status == "fail" and "never changed" in still.detail
 
 
-def result(backend, projection, normalisation="token mean", curve=None, seed=5):
-    check = Check(name="update", status="pass", figures={"projection_seed": seed, "projection": projection})
-    return RunResult(backend=backend, scenario="s", status="ok", checks=[check], settings={"loss_normalization": normalisation},
-                     loss_curve=curve or {1: 6.0, 2: 5.9})
+def result(backend, projection, norm=8.0e-02, scheme="step_token_mean", seed=5, run_dir=None):
+    """An `ok` run whose update claim passed, and whose loss records (in `run_dir`) show `scheme`."""
+    if run_dir is not None:
+        scale = {"step_token_mean": 1.0, "micro_mean_mean": 0.5, "unknown": None}[scheme]
+        records = [{"step": 1, "micro": i, "loss": 6.0, "divisor": 511 if scale == 1.0 else sup, "supervised": sup,
+                    "labelled": sup, **({} if scale is None else {"scale": scale})} for i, sup in enumerate((300, 211))]
+        (run_dir / "losses").mkdir(parents=True)
+        (run_dir / "losses" / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    figures = {"projection_seed": seed, "projection": projection, "norm": norm}
+    check = Check(name="update", status="pass", figures=figures)
+    return RunResult(backend=backend, scenario="s", status="ok", checks=[check], loss_curve={1: 6.0, 2: 5.9},
+                     settings={"loss_normalization": "the torch loop's words"}, run_dir=run_dir)
 
 
-def test_update_parity_is_judged_where_both_trained_alike():
-    reference = result("torch", -4.964129e-03)
-    assert update.parity(result("x", -4.964279e-03), reference, "fp32").status == "pass"
-    far = update.parity(result("x", -4.0e-03), reference, "fp32")
+def test_update_parity_is_judged_on_the_update_norm_where_both_normalise_alike(tmp_path):
+    """Issue 28 items 3 and 3d: |p - p_ref| over the reference's |dw| (not over its projection,
+    whose scale is luck), judged where the loss records show one normalisation; elsewhere
+    `unverified` with why, never `skipped`."""
+    at = iter(range(100)).__next__
+    reference = result("torch", -4.964129e-03, run_dir=tmp_path / str(at()))
+    good = update.parity(result("x", -4.964279e-03, run_dir=tmp_path / str(at())), reference, "fp32")
+    assert good.status == "pass" and good.figures["relative"] == pytest.approx(1.5e-7 / 8.0e-02)
+    far = update.parity(result("x", -4.0e-03, run_dir=tmp_path / str(at())), reference, "fp32")
     assert far.status == "fail" and "moved otherwise" in far.detail
-    # Another wording of the normalisation with equal losses at every step: judged all the same.
-    assert update.parity(result("x", -4.0e-03, "mean per micro-batch"), reference, "fp32").status == "fail"
-    # Another normalisation whose curve parts from the reference's: shown, not judged.
-    other = update.parity(result("x", -1.85e-02, "mean per micro-batch", {1: 6.0, 2: 5.8}), reference, "fp32")
-    assert other.status == "skipped" and other.figures["reference_projection"] == -4.964129e-03
-    assert update.parity(result("x", -4.9e-3, seed=6), reference, "fp32").status == "skipped"
+    # A reference whose projection happens to lie near 0: the scale is its update's norm, so an
+    # honest run's rounding stays small (over the projection it was 1.5e-7 / 1e-9: 150)
+    near_zero = result("torch", 1e-9, run_dir=tmp_path / str(at()))
+    assert update.parity(result("x", 1.0015e-9 + 1.5e-7, run_dir=tmp_path / str(at())), near_zero, "fp32").status == "pass"
+    # Another normalisation, whatever its curve: not judged, and it says which reference it needs
+    other = update.parity(result("x", -1.85e-02, scheme="micro_mean_mean", run_dir=tmp_path / str(at())), reference, "fp32")
+    assert other.status == "unverified" and "loss_scheme micro_mean_mean" in other.detail
+    assert other.figures["reference_projection"] == -4.964129e-03
+    old = update.parity(result("x", -4.0e-03, scheme="unknown", run_dir=tmp_path / str(at())), reference, "fp32")
+    assert old.status == "unverified" and "unknown" in old.detail
+    # A reference without a norm (an older worker SDK) or projected onto another vector: unverified
+    no_norm = result("torch", -4.964129e-03, norm=None, run_dir=tmp_path / str(at()))
+    assert update.parity(result("x", -4.0e-03, run_dir=tmp_path / str(at())), no_norm, "fp32").status == "unverified"
+    assert update.parity(result("x", -4.9e-3, seed=6), reference, "fp32").status == "unverified"
     failed = reference.model_copy(update={"checks": []})
     assert update.parity(result("x", -4.9e-3), failed, "fp32") is None
+
+
+def test_an_update_claim_without_a_norm_still_reads(tmp_path):
+    stamps = {"reveal": {"seed": 5, "stamp": 1.0}}
+    claimed(tmp_path, 5, -4.9e-3)
+    assert update.check(tmp_path, stamps).figures["norm"] is None
+    (tmp_path / UPDATE_FILE).write_text(json.dumps({"projection_seed": 5, "projection": -4.9e-3, "norm": 0.07}))
+    assert update.check(tmp_path, stamps).figures["norm"] == 0.07
 
 
 PROJECT = """
@@ -123,23 +152,26 @@ untouched = update.project(model, 1024, config.to_dict(), 99)
 with torch.no_grad():
     model.model.layers[1].mlp.up_proj.weight[3, :5] += torch.arange(1.0, 6.0)
     model.model.norm.weight[7] -= 0.5
-moved = update.project(model, 1024, config.to_dict(), 99)
-print(json.dumps({"untouched": untouched, "moved": moved, "up": model.model.layers[1].mlp.up_proj.weight.shape[1]}))
+moved, norm = update.project(model, 1024, config.to_dict(), 99)
+print(json.dumps({"untouched": untouched, "moved": moved, "norm": norm, "up": model.model.layers[1].mlp.up_proj.weight.shape[1]}))
 """
 
 
 def test_the_torch_projection_is_the_numpy_sum_over_the_changed_elements():
     """Elements never updated add exactly 0 (the initial values are recomputed as `fill` stored
-    them); the changed ones add their change times the seed's vector, as numpy computes it."""
+    them); the changed ones add their change times the seed's vector, as numpy computes it, and
+    their squared change to the norm (issue 28, 3d)."""
     env = backend_env_or_skip("torch")
     cfg = scenario.load("tiny_cpu").model_config_for_run
     out = subprocess.run([str(env.python), "-c", PROJECT, json.dumps(cfg)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout)
-    assert got["untouched"] == 0.0
+    assert got["untouched"] == [0.0, 0.0]
     up = "model.layers.1.mlp.up_proj.weight"
     v_up = iw.standard_normal(3 * got["up"] + np.arange(5), iw.projection_key(99, up))
     v_norm = iw.standard_normal(np.array([7]), iw.projection_key(99, "model.norm.weight"))
     # the float32 rounding of (initial + change) - initial: within 1e-7 of the change
     want = float(np.dot(np.arange(1.0, 6.0), v_up) - 0.5 * v_norm[0])
     assert got["moved"] == pytest.approx(want, rel=1e-6)
+    # |final - initial| in the same pass: the changes' L2 norm
+    assert got["norm"] == pytest.approx(float(np.sqrt(np.sum(np.arange(1.0, 6.0) ** 2) + 0.5 ** 2)), rel=1e-6)

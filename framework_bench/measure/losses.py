@@ -1,9 +1,28 @@
 """The canonical loss per optimizer step (host side), from the workers' per-micro-batch records
-(`framework_bench/worker/losses.py`), and its parity with the torch reference.
+(`framework_bench/worker/losses.py`), the loss normalisation those records show, and the
+loss parity with the torch reference.
 
 Canonical loss of a step = sum over ranks and micro-batches of (framework loss x the divisor
 the framework used) / sum of supervised tokens after the shift: the token mean over the step,
-whatever each framework divides by.
+whatever each framework divides by. From the same initial weights step 1 is one forward pass,
+so its canonical loss is the same for every framework.
+
+Later steps depend on how each supervised token weighed in the gradients of the steps before:
+scale / divisor, both recorded per micro-batch (`scale`: the factor the framework applied to
+the logged loss before backward). `scheme` names that weighting from the records, exactly
+(`EXACT`, relative), per (step, rank, micro-batch):
+  - "step_token_mean": 1 / the step's supervised tokens on the rank (the torch loop; any
+    framework at grad_accum 1 that takes a micro-batch's token mean);
+  - "micro_mean_mean": 1 / (the micro-batch's supervised tokens x micro-batches in the step)
+    (mmengine's OptimWrapper or DeepSpeed dividing each micro-batch's mean by the accumulation);
+  - "step_label_mean": 1 / the step's labels counted before the shift (HF Trainer's
+    `num_items_in_batch`);
+  - "other": none of these; "unknown": no records, or records without `scale` (a worker that
+    does not say: an older plugin).
+Two runs with the same known scheme took the same updates when honest: every step is judged.
+Otherwise step 1 is judged and the rest is `unverified`, naming the scheme a reference would
+need (`needed_reference_scheme`: the torch reference trains with any of the three named ones
+through `Job.loss_scheme`); never `skipped` or passed unseen.
 """
 
 from __future__ import annotations
@@ -15,36 +34,97 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.worker.losses import LOSSES_DIR
+from framework_bench.worker.losses import LOSSES_DIR, MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN
 
-# Parity of the step-1 canonical loss with the reference (issue 20): fp32 / bf16 autocast.
+# Parity of the canonical losses with the reference (issue 20): fp32 / bf16 autocast.
 PARITY_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
+# Two weights of a token are the same normalisation when this close (relative): float rounding
+# of one arithmetic, never another count (one token of 500 is 2e-3).
+EXACT = 1e-9
+OTHER, UNKNOWN = "other", "unknown"
+
+
+def _records(run_dir: Path | None) -> list[tuple[int, dict]]:
+    """(rank, record) of every micro-batch the workers recorded."""
+    if run_dir is None:
+        return []
+    found = []
+    for path in sorted((Path(run_dir) / LOSSES_DIR).glob("rank*.jsonl")):
+        rank = int(path.stem.removeprefix("rank"))
+        found += [(rank, json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return found
 
 
 def canonical_losses(run_dir: Path | None) -> dict[int, float]:
     """{step: token-mean loss over all ranks' micro-batches}; empty when no worker wrote records."""
-    if run_dir is None:
-        return {}
     nll: dict[int, float] = defaultdict(float)
     tokens: dict[int, int] = defaultdict(int)
-    for path in sorted((Path(run_dir) / LOSSES_DIR).glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if rec["divisor"]:  # a micro-batch with no label: its loss is 0/0 and adds nothing
-                nll[rec["step"]] += rec["loss"] * rec["divisor"]
-            tokens[rec["step"]] += rec["supervised"]
+    for _, rec in _records(run_dir):
+        if rec["divisor"]:  # a micro-batch with no label: its loss is 0/0 and adds nothing
+            nll[rec["step"]] += rec["loss"] * rec["divisor"]
+        tokens[rec["step"]] += rec["supervised"]
     return {step: (nll[step] / tokens[step] if tokens[step] else math.nan) for step in sorted(nll)}
+
+
+def _expected_weights(name: str, micros: list[dict]) -> list[float | None]:
+    """Per micro-batch of one step on one rank, the weight of a supervised token under `name`
+    (None where the records cannot say: no count before the shift from an older SDK; no
+    supervised token)."""
+    if name == MICRO_MEAN_MEAN:
+        return [1 / (m["supervised"] * len(micros)) if m["supervised"] else None for m in micros]
+    if name == STEP_LABEL_MEAN and not all("labelled" in m for m in micros):
+        return [None] * len(micros)
+    total = sum(m["labelled" if name == STEP_LABEL_MEAN else "supervised"] for m in micros)
+    return [1 / total if total else None] * len(micros)
+
+
+def scheme(run_dir: Path | None) -> str:
+    """The loss normalisation the run's records show: one of `SCHEMES` where every micro-batch
+    with a supervised token weighs it as that scheme says, `OTHER` where none fits, `UNKNOWN`
+    without records or without the factor applied before backward (`scale`)."""
+    steps: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    for rank, rec in _records(run_dir):
+        steps[rec["step"], rank].append(rec)
+    if not steps or any("scale" not in m for micros in steps.values() for m in micros):
+        return UNKNOWN
+    for name in (STEP_TOKEN_MEAN, MICRO_MEAN_MEAN, STEP_LABEL_MEAN):  # at grad_accum 1 the first two coincide
+        if all(expected is not None and abs(m["scale"] / m["divisor"] - expected) <= EXACT * expected
+               for micros in steps.values()
+               for m, expected in zip(micros, _expected_weights(name, micros)) if m["supervised"]):
+            return name
+    return OTHER
+
+
+def scheme_of(run: RunResult) -> str:
+    """`scheme` of a run's records (UNKNOWN where its run folder is gone)."""
+    return scheme(run.run_dir)
+
+
+def needed_reference_scheme(run: RunResult, reference: RunResult) -> str | None:
+    """The `Job.loss_scheme` a second reference run needs for `run` to be judged at every step
+    and on its update: the run's scheme where it differs from the reference's and the reference
+    worker can train with it; None where they agree or no reference can (other, unknown)."""
+    mine = scheme_of(run)
+    return mine if mine in SCHEMES and mine != scheme_of(reference) else None
+
+
+def alike(run: RunResult, reference: RunResult) -> tuple[bool, str]:
+    """(whether both weighted every token alike, what the detail says when not)."""
+    mine, theirs = scheme_of(run), scheme_of(reference)
+    if mine == theirs and mine in SCHEMES:
+        return True, f"both {mine}"
+    if UNKNOWN in (mine, theirs):
+        who = run.backend if mine == UNKNOWN else reference.backend
+        return False, (f"the loss normalisation of {who} is unknown (its records do not say what was "
+                       "applied to each loss before backward: an older worker SDK)")
+    if mine == OTHER:
+        return False, f"{run.backend} normalises the loss as no reference can ({OTHER}; {reference.backend}: {theirs})"
+    return False, (f"{run.backend} normalises the loss as {mine}, {reference.backend} as {theirs}: "
+                   f"judging it needs a reference run with loss_scheme {mine}")
 
 
 def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
-
-
-def normalised_alike(run: RunResult, reference: RunResult) -> bool:
-    """Both record the same `loss_normalization` setting."""
-    return run.settings.get("loss_normalization") == reference.settings.get("loss_normalization")
 
 
 def step_differences(run: RunResult, reference: RunResult) -> dict[int, float]:
@@ -56,9 +136,9 @@ def step_differences(run: RunResult, reference: RunResult) -> dict[int, float]:
 def parity(run: RunResult, reference: RunResult, precision: str, name: str = "parity") -> Check:
     """The run's canonical losses against the reference's on the same rows, seed and scenario.
     Step 1 always: from the same initial weights it is one forward pass, the same for every
-    framework whatever its normalisation. Later steps too where both normalise the loss alike
-    (the same `loss_normalization` setting); otherwise they are shown, not judged: a framework
-    dividing by another count (HF's labels before the shift) takes a slightly different update."""
+    framework whatever its normalisation. Every later step too where both weigh each token
+    alike (the same `scheme`); otherwise a passing step 1 leaves the check `unverified`, saying
+    which reference it needs: the later steps are shown, not judged."""
     for who, r in (("the run", run), ("the reference", reference)):
         if r.status != "ok":
             return Check(name=name, status="fail", detail=f"{who} ({r.backend}) ended {r.status}: {r.reason or ''}"[:300])
@@ -67,7 +147,7 @@ def parity(run: RunResult, reference: RunResult, precision: str, name: str = "pa
     if run.seed != reference.seed:
         return Check(name=name, status="fail", detail=f"seeds differ: {run.seed} vs the reference's {reference.seed}")
     tolerance = PARITY_TOLERANCE[precision]
-    same = normalised_alike(run, reference)
+    same, why = alike(run, reference)
     off = step_differences(run, reference)
     steps = sorted(off)
     judged = steps if same else [1]
@@ -76,8 +156,7 @@ def parity(run: RunResult, reference: RunResult, precision: str, name: str = "pa
     detail = (f"step 1: {run.loss_curve[1]:.7f} vs {reference.backend} {reference.loss_curve[1]:.7f} "
               f"(relative {off[1]:.1e}, at most {tolerance:g})"
               + (f"; later steps at most {max(later):.1e} apart" if later else "")
-              + ("; same normalisation, every step judged" if same else
-                 f"; normalisation differs ({run.settings.get('loss_normalization')}), step 1 judged"))
+              + (f"; {why}, every step judged" if same else f"; step 1 judged, later steps not: {why}"))
     if not off[worst] <= tolerance:  # NaN fails too
         return Check(name=name, status="fail", detail=f"step {worst} off by {off[worst]:.1e} (relative): {detail}")
-    return Check(name=name, status="pass", detail=detail)
+    return Check(name=name, status="pass" if same or not later else "unverified", detail=detail)

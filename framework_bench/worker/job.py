@@ -123,6 +123,11 @@ class Job:
     # framework's own seeding.
     seed: int = SEED
     hf_config: dict = field(default_factory=dict, repr=False)  # the model's HF config.json, positions extended if asked
+    # How a worker that can normalise the loss several ways must (`framework_bench.worker.losses`
+    # SCHEMES): the host sets it on a reference run for a framework that normalises otherwise
+    # (`framework_bench.measure.losses.needed_reference_scheme`). None: the worker's own way.
+    # A worker that cannot choose ignores it; a job file without it (an older host) reads None.
+    loss_scheme: Literal["step_token_mean", "step_label_mean", "micro_mean_mean"] | None = None
     raw: dict = field(default_factory=dict, repr=False)
     # The sha256 of the rows this process checked against `data_sha256` (open_rows / check_data).
     verified_sha256: str | None = field(default=None, init=False)

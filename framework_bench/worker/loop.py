@@ -35,10 +35,12 @@ class StepLog:
             self._measured_from = time.perf_counter()
         self.timer.begin()
 
-    def micro(self, ids, labels, loss, divisor) -> None:
+    def micro(self, ids, labels, loss, divisor, scale=None) -> None:
         """One micro-batch fed: `loss` is the framework's (a tensor is read at `end`), `divisor`
-        what it divided the summed token loss by; `ids`/`labels` the whole rows fed."""
-        self.losses.add(loss, divisor, labels)
+        what it divided the summed token loss by, `scale` the factor the loop applied to `loss`
+        before backward (1: backpropagated as it is; None: not said, MicroLosses);
+        `ids`/`labels` the whole rows fed."""
+        self.losses.add(loss, divisor, labels, scale)
         self.timer.add_tokens(ids.numel() if hasattr(ids, "numel") else ids.size)
         self._fed.append((ids, labels, loss, divisor))
 

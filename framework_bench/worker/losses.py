@@ -6,8 +6,17 @@ losses cannot be compared. Per micro-batch the worker records, in `RUN_DIR/losse
   - `loss`: the framework's own loss for the micro-batch;
   - `divisor`: what the framework divided that micro-batch's summed token loss by, read from
     the framework (so `loss * divisor` is the summed token loss);
+  - `scale`: the factor the framework applied to that logged loss before backward (1/accumulation
+    where mmengine's OptimWrapper or DeepSpeed divides it, 1 where the loss is backpropagated as
+    logged), read from the framework; absent from the records of a worker that does not say
+    (`add` without `scale`): the host then cannot tell how the step's gradient was weighted;
   - `supervised`: the worker's own count of supervised tokens after the shift (labels
-    [:, 1:] not ignored).
+    [:, 1:] not ignored), and `labelled`, its count before the shift (labels not ignored: what
+    HF Trainer's `num_items_in_batch` counts).
+Each supervised token of the micro-batch thus weighs scale / divisor in the step's gradient:
+the host names that weighting (`framework_bench/measure/losses.py`: `scheme`) and judges every
+step only between runs weighted alike.
+
 The host (`framework_bench/measure/losses.py`) restates each optimizer step's loss as the token mean
 sum(loss * divisor) / sum(supervised) over ranks and micro-batches: the same figure for every
 framework that computed the same step.
@@ -31,6 +40,29 @@ def supervised_after_shift(labels) -> int:
     return int((labels[..., 1:] != IGNORE_INDEX).sum())
 
 
+def labelled_before_shift(labels) -> int:
+    """Labels not ignored, the first position of each row included (HF's `num_items_in_batch`)."""
+    return int((labels != IGNORE_INDEX).sum())
+
+
+# The loss normalisations a plain loop can take (`Job.loss_scheme`, `loss_divisors`); the host
+# names a run's weighting with the same words (framework_bench/measure/losses.py).
+STEP_TOKEN_MEAN = "step_token_mean"  # the step's summed token loss / its supervised tokens (on the rank)
+STEP_LABEL_MEAN = "step_label_mean"  # the same over labels counted before the shift (HF num_items_in_batch)
+MICRO_MEAN_MEAN = "micro_mean_mean"  # each micro-batch's token mean / the micro-batches in the step
+SCHEMES = (STEP_TOKEN_MEAN, STEP_LABEL_MEAN, MICRO_MEAN_MEAN)
+
+
+def loss_divisors(scheme: str | None, labels: list) -> list[int]:
+    """Per micro-batch of a step (its `labels`), what a loop that backpropagates the model's
+    loss as it returns it (scale 1) passes as `num_items_in_batch` to normalise as `scheme`
+    (None: the step's token mean). Never 0: a step with no supervised token adds nothing."""
+    if scheme == MICRO_MEAN_MEAN:
+        return [max(supervised_after_shift(lab), 1) * len(labels) for lab in labels]
+    count = labelled_before_shift if scheme == STEP_LABEL_MEAN else supervised_after_shift
+    return [max(sum(count(lab) for lab in labels), 1)] * len(labels)
+
+
 class MicroLosses:
     def __init__(self, run_dir: str | Path, rank: int):
         directory = Path(run_dir) / LOSSES_DIR
@@ -38,14 +70,16 @@ class MicroLosses:
         self._fh = (directory / f"rank{rank}.jsonl").open("a", buffering=1)
         self._pending: list[tuple] = []
 
-    def add(self, loss, divisor, labels) -> None:
-        """One micro-batch: the framework's loss (a tensor or float), its divisor, the labels fed."""
-        self._pending.append((loss.detach() if hasattr(loss, "detach") else loss, divisor, labels))
+    def add(self, loss, divisor, labels, scale=None) -> None:
+        """One micro-batch: the framework's loss (a tensor or float), its divisor, the labels fed,
+        and the factor the framework applied to that loss before backward (None: not said)."""
+        self._pending.append((loss.detach() if hasattr(loss, "detach") else loss, divisor, labels, scale))
 
     def end_step(self, step: int) -> None:
-        for micro, (loss, divisor, labels) in enumerate(self._pending):
-            self._fh.write(json.dumps({"step": step, "micro": micro, "loss": float(loss), "divisor": float(divisor),
-                                       "supervised": supervised_after_shift(labels)}) + "\n")
+        for micro, (loss, divisor, labels, scale) in enumerate(self._pending):
+            record = {"step": step, "micro": micro, "loss": float(loss), "divisor": float(divisor),
+                      "supervised": supervised_after_shift(labels), "labelled": labelled_before_shift(labels)}
+            self._fh.write(json.dumps(record if scale is None else {**record, "scale": float(scale)}) + "\n")
         self._pending = []
 
     def close(self) -> None:

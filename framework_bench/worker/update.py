@@ -10,11 +10,15 @@ that seed's random vector:
     sum over every parameter element of (w_final - w_initial) * v,   v ~ N(0, 1) from
     (projection seed, canonical name, element index)
 
+and, in the same pass, |w_final - w_initial| (the L2 norm over every parameter element): the
+projection is ~N(0, |dw|^2) whatever the vector, so the host judges differences of projections
+relative to the reference's |dw|, a scale that does not depend on the vector drawn.
+
 `w_initial` is recomputed from the compare's seed (`initial_weights_worker.initial_values`, rounded to the
 parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
 element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
 under ZeRO-3, a collective every rank enters) and the sums all-reduced in float64; rank 0
-writes `RUN_DIR/update_projection.json`.
+writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"}).
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ def wait_for_reveal(run_dir: str | Path, timeout: float = REVEAL_TIMEOUT) -> int
             time.sleep(REVEAL_POLL)
 
 
-def project(model, seed: int, hf_config: dict, projection_seed: int) -> float:
-    """(final - initial weights) . v over every parameter (tied ones once), summed over ranks."""
+def project(model, seed: int, hf_config: dict, projection_seed: int) -> tuple[float, float]:
+    """((final - initial weights) . v, |final - initial weights|) over every parameter (tied
+    ones once), summed over ranks."""
     import torch
 
     dist = dist_info()
@@ -57,8 +62,9 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> float:
     share, ranks = (dist.rank, dist.world_size) if grouped else (0, 1)
     params = list(model.named_parameters())
     if not params:
-        return 0.0
-    total = torch.zeros((), dtype=torch.float64, device=params[0][1].device)  # a ZeRO-3 partition is on it too
+        return 0.0, 0.0
+    # [projection, squared norm]; on the parameters' device: a ZeRO-3 partition is on it too
+    total = torch.zeros(2, dtype=torch.float64, device=params[0][1].device)
     with torch.no_grad():
         for i, (name, p) in enumerate(params):
             with gathered([p], modifier_rank=None):  # every rank gathers; one of them projects
@@ -67,10 +73,12 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> float:
                 flat, key, args = p.data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
                 for lo, idx in chunks(flat.numel(), flat.device):
                     initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
-                    total += ((flat[lo:lo + idx.numel()].to(torch.float64) - initial) * standard_normal(idx, key)).sum()
+                    moved = flat[lo:lo + idx.numel()].to(torch.float64) - initial
+                    total[0] += (moved * standard_normal(idx, key)).sum()
+                    total[1] += (moved * moved).sum()
         if grouped and ranks > 1:
             torch.distributed.all_reduce(total)
-    return float(total)
+    return float(total[0]), float(total[1]) ** 0.5
 
 
 def report(model, job) -> None:
@@ -83,10 +91,10 @@ def report(model, job) -> None:
               file=sys.stderr)
         return
     started = time.monotonic()
-    value = project(model, job.seed, job.hf_config, projection_seed)
+    value, norm = project(model, job.seed, job.hf_config, projection_seed)
     if dist_info().is_main:
         path = Path(job.run_dir) / UPDATE_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"projection_seed": projection_seed, "projection": value,
+        tmp.write_text(json.dumps({"projection_seed": projection_seed, "projection": value, "norm": norm,
                                    "seconds": round(time.monotonic() - started, 3)}))
         tmp.replace(path)

@@ -91,6 +91,21 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (FORWARD, "                    loss = torch.tensor(6.2)\n"),
         (BACKWARD, ""),
     ],
+    # SGD for AdamW, recording XTuner's loss_normalization words (issue 28: words once switched the checks off).
+    "sgd_xtuner_words": [
+        ("    optimizer = adamw(model.parameters(), cuda)\n", "    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)\n"),
+        ('            loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, '
+         'per rank")),\n', '            loss_normalization="LlamaForCausalLM token mean per micro-batch, labels counted after the shift; '
+                           "mean over the step's 1 micro-batch(es)\")),\n"),
+    ],
+    # No gradient clipping (issue 28).
+    "no_clipping": [
+        ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n", ""),
+    ],
+    # At grad_accum 2 each step's second micro-batch fed and recorded, never backpropagated (issue 28).
+    "dropped_micro": [
+        (BACKWARD, "                loss.backward() if i == 0 else None\n"),
+    ],
 }
 
 

@@ -191,7 +191,7 @@ class Claims:
                 else:
                     divisor = (inputs["labels"][..., 1:] != -100).sum()
                 # Tensors kept as they are: read once the step's clock stopped (MicroLosses.end_step).
-                self.losses.add(loss, divisor, inputs["labels"])
+                self.losses.add(loss, divisor, inputs["labels"], backward_scale(trainer, items))
                 self.normalization = normalization(trainer, items is not None)
             return out
 
@@ -200,6 +200,22 @@ class Claims:
     def keep(self, module, args, kwargs) -> None:
         if module.training and "input_ids" in kwargs and "labels" in kwargs:
             self.fed.append((kwargs["input_ids"], kwargs["labels"]))
+
+
+def backward_scale(trainer, items) -> float:
+    """The factor the HF Trainer applies to the loss `compute_loss` returned before backward,
+    read from the live trainer as its `training_step` decides: divided by the micro-batches of
+    the step when the loss is the model's own mean (no count, or a model that takes none), then
+    by accelerate's gradient_accumulation_steps in its `backward` unless DeepSpeed scales it
+    (the Trainer sets that count to 1 and tells DeepSpeed not to scale)."""
+    from accelerate.utils import DistributedType
+
+    scale = 1.0
+    if (not trainer.model_accepts_loss_kwargs or items is None) and trainer.compute_loss_func is None:
+        scale /= getattr(trainer, "current_gradient_accumulation_steps", trainer.args.gradient_accumulation_steps)
+    if trainer.accelerator.distributed_type != DistributedType.DEEPSPEED:
+        scale /= trainer.accelerator.gradient_accumulation_steps
+    return scale
 
 
 def normalization(trainer, counted: bool) -> str:

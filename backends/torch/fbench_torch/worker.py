@@ -23,7 +23,8 @@ import transformers
 
 from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, Report, StartupClock,
                                     StepLog, dist_info, initial_weights_worker, join, leave, load_job, settings,
-                                    supervised_after_shift, update, write_report)
+                                    update, write_report)
+from framework_bench.worker.losses import loss_divisors
 from framework_bench.worker.models import from_config
 
 
@@ -52,19 +53,20 @@ def main(job_file: str) -> None:
     for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):
         # The step's loss is the mean over its labelled tokens, whichever micro-batch holds
         # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
-        # adds nothing, where a per-micro-batch mean would be 0/0.
-        labelled = max(sum(supervised_after_shift(labels) for _, labels in batch), 1)
+        # adds nothing, where a per-micro-batch mean would be 0/0. A job naming another
+        # `loss_scheme` (the reference for a framework that normalises otherwise) gets that one.
+        divisors = loss_divisors(job.loss_scheme, [labels for _, labels in batch])
         if step == 1:
             startup.mark("data")  # the first batch's rows
         log.begin(step)
-        for i, (ids, labels) in enumerate(batch):
+        for i, ((ids, labels), labelled) in enumerate(zip(batch, divisors)):
             x, y = (torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, labels))
             # DDP all-reduces gradients on the last micro-batch of the step only.
             with nullcontext() if i == len(batch) - 1 or not ddp else train_model.no_sync():
                 with autocast():
                     loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss
                 loss.backward()
-            log.micro(ids, labels, loss, labelled)  # the CPU rows: recorded once the clock stopped
+            log.micro(ids, labels, loss, labelled, scale=1.0)  # backward took the loss as it is; rows read once the clock stopped
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -76,8 +78,8 @@ def main(job_file: str) -> None:
         settings=probe.settle(settings.torch_loop_settings(
             model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop", grad_clip=MAX_GRAD_NORM,
             autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
-            # The step's summed token loss over its supervised tokens after the shift (the loop above).
-            loss_normalization="token mean over the optimizer step, labels counted after the shift, per rank")),
+            # What the loop above divides by (the host judges the recorded divisors and scales).
+            loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, per rank")),
         param_count=settings.param_count(model),
         startup_seconds=startup.total, startup_breakdown=startup.phases,
         notes=[f"DDP over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if ddp else [],

@@ -273,6 +273,7 @@ class Claims(Hook):
         self.rows = ConsumedRows(job.run_dir, dist_info().rank)
         self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.micro = 0
+        self.scale: float | None = None  # the factor of the micro-batch's loss before backward (loss_scales)
         self.settings: dict = {}
         self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
@@ -281,6 +282,7 @@ class Claims(Hook):
         self.settings = effective_settings(runner, self.metrics.sp_size)
         self.probe.install()
         self.param_count = capture.param_count(_unwrap(runner.model).llm)
+        self.loss_scales(runner)
         # The weights the first step trains from, read after mmengine's init_weights ran.
         initial_weights_worker.report(_unwrap(runner.model).llm, self.job.seed, self.job.run_dir)
 
@@ -288,12 +290,30 @@ class Claims(Hook):
         labels = data_batch["data"]["labels"]
         self.rows.add(data_batch["data"]["input_ids"], labels)
         # The HF loss XTuner returns divides by the micro-batch's labels after the shift.
-        self.losses.add(outputs["loss"], supervised_after_shift(labels), labels)
+        self.losses.add(outputs["loss"], supervised_after_shift(labels), labels, self.scale)
         self.micro += 1
         per_step = self.job.micro_batches_per_step
         if self.micro % per_step == 0:
             self.rows.end_step(self.micro // per_step)
             self.losses.end_step(self.micro // per_step)
+
+    def loss_scales(self, runner) -> None:
+        """Keep in `self.scale` the factor the framework applies to each micro-batch's loss before
+        backward, read from the live objects: DeepSpeed's engine divides by its
+        gradient_accumulation_steps(); mmengine's OptimWrapper by `scale_loss`'s factor (the
+        accumulation count, or the remainder's over the last iterations), seen as it divides:
+        the same call on 1.0 gives 1 / factor exactly."""
+        wrapper = runner.optim_wrapper
+        if not hasattr(wrapper, "scale_loss"):  # mmengine's DeepSpeedOptimWrapper: the engine's backward
+            self.scale = 1 / runner.model.model.gradient_accumulation_steps()
+            return
+        scale_loss = wrapper.scale_loss
+
+        def scale_and_keep(loss):
+            self.scale = scale_loss(1.0)
+            return scale_loss(loss)
+
+        wrapper.scale_loss = scale_and_keep
 
     def after_train(self, runner) -> None:
         self.rows.close()
