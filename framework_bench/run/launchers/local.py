@@ -124,7 +124,8 @@ def execute(
         except BaseException:
             _kill_all(procs, tree)
             raise
-        _kill_all(procs, tree)
+        with interrupts.held():  # a Ctrl-C while what the worker left stops: raised once it has
+            _kill_all(procs, tree)
     poll()
     seconds = time.monotonic() - started
     if first_bad is None:
