@@ -93,26 +93,64 @@ def test_env_create_installs_the_sdk_requirements_and_refuses_an_env_where_it_do
     assert json.loads((env.path / envs.RECORD).read_text())["sdk_import"] == "ok"
 
 
+PROBE_PLUGIN = """
+from pathlib import Path
+
+from framework_bench.plugins.base import Backend
+from framework_bench.plugins.contract import CONTRACT, BackendInfo, Capabilities, EnvSpec
+
+VERSION = {version!r}
+
+
+class Probe(Backend):
+    def info(self):
+        requirements = Path({requirements!r})
+        return BackendInfo(name="probe", framework="a probe", contract=CONTRACT,
+                           capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+                           env=EnvSpec(requirements={{"cpu": requirements, "cuda": requirements}},
+                                       framework_package="fbench_tiny_a"))
+{line}
+"""
+
+
 def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
         fbench_home, tiny_spec, tmp_path, sdk_wheels, monkeypatch):
-    """A plugin installed as files (non-editable) is copied into its env: a new version, or its
-    files changed in place, make the env stale, saying which; `env create` refreshes the copy."""
+    """A plugin installed as files (non-editable, one module here) is copied into its env: its
+    files changed in place, or a new version, make the env stale, saying which, in `fbench env
+    list` and in the verdict a run is refused by; `fbench env create` refreshes the copy."""
+    from typer.testing import CliRunner
+
+    from backend_helpers import CPU
+    from framework_bench.cli import app
+    from framework_bench.plugins import registry
+    from framework_bench.run import verdicts
+    from framework_bench.spec import scenario
+
     house = tmp_path / "house"
     build_wheel(house, "fbench_tiny_a", "0.1")
     site = tmp_path / "site"
 
     def install(version: str, line: str) -> None:
-        wheel = build_wheel(tmp_path / "plugin-wheels" / version, "fbench_probe_plugin", version,
-                            source=f"VERSION = {version!r}\n{line}\n")
+        source = PROBE_PLUGIN.format(version=version, requirements=str(tiny_spec.requirements["cpu"]), line=line)
+        wheel = build_wheel(tmp_path / "plugin-wheels" / version, "fbench_probe_plugin", version, source=source)
         for old in site.glob("*.dist-info"):  # pip --target leaves the old version's metadata behind
             shutil.rmtree(old)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--upgrade",
                         "--target", str(site), str(wheel)], check=True, capture_output=True)
+        (next(site.glob("*.dist-info")) / "entry_points.txt").write_text(
+            "[fbench.backends]\nprobe = fbench_probe_plugin:Probe\n")
         importlib.invalidate_caches()
+
+    def fbench(*args: str) -> str:
+        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})
+        assert result.exit_code == 0, result.output
+        return result.output
 
     install("0.1", "# first")
     monkeypatch.syspath_prepend(str(site))
-    env = envs.create("probe", tiny_spec, "cpu", packages=("fbench_probe_plugin",), options=offline(house, sdk_wheels))
+    wheels = ["--no-index", "--find-links", str(house), "--find-links", str(sdk_wheels)]
+    fbench("env", "create", "probe", "--flavour", "cpu", *wheels)
+    env = envs.inspect("probe", tiny_spec)
     linked = json.loads((env.path / envs.RECORD).read_text())["linked"]
     assert env.ready and linked["fbench_probe_plugin"]["copied"] and linked["fbench_probe_plugin"]["version"] == "0.1"
     assert linked["framework_bench"] == {"source": str(SDK.parent), "copied": False}  # a checkout: followed live
@@ -126,11 +164,13 @@ def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
     env = envs.inspect("probe", tiny_spec)
     assert not env.ready and "fbench_probe_plugin version 0.1→0.2" in env.problem, env.problem
     assert "fbench env create probe" in env.problem
+    state = " ".join(line.split("│")[-2].strip() for line in fbench("env", "list").splitlines() if "│" in line)
+    assert "stale: plugin changed since env create (fbench_probe_plugin version 0.1→0.2" in state, state
+    _, verdict = verdicts.judge(registry.get("probe"), scenario.load("tiny_cpu"), CPU)
+    assert verdict.check == f"the probe env is not ready: {env.problem}"  # what the run is refused with
 
-    said = []
-    env = envs.create("probe", tiny_spec, "cpu", packages=("fbench_probe_plugin",), say=said.append,
-                      options=offline(house, sdk_wheels))
-    assert env.ready and said == [f"probe: ready at {env.path} (plugin copy refreshed)"]  # no rebuild
-    out = subprocess.run([str(env.python), "-c", "import fbench_probe_plugin as p; print(p.VERSION)"],
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0.2"
+    said = fbench("env", "create", "probe", "--flavour", "cpu", *wheels)
+    env = envs.inspect("probe", tiny_spec)
+    assert env.ready and f"probe: ready at {env.path} (plugin copy refreshed)" in said  # no rebuild
+    copy = next(env.path.glob("lib/python3*/site-packages")) / "fbench_probe_plugin.py"
+    assert copy.read_text() == module.read_text() and "VERSION = '0.2'" in copy.read_text()
