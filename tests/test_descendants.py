@@ -141,9 +141,16 @@ def test_a_daemon_of_a_host_killed_9_is_ended_by_the_next_commands_sweep(fbench_
         end(pid_file)
 
 
-def test_a_ctrl_c_while_the_daemon_stops_does_not_leave_it_running(tmp_path, monkeypatch):
-    """The worker ended well; its daemon, told to stop, presses Ctrl-C in the host and goes on:
-    the host ends it all the same (KILL after the grace), then raises the Ctrl-C."""
+def host_fails() -> None:
+    raise RuntimeError("the host fell over")
+
+
+@pytest.mark.parametrize("then, poll", [("pass", lambda: None), ("time.sleep(600)", host_fails)],
+                         ids=["worker_ended", "host_failed"])
+def test_a_ctrl_c_while_the_daemon_stops_does_not_leave_it_running(tmp_path, monkeypatch, then, poll):
+    """The worker ended well (or the host failed); its daemon, told to stop, presses Ctrl-C in
+    the host and goes on: the host ends it all the same (KILL after the grace), then raises the
+    Ctrl-C."""
     monkeypatch.setattr(local, "STOP_GRACE_S", 1.0)
     pid_file = tmp_path / "daemon.pid"
     daemon = ("import os, signal, sys, time; host = int(os.environ['FBENCH_HOST_PID']); "
@@ -151,10 +158,10 @@ def test_a_ctrl_c_while_the_daemon_stops_does_not_leave_it_running(tmp_path, mon
               "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)")
     argv = [sys.executable, "-c", "import os, subprocess, sys, time; "
             f"subprocess.Popen([sys.executable, '-c', {daemon!r}, {str(pid_file)!r}], start_new_session=True)\n"
-            f"while not os.path.exists({str(pid_file)!r}): time.sleep(0.01)"]
+            f"while not os.path.exists({str(pid_file)!r}): time.sleep(0.01)\n{then}"]
     try:
         with pytest.raises(KeyboardInterrupt):
-            local.execute([argv], {}, tmp_path, tmp_path / "w.log")
+            local.execute([argv], {}, tmp_path, tmp_path / "w.log", poll=poll)
         assert ended(int(pid_file.read_text())), "the daemon outlived the run"
     finally:
         end(pid_file)

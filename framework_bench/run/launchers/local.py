@@ -122,9 +122,10 @@ def execute(
                 _kill_all(procs, tree)
             return Outcome("interrupted", None, time.monotonic() - started, tail(log_path))
         except BaseException:
-            _kill_all(procs, tree)
+            with interrupts.held():  # a Ctrl-C meanwhile: raised once all is stopped
+                _kill_all(procs, tree)
             raise
-        with interrupts.held():  # a Ctrl-C while what the worker left stops: raised once it has
+        with interrupts.held():
             _kill_all(procs, tree)
     poll()
     seconds = time.monotonic() - started
