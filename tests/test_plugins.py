@@ -306,7 +306,8 @@ def test_a_raising_hook_is_a_failed_row_with_its_traceback(probes, tmp_path, mod
 
 def test_notes_are_kept_stored_shown_and_job_json_is_the_hosts(probes, tmp_path):
     db = tmp_path / "r.sqlite"
-    res = CliRunner().invoke(app, ["run", "--backend", "probe_ok", "--scenario", "tiny_cpu", "--db", str(db)])
+    res = CliRunner().invoke(app, ["run", "--backend", "probe_ok", "--scenario", "tiny_cpu", "--db", str(db),
+                                   "--no-reference"])
     assert res.exit_code == 0, res.output
     assert "note: the probe trained nothing" in res.output and "note: [red]not markup[/red]" in res.output
     from framework_bench.store.results import ResultStore

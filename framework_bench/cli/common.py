@@ -31,6 +31,9 @@ WaitOption = Annotated[bool, typer.Option(
 PollOption = Annotated[float, typer.Option("--poll", min=0.1, help="slurm: seconds between queue checks")]
 WideOption = Annotated[bool, typer.Option(
     "--wide", help="every column, whatever the terminal's width (by default the ones that do not fit are named)")]
+NoReferenceOption = Annotated[bool, typer.Option(
+    "--no-reference", help="do not run the reference backend to judge the others: their runs are stored "
+                           "unverified (parity: no reference), never ok")]
 VerboseOption = Annotated[bool, typer.Option("--verbose", help="also each run's start-up breakdown")]
 RepeatOption = Annotated[str, typer.Option("--repeat", metavar="N|auto", help=(
     "trials of each backend on each scenario, in rotated orders: from 2, TGS with 95% intervals and verdicts; "

@@ -283,10 +283,10 @@ def print_run(r, db: Path, verbose: bool = False) -> None:
     """One run as `fbench run` shows it: status, figures, notes (the start-up breakdown with
     --verbose), reason, the host's checks."""
     console = common.console
-    colour = "green" if r.status == "ok" else "red"
+    colour = {"ok": "green", "unverified": "yellow"}.get(r.status, "red")
     console.print(f"[{colour}]{r.status}[/{colour}] {r.backend} on {r.scenario}"
                   + (f" ({r.framework_version})" if r.framework_version else ""))
-    if r.status == "ok":
+    if r.status in ("ok", "unverified"):
         console.print(f"TGS {fmt(r.tgs)} (min {fmt(r.tgs_min)}, max {fmt(r.tgs_max)}) over {r.steps_measured} "
                       f"measured steps; TFLOPs/GPU {fmt(r.tflops, '.3g')} (XTuner formula), "
                       f"{fmt(r.model_tflops, '.3g')} (model FLOPs); step {fmt(r.step_seconds, '.3f')} s")

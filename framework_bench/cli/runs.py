@@ -63,12 +63,11 @@ def run(
     repeat: common.RepeatOption = "1",
     warmup_rounds: common.WarmupOption = None,
     precision: common.PrecisionOption = None,
+    no_reference: common.NoReferenceOption = False,
 ) -> None:
-    """Run one backend on one scenario, store the result, and report TGS / TFLOPs.
+    """Run one backend on one scenario, then the reference to judge it; store both, and report TGS / TFLOPs.
 
-    With --repeat: its trials (compare's trial loop, this backend alone) and the median's 95% interval."""
-    from framework_bench.run import pipeline
-    from framework_bench.run.interrupts import stop_signals_interrupt
+    With --repeat: its trials (compare's trial loop, this backend and the reference) and the median's 95% interval."""
     s = common.load_scenario(scenario)
     common.check_launcher(launcher)
     common.check_timeout(timeout)
@@ -84,25 +83,30 @@ def run(
         return
     store = common.open_store(db)
     common.preflight(store)
+    options = options.model_copy(update={"db": store.path})
     if trials != 1 or warmup_rounds:
-        _run_trials(backend, s, options.model_copy(update={"db": store.path}), store, trials, warmup_rounds,
-                    precision, as_json=as_json, verbose=verbose)
+        _run_trials(backend, s, options, store, trials, warmup_rounds, precision, no_reference,
+                    as_json=as_json, verbose=verbose)
         return
-    try:
-        with stop_signals_interrupt(), common.err.status(f"{backend} on {escape(s.name)}: starting") as status:
-            def on_step(done, total, secs):
-                status.update(f"{backend} on {s.name}: step {done}/{total}" + (f" ({secs:.2f} s)" if secs else ""))
-            r = pipeline.run_one(backend, s, options.model_copy(update={"db": store.path}), on_step=on_step)
-            common.keep(store, r, s)
-    except common.user_errors() as e:
-        common.fail(str(e))
-    except KeyboardInterrupt:  # after the run was stored: the signal came while storing
+    results, _, interrupted = _trial_loop([s], [backend], options, store, 1, 0, None, no_reference)
+    if interrupted and not any(r.backend == backend for r in results):
+        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
         raise typer.Exit(common.EXIT_INTERRUPTED)
+    r = next(r for r in results if r.backend == backend)
     if as_json:
         print(json.dumps(render.result_dict(r), indent=2))
     else:
         render.print_run(r, store.path, verbose=verbose)
-    if code := common.exit_code([r]):
+        for ref in results:
+            if ref is not r:  # the reference that judged it, stored beside it
+                common.console.print(f"judged against {ref.backend}'s run: {ref.status}"
+                                     + (f", TGS {render.fmt(ref.tgs)}" if ref.tgs else "")
+                                     + (f", stored as result {ref.result_id}" if ref.result_id is not None else ""),
+                                     highlight=False, markup=False)
+    if interrupted:
+        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
+        raise typer.Exit(common.EXIT_INTERRUPTED)
+    if code := common.exit_code(results):
         raise typer.Exit(code)
 
 
@@ -128,8 +132,10 @@ def compare(
     repeat: common.RepeatOption = "1",
     warmup_rounds: common.WarmupOption = None,
     precision: common.PrecisionOption = None,
+    no_reference: common.NoReferenceOption = False,
 ) -> None:
-    """Run backends over scenarios on one packed stream each; store, tabulate, chart, report."""
+    """Run backends over scenarios on one packed stream each, the reference last in each round to judge
+    the others; store, tabulate, chart, report."""
     from framework_bench.run import compare as compare_
     from framework_bench.plugins import registry as plugins
 
@@ -158,7 +164,7 @@ def compare(
     common.preflight(store, out)
     by_name = {s.name: s for s in chosen}
     results, stops, interrupted = _trial_loop(chosen, names, options.model_copy(update={"db": store.path}), store,
-                                              trials, warmup_rounds, precision)
+                                              trials, warmup_rounds, precision, no_reference)
     if as_json:
         print(json.dumps([render.result_dict(r) for r in results], indent=2))
     else:
@@ -180,7 +186,7 @@ def compare(
 
 
 def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_rounds: int | None,
-                precision: float | None) -> tuple[list, list, bool]:
+                precision: float | None, no_reference: bool) -> tuple[list, list, bool]:
     """`run/compare.py`'s trial loop with a progress bar, each run stored as it ends: (every
     stored run, whatever ended the loop; the `--repeat auto` stops; whether Ctrl-C ended it)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -194,22 +200,23 @@ def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_r
     tasks: dict = {}
 
     def on_start(backend: str, s) -> None:
-        tasks["current"] = progress.add_task(f"{backend} · {s.name}", total=s.steps.total, note="starting")
+        tasks["current"] = tasks[backend] = progress.add_task(f"{backend} · {s.name}", total=s.steps.total,
+                                                              note="starting")
 
     def on_step(done: int, total: int, secs: float | None) -> None:
         progress.update(tasks["current"], completed=done, note=f"step {secs:.2f} s" if secs else "")
 
-    def on_result(r, s) -> None:
+    def on_result(r, s) -> None:  # a run once judged: the round's others after its reference
         common.keep(store, r, s)
         done.append(r)
-        progress.update(tasks["current"], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
+        progress.update(tasks[r.backend], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
 
     interrupted = False
     with progress:
         try:
             with stop_signals_interrupt():
                 compare_.compare(chosen, names, options, repeat=trials, warmup_rounds=warmup_rounds,
-                                 precision=precision, on_start=on_start, on_step=on_step, on_result=on_result,
+                                 precision=precision, no_reference=no_reference, on_start=on_start, on_step=on_step, on_result=on_result,
                                  on_auto=stops.append)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
@@ -219,11 +226,11 @@ def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_r
 
 
 def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | None, precision: float | None,
-                as_json: bool, verbose: bool) -> None:
-    """`fbench run --repeat`: the backend's trials as compare shows them, its row with the median's
-    interval; % of the reference only where the reference is the backend run (no other ran)."""
-    from framework_bench.run.compare import reference_backend
-    results, stops, interrupted = _trial_loop([s], [backend], options, store, trials, warmup_rounds, precision)
+                no_reference: bool, as_json: bool, verbose: bool) -> None:
+    """`fbench run --repeat`: the backend's trials and the reference's as compare shows them, each row
+    with the median's interval and % of the reference."""
+    results, stops, interrupted = _trial_loop([s], [backend], options, store, trials, warmup_rounds, precision,
+                                              no_reference)
     if as_json:
         print(json.dumps([render.result_dict(r) for r in results], indent=2))
     else:
@@ -231,11 +238,6 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
         render.print_verdicts(results)
         render.print_auto_stops(stops)
         render.print_reasons(results)
-        reference = reference_backend()
-        if reference and backend != reference:
-            common.console.print(f"no {reference} trials in this run: `fbench compare --backends {reference},{backend} "
-                                 f"--repeat N` gives {backend}'s % of {reference} with its interval",
-                                 highlight=False, markup=False)
         common.console.print(f"results stored in {store.path}", highlight=False)
     if interrupted:
         common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")

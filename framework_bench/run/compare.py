@@ -100,11 +100,20 @@ def expand(patterns: list[str]) -> list[Scenario]:
     return sorted((s for _, s in seen.values()), key=lambda s: (s.model.preset or "", s.context_length))
 
 
+# Pins the reference to another installed backend (a new reference loop, or a stand-in in tests):
+# the one whose runs judge every other's, named wherever its share is shown.
+REFERENCE_ENV = "FBENCH_REFERENCE"
+
+
 def reference_backend() -> str | None:
-    """The installed backend that declares itself the no-framework reference
-    (`BackendInfo.reference`): other backends' TGS is shown as a share of its, and a compare
-    runs it first so the others are judged for parity with it."""
-    return next((name for name, b in plugins.backends().items() if b.info.reference), None)
+    """The backend every other is judged against and shown as a share of: the one `FBENCH_REFERENCE`
+    names (when installed), else the installed backend that declares itself the no-framework
+    reference (`BackendInfo.reference`; two such are refused, `plugins.backends`)."""
+    found = plugins.backends()
+    pinned = os.environ.get(REFERENCE_ENV)
+    if pinned:
+        return pinned if pinned in found else None
+    return next((name for name, b in found.items() if b.info.reference), None)
 
 
 def definition(scenario_json: dict) -> str:
@@ -117,10 +126,20 @@ class Interrupted(Exception):
 
 
 def _reference_first(backend_names: list[str]) -> tuple[list[str], str | None]:
-    """The backends in the order a compare runs them, and the reference's name: the reference
-    first, so that every other backend's run is judged for parity with it."""
+    """The backends in the order a SLURM compare submits them, and the reference's name: the
+    reference first, so that every other run records the reference's run folder."""
     reference_name = reference_backend()
     return sorted(backend_names, key=lambda b: b != reference_name), reference_name
+
+
+def trial_orders(backend_names: list[str], reference_name: str | None) -> list[list[str]]:
+    """The orders of successive rounds: a Williams design over the other backends
+    (`round_orders`), the reference last in each (when there is one), so that no run of a round
+    can read the reference's files of that round: its loss curve and update projection are
+    written after every run it judges has ended (issue 28, 3b)."""
+    others = [b for b in dict.fromkeys(backend_names) if b != reference_name]
+    orders = round_orders(others) or [[]]
+    return [order + [reference_name] for order in orders] if reference_name else orders
 
 
 def round_orders(backends: list[str]) -> list[list[str]]:
@@ -172,6 +191,7 @@ def compare(
     repeat: int | Literal["auto"] = 1,
     warmup_rounds: int | None = None,
     precision: float | None = None,
+    no_reference: bool = False,
     on_result: Callable[[RunResult, Scenario], None] = lambda r, s: None,
     on_start: Callable[[str, Scenario], None] = lambda b, s: None,
     on_step: readback.StepCallback = lambda done, total, secs: None,
@@ -180,11 +200,16 @@ def compare(
     """Every backend on every scenario, `repeat` rounds (after `warmup_rounds`, by default
     `warmup_default`): each trial a full run with every check, tagged with the compare's id, its
     round (warm-up rounds are 0 and below: stored, never counted) and its place in the round.
-    The rounds' orders are `round_orders` with the reference first in the first round; each
-    other backend's run is judged for parity with the reference's latest run. `repeat="auto"`:
-    from AUTO_MIN_ROUNDS rounds on, stop once every pair's 95% interval is within ±`precision`
-    percent (`statistics.widest_half_width`), or at AUTO_MAX_ROUNDS, said through `on_auto`.
-    `fbench run --repeat` is this loop with one backend."""
+
+    No verdict without a reference (issue 28): the reference backend runs in every round, added
+    when not chosen, last (`trial_orders`), and each other run of the round is judged against it
+    once it ended (`pipeline.judge`); `no_reference` leaves them `unverified`. A run is handed to
+    `on_result` (which stores it) once judged: the reference's first, then the round's others.
+    Interrupted before the reference's run ended, the round's runs are handed on `unverified`.
+
+    `repeat="auto"`: from AUTO_MIN_ROUNDS rounds on, stop once every pair's 95% interval is within
+    ±`precision` percent (`statistics.widest_half_width`), or at AUTO_MAX_ROUNDS, said through
+    `on_auto`. `fbench run` is this loop with one backend."""
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
     broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
@@ -197,34 +222,50 @@ def compare(
         raise ValueError("repeat='auto' goes with a precision, and a precision with repeat='auto'")
     first, last = (AUTO_MIN_ROUNDS, AUTO_MAX_ROUNDS) if repeat == "auto" else (repeat, repeat)
     results: list[RunResult] = []
-    ordered, reference_name = _reference_first(backend_names)
-    orders = round_orders(ordered)
+    reference_name = None if no_reference else reference_backend()
+    absent = ("--no-reference" if no_reference else
+              f"no reference backend is installed ({REFERENCE_ENV} or BackendInfo.reference)")
+    orders = trial_orders(backend_names, reference_name)
     compare_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    for s in scenarios:
-        reference = None
-        warm = warmup_default(first, s) if warmup_rounds is None else warmup_rounds
-        trials: list[RunResult] = []  # this scenario's, for the auto stop
-        for i, round_ in enumerate(range(1 - warm, last + 1)):
-            for position, name in enumerate(orders[i % len(orders)], 1):
-                on_start(name, s)
-                # run_one packs only when the backend can run the scenario; the packed data is
-                # cached by its inputs, so every trial reads the very same files.
-                result = pipeline.run_one(name, s, options, on_step=on_step,
-                                          reference=None if name == reference_name else reference)
-                result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
-                if name == reference_name:
-                    reference = result
-                on_result(result, s)
-                results.append(result)
-                trials.append(result)
-                if result.status == "interrupted":
-                    raise Interrupted(results)
-            if precision is not None and round_ >= first:
-                widest = statistics.widest_half_width(
-                    [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
-                if widest is None or widest <= precision or round_ == last:
-                    on_auto(AutoStop(scenario=s.name, rounds=round_, precision=precision, widest=widest))
-                    break
+    pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its reference's
+
+    def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, why: str = absent) -> None:
+        if result.backend != reference_name:
+            pipeline.judge(result, reference, s, why)
+        on_result(result, s)
+
+    try:
+        for s in scenarios:
+            warm = warmup_default(first, s) if warmup_rounds is None else warmup_rounds
+            trials: list[RunResult] = []  # this scenario's, for the auto stop
+            for i, round_ in enumerate(range(1 - warm, last + 1)):
+                for position, name in enumerate(orders[i % len(orders)], 1):
+                    on_start(name, s)
+                    # run_one packs only when the backend can run the scenario; the packed data is
+                    # cached by its inputs, so every trial reads the very same files.
+                    result = pipeline.run_one(name, s, options, on_step=on_step)
+                    result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
+                    results.append(result)
+                    trials.append(result)
+                    if name == reference_name:
+                        hand_on(result, s, None)
+                        while pending:
+                            hand_on(*pending.pop(0), result)
+                    elif reference_name is None:
+                        hand_on(result, s, None)
+                    else:
+                        pending.append((result, s))
+                    if result.status == "interrupted":
+                        raise Interrupted(results)
+                if precision is not None and round_ >= first:
+                    widest = statistics.widest_half_width(
+                        [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
+                    if widest is None or widest <= precision or round_ == last:
+                        on_auto(AutoStop(scenario=s.name, rounds=round_, precision=precision, widest=widest))
+                        break
+    finally:  # stopped before the round's reference ended: its runs are stored, unjudged
+        while pending:
+            hand_on(*pending.pop(0), None, f"the round stopped before the reference {reference_name} ran")
     return results
 
 
@@ -237,7 +278,7 @@ def submit(
     on_planned: Callable[[str, Scenario, Planned], None] = lambda b, s, p: None,
 ) -> None:
     """`compare --launcher slurm`: every backend on every scenario written and submitted, the
-    reference first; each other run records the reference's run folder, so `results collect`
+    reference first (jobs run side by side there, in no order of ours); each other run records the reference's run folder, so `results collect`
     judges it for parity with the reference's result."""
     ordered, reference_name = _reference_first(backend_names)
     for s in scenarios:

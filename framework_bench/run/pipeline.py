@@ -196,18 +196,41 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
 
 def finish(prepared: Prepared, outcome: Outcome, reference: RunResult | None = None) -> RunResult:
     """The result of a launched run once it ended (here, or as a SLURM job): read back, verified,
-    judged for parity with `reference` when both ended `ok`, saved as result.json. Whatever
+    judged for parity with `reference` when given (`judge`), saved as result.json. Whatever
     fails here makes the run `failed` with the reason: it is never lost."""
     job = prepared.job
     result = prepared.identity.result(outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
                                       data_sha256=job.data_sha256)
     try:
         readback.read_back(result, prepared.backend, job, outcome, prepared.gpu_name)
-        if reference is not None and reference.status == "ok" and result.status == "ok":
-            readback.judge_parity(result, reference, job.scenario)
     except Exception as e:  # noqa: BLE001 - a bug in the figures or checks must not lose the run
         result.status = "failed"
         result.reason = f"fbench could not read the run back: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
+    if reference is not None:
+        return judge(result, reference, job.scenario)
+    if result.reason:
+        result.reason = readback.shortened(result.reason)
+    return _save(result)
+
+
+def judge(result: RunResult, reference: RunResult | None, scenario: Scenario, absent: str = "none was run") -> RunResult:
+    """The referee's last word on a run its own checks passed (`ok`, or `unverified` for want of
+    some claim): its parity with the reference's run on the same scenario and seed, which can
+    only make it `invalid`. Without a reference's `ok` run it is never `ok`: `unverified`, saying
+    why (`absent`: why there was none). Saved again as result.json."""
+    if result.status in ("ok", "unverified"):
+        missing = (f"parity not judged: no reference run ({absent})" if reference is None else
+                   f"parity not judged: the reference {reference.backend} ended {reference.status}"
+                   if reference.status != "ok" else None)
+        try:
+            if missing:
+                result.status = "unverified"
+                result.reason = "; ".join(p for p in (result.reason, missing) if p)
+            else:
+                readback.judge_parity(result, reference, scenario)
+        except Exception as e:  # noqa: BLE001 - a bug in the checks must not lose the run
+            result.status = "failed"
+            result.reason = f"fbench could not judge the run: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
     if result.reason:
         result.reason = readback.shortened(result.reason)
     return _save(result)

@@ -113,14 +113,20 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
 
 
 def judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
-    """The run's canonical step-1 loss against the reference's (framework_bench/measure/losses.py),
-    and its update projection (framework_bench/measure/update.py)."""
+    """The run's canonical losses against the reference's (framework_bench/measure/losses.py),
+    and its update projection (framework_bench/measure/update.py): a failed one makes the run
+    `invalid`, one that could not be judged leaves it `unverified` (never `ok`), saying why."""
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
                           update.parity(result, reference, scenario.precision)) if c is not None]
     result.checks += checks
-    reason, _ = verify.verdict(checks)
+    reason, flags = verify.verdict(checks)
+    result.flags += flags
+    unjudged = [c for c in checks if c.status == "unverified" and c.name not in verify.unchecked()]
     if reason:
         result.status, result.reason = "invalid", reason
+    elif unjudged:
+        result.status = "unverified"
+        result.reason = "; ".join([result.reason or ""] + [f"{c.name} not judged: {c.detail}" for c in unjudged]).lstrip("; ")
 
 
 # A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.

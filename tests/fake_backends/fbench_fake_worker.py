@@ -1,7 +1,8 @@
 """Worker of the fake backends: writes real metrics files, then ends as its mode says.
 
 `ok` claims only what holds: the rows it read (through the SDK's consumed-rows record), the
-tokens they hold, every step, the parameter count of the scenario's config, its settings, and
+tokens they hold, every step, a loss of 10/step for each (every fake's, so that any two agree
+as a run and its reference must), the parameter count of the scenario's config, its settings, and
 the initial weights a Llama of that config gets from the seed (it builds no model: the samples
 come from the host's own generator, so the host's bookkeeping is what these tests exercise).
 The other training modes each tell one lie the host must catch (framework_bench/measure/verify.py);
@@ -19,6 +20,7 @@ import zlib
 import numpy as np
 
 from framework_bench.worker import ConsumedRows, Report, initial_weights_host, load_job, write_report
+from framework_bench.worker.losses import MicroLosses, supervised_after_shift
 from framework_bench.worker.files import UPDATE_FILE, MetricsWriter
 from framework_bench.worker.update import wait_for_reveal
 from framework_bench.worker.steps import ClockLines
@@ -31,7 +33,7 @@ def write_update(run_dir, step: float = 1e-3) -> None:
     key = initial_weights_host.projection_key(seed, "model.embed_tokens.weight")
     v = initial_weights_host.standard_normal(np.array([0]), key)
     with open(os.path.join(run_dir, UPDATE_FILE), "w") as f:
-        json.dump({"projection_seed": seed, "projection": step * float(v[0])}, f)
+        json.dump({"projection_seed": seed, "projection": step * float(v[0]), "norm": step}, f)
 
 
 def param_count(cfg: dict) -> int:
@@ -95,6 +97,7 @@ if mode in ("noisy", "noisy_slow"):  # a trial's step time, drawn from a seed it
 writer = MetricsWriter(job.run_dir)
 clock = ClockLines(job.run_dir, rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes less
 consumed = ConsumedRows(job.run_dir, rank=0)
+losses = MicroLosses(job.run_dir, rank=0)
 if mode == "echo_sha":  # never opens the data: "trains" on zeros and echoes the host's sha256 as verified
     rows_ids = rows_labels = np.zeros((job.steps + 1, ctx), np.int32)
     job.check_data(job.data_sha256, "the host's own figure, echoed")
@@ -113,6 +116,8 @@ for step in range(1, job.steps + 1):
     clock.write("begin")
     consumed.add(rows_ids[row], rows_labels[row])
     consumed.end_step(step)
+    losses.add(10.0 / step, supervised_after_shift(rows_labels[row]), rows_labels[row], scale=1.0)
+    losses.end_step(step)
     line = {"step": step, "seconds": step_seconds, "tokens": ctx * (2 if mode == "double_tokens" else 1), "loss": 10.0 / step,
             "peak_mem_bytes": None, "peak_reserved_bytes": None, "rank": 0, **(OVERRIDE or {})}
     writer._fh.write(json.dumps(line) + "\n")
