@@ -30,3 +30,22 @@ def test_one_loss_chart_per_scenario_with_a_line_per_backend(tmp_path):
     assert 'id="loss-line-xtuner"' in other and 'id="loss-line-torch"' not in other  # no curve: no line
     md, _ = write_report(rows, tmp_path / "report", paths)
     assert "loss_tiny_cpu" in md.read_text()
+
+
+def test_an_unverified_run_is_drawn_only_when_asked_and_then_marked_as_such(tmp_path):
+    """Issue 28: a run no check vouches for (every claim declared unclaimed, no reference...) was
+    drawn like an `ok` one in the loss chart, and as a plain TGS line with --include-unverified."""
+    curve = {1: 6.276, 2: 6.209, 3: 6.112}
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        for backend, status in (("torch", "ok"), ("claimless", "unverified")):
+            store.add(RunResult(backend=backend, scenario="tiny_cpu", status=status, tgs=100.0, seed=1024,
+                                loss_curve=curve), load("tiny_cpu"), manifest_={})
+        rows = store.list()
+    plotting.plot_results(rows, tmp_path / "plots", published=False)
+    loss, tgs = ((tmp_path / "plots" / name).read_text() for name in ("loss_tiny_cpu.svg", "tgs_tflops_tiny-llama.svg"))
+    assert 'id="loss-line-torch"' in loss and "claimless" not in loss
+    assert 'id="tgs-line-claimless-unverified"' not in tgs
+    plotting.plot_results(rows, tmp_path / "asked", published=False, include_unverified=True)
+    loss, tgs = ((tmp_path / "asked" / name).read_text() for name in ("loss_tiny_cpu.svg", "tgs_tflops_tiny-llama.svg"))
+    assert 'id="loss-line-claimless-unverified"' in loss and 'id="loss-line-claimless"' not in loss
+    assert 'id="tgs-line-claimless-unverified"' in tgs

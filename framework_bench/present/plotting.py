@@ -139,9 +139,16 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                 for i, backend in enumerate(sorted({r["backend"] for r in mrows})):
                     brows = sorted((r for r in mrows if r["backend"] == backend), key=lambda r: r["context_length"])
                     ok = [r for r in brows if r["status"] in shown and r[metric] is not None]
-                    line, = ax.plot([r["context_length"] for r in ok], [r[metric] for r in ok], marker="o",
-                                    color=colours[backend], label=backend, linewidth=2)
+                    verified = [r for r in ok if r["status"] == "ok"]
+                    line, = ax.plot([r["context_length"] for r in verified], [r[metric] for r in verified],
+                                    marker="o", color=colours[backend], label=backend, linewidth=2)
                     line.set_gid(f"{metric}-line-{_slug(backend)}")
+                    unverified = [r for r in ok if r["status"] == "unverified"]
+                    if unverified:  # asked for: a figure no check vouches for is never drawn like one that is
+                        line, = ax.plot([r["context_length"] for r in unverified], [r[metric] for r in unverified],
+                                        marker="o", markerfacecolor="none", linestyle=":", color=colours[backend],
+                                        label=f"{backend} (unverified)", linewidth=1.5)
+                        line.set_gid(f"{metric}-line-{_slug(backend)}-unverified")
                     dodge = 2 ** (0.03 * (i - (len(backends) - 1) / 2))  # backends' bars side by side
                     # The 95% interval of the median over trials (TFLOPs scale with TGS) as an error bar.
                     trials = [r for r in ok if r.get("tgs_low") is not None]
@@ -187,19 +194,21 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
             fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
                          f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
             paths += _save(fig, Path(out_dir), f"tgs_tflops_{_slug(model)}")
-    return paths + plot_loss_curves(rows, out_dir)
+    return paths + plot_loss_curves(rows, out_dir, include_unverified)
 
 
-def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT) -> list[Path]:
+def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT, include_unverified: bool = False) -> list[Path]:
     """Per scenario: `loss_<scenario>.png/.svg`, the canonical loss per optimizer step (the token
     mean, framework_bench/measure/losses.py) of each backend's latest run: from the same initial
-    weights and rows, backends that computed the same steps draw one curve."""
+    weights and rows, backends that computed the same steps draw one curve. `ok` runs only, and
+    `unverified` ones, dotted and labelled so, if asked."""
+    shown = ("ok", "unverified") if include_unverified else ("ok",)
     import matplotlib
     from matplotlib.figure import Figure
 
     latest: dict[tuple[str, str], dict] = {}  # the newest run per scenario and backend
     for r in sorted(rows, key=lambda r: r.get("id") or 0):
-        if r.get("loss_curve"):
+        if r.get("loss_curve") and r["status"] in shown:
             latest[(r["scenario"], r["backend"])] = r
     by_scenario: dict[str, list[dict]] = defaultdict(list)
     for (scenario, _), r in latest.items():
@@ -214,10 +223,12 @@ def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT) -> list[Path
             # Identical curves would hide each other: later backends are drawn thinner, on top.
             for i, r in enumerate(sorted(runs, key=lambda r: r["backend"])):
                 curve = sorted((int(step), loss) for step, loss in r["loss_curve"].items())
+                unverified = r["status"] == "unverified"
                 line, = ax.plot([s for s, _ in curve], [loss for _, loss in curve], marker="o", markersize=4,
                                 linewidth=max(4 - 1.2 * i, 1), color=colours[r["backend"]],
-                                label=f"{r['backend']} (seed {r.get('seed')})")
-                line.set_gid(f"loss-line-{_slug(r['backend'])}")
+                                linestyle=":" if unverified else "-", markerfacecolor="none" if unverified else None,
+                                label=f"{r['backend']} (seed {r.get('seed')}{', unverified' if unverified else ''})")
+                line.set_gid(f"loss-line-{_slug(r['backend'])}" + ("-unverified" if unverified else ""))
             ax.set_xlabel("optimizer step")
             ax.set_ylabel("loss (token mean over the step)")
             ax.legend(loc="best", fontsize=8, framealpha=0.9)
