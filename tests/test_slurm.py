@@ -68,6 +68,7 @@ def fakes(tmp_path, monkeypatch):
     site = tmp_path / "site"
     fbench_fake_backends.register_through_entry_points(site)
     monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("FBENCH_REFERENCE", "fake_ok")  # the reference that judges the fakes' runs
 
 
 def _invoke(*args: str):
@@ -399,7 +400,7 @@ def test_ctrl_c_while_submitting_exits_130_and_never_waits(cluster, fakes, tmp_p
         proc.kill()
 
 
-# Fakes whose host side writes the per-micro-batch losses a worker would (tests/fake_backends
+# Fakes whose host side moves the per-micro-batch losses their worker recorded (tests/fake_backends
 # train nothing): a reference, one trained alike, one whose losses are 1.0 apart.
 PARITY_FAKES = '''
 import json
@@ -419,10 +420,9 @@ class WithLosses(FakeBackend):
 
     @hookimpl
     def fbench_read_report(self, job):
-        (job.run_dir / "losses").mkdir(exist_ok=True)
-        (job.run_dir / "losses" / "rank0.jsonl").write_text("".join(
-            json.dumps({"step": s, "loss": 10.0 / s + self.offset, "divisor": 1, "supervised": 1}) + "\\n"
-            for s in range(1, job.scenario.steps.total + 1)))
+        path = job.run_dir / "losses" / "rank0.jsonl"  # the fake worker's records, each loss moved by the offset
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "loss": r["loss"] + self.offset}) + "\\n" for r in records))
         return super().fbench_read_report(job)
 
 
@@ -448,7 +448,7 @@ def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes,
     fbench_fake_backends.register_through_entry_points(
         site, {f"fake_{n}": f"fbench_parity_fakes:{n}" for n in ("reference", "alike", "apart")}, "fbench-parity-fakes")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(compare, "reference_backend", lambda: "fake_reference")  # the torch backend is installed too
+    monkeypatch.setenv("FBENCH_REFERENCE", "fake_reference")  # the torch backend is installed too
     db = tmp_path / "results.sqlite"
     res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_apart,fake_alike,fake_reference",
                   "--launcher", "slurm", "--db", str(db))

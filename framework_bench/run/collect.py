@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Job
-from framework_bench.run import pipeline, readback
+from framework_bench.run import compare, pipeline, readback
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
 from framework_bench.run.launchers.slurm import (SBATCH_EXIT_FILE, SBATCH_FILE, JobState, job_state, node, outcome_of,
@@ -46,7 +46,8 @@ JOB_FILE = "job.json"
 
 def ingest(sub: Submission, state: JobState, reference: RunResult | None = None) -> RunResult:
     """The stored-to-be result of an ended job; its MFU against the GPU of the node that ran it
-    (none when that is unknown: the plan's target GPU may not be what the scheduler gave). A run
+    (none when that is unknown: the plan's target GPU may not be what the scheduler gave); judged
+    against `reference`, the reference's result (never `ok` without one: `pipeline.judge`). A run
     whose job file is damaged cannot be read back: `failed`, naming the damage."""
     outcome = outcome_of(sub, state)
     if damage := job_damage(sub):
@@ -54,7 +55,12 @@ def ingest(sub: Submission, state: JobState, reference: RunResult | None = None)
                   f"{sub.scenario!r} as defined now)")
         return RunResult(backend=sub.backend, scenario=sub.scenario, status="failed", run_dir=sub.run_dir,
                          wall_seconds=round(outcome.seconds, 2), reason=readback.shortened(reason.strip()))
-    return pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome, reference)
+    result = pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome)
+    if sub.backend == compare.reference_backend():
+        return result
+    absent = ("no reference job was submitted beside it" if sub.reference is None else
+              f"the reference's job ({sub.reference}) left no result")
+    return pipeline.judge(result, reference, scenario_of(sub), absent)
 
 
 def job_damage(sub: Submission) -> str | None:
