@@ -1,21 +1,50 @@
 """The host's own clock: the time a run took, as the host saw it, held against the seconds
-its worker claims.
+its worker claims, inside the measured steps and outside them.
 
 The worker SDK's step timer writes a line per clock event (`framework_bench/worker/steps.py`:
 begin, pause, resume, end) the moment it happens, carrying no time. While the run goes,
 `Watcher` reads those files and stamps each line as it arrives with the host's monotonic
-clock; on CPU it also reads the CPU time (and run-queue wait) of the host's process tree
-(the worker, torchrun, its ranks) at each stamp of a measured step. The stamps are kept in the run folder
-(`STAMPS_FILE`), and `checks` judges them after the run, per rank, over the measured steps:
+clock, warm-up steps too; on CPU it also reads the CPU time of the host's process tree (the
+worker, torchrun, its ranks) at each stamp: the time its threads ran, and with it the time
+they waited runnable for a CPU. It stamps the worker's update claim (`UPDATE_FILE`) when it
+appears in the run folder. The stamps are kept in the run folder (`STAMPS_FILE`), and `checks`
+judges them after the run, per rank:
 
-  - clock: the claimed seconds must be at least `MIN_CLAIMED_SHARE` of the observed span
-    (first measured begin to the last measured step's stop) less the declared pauses;
+  - clock: the claimed seconds of the measured steps must be at least `MIN_CLAIMED_SHARE` of
+    the observed span (first measured begin to the last measured step's stop) less the
+    declared pauses; and each step's claim at least `MIN_CLAIMED_SHARE` of its own window
+    less its pauses, minus `STAMP_JITTER_SECONDS` (the figure is the median step, so claims
+    moved from one step to another with the same total would pass the sum). A claim above
+    its window is recorded (`step_over`), not judged: it never flatters a figure, and the
+    test suite's fake workers claim time they do not take;
   - pauses: a step's declared pauses (pause ... resume) may not exceed `MAX_PAUSE_SHARE` of
     the step: the rows are packed beforehand, there is nothing legitimate to wait for;
+  - gaps: the time between measured steps (one's end to the next one's begin, where a loop
+    records the step and fetches the next batch, and a trainer runs its callbacks) at most
+    `MAX_GAP_SHARE` of the span: work of the steps done there (the optimizer step) is not
+    timed. Honest runs of tiny_cpu and its multi-process variants spent at most 3.9 % there
+    (408 stored runs); the optimizer step moved between steps 8.5 % (11.7 % under load);
+  - warmup_time (a flag, every device): a warm-up step's wall time more than
+    `WARMUP_FLAG_RATIO` times the measured median: compile and autotune do that on GPU;
+  - warmup (CPU runs): a warm-up step's CPU work (run time, which the machine's load does
+    not change) at most `MAX_WARMUP_CPU_RATIO` times the measured median's: above, the
+    warm-up holds training the measured steps left out. Honest runs of torch, XTuner and
+    LLaMA-Factory: 1.0-1.7x; the whole training inside warm-up step 1: 67x. On GPU such a
+    warm-up is only flagged (warmup_time): compile and autotune take time there, and the
+    CPU's work says nothing of the GPU's;
   - cpu (CPU runs): the process tree's CPU time over the span, with the time its threads
     waited runnable for a CPU (a shared machine starves honest workers too), at least
     `MIN_CPU_SHARE` of its wall time: a worker asleep through its steps computed them
-    elsewhere (where /proc cannot be read, or the span is too short to, it is said unavailable).
+    elsewhere.
+Where /proc cannot be read, or the span (a warm-up step's CPU work) is under
+`MIN_CPU_SPAN_SECONDS`, the cpu (warmup) figure is said unavailable in the clock check.
+
+The clock check's figures also keep `projection_seconds` (and on CPU `projection_cpu_seconds`,
+the tree's CPU run time): from the seed's reveal to the update claim. After the last step an
+honest worker only projects its update; `projection_delay_check` holds a run's figure against
+the reference's (the same projection of the same model), at most `PROJECTION_DELAY_FACTOR`
+times it or it plus `PROJECTION_DELAY_SLACK`: above, the worker trained after its last
+measured step.
 
 Once every rank's last step ended, the watcher reveals the update projection's seed
 (`framework_bench/measure/update.py`), keeping the stamp in its record.
@@ -23,15 +52,15 @@ Once every rank's last step ended, the watcher reveals the update projection's s
 Under SLURM the batch script runs the watcher on the job's first node, beside the workers
 (`python -m framework_bench.measure.clock RUN_DIR WARMUP STEPS RANKS [all]`, stopped by SIGTERM once they end): lines
 of ranks on other nodes reach it through the shared filesystem, read every 0.1 s, and the
-CPU share is not read there (the workers are no descendants of the watcher).
+CPU time is not read there (the workers are no descendants of the watcher).
 
 On GPU the watcher also records what NVML reports over the measured steps (busy samples,
 energy: `framework_bench/measure/nvml.py`), "unavailable" where it cannot be read; never a pass or a fail.
 
 A pause not followed by a resume stops the step's clock (its `end` line may come later, once
-the framework logged the loss). `FBENCH_UNCHECKED=clock,pauses,cpu` leaves these checks out
-(`framework_bench/measure/verify.py`): for tests that show a lie is live; never for a figure
-anyone reads.
+the framework logged the loss). `FBENCH_UNCHECKED=clock,pauses,gaps,warmup,cpu,projection_delay`
+leaves these checks out (`framework_bench/measure/verify.py`): for tests that show a lie is
+live; never for a figure anyone reads.
 """
 
 from __future__ import annotations
@@ -42,6 +71,7 @@ import os
 import secrets
 import select
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -50,7 +80,7 @@ from pathlib import Path
 
 from framework_bench.measure.nvml import NvmlSampler, nvml_figures
 from framework_bench.measure.update import Reveal
-from framework_bench.worker.files import CLOCK_DIR
+from framework_bench.worker.files import CLOCK_DIR, UPDATE_FILE
 
 STAMPS_FILE = "host_clock.json"
 POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus scheduling)
@@ -58,6 +88,26 @@ MIN_CLAIMED_SHARE = 0.9
 MAX_PAUSE_SHARE = 0.05
 MIN_CPU_SHARE = 0.5
 MIN_CPU_SPAN_SECONDS = 0.2  # a shorter span says nothing: a thread's schedstat is brought up to date as it is scheduled
+# How late a stamp may be, either end of a step: the most honest runs showed (claimed minus
+# the window less pauses, over 1,692 steps of torch, XTuner and LLaMA-Factory, tiny_cpu and
+# its multi-process variants, on a 2-core machine shared with other work) was 8.3 ms. Short
+# steps need it (10 % of a 20 ms step is less than a late stamp); a larger one would let claims
+# move between tiny_cpu's 80 ms steps.
+STAMP_JITTER_SECONDS = 0.015
+# Between two measured steps (one's end to the next one's begin) the loop records the step and
+# fetches the next batch, a trainer runs its callbacks: honest runs spent at most 3.9 % of the
+# span there (LLaMA-Factory on 2 processes; torch 1.9 %, XTuner 2.9 % on tiny_cpu).
+MAX_GAP_SHARE = 0.06
+# A warm-up step's CPU work (run time, not the wait: a shared machine's load does not change
+# it) against the measured steps' median: a framework's first steps make its lazy set-up
+# (allocator, thread pools), not several steps' training.
+MAX_WARMUP_CPU_RATIO = 8.0
+WARMUP_FLAG_RATIO = 10.0  # a warm-up step's wall time over the measured median: shown (compile, autotune)
+# The time from the seed's reveal to the worker's update claim against the reference's. On
+# tiny_cpu (18 steps, a heavily loaded 2-core machine) the honest took 0.70-1.43 CPU seconds
+# (torch 0.70, LLaMA-Factory 0.75, XTuner 1.43: its hooks after training count), the training
+# deferred past the last step 19.6.
+PROJECTION_DELAY_FACTOR, PROJECTION_DELAY_SLACK = 4.0, 0.5
 
 
 def _children(pid: int) -> dict[int, list[int]]:
@@ -83,12 +133,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def cpu_seconds(pids: list[int]) -> float | None:
-    """Seconds the processes' threads ran on a CPU or waited, runnable, for one
-    (/proc/PID/task/TID/schedstat); None where no such file can be read. The wait counts: on
-    a machine shared with other work an honest worker waits for a CPU; a worker asleep
-    through its steps neither runs nor waits."""
-    total, seen = 0, False
+def cpu_seconds(pids: list[int]) -> tuple[float, float] | None:
+    """(seconds the processes' threads ran on a CPU or waited, runnable, for one; seconds they
+    ran) from /proc/PID/task/TID/schedstat; None where no such file can be read. The wait
+    counts in the first: on a machine shared with other work an honest worker waits for a
+    CPU; a worker asleep through its steps neither runs nor waits. The second is the work
+    done, whatever else the machine runs."""
+    total, ran_only, seen = 0, 0, False
     for pid in pids:
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
@@ -100,20 +151,23 @@ def cpu_seconds(pids: list[int]) -> float | None:
             except (OSError, ValueError):
                 continue
             total += int(ran) + int(waited)
+            ran_only += int(ran)
             seen = True
-    return total / 1e9 if seen else None
+    return (total / 1e9, ran_only / 1e9) if seen else None
 
 
 class Inotify:
-    """Linux inotify on one folder (libc through ctypes): `wait` returns as soon as a file
-    in it is written, so the watcher sleeps between lines instead of polling."""
+    """Linux inotify on folders (libc through ctypes), each with its event mask: `wait`
+    returns as soon as one of them sees such an event, so the watcher sleeps between lines
+    instead of polling."""
 
-    IN_MODIFY, IN_CREATE, IN_NONBLOCK, IN_CLOEXEC = 0x2, 0x100, 0o4000, 0o2000000
+    IN_MODIFY, IN_MOVED_TO, IN_CREATE, IN_NONBLOCK, IN_CLOEXEC = 0x2, 0x80, 0x100, 0o4000, 0o2000000
 
-    def __init__(self, directory: Path):
+    def __init__(self, folders: dict[Path, int]):
         libc = ctypes.CDLL(None, use_errno=True)
         self.fd = libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC)
-        if self.fd < 0 or libc.inotify_add_watch(self.fd, os.fsencode(directory), self.IN_MODIFY | self.IN_CREATE) < 0:
+        if self.fd < 0 or any(libc.inotify_add_watch(self.fd, os.fsencode(folder), mask) < 0
+                              for folder, mask in folders.items()):
             raise OSError(ctypes.get_errno(), "inotify unavailable")
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
@@ -146,12 +200,12 @@ class Watcher:
         self.out = self.run_dir / STAMPS_FILE
         self.warmup, self.cpu = warmup, cpu
         self.nvml = NvmlSampler(gpus) if gpus else None
-        self.events: dict[int, list[list]] = {}  # rank -> [stamp, event, step, cpu seconds or None]
+        self.events: dict[int, list[list]] = {}  # rank -> [stamp, event, step, cpu and wait seconds, cpu seconds]
         self._files: dict[int, tuple[int, bytearray]] = {}
-        self._measuring: dict[int, bool] = {}
         self._last_end: dict[int, int] = {}
         self._pids: list[int] | None = None
-        self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp"} once written
+        self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp", "cpu"} once written
+        self.update_claim: dict | None = None  # {"stamp", "cpu"} when the worker's update claim appeared
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fbench-clock", daemon=True)
 
@@ -165,19 +219,22 @@ class Watcher:
         self._stop.set()
         self._thread.join()
         self._read()
+        self._see_update_claim()
         for fd, _ in self._files.values():
             os.close(fd)
         nvml = self.nvml.stop() if self.nvml else None
         try:
             self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "nvml": nvml,
-                                            "reveal": self.revealed,
+                                            "reveal": self.revealed, "update_claim": self.update_claim,
                                             "ranks": {str(r): ev for r, ev in self.events.items()}}))
         except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
             pass
 
     def _run(self) -> None:
         try:
-            notify = Inotify(self.dir)
+            # the clock lines written; the update claim renamed (or written) into the run folder
+            notify = Inotify({self.dir: Inotify.IN_MODIFY | Inotify.IN_CREATE,
+                              self.run_dir: Inotify.IN_MOVED_TO | Inotify.IN_CREATE})
         except (OSError, AttributeError):  # no inotify (not Linux): poll
             notify = None
         polls = 0
@@ -190,6 +247,7 @@ class Watcher:
                 self._open_new()
             polls += 1
             self._read()
+            self._see_update_claim()
         if notify:
             notify.close()
 
@@ -224,19 +282,28 @@ class Watcher:
             event, step = str(rec["event"]), rec.get("step")
         except (ValueError, KeyError, TypeError):
             return  # not a clock line: no claim made, nothing stamped
-        if event == "begin" and self._last_end.get(rank, 0) >= self.warmup:
-            self._measuring[rank] = True
-        cpu = None
-        if self.cpu and self._measuring.get(rank):
-            if self._pids is None:  # the process tree, found once: the workers exist by now
-                self._pids = descendants(os.getpid())
-            cpu = cpu_seconds(self._pids)
+        cpu = self._cpu()
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
-            self._reveal_after(stamp)
-        self.events.setdefault(rank, []).append([stamp, event, step, cpu])
+            self._reveal_after(stamp, cpu)
+        self.events.setdefault(rank, []).append([stamp, event, step, *(cpu or (None, None))])
 
-    def _reveal_after(self, stamp: float) -> None:
+    def _cpu(self) -> tuple[float, float] | None:
+        """The process tree's CPU seconds now (`cpu_seconds`), on CPU runs."""
+        if not self.cpu:
+            return None
+        if self._pids is None:  # the process tree, found once: the workers exist by their first line
+            self._pids = descendants(os.getpid())
+        return cpu_seconds(self._pids)
+
+    def _see_update_claim(self) -> None:
+        """Stamp the worker's update claim (`UPDATE_FILE`) when it first shows in the run folder:
+        the time from the reveal to it is the projection's, unless the worker trained there."""
+        if self.update_claim is None and (self.run_dir / UPDATE_FILE).exists():
+            cpu = self._cpu()
+            self.update_claim = {"stamp": time.monotonic(), "cpu": cpu and cpu[1]}
+
+    def _reveal_after(self, stamp: float, cpu: tuple[float, float] | None) -> None:
         """Reveal the seed once every rank's clock says it ended the last step."""
         if self.reveal is None or self.revealed is not None:
             return
@@ -245,13 +312,14 @@ class Watcher:
                 self.reveal.write(self.run_dir)
             except OSError:  # a full disk: no seed, so no projection; the run's update claim is then missing
                 return
-            self.revealed = {"seed": self.reveal.seed, "stamp": stamp}
+            self.revealed = {"seed": self.reveal.seed, "stamp": stamp, "cpu": cpu and cpu[1]}
 
 
 @dataclass
 class StepWindow:
     """One step of one rank as the host stamped it: its clock ran from `begin` to `stop`,
-    less `paused` (declared pauses); CPU seconds read at both ends (None where not read)."""
+    less `paused` (declared pauses); the process tree's CPU seconds (with the wait: `cpu_*`;
+    run time only: `ran_*`) read at both ends, None where not read."""
 
     step: int
     begin: float
@@ -259,22 +327,35 @@ class StepWindow:
     paused: float
     cpu_begin: float | None
     cpu_stop: float | None
+    ran_begin: float | None = None
+    ran_stop: float | None = None
+
+    @property
+    def seen(self) -> float:
+        """The seconds its clock ran as the host saw them."""
+        return self.stop - self.begin - self.paused
+
+    @property
+    def ran(self) -> float | None:
+        return None if self.ran_begin is None or self.ran_stop is None else self.ran_stop - self.ran_begin
 
 
 def windows(events: list[list]) -> list[StepWindow]:
-    """A rank's stamped events ([stamp, event, step, cpu]) as its steps' windows."""
+    """A rank's stamped events ([stamp, event, step, cpu and wait, cpu]; runs stamped before the
+    run time was read lack the last) as its steps' windows."""
     out, begin, paused, pause_at, stop = [], None, 0.0, None, None
-    for stamp, event, step, cpu in events:
+    for stamp, event, step, *cpu in events:
+        cpu = (cpu + [None, None])[:2]
         if event == "begin":
-            begin, paused, pause_at, stop = (stamp, cpu), 0.0, None, None
+            begin, paused, pause_at, stop = (stamp, *cpu), 0.0, None, None
         elif event == "pause" and begin:
-            pause_at, stop = stamp, (stamp, cpu)
+            pause_at, stop = stamp, (stamp, *cpu)
         elif event == "resume" and pause_at is not None:
             paused += stamp - pause_at
             pause_at, stop = None, None
         elif event == "end" and begin and isinstance(step, int):
-            stop = stop or (stamp, cpu)
-            out.append(StepWindow(step, begin[0], stop[0], paused, begin[1], stop[1]))
+            stop = stop or (stamp, *cpu)
+            out.append(StepWindow(step, begin[0], stop[0], paused, begin[1], stop[1], begin[2], stop[2]))
             begin = None
     return out
 
@@ -289,74 +370,205 @@ def load_stamps(run_dir: Path) -> dict | None:
         return None
 
 
+def _short_step(rank: int, ws: list[StepWindow], own: dict[int, float]) -> dict:
+    """The step whose claim falls furthest under `MIN_CLAIMED_SHARE` of its own window (less
+    pauses and the stamping jitter), and the largest claim over its window."""
+    def margin(w: StepWindow) -> float:
+        return own.get(w.step, 0.0) - (MIN_CLAIMED_SHARE * w.seen - STAMP_JITTER_SECONDS)
+    w = min(ws, key=margin)
+    return dict(rank=rank, step=w.step, claimed=round(own.get(w.step, 0.0), 6), seen=round(w.seen, 6),
+                margin=round(margin(w), 6), over=round(max(own.get(v.step, 0.0) - v.seen for v in ws), 6))
+
+
+def _warmup(rank: int, warm: list[StepWindow], measured: list[StepWindow]) -> dict | None:
+    """A rank's largest warm-up step against its measured median: wall time, and (where read)
+    CPU run time."""
+    if not warm:
+        return None
+    median = statistics.median(w.seen for w in measured)
+    slow = max(warm, key=lambda w: w.seen)
+    out = dict(rank=rank, step=slow.step, seconds=round(slow.seen, 6), measured_median_seconds=round(median, 6),
+               ratio=round(slow.seen / median, 2) if median > 0 else None)
+    ran = [w.ran for w in measured]
+    if None not in ran and all(w.ran is not None for w in warm):
+        busy = max(warm, key=lambda w: w.ran)
+        out |= dict(cpu_step=busy.step, cpu_seconds=round(busy.ran, 4), measured_median_cpu_seconds=round(statistics.median(ran), 4))
+    return out
+
+
+def _projection(stamps: dict) -> dict:
+    """Seconds (and, on CPU, the process tree's CPU run seconds) from the seed's reveal to the
+    worker's update claim in the run folder; empty where either was not seen."""
+    reveal, claim = stamps.get("reveal") or {}, stamps.get("update_claim") or {}
+    if "stamp" not in reveal or "stamp" not in claim:
+        return {}
+    cpu = claim.get("cpu") - reveal["cpu"] if claim.get("cpu") is not None and reveal.get("cpu") is not None else None
+    return {"projection_seconds": round(claim["stamp"] - reveal["stamp"], 4),
+            "projection_cpu_seconds": None if cpu is None else round(cpu, 4)}
+
+
 def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]], cpu: bool) -> list:
-    """The clock, pauses and (on CPU) cpu checks of a finished run from its `load_stamps`.
-    `claimed`: {rank: {step: seconds}} from the worker's metrics. No clock lines at all:
-    `clock` is unverified (a claim not made)."""
+    """The clock, pauses, gaps, warmup_time and (on CPU) cpu and warmup checks of a finished run
+    from its `load_stamps`. `claimed`: {rank: {step: seconds}} from the worker's metrics. No
+    clock lines at all: `clock` is unverified (a claim not made)."""
     from framework_bench.measure.verify import Check  # here: the node-side watcher runs with no host dependencies
 
     if stamps is None:
         return [Check(name="clock", status="unverified", detail=f"unverified: the host kept no stamps ({STAMPS_FILE})")]
-    per_rank = {int(r): [w for w in windows(ev) if w.step > warmup] for r, ev in stamps["ranks"].items()}
+    every = {int(r): windows(ev) for r, ev in stamps["ranks"].items()}
+    per_rank = {r: [w for w in ws if w.step > warmup] for r, ws in every.items()}
     per_rank = {r: ws for r, ws in per_rank.items() if ws}
     if not per_rank:
         return [Check(name="clock", status="unverified",
                       detail="unverified: the worker wrote no clock lines for its measured steps (no SDK StepTimer)")]
-    worst = {}
+    worst: dict[str, dict] = {}
+
+    def keep(kind: str, figures: dict | None, key) -> None:
+        if figures is not None and (worst.get(kind) is None or key(figures) > key(worst[kind])):
+            worst[kind] = figures
+
     for rank, ws in per_rank.items():
         span = ws[-1].stop - ws[0].begin
         pauses = sum(w.paused for w in ws)
         own = claimed.get(rank, {})
         told = sum(own.get(w.step, 0.0) for w in ws)
-        clock = dict(rank=rank, claimed_seconds=round(told, 6), observed_seconds=round(span, 6),
-                     declared_pause_seconds=round(pauses, 6), steps=len(ws),
-                     share=round(told / (span - pauses), 4) if span > pauses else None)
-        if worst.get("clock") is None or (clock["share"] or 1e9) < (worst["clock"]["share"] or 1e9):
-            worst["clock"] = clock
+        keep("clock", dict(rank=rank, claimed_seconds=round(told, 6), observed_seconds=round(span, 6),
+                           declared_pause_seconds=round(pauses, 6), steps=len(ws),
+                           share=round(told / (span - pauses), 4) if span > pauses else None),
+             lambda c: -(c["share"] or 1e9))
+        keep("step", _short_step(rank, ws, own), lambda s: -s["margin"])
         step_pause = max(ws, key=lambda w: w.paused / max(w.stop - w.begin, 1e-9))
-        pause = dict(rank=rank, step=step_pause.step, paused_seconds=round(step_pause.paused, 6),
-                     step_seconds=round(step_pause.stop - step_pause.begin, 6),
-                     share=round(step_pause.paused / max(step_pause.stop - step_pause.begin, 1e-9), 4))
-        if worst.get("pauses") is None or pause["share"] > worst["pauses"]["share"]:
-            worst["pauses"] = pause
+        keep("pauses", dict(rank=rank, step=step_pause.step, paused_seconds=round(step_pause.paused, 6),
+                            step_seconds=round(step_pause.stop - step_pause.begin, 6),
+                            share=round(step_pause.paused / max(step_pause.stop - step_pause.begin, 1e-9), 4)),
+             lambda p: p["share"])
+        gaps = sum(b.begin - a.stop for a, b in zip(ws, ws[1:]))
+        keep("gaps", dict(rank=rank, gap_seconds=round(gaps, 6), observed_seconds=round(span, 6),
+                          share=round(gaps / span, 4) if span > 0 else 0.0), lambda g: g["share"])
+        warm = _warmup(rank, [w for w in every[rank] if w.step <= warmup], ws)
+        keep("warmup", warm, lambda w: w.get("cpu_seconds", 0) / max(w.get("measured_median_cpu_seconds", 1), 1e-9))
+        keep("warmup_time", warm, lambda w: w["ratio"] or 0)
         if cpu and ws[0].cpu_begin is not None and ws[-1].cpu_stop is not None:
             used = ws[-1].cpu_stop - ws[0].cpu_begin
-            share = dict(rank=rank, cpu_and_wait_seconds=round(used, 3), wall_seconds=round(span, 3),
-                         share=round(used / span, 4) if span > 0 else None,
-                         measurable=span >= MIN_CPU_SPAN_SECONDS)
-            if worst.get("cpu") is None or (share["share"] or 0) < (worst["cpu"]["share"] or 0):
-                worst["cpu"] = share
-    out = []
-    c = worst["clock"]
+            keep("cpu", dict(rank=rank, cpu_and_wait_seconds=round(used, 3), wall_seconds=round(span, 3),
+                             share=round(used / span, 4) if span > 0 else None,
+                             measurable=span >= MIN_CPU_SPAN_SECONDS), lambda u: -(u["share"] or 0))
+    unread: list[str] = []  # what the host could not measure: said, never judged
+    out = [_clock_check(Check, stamps, per_rank, worst), _pauses_check(Check, worst["pauses"]),
+           _gaps_check(Check, worst["gaps"])] + _warmup_checks(Check, worst, cpu, unread) + _cpu_checks(Check, worst.get("cpu"), cpu, unread)
+    if unread:
+        out[0].detail += "; " + "; ".join(unread)
+    return out
+
+
+def _clock_check(Check, stamps: dict, per_rank: dict[int, list[StepWindow]], worst: dict):
+    c, s = worst["clock"], worst["step"]
     c |= nvml_figures(stamps.get("nvml"), min(ws[0].begin for ws in per_rank.values()),
                       max(ws[-1].stop for ws in per_rank.values()))
+    c |= {f"step_{k}": v for k, v in s.items() if k != "rank"} | {"step_rank": s["rank"]} | _projection(stamps)
     detail = (f"rank {c['rank']}: claimed {c['claimed_seconds']:.3f} s over {c['steps']} measured steps, the host saw "
               f"{c['observed_seconds']:.3f} s less {c['declared_pause_seconds']:.3f} s of declared pauses")
     if "nvml" in c or "nvml_busy_percent" in c:  # recorded, never judged
         detail += "; NVML " + (c.get("nvml") or f"{c['nvml_busy_percent']:g}% busy over {c['nvml_samples']} samples, "
                                                 f"{c['nvml_energy_joules']} J")
     # No time seen at all (every line in one read) is no claim beyond the time that passed.
-    ok = c["claimed_seconds"] >= MIN_CLAIMED_SHARE * (c["observed_seconds"] - c["declared_pause_seconds"])
-    out.append(Check(name="clock", status="pass" if ok else "fail", figures=c,
-                     detail=detail if ok else f"{detail}: under {MIN_CLAIMED_SHARE:.0%} of the time that passed"))
-    p = worst["pauses"]
+    if c["claimed_seconds"] < MIN_CLAIMED_SHARE * (c["observed_seconds"] - c["declared_pause_seconds"]):
+        return Check(name="clock", status="fail", figures=c, detail=f"{detail}: under {MIN_CLAIMED_SHARE:.0%} of the time that passed")
+    if s["margin"] < 0:  # the figure is the median step: the sum alone lets claims move between steps
+        return Check(name="clock", status="fail", figures=c, detail=(
+            f"rank {s['rank']} step {s['step']}: claimed {s['claimed']:.3f} s, the host saw {s['seen']:.3f} s of it "
+            f"(less pauses): under {MIN_CLAIMED_SHARE:.0%} of its own window, beyond "
+            f"{STAMP_JITTER_SECONDS * 1000:.0f} ms of stamping jitter ({detail})"))
+    return Check(name="clock", status="pass", figures=c, detail=detail)
+
+
+def _pauses_check(Check, p: dict):
     detail = f"rank {p['rank']} step {p['step']}: {p['paused_seconds']:.3f} s paused in a {p['step_seconds']:.3f} s step"
     ok = p["share"] <= MAX_PAUSE_SHARE
-    out.append(Check(name="pauses", status="pass" if ok else "fail", figures=p,
-                     detail=detail if ok else f"{detail}: above {MAX_PAUSE_SHARE:.0%} of the step, with the rows "
-                                              "packed beforehand there is nothing to wait for"))
-    u = worst.get("cpu")
-    if cpu and u is not None and u["measurable"]:
-        detail = (f"rank {u['rank']}: {u['cpu_and_wait_seconds']:.2f} s on or waiting for a CPU in "
-                  f"{u['wall_seconds']:.2f} s of measured steps")
-        ok = u["share"] >= MIN_CPU_SHARE
-        out.append(Check(name="cpu", status="pass" if ok else "fail", figures=u,
-                         detail=detail if ok else f"{detail}: under {MIN_CPU_SHARE:.0%}, the worker waited "
-                                                  "through its steps"))
-    elif cpu:  # a figure the host could not read is no claim of the worker's: said, never judged
-        out[0].detail += "; CPU share unavailable: " + ("no /proc to read" if u is None else
-                                                        f"{u['wall_seconds']:.3f} s of steps is too short to read")
-    return out
+    return Check(name="pauses", status="pass" if ok else "fail", figures=p,
+                 detail=detail if ok else f"{detail}: above {MAX_PAUSE_SHARE:.0%} of the step, with the rows "
+                                          "packed beforehand there is nothing to wait for")
+
+
+def _gaps_check(Check, g: dict):
+    detail = (f"rank {g['rank']}: {g['gap_seconds']:.3f} s between measured steps (one's end to the next one's "
+              f"begin) in {g['observed_seconds']:.3f} s")
+    ok = g["share"] <= MAX_GAP_SHARE
+    return Check(name="gaps", status="pass" if ok else "fail", figures=g,
+                 detail=detail if ok else f"{detail}: above {MAX_GAP_SHARE:.0%}, work of the steps done between them")
+
+
+def _warmup_checks(Check, worst: dict, cpu: bool, unread: list[str]) -> list:
+    """warmup_time (every device, a flag): a warm-up step's wall time far beyond the measured
+    median; warmup (CPU runs): its CPU work so far beyond theirs that it holds their training."""
+    t = worst.get("warmup_time")
+    if t is None:
+        return []
+    detail = (f"rank {t['rank']} warm-up step {t['step']}: {t['seconds']:.3f} s, the measured median "
+              f"{t['measured_median_seconds']:.3f} s")
+    if t["ratio"] is None:  # no measured time to hold it against
+        return []
+    slow = t["ratio"] > WARMUP_FLAG_RATIO
+    out = [Check(name="warmup_time", status="fail" if slow else "pass", figures=t, detail=detail if not slow else (
+        f"{detail}: more than {WARMUP_FLAG_RATIO:g}x (a compile or autotune; or work of the measured steps)"))]
+    w = worst.get("warmup")
+    if not cpu:
+        return out
+    if w is None or "cpu_seconds" not in w:
+        unread.append("warm-up CPU work unavailable: no /proc to read")
+        return out
+    figures = {k: w[k] for k in ("rank", "cpu_step", "cpu_seconds", "measured_median_cpu_seconds")}
+    detail = (f"rank {w['rank']} warm-up step {w['cpu_step']}: {w['cpu_seconds']:.3f} s of CPU work, the measured "
+              f"median {w['measured_median_cpu_seconds']:.3f} s")
+    if w["cpu_seconds"] <= MAX_WARMUP_CPU_RATIO * w["measured_median_cpu_seconds"]:
+        return out + [Check(name="warmup", status="pass", figures=figures, detail=detail)]
+    if w["cpu_seconds"] < MIN_CPU_SPAN_SECONDS:
+        unread.append(f"warm-up CPU work unavailable: {detail}, too little to read")
+        return out
+    return out + [Check(name="warmup", status="fail", figures=figures, detail=(
+        f"{detail}: more than {MAX_WARMUP_CPU_RATIO:g}x, the training done in the warm-up, the measured steps "
+        "left lighter"))]
+
+
+def _cpu_checks(Check, u: dict | None, cpu: bool, unread: list[str]) -> list:
+    """On CPU: the cpu share, or (in `unread`) why it could not be read."""
+    if not cpu:
+        return []
+    if u is None or not u["measurable"]:
+        unread.append("CPU share unavailable: " + ("no /proc to read" if u is None else
+                                                   f"{u['wall_seconds']:.3f} s of steps is too short to read"))
+        return []
+    detail = (f"rank {u['rank']}: {u['cpu_and_wait_seconds']:.2f} s on or waiting for a CPU in "
+              f"{u['wall_seconds']:.2f} s of measured steps")
+    ok = u["share"] >= MIN_CPU_SHARE
+    return [Check(name="cpu", status="pass" if ok else "fail", figures=u,
+                  detail=detail if ok else f"{detail}: under {MIN_CPU_SHARE:.0%}, the worker waited through its steps")]
+
+
+def projection_delay_check(run, reference):
+    """The time from the seed's reveal to the run's update claim against the reference's
+    (`RunResult`s; figures of their `clock` checks): at most `PROJECTION_DELAY_FACTOR` times the
+    reference's, or its figure plus `PROJECTION_DELAY_SLACK`, whichever is larger. On CPU the
+    process tree's CPU run seconds are compared (a shared machine's load changes the wall time,
+    not the work); elsewhere the wall time. None where the run has no figure (its update check
+    says why)."""
+    from framework_bench.measure.verify import Check
+
+    mine, theirs = (next((c.figures for c in r.checks if c.name == "clock"), {}) for r in (run, reference))
+    key = "projection_cpu_seconds" if mine.get("projection_cpu_seconds") is not None else "projection_seconds"
+    if mine.get(key) is None:
+        return None
+    if theirs.get(key) is None:
+        return Check(name="projection_delay", status="unverified",
+                     detail=f"unverified: the reference {reference.backend}'s run kept no {key}")
+    limit = max(PROJECTION_DELAY_FACTOR * theirs[key], theirs[key] + PROJECTION_DELAY_SLACK)
+    what = "CPU seconds" if key == "projection_cpu_seconds" else "seconds"
+    figures = {key: mine[key], f"reference_{key}": theirs[key], "limit": round(limit, 4)}
+    detail = f"{mine[key]:.3f} {what} from the seed's reveal to the update claim, the reference {theirs[key]:.3f}"
+    if mine[key] > limit:
+        return Check(name="projection_delay", status="fail", figures=figures, detail=(
+            f"{detail}: above {limit:.3f}, work done after the last measured step"))
+    return Check(name="projection_delay", status="pass", figures=figures, detail=detail)
 
 
 def _watch_until_terminated(run_dir: str, warmup: str, steps: str, ranks: str, gpus: str | None = None) -> None:

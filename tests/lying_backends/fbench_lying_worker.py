@@ -24,6 +24,9 @@ BUILT = '    model = from_config(job, device, attn_implementation="sdpa", dtype=
 PARAMS = "        param_count=settings.param_count(model),\n"
 WRITE = "    write_report(job, report)\n"
 UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
+OPTIMIZER = ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n        optimizer.step()\n"
+             "        optimizer.zero_grad(set_to_none=True)\n")
+END = "        log.end(step)  # the step's loss: its token mean, as the loop computed it\n"
 
 LIES: dict[str, list[tuple[str, str]]] = {
     "honest": [],
@@ -105,6 +108,37 @@ LIES: dict[str, list[tuple[str, str]]] = {
     # At grad_accum 2 each step's second micro-batch fed and recorded, never backpropagated (issue 28).
     "dropped_micro": [
         (BACKWARD, "                loss.backward() if i == 0 else None\n"),
+    ],
+    # Forward only inside the timed steps; the real training after the last step's clock line, untimed (issue 28).
+    "train_after_steps": [
+        (TIMER, TIMER + "    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):\n"
+                        "        log.timer.begin(), [train_model(input_ids=torch.from_numpy(i), labels=torch.from_numpy(l)) for i, l in batch]\n"
+                        "        log.timer.add_tokens(sum(i.size for i, _ in batch)), log.timer.end(step, None)\n"
+                        "    log.timer.begin = log.timer.end = lambda *a: {'tokens': 0}\n"),
+    ],
+    # The whole training inside warm-up step 1's clock, then every step again forward only (issue 28).
+    "trained_in_warmup": [
+        (TIMER, TIMER + "    timer, log.timer = log.timer, type('Untimed', (), {'begin': lambda s: None, 'end': lambda s, *a: {'tokens': 0}, "
+                        "'add_tokens': lambda s, n: None, 'close': lambda s: None})()\n    timer.begin()\n"),
+        (CLOSE, "    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):\n"
+                "        timer.begin() if step > 1 else None\n"
+                "        [train_model(input_ids=torch.from_numpy(i), labels=torch.from_numpy(l)) for i, l in batch] if step > 1 else None\n"
+                "        timer.add_tokens(sum(i.size for i, _ in batch)), timer.end(step, None)\n"
+                "    log.timer = timer\n" + CLOSE),
+    ],
+    # Every step but the last claims half its seconds, the last one claims the halves too: the same total (issue 28).
+    "claims_moved": [
+        (TIMER, TIMER + "    moved, write = [0.0], log.timer.writer.write\n"
+                        "    def claim(**r):\n"
+                        "        half = 0.0 if r['step'] == job.scenario.steps.total else r['seconds'] / 2\n"
+                        "        moved[0] += half\n"
+                        "        write(**{**r, 'seconds': r['seconds'] - half + (0.0 if half else moved[0])})\n"
+                        "    log.timer.writer.write = claim\n"),
+    ],
+    # Clipping and the optimizer step after the step's clock stopped, before the next one's begins (issue 28).
+    "optimizer_between_steps": [
+        (OPTIMIZER, ""),
+        (END, END + OPTIMIZER),
     ],
 }
 

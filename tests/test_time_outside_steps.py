@@ -1,0 +1,129 @@
+"""Time outside the measured steps (issue 28, item 3b): each lie a third-party backend can tell
+with the torch reference worker and a few lines changed (tests/lying_backends) - the training
+done after the last measured step, or inside warm-up step 1, the measured steps forward only;
+claimed seconds moved from one step to another, the same total; the optimizer step between two
+measured steps - ends `invalid` in `compare` with torch, naming the check that caught it, while
+the honest copy ends `ok`. Judged again with that check off (`FBENCH_UNCHECKED`, read by the
+host only: judging the same run folder again is what running the lie with the check off would
+give), each lie's run ends `ok`, so the lie is live."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend_helpers import tiny
+from framework_bench.measure import clock, verify
+from framework_bench.run import compare, pipeline
+from framework_bench.run.launchers import base as launch
+from framework_bench.run.options import RunOptions
+
+# Sixteen measured steps: the forward-only steps of two lies still span more than the CPU
+# share needs to be read (clock.MIN_CPU_SPAN_SECONDS).
+SCENARIO = tiny(name="tiny_outside_steps", steps={"warmup": 2, "measured": 16})
+
+# lie -> (the check that must catch it, the checks switched off to show the lie is live). Under
+# a heavy load the optimizer step between steps outgrows the clock's 10 % slack too.
+CAUGHT_BY = {
+    "train_after_steps": ("projection_delay", "projection_delay"),
+    "trained_in_warmup": ("warmup", "warmup"),
+    "claims_moved": ("clock", "clock"),
+    "optimizer_between_steps": ("gaps", "gaps,clock"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(liars, tmp_path_factory):
+    """One compare of the liars and the honest copy, torch the reference: {backend: RunResult}."""
+    names = [f"lying_{lie}" for lie in CAUGHT_BY] + ["lying_honest"]
+    results = compare.compare([SCENARIO], names, RunOptions(root=tmp_path_factory.mktemp("outside-steps")))
+    return {r.backend: r for r in results}
+
+
+def judged_again(result, reference, monkeypatch, unchecked: str):
+    monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
+    return pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
+                           launch.Outcome("ok", 0, result.wall_seconds, ""), reference)
+
+
+@pytest.mark.slow  # real runs of the torch worker's copies
+def test_the_honest_copy_and_the_reference_pass_every_time_check(runs):
+    for name in ("lying_honest", "torch"):
+        r = runs[name]
+        assert r.status == "ok", (name, r.reason)
+        checks = {c.name: c for c in r.checks}
+        assert {checks[n].status for n in ("clock", "gaps", "warmup", "cpu")} == {"pass"}, checks
+        assert checks["clock"].figures["projection_seconds"] > 0
+        assert checks["clock"].figures["projection_cpu_seconds"] > 0
+    assert {c.name: c.status for c in runs["lying_honest"].checks}["projection_delay"] == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lie", list(CAUGHT_BY))
+def test_time_outside_the_measured_steps_is_invalid_naming_its_check_and_live_without_it(lie, runs, monkeypatch):
+    check, off = CAUGHT_BY[lie]
+    result = runs[f"lying_{lie}"]
+    assert result.status == "invalid", (result.status, result.reason)
+    assert f"{check} check failed" in result.reason, result.reason
+    assert {c.name: c.status for c in result.checks}[check] == "fail"
+
+    again = judged_again(result, runs["torch"], monkeypatch, off)
+    assert again.status == "ok", again.reason
+    assert again.tgs == pytest.approx(result.tgs)
+
+
+def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp_path):
+    """From stamps alone: claims moved between steps (the same total) fail the clock; time
+    between steps beyond MAX_GAP_SHARE fails gaps; a warm-up step's CPU work far beyond the
+    measured median fails warmup, its wall time alone is a flag (warmup_time)."""
+    import json
+
+    def stamps(ends, cpu=None):
+        """Steps 1..n, one after another: (begin, end) stamps, CPU run seconds at each."""
+        events = []
+        for i, (b, e) in enumerate(ends, 1):
+            events += [[b, "begin", None, *(cpu[i - 1][0],) * 2], [e, "end", i, *(cpu[i - 1][1],) * 2]] if cpu else \
+                      [[b, "begin", None], [e, "end", i]]
+        return {"ranks": {"0": events}}
+
+    def judged(st, claims, cpu=False):
+        (tmp_path / clock.STAMPS_FILE).write_text(json.dumps(st))
+        return {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: claims}, cpu=cpu)}
+
+    steady = [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)]
+    fair = judged(stamps(steady), {2: 1.0, 3: 1.0, 4: 1.0})
+    assert fair["clock"].status == fair["gaps"].status == fair["warmup_time"].status == "pass"
+    moved = judged(stamps(steady), {2: 0.5, 3: 0.5, 4: 2.0})  # the same 3.0 s, the median halved
+    assert moved["clock"].status == "fail" and moved["clock"].figures["step_step"] == 2
+    assert "under 90% of its own window" in moved["clock"].detail
+    jitter = judged(stamps(steady), {2: 0.9 - clock.STAMP_JITTER_SECONDS / 2, 3: 1.0, 4: 1.0})
+    assert jitter["clock"].status == "pass"
+    gapped = judged(stamps([(0.0, 1.0), (1.0, 1.9), (2.0, 2.9), (3.0, 3.9)]), {2: 0.9, 3: 0.9, 4: 0.9})
+    assert gapped["gaps"].status == "fail" and gapped["gaps"].figures["share"] == pytest.approx(0.2 / 2.9, abs=1e-4)
+    assert gapped["clock"].status == "pass"  # 2.7 of 2.9 s: within the sum's slack
+
+    slow_warmup = [(0.0, 11.0), (11.0, 12.0), (12.0, 13.0), (13.0, 14.0)]
+    hidden = judged(stamps(slow_warmup, cpu=[(0, 11), (11, 11.1), (11.1, 11.2), (11.2, 11.3)]), {2: 1, 3: 1, 4: 1}, cpu=True)
+    assert hidden["warmup"].status == "fail" and hidden["warmup"].figures["cpu_seconds"] == 11
+    assert hidden["warmup_time"].status == "fail" and "warmup_time" not in verify.BLOCKING
+    compiled = judged(stamps(slow_warmup, cpu=[(0, 1), (11, 12), (12, 13), (13, 14)]), {2: 1, 3: 1, 4: 1}, cpu=True)
+    assert compiled["warmup"].status == "pass" and compiled["warmup_time"].status == "fail"
+    assert {"gaps", "warmup", "projection_delay"} <= set(verify.BLOCKING)
+
+
+def test_the_projection_delay_is_held_to_the_references(tmp_path):
+    from framework_bench.measure.metrics import RunResult
+    from framework_bench.measure.verify import Check
+
+    def run(backend, **figures):
+        return RunResult.model_construct(backend=backend, checks=[Check(name="clock", status="pass", figures=figures)])
+
+    reference = run("torch", projection_seconds=1.4, projection_cpu_seconds=0.7)
+    ok = clock.projection_delay_check(run("a", projection_seconds=2.8, projection_cpu_seconds=0.93), reference)
+    assert ok.status == "pass" and ok.figures["limit"] == pytest.approx(2.8)
+    late = clock.projection_delay_check(run("b", projection_seconds=46.6, projection_cpu_seconds=19.6), reference)
+    assert late.status == "fail" and "work done after the last measured step" in late.detail
+    # off CPU (no CPU seconds), the wall time: 4x the reference's, or it + 0.5 s
+    assert clock.projection_delay_check(run("c", projection_seconds=5.7), run("torch", projection_seconds=1.4)).status == "fail"
+    assert clock.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
+    assert clock.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
+    assert clock.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
