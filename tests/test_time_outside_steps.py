@@ -127,3 +127,31 @@ def test_the_projection_delay_is_held_to_the_references(tmp_path):
     assert clock.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
     assert clock.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
     assert clock.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
+
+
+def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folder(tmp_path):
+    """projection_seconds: from the seed's reveal (the last step's end) to the moment the worker's
+    update claim appeared, as the worker SDK writes it (a temporary file renamed into place)."""
+    import time
+
+    from framework_bench.measure.update import Reveal
+    from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
+    from framework_bench.worker.steps import ClockLines
+
+    lines = ClockLines(tmp_path, 0)
+    with clock.Watcher(tmp_path, warmup=0, cpu=False, reveal=Reveal(after_step=1, ranks=1, seed=7)):
+        lines.write("begin")
+        time.sleep(0.05)
+        lines.write("end", 1)
+        while not (tmp_path / REVEAL_FILE).exists():
+            time.sleep(0.005)
+        time.sleep(0.3)  # the projection
+        (tmp_path / "update.tmp").write_text("{}")
+        (tmp_path / "update.tmp").replace(tmp_path / UPDATE_FILE)
+        renamed = time.monotonic()
+        time.sleep(0.2)
+    lines.close()
+    stamps = clock.load_stamps(tmp_path)
+    assert abs(stamps["update_claim"]["stamp"] - renamed) < 0.05
+    figures = {c.name: c for c in clock.checks(stamps, 0, {0: {1: 0.05}}, cpu=False)}["clock"].figures
+    assert 0.3 <= figures["projection_seconds"] < 0.4 and figures["projection_cpu_seconds"] is None
