@@ -101,11 +101,11 @@ def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp
     assert gapped["gaps"].status == "fail" and gapped["gaps"].figures["share"] == pytest.approx(0.2 / 2.9, abs=1e-4)
     assert gapped["clock"].status == "pass"  # 2.7 of 2.9 s: within the sum's slack
 
-    slow_warmup = [(0.0, 11.0), (11.0, 12.0), (12.0, 13.0), (13.0, 14.0)]
-    hidden = judged(stamps(slow_warmup, cpu=[(0, 11), (11, 11.1), (11.1, 11.2), (11.2, 11.3)]), {2: 1, 3: 1, 4: 1}, cpu=True)
-    assert hidden["warmup"].status == "fail" and hidden["warmup"].figures["cpu_seconds"] == 11
+    slow_warmup = [(0.0, 25.0), (25.0, 26.0), (26.0, 27.0), (27.0, 28.0)]
+    hidden = judged(stamps(slow_warmup, cpu=[(0, 25), (25, 25.1), (25.1, 25.2), (25.2, 25.3)]), {2: 1, 3: 1, 4: 1}, cpu=True)
+    assert hidden["warmup"].status == "fail" and hidden["warmup"].figures["cpu_seconds"] == 25
     assert hidden["warmup_time"].status == "fail" and "warmup_time" not in verify.BLOCKING
-    compiled = judged(stamps(slow_warmup, cpu=[(0, 1), (11, 12), (12, 13), (13, 14)]), {2: 1, 3: 1, 4: 1}, cpu=True)
+    compiled = judged(stamps(slow_warmup, cpu=[(0, 1), (25, 26), (26, 27), (27, 28)]), {2: 1, 3: 1, 4: 1}, cpu=True)
     assert compiled["warmup"].status == "pass" and compiled["warmup_time"].status == "fail"
     assert {"gaps", "warmup", "projection_delay"} <= set(verify.BLOCKING)
 
@@ -125,6 +125,11 @@ def test_the_projection_delay_is_held_to_the_references(tmp_path):
     # off CPU (no CPU seconds), the wall time: 4x the reference's, or it + 0.5 s
     assert clock.projection_delay_check(run("c", projection_seconds=5.7), run("torch", projection_seconds=1.4)).status == "fail"
     assert clock.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
+    # an honest run at a busier moment than its reference's: within 3 of its own median steps
+    busy = run("f", projection_seconds=3.0, projection_cpu_seconds=1.17, median_step_cpu_seconds=0.76)
+    assert clock.projection_delay_check(busy, run("torch", projection_cpu_seconds=0.31)).status == "pass"
+    deferred = run("g", projection_seconds=55.5, projection_cpu_seconds=22.4, median_step_cpu_seconds=0.26)
+    assert clock.projection_delay_check(deferred, run("torch", projection_cpu_seconds=0.31)).status == "fail"
     assert clock.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
     assert clock.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
 
