@@ -86,6 +86,7 @@ def test_the_normalisation_is_read_from_the_divisors_and_scales_exactly(tmp_path
     assert scheme_of(tmp_path, "dropped", lambda st, c: [{**r, "scale": float(r["micro"] == 0)}
                                                         for r in torch_loop(st, c)]) == "other"
     # records that do not say what was applied before backward (an older worker SDK): unknown
+    assert scheme_of(tmp_path, "no_divisor", lambda st, c: [{**r, "divisor": 0} for r in torch_loop(st, c)]) == "other"
     assert scheme_of(tmp_path, "old", lambda st, c: [{k: v for k, v in r.items() if k != "scale"}
                                                     for r in torch_loop(st, c)]) == "unknown"
     assert scheme(tmp_path / "nothing") == "unknown" and scheme(None) == "unknown"
