@@ -12,12 +12,14 @@ step, step numbering, consumed rows, throughput agreement, parameter count, sett
 initial weights). Here a claim the plugin does not report (`unverified`) fails too:
 conformance means every claim is made and holds.
 
-On the CPU conformance scenario parity is blocking too: the canonical step-1 loss of the
-backend against the torch reference's on the same rows and seed (`framework_bench/measure/losses.py`),
-on `tiny_cpu`, a grad_accum 2 variant and a 2-process variant (with ZeRO-2 when the backend
-refuses ZeRO 0 on several CPU processes, as XTuner does); beside each, the update projection
-against the reference's (`framework_bench/measure/update.py`: judged where both trained alike,
-else shown `skipped`). A variant the backend refuses is shown `skipped (refused: ...)`.
+On the CPU conformance scenario parity is blocking too: the canonical loss of the backend at every
+step against the reference's on the same rows and seed (`framework_bench/measure/losses.py`), on
+`tiny_cpu`, a grad_accum 2 variant and a 2-process variant (with ZeRO-2 when the backend refuses
+ZeRO 0 on several CPU processes, as XTuner does); beside each, the update projection against the
+reference's (`framework_bench/measure/update.py`). A backend whose records show another loss
+normalisation is judged against the reference trained that way (`Job.loss_scheme`); one no
+reference can match stays `unverified`, which fails here. A variant the backend refuses is shown
+`skipped (refused: ...)`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from framework_bench.measure import losses, update
-from framework_bench.plugins import registry
-from framework_bench.run import pipeline
+from framework_bench.run import compare, pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario as scenarios_
 from framework_bench.measure.metrics import RunResult
@@ -76,16 +77,20 @@ def parity_variants(scn: scenarios_.Scenario) -> list[tuple[str, list[scenarios_
 
 def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, root: Path | None, settings_mode: str,
                   timeout: float | None) -> list[Check]:
-    def run(name: str, s: scenarios_.Scenario) -> RunResult:
-        return pipeline.run_one(name, s, RunOptions(root=root, timeout=timeout, settings_mode=settings_mode))
+    def run(name: str, s: scenarios_.Scenario, loss_scheme: str | None = None) -> RunResult:
+        return pipeline.run_one(name, s, RunOptions(root=root, timeout=timeout, settings_mode=settings_mode,
+                                                    loss_scheme=loss_scheme))
 
-    found = registry.backends()
-    ref_name = next(name for name, b in found.items() if b.info.reference)
+    ref_name = compare.reference_backend()
 
     def against_reference(label: str, s: scenarios_.Scenario, own: RunResult) -> list[Check]:
         # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
         ref_scn = s.model_copy(update={"zero_stage": 0})
         reference = own if backend == ref_name and s.zero_stage == 0 else run(ref_name, ref_scn)
+        # A backend that normalises the loss otherwise (XTuner at grad_accum 2) is judged against the
+        # reference trained its way, as a compare judges it (run/compare.py `_judging_reference`).
+        if reference is not own and (scheme := losses.needed_reference_scheme(own, reference)):
+            reference = run(ref_name, ref_scn, scheme)
         moved = update.parity(own, reference, s.precision, name=f"update parity ({label})")
         return [losses.parity(own, reference, s.precision, name=f"parity ({label})")] + ([moved] if moved else [])
 

@@ -101,3 +101,51 @@ def test_with_the_checks_off_each_lie_passes(world, lie):
     finally:
         world[4].delenv(UNCHECKED_ENV)
     assert r.status == "ok", r.reason
+
+
+def test_fbench_run_judges_a_lie_as_compare_does(world, home_with_envs, tmp_path):
+    """Issue 28 item 1: `fbench run` had no reference, so the half-rows backend was stored as a
+    clean `ok`; now the reference runs after it and the run ends `invalid` through `run` too, while
+    with --no-reference it is `unverified`, never `ok`."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from framework_bench.cli import app
+    from framework_bench.store.results import ResultStore
+
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["run", "--backend", "lying_half_rows", "--scenario", "tiny_cpu", "--db", str(db),
+                                   "--json"])
+    record = json.loads(res.stdout)
+    assert record["status"] == "invalid" and "parity check failed" in record["reason"], record["reason"]
+    assert {r["backend"]: r["status"] for r in ResultStore(db).list()} == {"lying_half_rows": "invalid", "torch": "ok"}
+    res = CliRunner().invoke(app, ["run", "--backend", "lying_half_rows", "--scenario", "tiny_cpu", "--db", str(db),
+                                   "--no-reference", "--json"])
+    record = json.loads(res.stdout)
+    assert record["status"] == "unverified" and "no reference run (--no-reference)" in record["reason"], record
+
+
+def test_a_backend_normalising_otherwise_is_judged_against_the_reference_trained_its_way(world):
+    """Issue 28 item 3: at grad_accum 2 a loop taking the mean of per-micro-batch means (XTuner's way,
+    here an honest copy of the torch loop) weighs tokens otherwise than the torch reference: the
+    compare judges it against a second reference run trained with loss_scheme micro_mean_mean, made
+    after it, at every step and on its update; against the round's reference it could only be unverified."""
+    from framework_bench.measure import losses, update
+    from framework_bench.run import compare
+
+    scn, _, root, _, _ = world
+    accumulated = scn.model_copy(update={"name": f"{scn.name}_grad_accum2", "grad_accum": 2})
+    stored = []
+    results = compare.compare([accumulated], ["lying_honest_micro_means"], RunOptions(root=root),
+                              on_result=lambda r, s: stored.append(r.backend))
+    mine, reference = results
+    assert stored == ["torch", "lying_honest_micro_means"]  # the judging run is not a trial: not stored
+    assert losses.scheme_of(mine) == "micro_mean_mean" and losses.scheme_of(reference) == "step_token_mean"
+    assert mine.status == "ok", mine.reason
+    checks = {c.name: c for c in mine.checks}
+    assert checks["parity"].status == "pass" and "both micro_mean_mean, every step judged" in checks["parity"].detail
+    assert checks["update_parity"].status == "pass", checks["update_parity"].detail
+    assert any("trained with loss_scheme micro_mean_mean" in n for n in mine.notes), mine.notes
+    assert losses.parity(mine, reference, scn.precision).status == "unverified"  # the round's reference alone
+    assert update.parity(mine, reference, scn.precision).status == "unverified"

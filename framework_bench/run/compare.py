@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from framework_bench.measure import statistics
+from framework_bench.measure import losses, statistics
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.statistics import Trial
 from framework_bench.plugins import registry as plugins
@@ -231,7 +231,7 @@ def compare(
 
     def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, why: str = absent) -> None:
         if result.backend != reference_name:
-            pipeline.judge(result, reference, s, why)
+            pipeline.judge(result, _judging_reference(result, reference, s, options), s, why)
         on_result(result, s)
 
     try:
@@ -267,6 +267,25 @@ def compare(
         while pending:
             hand_on(*pending.pop(0), None, f"the round stopped before the reference {reference_name} ran")
     return results
+
+
+def _judging_reference(result: RunResult, reference: RunResult | None, s: Scenario,
+                       options: RunOptions | None) -> RunResult | None:
+    """The reference run `result` is judged against: the round's, or where `result` normalises the
+    loss otherwise (`losses.needed_reference_scheme`: XTuner's mean of per-micro-batch means at
+    grad_accum 2 against the torch loop's token mean over the step), a run of the reference backend
+    trained that way, made now, after `result` ended. It judges only: not a trial of the reference's
+    speed, so it is not stored (its run folder keeps result.json; the parity checks name it)."""
+    if reference is None or reference.status != "ok" or result.status not in ("ok", "unverified"):
+        return reference
+    scheme = losses.needed_reference_scheme(result, reference)
+    if scheme is None:
+        return reference
+    judging = pipeline.run_one(reference.backend, s, (options or RunOptions()).model_copy(
+        update={"loss_scheme": scheme, "db": None}))
+    result.notes.append(f"judged against a run of {reference.backend} trained with loss_scheme {scheme} "
+                        f"({judging.status}; not stored, not a trial: {judging.run_dir})")
+    return judging
 
 
 def submit(

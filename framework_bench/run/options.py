@@ -21,3 +21,5 @@ class RunOptions(BaseModel):
     db: Path | None = Field(None, description="the results file the runs are stored in; None: nobody stores them")
     root: Path | None = Field(None, description="the folder of the run folders; None: FBENCH_HOME/runs")
     sbatch: SbatchOptions = Field(default_factory=SbatchOptions, description="slurm: the batch script's options")
+    loss_scheme: str | None = Field(None, description="the loss normalisation a reference run trains with "
+                                                      "(`Job.loss_scheme`): set by the referee only")

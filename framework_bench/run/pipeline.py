@@ -111,7 +111,8 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
                  and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return identity.result("failed" if setup else "unsupported", reason=refusal)
     if dry:
-        job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=options.seed)
+        job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=options.seed,
+                       loss_scheme=options.loss_scheme)
         job.write()
     else:
         job = _packed_job(identity, scenario, data, options)
@@ -147,7 +148,8 @@ def _packed_job(identity: Identity, scenario: Scenario, data: PackedData | None,
         orphans.release(run_dir)  # a user error while packing (bad data) is said by the CLI, not stored
         raise
     try:
-        job = make_job(identity.backend, scenario, data, None, options.settings_mode, run_dir, identity.seed)
+        job = make_job(identity.backend, scenario, data, None, options.settings_mode, run_dir, identity.seed,
+                       options.loss_scheme)
         job.write()
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return identity.result("failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
@@ -253,10 +255,9 @@ def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
 
 
 def make_job(backend: str, scenario: Scenario, data: PackedData, root: Path | None, settings_mode: str = "matched",
-             run_dir: Path | None = None, seed: int = SEED) -> Job:
+             run_dir: Path | None = None, seed: int = SEED, loss_scheme: str | None = None) -> Job:
     """The host's job for a run folder under `root` (or `run_dir`)."""
     run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
-               settings_mode=settings_mode, seed=seed)
-
+               settings_mode=settings_mode, seed=seed, loss_scheme=loss_scheme)

@@ -140,6 +140,10 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (OPTIMIZER, ""),
         (END, END + OPTIMIZER),
     ],
+    # No lie: the loop normalises as XTuner does (each micro-batch's token mean / their count), honestly.
+    "honest_micro_means": [
+        (TIMER, '    job.loss_scheme = "micro_mean_mean"\n' + TIMER),
+    ],
 }
 
 
