@@ -95,6 +95,31 @@ INVALID = [
     ("context_beyond_max_positions", {"context_length": 8192},
      "max_position_embeddings", "exceeds max_position_embeddings 4096; set extend_positions"),
     ("bad_shorthand", {"context_length": "8kb"}, "context_length", "not a length"),
+    # the finetune axis (issue 27)
+    ("lora_unknown_target", {"finetune": {"method": "lora", "rank": 8, "alpha": 16, "targets": ["q_proj", "lm_head"]}},
+     "finetune.targets", "'lm_head' not a linear module of a llama decoder layer; valid: q_proj, k_proj, v_proj, "
+                         "o_proj, gate_proj, up_proj, down_proj"),
+    ("full_with_a_rank", {"finetune": {"method": "full", "rank": 8}}, "finetune",
+     "method full trains every weight; only lora/qlora take rank"),
+    ("qlora_fp32_base", {"finetune": {"method": "qlora", "rank": 8, "alpha": 16, "targets": "all-linear",
+                                      "base_dtype": "fp32"}},
+     "finetune", "method qlora stores the base in 4 bits (nf4), not fp32"),
+    ("lora_quant_settings", {"finetune": {"method": "lora", "rank": 8, "alpha": 16, "targets": "all-linear",
+                                          "double_quant": True}},
+     "finetune", "only qlora takes double_quant"),
+    ("lora_without_rank", {"finetune": {"method": "lora", "alpha": 16, "targets": "all-linear"}},
+     "finetune", "method lora needs rank"),
+    ("lora_rank_zero", {"finetune": {"method": "lora", "rank": 0, "alpha": 16, "targets": "all-linear"}},
+     "finetune.rank", "greater than or equal to 1"),
+    ("lora_alpha_zero", {"finetune": {"method": "lora", "rank": 8, "alpha": 0, "targets": "all-linear"}},
+     "finetune.alpha", "greater than 0"),
+    ("lora_dropout_one", {"finetune": {"method": "lora", "rank": 8, "alpha": 16, "dropout": 1.0, "targets": "all-linear"}},
+     "finetune.dropout", "less than 1"),
+    ("lora_no_targets", {"finetune": {"method": "lora", "rank": 8, "alpha": 16, "targets": []}},
+     "finetune.targets", "at least 1 item"),
+    ("lora_target_twice", {"finetune": {"method": "lora", "rank": 8, "alpha": 16, "targets": ["q_proj", "q_proj"]}},
+     "finetune.targets", "names a module twice"),
+    ("unknown_method", {"finetune": {"method": "dora"}}, "finetune.method", "'full', 'lora' or 'qlora'"),
 ]
 
 

@@ -41,6 +41,15 @@ class ModelArch(BaseModel):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """Each decoder layer's linear modules by the name peft targets them by, as
+        (in_features, out_features); the LM head is not among them (LoRA never targets it here)."""
+        h, i = self.hidden_size, self.intermediate_size
+        kv = self.num_key_value_heads * self.head_dim
+        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
     def hf_config(self) -> dict:
         """The `config.json` a worker hands to `AutoConfig`/`from_config` (random weights)."""
         return {
@@ -79,6 +88,11 @@ PRESETS: dict[str, ModelArch] = {
     "llama2-70b": ModelArch(
         hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
         intermediate_size=28672, vocab_size=32000, rope_theta=10000.0, max_position_embeddings=4096,
+    ),
+    # meta-llama/Llama-3.1-8B: GQA with 8 KV heads (rope scaling left out: it changes no shape or FLOP)
+    "llama3-8b": ModelArch(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072,
     ),
     # Small enough to train a few steps on 2 CPU cores; vocab covers the built-in byte tokenizer.
     "tiny-llama": ModelArch(
