@@ -58,6 +58,12 @@ class MemoryScheme(BaseModel):
         return row.cuda if scenario.cluster.device == "cuda" else row.cpu
 
 
+# bitsandbytes' 4-bit layers have no CPU kernels in the versions the frameworks pin: a QLoRA
+# scenario on CPU is refused for every backend, never run as LoRA instead.
+QLORA_ON_CPU = ("QLoRA needs bitsandbytes 4-bit kernels, CUDA only in the versions the frameworks pin "
+                "(bitsandbytes==0.45.0 for XTuner)")
+
+
 class Capabilities(BaseModel):
     """What a backend can run at all. The host enforces it before `fbench_check` is asked:
     a scenario outside it is `unsupported` with the reason `refusal` gives."""
@@ -67,10 +73,19 @@ class Capabilities(BaseModel):
     sequence_parallel: bool
     varlen: bool
     zero_stages: list[int] = Field(default_factory=lambda: [0])
+    # Off unless declared, so a plugin written before the finetune axis refuses adapters.
+    lora: bool = False
+    qlora: bool = False
 
     def refusal(self, scenario: Scenario, backend: str) -> str | None:
         """Why `backend`, declaring these capabilities, cannot run `scenario`; None if it may."""
         device = scenario.cluster.device
+        method = scenario.finetune.method
+        if method == "qlora" and device == "cpu":
+            return QLORA_ON_CPU
+        if method != "full" and not getattr(self, method):
+            shown = {"lora": "LoRA", "qlora": "QLoRA"}[method]
+            return f"the {backend} backend declares no {shown} support; the scenario asks for finetune method {method}"
         if device == "cuda" and not self.gpu:
             return f"the {backend} backend declares no GPU support; the scenario runs on CUDA GPUs"
         if device == "cpu" and not self.cpu:
