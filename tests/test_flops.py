@@ -375,3 +375,40 @@ def test_a_plugin_claiming_5ms_steps_on_tiny_cpu_ends_invalid_naming_the_ceiling
     assert "above the peak of the CPU that ran it" in result.reason
     assert cpu_peak.this_machine().describe("fp32") in result.reason
     assert result.tgs is None and result.model_tflops is None
+
+
+# ---------------------------------------------------------------------------------------
+# LoRA / QLoRA: a frozen base with adapters (issue 27)
+
+# hidden 8, 1 layer, 2 heads of 4, 1 KV head (kv width 4), intermediate 16, vocab 10
+HAND = ModelArch(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                 intermediate_size=16, vocab_size=10, rope_theta=10000.0, max_position_embeddings=64)
+
+
+def test_lora_flops_per_token_against_a_hand_count():
+    ft = scenario.FineTune(method="lora", rank=2, alpha=4, targets=["q_proj", "down_proj"])
+    # base linears: q 8x8 + k 8x4 + v 8x4 + o 8x8 + gate, up 8x16 + down 16x8 = 64+32+32+64+3*128 = 576 weights
+    # adapters: q 2*(8+8) = 32, down 2*(16+8) = 48: 80 weights
+    # attention forward over a row of 3 (mean attended (3+1)/2 = 2): 2 * 2 * 2 * 8 = 64; head 8 x 10 = 80
+    # frozen base: forward 2N + activation gradient 2N; adapters 6n; attention 3x; head forward + dx: 4hV
+    no_recompute = 4 * 576 + 6 * 80 + 3 * 64 + 4 * 80
+    assert no_recompute == 3296
+    assert flops.lora_flops_per_token(HAND, 3, recompute=False, finetune=ft) == no_recompute
+    # recomputation runs the forward once more: + 2N + 2n + attention
+    assert flops.lora_flops_per_token(HAND, 3, recompute=True, finetune=ft) == no_recompute + 2 * 576 + 2 * 80 + 64
+    # full fine-tuning of the same model: 6N + 3x attention + 6hV; the difference is the frozen
+    # weights' dW GEMMs (2N, 2hV) less the adapters' 6n
+    full = flops.model_flops_per_token(HAND, 3, recompute=False)
+    assert full == 6 * 576 + 3 * 64 + 6 * 80
+    assert full - no_recompute == 2 * 576 + 2 * 80 - 6 * 80
+
+
+def test_scenario_flops_follow_the_method():
+    full, lora = scenario.load("llama2_7b_8k_1gpu"), scenario.load("llama2_7b_8k_1gpu_lora")
+    assert flops.scenario_model_flops_per_token(full) == flops.model_flops_per_token(full.arch, 8192, True)
+    assert flops.scenario_model_flops_per_token(lora) == flops.lora_flops_per_token(lora.arch, 8192, True,
+                                                                                     lora.finetune)
+    # about 4N instead of 6N on the linears, the attention unchanged: between two thirds and all of full
+    assert 2 / 3 < flops.scenario_model_flops_per_token(lora) / flops.scenario_model_flops_per_token(full) < 1
+    # the XTuner-formula figure knows nothing of adapters: the same for both
+    assert flops.mha_flops_per_token(full.arch, 8192, True) == flops.mha_flops_per_token(lora.arch, 8192, True)

@@ -6,7 +6,9 @@ Two conventions, reported side by side:
 - `model_flops_per_token`: projections at their real size (GQA K/V counted with their KV
   heads), causal attention as half of the full score matrix (Megatron / torchtitan
   convention), with or without recomputation of the layers.
-Both are per token of the full sequence; per GPU throughput = TGS x FLOPs per token (on CPU,
+- `lora_flops_per_token`: `model_flops_per_token` for a frozen base with low-rank adapters
+  (LoRA/QLoRA): no weight-gradient GEMMs for the frozen weights, plus the adapters' own.
+Both conventions are per token of the full sequence; per GPU throughput = TGS x FLOPs per token (on CPU,
 per worker process). The device ceilings these figures are held to (a GPU's dense peak from
 gpus.py, a CPU's peak from cpu_peak.py) are applied in metrics.figures.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from framework_bench.measure import gpus
 from framework_bench.spec.models import ModelArch
+from framework_bench.spec.scenario import FineTune, Scenario
 
 # Dense bf16 peak, TFLOP/s, by a substring of the device name (from the one GPU table).
 GPU_PEAK_TFLOPS = {key: gpu.peak_tflops for key, gpu in gpus.GPUS.items()}
@@ -49,6 +52,49 @@ def model_flops_per_token(
     attention = 2 * 2 * attended * h  # scores and weighted sum
     layer_fwd = projections + mlp + attention
     return (3 + int(recompute)) * L * layer_fwd + 3 * 2 * h * V
+
+
+def lora_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, finetune: FineTune,
+                         mean_attended: float | None = None) -> float:
+    """Matmul FLOPs per trained token with the base frozen and adapters on `finetune.targets`.
+
+    Derivation, beside full fine-tuning's. A linear layer y = x W (W: in x out, N = in x out
+    weights) costs 2N FLOPs per token forward. Its backward is two GEMMs of the same size:
+    the activation gradient dx = dy W^T (2N) and the weight gradient dW = x^T dy (2N). Full
+    fine-tuning runs all three: 6N, `model_flops_per_token`'s forward x3. A frozen W needs no
+    dW, but dx still flows back through it to the adapters of the layers below: 2N + 2N = 4N
+    (XTuner's and every full-FT formula's 6N over-counts it by half). The adapter on a target,
+    B(A(x)) with A: in x r and B: r x out, is a trained linear pair of n = r (in + out)
+    weights: forward 2n, backward 4n (dx and dW for both) = 6n. Attention's scores and
+    weighted sum have no weights; their backward takes gradients for both operands (q and k,
+    scores and v), twice the forward, as under full fine-tuning: 3x. The LM head is frozen:
+    forward and activation gradient, 4hV. With recomputation every layer's forward runs once
+    more: + 2N for the base weights, + 2n for the adapters, + the attention forward. So per
+    token, with N the layer's base weights, n its adapters' and a its attention forward:
+
+        full: (3 + c) L (2N + a) + 3 (2hV)
+        lora: L ((2 + c) 2N + (3 + c) 2n + (3 + c) a) + 2 (2hV)
+
+    c = 1 with recomputation. QLoRA's dequantization of the 4-bit weights is elementwise work,
+    not counted, as no elementwise work is."""
+    h, L, V = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size
+    attended = (seq_len + 1) / 2 if mean_attended is None else mean_attended
+    base = 2 * sum(i * o for i, o in arch.linear_shapes.values())
+    attention = 2 * 2 * attended * h
+    adapters = 2 * finetune.adapter_parameter_count(arch) / L
+    c = int(recompute)
+    return L * ((2 + c) * base + (3 + c) * adapters + (3 + c) * attention) + 2 * 2 * h * V
+
+
+def scenario_model_flops_per_token(scenario: Scenario, recompute: bool | None = None,
+                                   mean_attended: float | None = None) -> float:
+    """The model FLOPs per token of what the scenario trains: every weight
+    (`model_flops_per_token`), or adapters on a frozen base (`lora_flops_per_token`).
+    `recompute` defaults to the scenario's activation checkpointing."""
+    recompute = scenario.activation_checkpointing if recompute is None else recompute
+    if scenario.finetune.method == "full":
+        return model_flops_per_token(scenario.arch, scenario.context_length, recompute, mean_attended)
+    return lora_flops_per_token(scenario.arch, scenario.context_length, recompute, scenario.finetune, mean_attended)
 
 
 def tflops(tgs: float, flops_per_token: float) -> float:
