@@ -273,3 +273,55 @@ def test_tiny_cpu_scenarios_are_small():
         e = estimate(load(name))
         assert e.scheme == "fp32"
         assert e.total_gib < 3
+
+
+# ---------------------------------------------------------------------------------------
+# LoRA / QLoRA: a frozen base with adapters (issue 27)
+
+
+def test_four_bit_weights_with_their_block_scales():
+    # half a byte, plus a 64-block's fp32 absmax; double quant: an 8-bit absmax and an fp32 scale per 256 blocks
+    assert memory.four_bit_bytes_per_param(False) == 0.5 + 4 / 64
+    assert memory.four_bit_bytes_per_param(True) == 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+def test_frozen_base_by_hand():
+    s = load("tiny_cpu_qlora")  # 4 layers, hidden 256, kv 128, intermediate 688, vocab 512, compute fp32
+    linear = 4 * (256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * 688)
+    assert memory.linear_parameter_count(s.arch) == linear
+    rest = 2 * 512 * 256 + 4 * 2 * 256 + 256  # embeddings, head, norms
+    assert memory.parameter_count(s.arch) == linear + rest
+    assert memory.frozen_base_bytes(s.arch, s.finetune) == linear * (0.5 + 1 / 64 + 4 / 16384) + rest * 4
+    lora = load("tiny_cpu_lora")
+    assert memory.frozen_base_bytes(lora.arch, lora.finetune) == 4 * (linear + rest)
+
+
+def test_lora_estimate_holds_adapter_states_only():
+    s = load("llama2_7b_8k_1gpu_lora")
+    n_adapter = s.finetune.adapter_parameter_count(s.arch)
+    e = estimate(s)
+    assert e.scheme == "lora"
+    # fp32 adapters: 4 bytes of weights, 4 of gradients, 8 of AdamW m and v; the bf16 base 2 bytes a weight
+    assert e.gradients_gib == round(4 * n_adapter / GIB, 3)
+    assert e.optimizer_states_gib == round(8 * n_adapter / GIB, 3)
+    assert e.parameters_gib == round((2 * memory.parameter_count(s.arch) + 4 * n_adapter) / GIB, 3)
+    full, qlora = estimate(load("llama2_7b_8k_1gpu")), estimate(load("llama2_7b_8k_1gpu_qlora"))
+    assert qlora.scheme == "qlora" and qlora.total_gib < e.total_gib < full.total_gib
+    # the 4-bit base saves what its storage does, its activations are the bf16 base's
+    assert e.parameters_gib - qlora.parameters_gib == pytest.approx(
+        (memory.frozen_base_bytes(s.arch, s.finetune) - memory.frozen_base_bytes(s.arch, load(
+            "llama2_7b_8k_1gpu_qlora").finetune)) / GIB, abs=2e-3)
+    assert e.logits_gib == qlora.logits_gib
+
+
+def test_adapters_checkpointed_or_not():
+    s = load("llama2_7b_8k_1gpu_lora")
+    per_layer = memory.adapter_activation_bytes_per_token(s.arch, s.finetune, "deepspeed") * 8192
+    # bf16 base: each target keeps its input cast to fp32 and A's fp32 output (r = 64)
+    h, i = 4096, 11008
+    assert per_layer == 8192 * (4 * (6 * h + i) + 7 * 4 * 64)
+    stored = {ckpt: estimate(s.model_copy(update={"activation_checkpointing": ckpt})).stored_activations_gib
+              for ckpt in (True, False)}
+    full = {ckpt: memory.stored_activations_bytes(s.arch, "deepspeed", 8192, ckpt) for ckpt in (True, False)}
+    assert stored[True] == round(full[True] / GIB, 3)
+    assert stored[False] == round((full[False] + 32 * per_layer) / GIB, 3)

@@ -64,11 +64,11 @@ from pydantic import BaseModel, ConfigDict
 from framework_bench.measure import gpus
 from framework_bench.plugins.contract import MemoryScheme, OptimizerImpl, SettingsMode
 from framework_bench.spec.models import ModelArch
-from framework_bench.spec.scenario import Scenario
+from framework_bench.spec.scenario import FineTune, Scenario
 
 GIB = 1024**3
 
-Scheme = Literal["amp", "deepspeed", "fp32", "fsdp2"]
+Scheme = Literal["amp", "deepspeed", "fp32", "fsdp2", "lora", "qlora"]
 Phase = Literal["forward", "backward", "optimizer step"]
 
 
@@ -169,6 +169,105 @@ def parameter_count(arch: ModelArch) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# A frozen base with adapters (LoRA, QLoRA)
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+QUANT_BLOCK = 64  # bitsandbytes' 4-bit blocksize: one absmax scale per 64 weights
+DOUBLE_QUANT_BLOCK = 256  # double quant: the 8-bit absmax scales get one fp32 scale per 256 of them
+
+
+def four_bit_bytes_per_param(double_quant: bool) -> float:
+    """A bitsandbytes 4-bit weight (nf4 or fp4): half a byte, plus its block's absmax: fp32
+    (4 / 64 bytes per weight), or with double quant 8-bit (1 / 64) plus one fp32 second-level
+    scale per 256 blocks (4 / (64 x 256)) (and a 256-entry code book per tensor, left out)."""
+    scales = 1 / QUANT_BLOCK + 4 / (QUANT_BLOCK * DOUBLE_QUANT_BLOCK) if double_quant else 4 / QUANT_BLOCK
+    return 0.5 + scales
+
+
+def linear_parameter_count(arch: ModelArch) -> int:
+    """The decoder layers' linear weights, the ones QLoRA stores in 4 bits."""
+    return arch.num_hidden_layers * sum(i * o for i, o in arch.linear_shapes.values())
+
+
+def frozen_base_bytes(arch: ModelArch, finetune: FineTune) -> float:
+    """The frozen base weights: every parameter at `base_dtype`, or (QLoRA) the decoder linears
+    in 4 bits and the embeddings, LM head and norms at the compute dtype."""
+    n = parameter_count(arch)
+    if finetune.method == "lora":
+        return float(n * DTYPE_BYTES[finetune.base_dtype])
+    linear = linear_parameter_count(arch)
+    return linear * four_bit_bytes_per_param(finetune.double_quant) + (n - linear) * DTYPE_BYTES[finetune.compute_dtype]
+
+
+def adapter_activation_bytes_per_token(arch: ModelArch, finetune: FineTune, scheme: Scheme) -> int:
+    """What one layer's adapters keep for backward, per token: per target, its input cast to the
+    adapters' fp32 (lora_A's input; the base linear's own input when that is already fp32 and
+    there is no dropout), dropout's mask (1 byte per input) when dropout > 0, and A's fp32
+    output (B's input, r wide)."""
+    shapes = arch.linear_shapes
+    total = 0
+    for t in finetune.targets:
+        width = shapes[t][0]
+        shared = scheme == "fp32" and finetune.dropout == 0
+        total += (0 if shared else 4 * width) + (width if finetune.dropout > 0 else 0) + 4 * finetune.rank
+    return total
+
+
+def activation_scheme(scenario: Scenario) -> Scheme:
+    """The full fine-tuning scheme whose activations a LoRA/QLoRA step holds: fp32 without mixed
+    precision; an fp32 base (or compute dtype) under bf16 autocast, amp; else bf16, deepspeed's."""
+    ft = scenario.finetune
+    dtype = ft.base_dtype if ft.method == "lora" else ft.compute_dtype
+    if scenario.precision == "fp32":
+        return "fp32"
+    return "amp" if dtype == "fp32" else "deepspeed"
+
+
+def adapter_optimizer_temporaries_bytes(arch: ModelArch, finetune: FineTune, impl: OptimizerImpl,
+                                        optimizer_shard: int) -> float:
+    """`optimizer_temporaries_bytes` for the fp32 adapters: foreach's sqrt over every one this
+    GPU steps, the for-loop's over the largest (a B or A of the widest target), fused none."""
+    shapes = arch.linear_shapes
+    largest = max(finetune.rank * max(shapes[t]) for t in finetune.targets)
+    stepped = finetune.adapter_parameter_count(arch) / optimizer_shard
+    return {"fused": 0.0, "foreach": 4.0 * stepped, "for-loop": 4.0 * largest}[impl]
+
+
+def adapter_phases(scenario: Scenario, impl: OptimizerImpl, wrapped: bool) -> tuple[dict[str, float], dict[Phase, float]]:
+    """Every term (bytes) of a LoRA/QLoRA step and the peak of each phase, as `estimate` has them."""
+    arch, ft = scenario.arch, scenario.finetune
+    n_adapter = ft.adapter_parameter_count(arch)
+    group, zero = sharding_group(scenario), scenario.zero_stage
+    tokens = scenario.view.tokens_per_gpu_micro_batch
+    ckpt = scenario.activation_checkpointing
+    act = activation_scheme(scenario)
+    per_layer_adapters = adapter_activation_bytes_per_token(arch, ft, act) * tokens
+    # bitsandbytes dequantizes one 4-bit weight at a time to the compute dtype for its matmul
+    dequantized = (DTYPE_BYTES[ft.compute_dtype] * max(i * o for i, o in arch.linear_shapes.values())
+                   if ft.method == "qlora" else 0.0)
+    terms = {
+        "params": frozen_base_bytes(arch, ft) / (group if zero >= 3 else 1) + parameters_bytes(n_adapter, "fp32", zero, group),
+        "grads": gradients_bytes(n_adapter, "fp32", zero, group),
+        "optim": optimizer_states_bytes(n_adapter, "fp32", zero, group),
+        "gathered": 0.0,
+        # autocast caches bf16 copies of the weights that require grad: the adapters only
+        "cache": weight_cache_bytes(n_adapter, "amp") if scenario.precision != "fp32" else 0.0,
+        "stored": (stored_activations_bytes(arch, act, tokens, ckpt)
+                   + (0.0 if ckpt else arch.num_hidden_layers * per_layer_adapters)),
+        "working": layer_working_bytes(arch, act, tokens, ckpt) + (per_layer_adapters if ckpt else 0.0) + dequantized,
+        "logits": logits_bytes(arch, act, tokens),
+        "temporaries": adapter_optimizer_temporaries_bytes(arch, ft, impl, group if zero >= 1 else 1),
+        "buckets": ddp_buckets_bytes(n_adapter, "fp32", wrapped),
+        "overhead": overhead_bytes(scenario, "amp", n_adapter),
+    }
+    resident = terms["params"] + terms["optim"] + terms["buckets"] + terms["overhead"]
+    # gradients appear during backward and are freed between steps, as under amp
+    peaks = phases("amp", resident, terms["grads"], terms["cache"], terms["stored"], terms["working"],
+                   terms["logits"], terms["temporaries"])
+    return terms, peaks
+
+
+# ---------------------------------------------------------------------------------------
 # Scheme and sharding
 
 
@@ -177,6 +276,8 @@ def scheme_for(scenario: Scenario, declared: MemoryScheme | None = None) -> Sche
     engine it declares (DeepSpeed or FSDP2); DeepSpeed for any ZeRO stage; otherwise
     torch autocast over fp32 parameters."""
     declared = declared or MemoryScheme()
+    if scenario.finetune.method != "full":
+        return scenario.finetune.method
     if scenario.precision == "fp32":
         return "fp32"
     if scenario.sequence_parallel > 1:
@@ -189,7 +290,7 @@ def scheme_for(scenario: Scenario, declared: MemoryScheme | None = None) -> Sche
 def ddp_wraps(scenario: Scenario, scheme: Scheme) -> bool:
     """Whether the model trains inside DDP: several processes without ZeRO or FSDP. A world
     of one is never wrapped (every backend's worker keeps it bare, and records `ddp_wrapped`)."""
-    return scenario.cluster.gpus > 1 and scenario.zero_stage == 0 and scheme in ("amp", "fp32")
+    return scenario.cluster.gpus > 1 and scenario.zero_stage == 0 and scheme in ("amp", "fp32", "lora", "qlora")
 
 
 def sharding_group(scenario: Scenario) -> int:
@@ -438,21 +539,26 @@ def estimate(
     tokens = scenario.view.tokens_per_gpu_micro_batch
     ckpt = scenario.activation_checkpointing
 
-    params = parameters_bytes(n, sch, shard, group)
-    grads = gradients_bytes(n, sch, shard, group)
-    optim = optimizer_states_bytes(n, sch, shard, group)
-    gathered = (gathered_parameters_bytes(arch, zero) if sch == "deepspeed"
-                else fsdp2_gathered_bytes(arch, n, zero) if sch == "fsdp2" else 0.0)
-    cache = weight_cache_bytes(n, sch)
-    stored = stored_activations_bytes(arch, sch, tokens, ckpt)
-    working = layer_working_bytes(arch, sch, tokens, ckpt)
-    logits = logits_bytes(arch, sch, tokens)
-    temporaries = optimizer_temporaries_bytes(arch, n, sch, impl, group if shard >= 1 else 1)
-    buckets = ddp_buckets_bytes(n, sch, wrapped)
-    overhead = overhead_bytes(scenario, sch, n)
-
-    resident = params + optim + gathered + buckets + overhead
-    peaks = phases(sch, resident, grads, cache, stored, working, logits, temporaries)
+    if sch in ("lora", "qlora"):
+        terms, peaks = adapter_phases(scenario, impl, wrapped)
+        params, grads, optim, gathered, cache, stored, working, logits, temporaries, buckets, overhead = (
+            terms[k] for k in ("params", "grads", "optim", "gathered", "cache", "stored", "working", "logits",
+                               "temporaries", "buckets", "overhead"))
+    else:
+        params = parameters_bytes(n, sch, shard, group)
+        grads = gradients_bytes(n, sch, shard, group)
+        optim = optimizer_states_bytes(n, sch, shard, group)
+        gathered = (gathered_parameters_bytes(arch, zero) if sch == "deepspeed"
+                    else fsdp2_gathered_bytes(arch, n, zero) if sch == "fsdp2" else 0.0)
+        cache = weight_cache_bytes(n, sch)
+        stored = stored_activations_bytes(arch, sch, tokens, ckpt)
+        working = layer_working_bytes(arch, sch, tokens, ckpt)
+        logits = logits_bytes(arch, sch, tokens)
+        temporaries = optimizer_temporaries_bytes(arch, n, sch, impl, group if shard >= 1 else 1)
+        buckets = ddp_buckets_bytes(n, sch, wrapped)
+        overhead = overhead_bytes(scenario, sch, n)
+        resident = params + optim + gathered + buckets + overhead
+        peaks = phases(sch, resident, grads, cache, stored, working, logits, temporaries)
     peak_phase = max(peaks, key=peaks.__getitem__)
     total = peaks[peak_phase]
 
