@@ -1,0 +1,90 @@
+"""The finetune axis (issue 27): full / LoRA / QLoRA scenarios validate and mean what they say,
+an older dump reads as full, and a backend that declares no adapters refuses them before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.contract import QLORA_ON_CPU, BackendEnv, Capabilities, Machine
+from framework_bench.run import verdicts
+from framework_bench.spec import scenario
+from framework_bench.spec.scenario import FineTune, Scenario
+
+CPU = Machine(gpus=0, cpu="test", cpu_count=2)
+LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def test_a_full_dump_has_no_finetune_key_and_an_old_dump_reads_as_full():
+    s = scenario.load("tiny_cpu")
+    dump = s.model_dump(mode="json")
+    # a stored row's scenario_json and job.json stay what they were before the axis existed
+    assert "finetune" not in dump
+    assert Scenario.model_validate(dump).finetune == FineTune(method="full")
+
+
+def test_a_lora_dump_names_every_setting_and_reads_back_the_same():
+    s = scenario.load("tiny_cpu_lora")
+    dump = s.model_dump(mode="json")
+    assert dump["finetune"] == {"method": "lora", "rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": LLAMA_LINEAR,
+                                "base_dtype": "fp32", "quant_type": None, "double_quant": None, "compute_dtype": None}
+    assert Scenario.model_validate(dump).model_dump(mode="json") == dump
+    assert s.view.raw["finetune"]["targets"] == LLAMA_LINEAR  # what a worker reads from job.json
+
+
+def test_qlora_fills_in_its_quant_settings():
+    ft = scenario.load("llama2_7b_8k_1gpu_qlora").finetune
+    assert (ft.base_dtype, ft.quant_type, ft.double_quant, ft.compute_dtype) == ("nf4", "nf4", True, "bf16")
+
+
+def test_adapter_parameter_count_by_hand():
+    arch = scenario.load("tiny_cpu").arch  # hidden 256, kv 2 x 64 = 128, intermediate 688, 4 layers
+    ft = FineTune(method="lora", rank=8, alpha=16, targets=["q_proj", "v_proj", "down_proj"])
+    assert ft.adapter_parameter_count(arch) == 4 * 8 * ((256 + 256) + (256 + 128) + (688 + 256))
+
+
+def _bundled() -> dict:
+    found = plugins.backends()
+    assert {"torch", "xtuner", "llamafactory"} <= set(found)
+    return found
+
+
+def _env(name: str) -> BackendEnv:
+    return BackendEnv(name=name, path=Path("/nonexistent"), python=Path("/nonexistent/python"), ready=True,
+                      flavour="cpu")
+
+
+def test_every_bundled_backend_refuses_lora_as_unsupported_without_running():
+    """Until a backend declares LoRA (issue 27, next step) its capabilities refuse the scenario:
+    the backend's own check is never asked (its env here does not exist)."""
+    s = scenario.load("tiny_cpu_lora")
+    for name, backend in _bundled().items():
+        _, verdict = verdicts.judge(backend, s, CPU, env=_env(name))
+        assert verdict.check == f"the {name} backend declares no LoRA support; the scenario asks for finetune method lora"
+        assert verdict.refused_by_backend
+
+
+def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declared():
+    s = scenario.load("tiny_cpu_qlora")
+    for name, backend in _bundled().items():
+        _, verdict = verdicts.judge(backend, s, CPU, env=_env(name))
+        assert verdict.check == QLORA_ON_CPU
+    assert "bitsandbytes==0.45.0" in QLORA_ON_CPU and "CUDA only" in QLORA_ON_CPU
+    everything = Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, lora=True, qlora=True)
+    assert everything.refusal(s, "any") == QLORA_ON_CPU  # never run as LoRA instead
+    assert everything.refusal(scenario.load("llama2_7b_8k_1gpu_qlora"), "any") is None
+    lora_only = everything.model_copy(update={"qlora": False})
+    assert lora_only.refusal(scenario.load("llama2_7b_8k_1gpu_qlora"), "x") == (
+        "the x backend declares no QLoRA support; the scenario asks for finetune method qlora")
+    assert lora_only.refusal(scenario.load("tiny_cpu_lora"), "x") is None
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu_lora", "tiny_cpu_qlora", "llama2_7b_8k_1gpu_lora", "llama2_7b_32k_1gpu_lora",
+                                  "llama2_7b_8k_1gpu_qlora", "llama3_8b_2k_1gpu_full", "llama3_8b_2k_1gpu_lora",
+                                  "llama3_8b_2k_1gpu_qlora"])
+def test_the_issue_27_scenarios_are_bundled(name):
+    s = scenario.load(name)
+    assert s.finetune.method == name.rsplit("_", 1)[-1]
+    assert str(scenario.source_path(name).parent) == str(scenario.SCENARIO_DIR.resolve())
