@@ -41,8 +41,8 @@ judges them after the run, per rank:
 Where /proc cannot be read, or the span (a warm-up step's CPU work) is under
 `MIN_CPU_SPAN_SECONDS`, the cpu (warmup) figure is said unavailable in the clock check.
 
-The clock check's figures also keep `projection_seconds` (and on CPU `projection_cpu_seconds`,
-the tree's CPU run time): from the seed's reveal to the update claim. After the last step an
+The clock check's figures also keep `projection_seconds`: from the seed's reveal to the update
+claim, and `median_step_seconds`, the measured steps' median window. After the last step an
 honest worker only projects its update; `projection_delay_check` holds a run's figure against
 the reference's (the same projection of the same model) and the run's own median step: at
 most `PROJECTION_DELAY_FACTOR` times the reference's, it plus `PROJECTION_DELAY_SLACK`, or
@@ -105,13 +105,15 @@ MAX_GAP_SHARE = 0.06
 # (allocator, thread pools), not several steps' training.
 MAX_WARMUP_CPU_RATIO = 16.0
 WARMUP_FLAG_RATIO = 20.0  # a warm-up step's wall time over the measured median: shown (compile, autotune)
-# The time from the seed's reveal to the worker's update claim against the reference's, or
-# against the run's own median measured step (the same moment's load: CPU time on a machine
-# shared with other work swings too). On tiny_cpu with 16 measured steps, on a heavily loaded
-# 2-core machine, honest runs took 0.31-1.43 CPU seconds there (torch 0.31-0.70, LLaMA-Factory
-# 0.75, XTuner 1.43: its hooks after training count), 0.5-1.5 of their own median step; the
-# training deferred past the last step 19.6-22.4, 86 of its (forward-only) median step.
-PROJECTION_DELAY_FACTOR, PROJECTION_DELAY_SLACK, PROJECTION_DELAY_STEPS = 4.0, 0.5, 3.0
+# The time from the seed's reveal to the worker's update claim against the reference's (the
+# same projection of the same model), or against the run's own median measured step (the same
+# moment's load on a machine shared with other work). The projection took at most 2.8 of the
+# run's median step in 325 honest tiny_cpu runs of torch, XTuner and LLaMA-Factory (their
+# update files' own seconds; loads up to 40x the idle step time); on tiny_cpu at normal load
+# 0.06-0.13 s, 0.8-1.1 steps. Its CPU time does not help: spinning thread pools made an honest
+# projection take 28x the reference's CPU seconds under load. The training deferred past the
+# last step (forward-only steps): 46-56 s, 50 of its median steps.
+PROJECTION_DELAY_FACTOR, PROJECTION_DELAY_SLACK, PROJECTION_DELAY_STEPS = 4.0, 0.5, 6.0
 
 
 def _children(pid: int) -> dict[int, list[int]]:
@@ -208,8 +210,8 @@ class Watcher:
         self._files: dict[int, tuple[int, bytearray]] = {}
         self._last_end: dict[int, int] = {}
         self._pids: list[int] | None = None
-        self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp", "cpu"} once written
-        self.update_claim: dict | None = None  # {"stamp", "cpu"} when the worker's update claim appeared
+        self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp"} once written
+        self.update_claim: dict | None = None  # {"stamp"} when the worker's update claim appeared
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fbench-clock", daemon=True)
 
@@ -289,7 +291,7 @@ class Watcher:
         cpu = self._cpu()
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
-            self._reveal_after(stamp, cpu)
+            self._reveal_after(stamp)
         self.events.setdefault(rank, []).append([stamp, event, step, *(cpu or (None, None))])
 
     def _cpu(self) -> tuple[float, float] | None:
@@ -304,10 +306,9 @@ class Watcher:
         """Stamp the worker's update claim (`UPDATE_FILE`) when it first shows in the run folder:
         the time from the reveal to it is the projection's, unless the worker trained there."""
         if self.update_claim is None and (self.run_dir / UPDATE_FILE).exists():
-            cpu = self._cpu()
-            self.update_claim = {"stamp": time.monotonic(), "cpu": cpu and cpu[1]}
+            self.update_claim = {"stamp": time.monotonic()}
 
-    def _reveal_after(self, stamp: float, cpu: tuple[float, float] | None) -> None:
+    def _reveal_after(self, stamp: float) -> None:
         """Reveal the seed once every rank's clock says it ended the last step."""
         if self.reveal is None or self.revealed is not None:
             return
@@ -316,7 +317,7 @@ class Watcher:
                 self.reveal.write(self.run_dir)
             except OSError:  # a full disk: no seed, so no projection; the run's update claim is then missing
                 return
-            self.revealed = {"seed": self.reveal.seed, "stamp": stamp, "cpu": cpu and cpu[1]}
+            self.revealed = {"seed": self.reveal.seed, "stamp": stamp}
 
 
 @dataclass
@@ -401,14 +402,12 @@ def _warmup(rank: int, warm: list[StepWindow], measured: list[StepWindow]) -> di
 
 
 def _projection(stamps: dict) -> dict:
-    """Seconds (and, on CPU, the process tree's CPU run seconds) from the seed's reveal to the
-    worker's update claim in the run folder; empty where either was not seen."""
+    """Seconds from the seed's reveal to the worker's update claim in the run folder; empty
+    where either was not seen."""
     reveal, claim = stamps.get("reveal") or {}, stamps.get("update_claim") or {}
     if "stamp" not in reveal or "stamp" not in claim:
         return {}
-    cpu = claim.get("cpu") - reveal["cpu"] if claim.get("cpu") is not None and reveal.get("cpu") is not None else None
-    return {"projection_seconds": round(claim["stamp"] - reveal["stamp"], 4),
-            "projection_cpu_seconds": None if cpu is None else round(cpu, 4)}
+    return {"projection_seconds": round(claim["stamp"] - reveal["stamp"], 4)}
 
 
 def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]], cpu: bool) -> list:
@@ -436,12 +435,10 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
         pauses = sum(w.paused for w in ws)
         own = claimed.get(rank, {})
         told = sum(own.get(w.step, 0.0) for w in ws)
-        ran = [w.ran for w in ws]
         keep("clock", dict(rank=rank, claimed_seconds=round(told, 6), observed_seconds=round(span, 6),
                            declared_pause_seconds=round(pauses, 6), steps=len(ws),
                            share=round(told / (span - pauses), 4) if span > pauses else None,
-                           median_step_seconds=round(statistics.median(w.seen for w in ws), 6),
-                           median_step_cpu_seconds=None if None in ran else round(statistics.median(ran), 4)),
+                           median_step_seconds=round(statistics.median(w.seen for w in ws), 6)),
              lambda c: -(c["share"] or 1e9))
         keep("step", _short_step(rank, ws, own), lambda s: -s["margin"])
         step_pause = max(ws, key=lambda w: w.paused / max(w.stop - w.begin, 1e-9))
@@ -556,14 +553,12 @@ def projection_delay_check(run, reference):
     """The time from the seed's reveal to the run's update claim against the reference's
     (`RunResult`s; figures of their `clock` checks): at most `PROJECTION_DELAY_FACTOR` times the
     reference's, its figure plus `PROJECTION_DELAY_SLACK`, or `PROJECTION_DELAY_STEPS` of the
-    run's own median measured step, whichever is largest. On CPU the process tree's CPU run
-    seconds are compared (a shared machine's load changes the wall time more than the work);
-    elsewhere the wall time. None where the run has no figure (its update check says why)."""
+    run's own median measured step, whichever is largest. None where the run has no figure
+    (its update check says why)."""
     from framework_bench.measure.verify import Check
 
     mine, theirs = (next((c.figures for c in r.checks if c.name == "clock"), {}) for r in (run, reference))
-    cpu = mine.get("projection_cpu_seconds") is not None
-    key, step = ("projection_cpu_seconds", "median_step_cpu_seconds") if cpu else ("projection_seconds", "median_step_seconds")
+    key, step = "projection_seconds", "median_step_seconds"
     if mine.get(key) is None:
         return None
     if theirs.get(key) is None:
@@ -571,9 +566,8 @@ def projection_delay_check(run, reference):
                      detail=f"unverified: the reference {reference.backend}'s run kept no {key}")
     limit = max(PROJECTION_DELAY_FACTOR * theirs[key], theirs[key] + PROJECTION_DELAY_SLACK,
                 PROJECTION_DELAY_STEPS * (mine.get(step) or 0.0))
-    what = "CPU seconds" if key == "projection_cpu_seconds" else "seconds"
     figures = {key: mine[key], f"reference_{key}": theirs[key], "limit": round(limit, 4)}
-    detail = (f"{mine[key]:.3f} {what} from the seed's reveal to the update claim, the reference "
+    detail = (f"{mine[key]:.3f} s from the seed's reveal to the update claim, the reference "
               f"{theirs[key]:.3f}, the run's median measured step {mine.get(step) or 0.0:.3f}")
     if mine[key] > limit:
         return Check(name="projection_delay", status="fail", figures=figures, detail=(
