@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from framework_bench.cli import app
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import QLORA_ON_CPU, BackendEnv, Capabilities, Machine
 from framework_bench.run import verdicts
@@ -81,10 +83,25 @@ def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declare
     assert lora_only.refusal(scenario.load("tiny_cpu_lora"), "x") is None
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu_lora", "tiny_cpu_qlora", "llama2_7b_8k_1gpu_lora", "llama2_7b_32k_1gpu_lora",
-                                  "llama2_7b_8k_1gpu_qlora", "llama3_8b_2k_1gpu_full", "llama3_8b_2k_1gpu_lora",
-                                  "llama3_8b_2k_1gpu_qlora"])
+ISSUE_27 = ["tiny_cpu_lora", "tiny_cpu_qlora", "llama2_7b_8k_1gpu_lora", "llama2_7b_32k_1gpu_lora",
+            "llama2_7b_8k_1gpu_qlora", "llama3_8b_2k_1gpu_full", "llama3_8b_2k_1gpu_lora", "llama3_8b_2k_1gpu_qlora"]
+
+
+@pytest.mark.parametrize("name", ISSUE_27)
 def test_the_issue_27_scenarios_are_bundled(name):
     s = scenario.load(name)
     assert s.finetune.method == name.rsplit("_", 1)[-1]
     assert str(scenario.source_path(name).parent) == str(scenario.SCENARIO_DIR.resolve())
+
+
+def test_fbench_validate_scenarios_and_show_take_them():
+    runner = CliRunner()
+    paths = [str(scenario.source_path(n)) for n in ISSUE_27]
+    result = runner.invoke(app, ["validate", *paths])
+    assert result.exit_code == 0, result.output
+    assert all(f"ok {p}" in result.output for p in paths), result.output
+    listed = runner.invoke(app, ["scenarios"])
+    assert listed.exit_code == 0 and all(n in listed.output for n in ISSUE_27), listed.output
+    for name in ("tiny_cpu_lora", "llama3_8b_2k_1gpu_qlora"):
+        shown = runner.invoke(app, ["show", name])
+        assert shown.exit_code == 0 and name in shown.output, shown.output

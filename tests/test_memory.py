@@ -325,3 +325,13 @@ def test_adapters_checkpointed_or_not():
     full = {ckpt: memory.stored_activations_bytes(s.arch, "deepspeed", 8192, ckpt) for ckpt in (True, False)}
     assert stored[True] == round(full[True] / GIB, 3)
     assert stored[False] == round((full[False] + 32 * per_layer) / GIB, 3)
+
+
+def test_adapter_activations_with_an_fp32_base_and_with_dropout():
+    s = load("tiny_cpu_lora")  # fp32, no dropout: lora_A reads the very fp32 input the base linear reads
+    assert memory.activation_scheme(s) == "fp32"
+    assert memory.adapter_activation_bytes_per_token(s.arch, s.finetune, "fp32") == 7 * 4 * 8
+    dropped = s.finetune.model_copy(update={"dropout": 0.1})
+    inputs = 6 * 256 + 688  # q, k, v, o, gate, up read hidden; down reads intermediate
+    # dropout's fp32 output (lora_A's input) and its 1-byte mask per input element
+    assert memory.adapter_activation_bytes_per_token(s.arch, dropped, "fp32") == 5 * inputs + 7 * 4 * 8
