@@ -104,7 +104,7 @@ def _run_named(names, backends, tmp_path):
 
 def test_globs_expand_in_context_order():
     names = [s.name for s in compare.expand(["tiny_cpu*"])]
-    assert names == ["tiny_cpu", "tiny_cpu_1k", "tiny_cpu_2k", "tiny_cpu_4k"]
+    assert names == ["tiny_cpu", "tiny_cpu_lora", "tiny_cpu_qlora", "tiny_cpu_1k", "tiny_cpu_2k", "tiny_cpu_4k"]
     with pytest.raises(scenario.ScenarioError):
         compare.expand(["nothing_like_this*"])
 

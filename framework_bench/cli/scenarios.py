@@ -38,7 +38,7 @@ def scenario_summary(s) -> dict:
     from framework_bench.measure.memory import estimate
     recompute = s.activation_checkpointing
     mha = flops.mha_flops_per_token(s.arch, s.context_length, recompute)
-    model = flops.model_flops_per_token(s.arch, s.context_length, recompute)
+    model = flops.scenario_model_flops_per_token(s, recompute)
     out = {
         "name": s.name, "gpus": s.cluster.gpus, "nodes": s.cluster.nodes, "gpus_per_node": s.cluster.gpus_per_node,
         "context_length": s.context_length, "sequence_parallel": s.sequence_parallel,
@@ -71,8 +71,12 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
                   f"micro batch {s.micro_batch}, grad accum {s.grad_accum}, ZeRO {s.zero_stage}, "
                   f"checkpointing {s.activation_checkpointing}, {s.precision}, attention {s.attention}")
     common.console.print(f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed")
+    adapters = s.finetune.method != "full"
+    if adapters:
+        common.console.print(f"finetune   {s.finetune.summary(s.arch)}", highlight=False, markup=False)
     f = info["flops"]
-    common.console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; model (GQA-exact) {f['model_per_token']:.4g}")
+    model = "model (GQA-exact, frozen base + adapters)" if adapters else "model (GQA-exact)"
+    common.console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} {f['model_per_token']:.4g}")
     common.console.print(f"memory     {info['memory'].summary()}",
                   highlight=False)
     from framework_bench.run.launchers.slurm import estimate_time

@@ -120,7 +120,7 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
     tgs = statistics.median(tgs_steps)
     recompute = scenario.activation_checkpointing
     mha = flops.mha_flops_per_token(scenario.arch, scenario.context_length, recompute)
-    model = flops.model_flops_per_token(scenario.arch, scenario.context_length, recompute)
+    model = flops.scenario_model_flops_per_token(scenario, recompute)  # LoRA-aware: a frozen base takes no weight gradients
     out.update(
         tgs=tgs, tgs_min=min(tgs_steps), tgs_max=max(tgs_steps),
         tflops=flops.tflops(tgs, mha), model_tflops=flops.tflops(tgs, model),
