@@ -33,26 +33,8 @@ from framework_bench.spec import scenario
 CPU = Machine(gpus=0, cpu_count=2)
 
 
-def with_scheme(scheme: str | None):
-    """`pipeline.make_job` that sets `loss_scheme` on the job (the host's wiring of a second
-    reference, done here by hand)."""
-    make_job = pipeline.make_job
-
-    def make(*args, **kwargs):
-        job = make_job(*args, **kwargs)
-        job.loss_scheme = scheme
-        return job
-
-    return make
-
-
 def run(backend: str, scn, data, root: Path, seed: int, scheme: str | None = None):
-    original = pipeline.make_job
-    pipeline.make_job = with_scheme(scheme)
-    try:
-        result = pipeline.run_one(backend, scn, RunOptions(root=root, seed=seed), data=data, machine=CPU)
-    finally:
-        pipeline.make_job = original
+    result = pipeline.run_one(backend, scn, RunOptions(root=root, seed=seed, loss_scheme=scheme), data=data, machine=CPU)
     update = next((c.figures for c in result.checks if c.name == "update" and c.status == "pass"), None)
     if result.status != "ok" or update is None:
         print(f"# {backend} seed {seed}: {result.status} {(result.reason or '')[:300]}", flush=True)

@@ -90,23 +90,6 @@ def test_check_backend_variants_are_grad_accum_2_and_two_processes_with_zero_2_n
     assert all(s.cluster.gpus == 2 for s in two) and two[1].zero_stage == 2
 
 
-def run_with_scheme(backend: str, scn, options: RunOptions, data, scheme: str | None, **kwargs) -> RunResult:
-    """`pipeline.run_one` whose job names `loss_scheme` (the second reference the coordinator
-    runs for a framework that normalises otherwise, wired here by hand)."""
-    make_job = pipeline.make_job
-
-    def with_scheme(*args, **kw):
-        job = make_job(*args, **kw)
-        job.loss_scheme = scheme
-        return job
-
-    pipeline.make_job = with_scheme
-    try:
-        return pipeline.run_one(backend, scn, options, data=data, machine=CPU, **kwargs)
-    finally:
-        pipeline.make_job = make_job
-
-
 @pytest.fixture(scope="module", params=[1, 2], ids=["grad_accum1", "grad_accum2"])
 def three_runs(request, tmp_path_factory, tiny_cpu_run):
     """(scenario, {backend: run}, {scheme: the torch reference trained that way})."""
@@ -125,7 +108,8 @@ def three_runs(request, tmp_path_factory, tiny_cpu_run):
     for r in runs.values():
         needed = losses.needed_reference_scheme(r, runs["torch"])
         if needed and needed not in references:
-            references[needed] = run_with_scheme("torch", scn, RunOptions(root=root), data, needed)
+            references[needed] = pipeline.run_one("torch", scn, RunOptions(root=root, loss_scheme=needed), data=data,
+                                                  machine=CPU)
     return scn, runs, references
 
 
