@@ -61,7 +61,7 @@ class MemoryScheme(BaseModel):
 # bitsandbytes' 4-bit layers have no CPU kernels in the versions the frameworks pin: a QLoRA
 # scenario on CPU is refused for every backend, never run as LoRA instead.
 QLORA_ON_CPU = ("QLoRA needs bitsandbytes 4-bit kernels, CUDA only in the versions the frameworks pin "
-                "(bitsandbytes==0.45.0 for XTuner)")
+                "(bitsandbytes 0.45)")
 
 
 class Capabilities(BaseModel):
