@@ -229,9 +229,11 @@ def compare(
     compare_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its reference's
 
+    judging: dict[tuple[int, str], RunResult] = {}  # (the round's reference, scheme): its run trained that way
+
     def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, why: str = absent) -> None:
         if result.backend != reference_name:
-            pipeline.judge(result, _judging_reference(result, reference, s, options), s, why)
+            pipeline.judge(result, _judging_reference(result, reference, s, options, judging), s, why)
         on_result(result, s)
 
     try:
@@ -269,20 +271,24 @@ def compare(
     return results
 
 
-def _judging_reference(result: RunResult, reference: RunResult | None, s: Scenario,
-                       options: RunOptions | None) -> RunResult | None:
+def _judging_reference(result: RunResult, reference: RunResult | None, s: Scenario, options: RunOptions | None,
+                       made: dict[tuple[int, str], RunResult]) -> RunResult | None:
     """The reference run `result` is judged against: the round's, or where `result` normalises the
     loss otherwise (`losses.needed_reference_scheme`: XTuner's mean of per-micro-batch means at
-    grad_accum 2 against the torch loop's token mean over the step), a run of the reference backend
-    trained that way, made now, after `result` ended. It judges only: not a trial of the reference's
-    speed, so it is not stored (its run folder keeps result.json; the parity checks name it)."""
+    grad_accum 2, HF Trainer's labels counted before the shift, against the torch loop's token mean
+    over the step), a run of the reference backend trained that way, made after `result` ended, once
+    per round and scheme (`made`). It judges only: not a trial of the reference's speed, so it is not
+    stored (its run folder keeps result.json; the run's notes name it)."""
     if reference is None or reference.status != "ok" or result.status not in ("ok", "unverified"):
         return reference
     scheme = losses.needed_reference_scheme(result, reference)
     if scheme is None:
         return reference
-    judging = pipeline.run_one(reference.backend, s, (options or RunOptions()).model_copy(
-        update={"loss_scheme": scheme, "db": None}))
+    key = (id(reference), scheme)
+    if key not in made:
+        made[key] = pipeline.run_one(reference.backend, s, (options or RunOptions()).model_copy(
+            update={"loss_scheme": scheme, "db": None}))
+    judging = made[key]
     result.notes.append(f"judged against a run of {reference.backend} trained with loss_scheme {scheme} "
                         f"({judging.status}; not stored, not a trial: {judging.run_dir})")
     return judging
