@@ -164,6 +164,7 @@ def test_an_mfu_above_80_percent_of_the_dense_bf16_peak_is_impossible():
     from framework_bench.plugins.contract import StepMetric
 
     s = scenario.load("tiny_cpu")
+    s = s.model_copy(update={"cluster": s.cluster.model_copy(update={"device": "cuda"})})  # a GPU's run: the GPU rule, not this CPU's ceiling
     steps = [StepMetric(step=i, seconds=0.01, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
     model_tflops = metrics.figures(s, steps, peak_tflops=None)["model_tflops"]
     below = metrics.figures(s, steps, peak_tflops=model_tflops / 0.79, gpu_name="NVIDIA H200")

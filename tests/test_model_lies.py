@@ -25,14 +25,21 @@ pytestmark = pytest.mark.slow
 # issue 20's checks: the initial weights, parity with the reference, the update projection and
 # the host's clock (a model that never runs leaves steps so short that the time between them is
 # most of the span)
-ISSUE_20_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity"}
+ISSUE_20_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity",
+                   "gaps", "warmup", "projection_delay"}  # the host clock's of issue 28 too
 # The check that catches each lie first (a lie may trip several).
-# A model that never runs is caught by the host's clock before its loss is judged: its steps
-# take a fraction of the time that passes between them.
 # No optimizer step, or no label to learn from (weight decay 0): the weights never move, which
 # the update projection says before any reference is compared.
 CAUGHT_BY = {"half_rows": "parity", "no_update": "update", "one_layer": "initial_weights",
-             "labels_ignored": "update", "no_model": "clock"}
+             "labels_ignored": "update"}
+
+
+def test_a_model_that_never_runs_claims_figures_above_the_cpus_peak(world):
+    """Issue 28 item 2: steps that compute nothing are faster than this CPU can compute the model:
+    the figures are impossible before any check (which is why the lie has no checks-off twin)."""
+    r = run(world, "lying_no_model")
+    assert r.status == "invalid" and r.reason.startswith("impossible figures:"), r.reason
+    assert "above the peak of the CPU that ran it" in r.reason
 
 
 @pytest.fixture(scope="module")

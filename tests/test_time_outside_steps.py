@@ -157,3 +157,23 @@ def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folde
     assert abs(stamps["update_claim"]["stamp"] - renamed) < 0.05
     figures = {c.name: c for c in clock.checks(stamps, 0, {0: {1: 0.05}}, cpu=False)}["clock"].figures
     assert 0.3 <= figures["projection_seconds"] < 0.4
+
+
+
+def test_a_cpu_figure_the_host_cannot_read_is_unverified_never_a_pass(tmp_path):
+    """Issue 28 item 2: a span under MIN_CPU_SPAN_SECONDS (or no /proc) makes the cpu check
+    `unverified`, saying why; a warm-up's CPU work too little to read, the warmup check."""
+    import json
+
+    events = [[0.0, "begin", None, 0.0, 0.0], [0.05, "end", 1, 0.1, 0.1],  # 20x the measured steps', 0.1 s
+              [0.05, "begin", None, 0.1, 0.1], [0.1, "end", 2, 0.105, 0.105], [0.1, "begin", None, 0.105, 0.105],
+              [0.15, "end", 3, 0.11, 0.11]]
+    (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {"0": events}}))
+    out = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 0.05, 3: 0.05}}, cpu=True)}
+    assert out["cpu"].status == "unverified" and "0.100 s of measured steps is too short" in out["cpu"].detail
+    assert out["warmup"].status == "unverified" and "too little to read" in out["warmup"].detail
+    assert set(clock.HOST_MEASURED) == {"cpu", "warmup"}
+    no_proc = [e[:3] for e in events]
+    (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {"0": no_proc}}))
+    out = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 0.05, 3: 0.05}}, cpu=True)}
+    assert out["cpu"].detail == "unverified: no /proc to read" and out["warmup"].status == "unverified"

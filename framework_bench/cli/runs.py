@@ -134,8 +134,7 @@ def compare(
     precision: common.PrecisionOption = None,
     no_reference: common.NoReferenceOption = False,
 ) -> None:
-    """Run backends over scenarios on one packed stream each, the reference last in each round to judge
-    the others; store, tabulate, chart, report."""
+    """Run backends over scenarios, the reference last to judge the others; store, tabulate, chart, report."""
     from framework_bench.run import compare as compare_
     from framework_bench.plugins import registry as plugins
 

@@ -40,7 +40,9 @@ judges them after the run, per rank:
     `MIN_CPU_SHARE` of its wall time: a worker asleep through its steps computed them
     elsewhere.
 Where /proc cannot be read, or the span (a warm-up step's CPU work) is under
-`MIN_CPU_SPAN_SECONDS`, the cpu (warmup) figure is said unavailable in the clock check.
+`MIN_CPU_SPAN_SECONDS`, the cpu (warmup) check is `unverified`, saying why: a check that
+cannot measure does not pass. Those two are the host's own measurements (`HOST_MEASURED`),
+not a worker's claims: unverified, they leave the run `unverified`, never `invalid`.
 
 The clock check's figures also keep `projection_seconds`: from the seed's reveal to the update
 claim, and `median_step_seconds`, the measured steps' median window. After the last step an
@@ -90,6 +92,8 @@ POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus sche
 MIN_CLAIMED_SHARE = 0.9
 MAX_PAUSE_SHARE = 0.05
 MIN_CPU_SHARE = 0.5
+# The checks that are the host's own measurement, not a claim a worker makes.
+HOST_MEASURED = ("cpu", "warmup")
 MIN_CPU_SPAN_SECONDS = 0.2  # a shorter span says nothing: a thread's schedstat is brought up to date as it is scheduled
 # How late a stamp may be, either end of a step: the most honest runs showed (claimed minus
 # the window less pauses, over 1,692 steps of torch, XTuner and LLaMA-Factory, tiny_cpu and
@@ -466,12 +470,8 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
             keep("cpu", dict(rank=rank, cpu_and_wait_seconds=round(used, 3), wall_seconds=round(span, 3),
                              share=round(used / span, 4) if span > 0 else None,
                              measurable=span >= MIN_CPU_SPAN_SECONDS), lambda u: -(u["share"] or 0))
-    unread: list[str] = []  # what the host could not measure: said, never judged
-    out = [_clock_check(Check, stamps, per_rank, worst), _pauses_check(Check, worst["pauses"]),
-           _gaps_check(Check, worst["gaps"])] + _warmup_checks(Check, worst, cpu, unread) + _cpu_checks(Check, worst.get("cpu"), cpu, unread)
-    if unread:
-        out[0].detail += "; " + "; ".join(unread)
-    return out
+    return [_clock_check(Check, stamps, per_rank, worst), _pauses_check(Check, worst["pauses"]),
+            _gaps_check(Check, worst["gaps"])] + _warmup_checks(Check, worst, cpu) + _cpu_checks(Check, worst.get("cpu"), cpu)
 
 
 def _clock_check(Check, stamps: dict, per_rank: dict[int, list[StepWindow]], worst: dict):
@@ -511,7 +511,7 @@ def _gaps_check(Check, g: dict):
                  detail=detail if ok else f"{detail}: above {MAX_GAP_SHARE:.0%}, work of the steps done between them")
 
 
-def _warmup_checks(Check, worst: dict, cpu: bool, unread: list[str]) -> list:
+def _warmup_checks(Check, worst: dict, cpu: bool) -> list:
     """warmup_time (every device, a flag): a warm-up step's wall time far beyond the measured
     median; warmup (CPU runs): its CPU work so far beyond theirs that it holds their training."""
     t = worst.get("warmup_time")
@@ -528,29 +528,28 @@ def _warmup_checks(Check, worst: dict, cpu: bool, unread: list[str]) -> list:
     if not cpu:
         return out
     if w is None or "cpu_seconds" not in w:
-        unread.append("warm-up CPU work unavailable: no /proc to read")
-        return out
+        return out + [Check(name="warmup", status="unverified", detail="unverified: no /proc to read the CPU work")]
     figures = {k: w[k] for k in ("rank", "cpu_step", "cpu_seconds", "measured_median_cpu_seconds", "cpu_limit_ratio")}
     detail = (f"rank {w['rank']} warm-up step {w['cpu_step']}: {w['cpu_seconds']:.3f} s of CPU work, the measured "
               f"median {w['measured_median_cpu_seconds']:.3f} s")
     if w["cpu_seconds"] <= w["cpu_limit_ratio"] * w["measured_median_cpu_seconds"]:
         return out + [Check(name="warmup", status="pass", figures=figures, detail=detail)]
     if w["cpu_seconds"] < MIN_CPU_SPAN_SECONDS:
-        unread.append(f"warm-up CPU work unavailable: {detail}, too little to read")
-        return out
+        return out + [Check(name="warmup", status="unverified", figures=figures,
+                            detail=f"unverified: {detail}, too little to read")]
     return out + [Check(name="warmup", status="fail", figures=figures, detail=(
         f"{detail}: more than {w['cpu_limit_ratio']:g}x, the training done in the warm-up, the measured steps "
         "left lighter"))]
 
 
-def _cpu_checks(Check, u: dict | None, cpu: bool, unread: list[str]) -> list:
-    """On CPU: the cpu share, or (in `unread`) why it could not be read."""
+def _cpu_checks(Check, u: dict | None, cpu: bool) -> list:
+    """On CPU: the cpu share, or `unverified` saying why it could not be read."""
     if not cpu:
         return []
     if u is None or not u["measurable"]:
-        unread.append("CPU share unavailable: " + ("no /proc to read" if u is None else
-                                                   f"{u['wall_seconds']:.3f} s of steps is too short to read"))
-        return []
+        return [Check(name="cpu", status="unverified", figures=u or {}, detail="unverified: " + (
+            "no /proc to read" if u is None else f"{u['wall_seconds']:.3f} s of measured steps is too short to read "
+                                                 f"the CPU share (at least {MIN_CPU_SPAN_SECONDS:g} s)"))]
     detail = (f"rank {u['rank']}: {u['cpu_and_wait_seconds']:.2f} s on or waiting for a CPU in "
               f"{u['wall_seconds']:.2f} s of measured steps")
     ok = u["share"] >= MIN_CPU_SHARE

@@ -160,6 +160,11 @@ def figures(scenario: Scenario, steps: list[StepMetric], peak_tflops: float | No
     return out
 
 
+# The flags of a run whose figures no hardware ceiling could be held against (`figures`): the
+# run is `unverified` for them (framework_bench/run/readback.py), never `ok` unchecked.
+NO_CEILING = ("no CPU ceiling:", "no GPU ceiling:")
+
+
 def _above_cpu_peak(scenario: Scenario, out: dict, peak: cpu_peak.CpuPeak | str) -> str | None:
     """Why the model FLOPs of the run's worker processes on one machine, together, are above its
     CPU's peak; None when they are not, or when the peak is unknown (flagged, the figures stand)."""

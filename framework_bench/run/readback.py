@@ -93,31 +93,41 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
     result.flags += flags
     if reason and result.status == "ok":
         result.status, result.reason = "invalid", reason
-    missing = [c.name for c in result.checks if c.status == "unverified"]
+    unmeasured = [f"{c.name} ({c.detail.removeprefix('unverified: ')})" for c in result.checks
+                  if c.status == "unverified" and c.name in clock.HOST_MEASURED]
+    unmeasured += [f for f in result.flags if f.startswith(metrics.NO_CEILING)]
+    missing = [c.name for c in result.checks if c.status == "unverified" and c.name not in clock.HOST_MEASURED]
+    parts = []
     if verify.CLAIMS not in off and missing and result.status == "ok":
         said = {name: why for name, why in report.unclaimed.items() if name in missing}
         owed = [name for name in missing if name not in said and contract >= verify.claimed_since(name)]
         if owed:
             result.status = "invalid"
             result.reason = f"claims missing, which plugin contract {contract} requires: {', '.join(owed)}"
-        else:
-            result.status, parts = "unverified", []
-            older = [name for name in missing if name not in said]
-            if older:
-                parts.append(f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires them): "
-                             f"{', '.join(older)}")
-            if said:
-                parts.append("claims the backend says it cannot make on this run: "
-                             + "; ".join(f"{name} ({why})" for name, why in said.items()))
-            result.reason = "; ".join(parts)
+            return
+        older = [name for name in missing if name not in said]
+        if older:
+            parts.append(f"claims not made by this contract-{contract} plugin (contract {CONTRACT} requires them): "
+                         f"{', '.join(older)}")
+        if said:
+            parts.append("claims the backend says it cannot make on this run: "
+                         + "; ".join(f"{name} ({why})" for name, why in said.items()))
+    # The host's own measurements it could not make (a span too short to read, no /proc, no
+    # hardware ceiling): no claim of the worker's is missing, but no check vouched for them either.
+    if unmeasured and result.status == "ok":
+        parts.append("what the host could not measure: " + "; ".join(unmeasured))
+    if parts and result.status == "ok":
+        result.status, result.reason = "unverified", "; ".join(parts)
 
 
 def judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
     """The run's canonical losses against the reference's (framework_bench/measure/losses.py),
-    and its update projection (framework_bench/measure/update.py): a failed one makes the run
+    its update projection (framework_bench/measure/update.py) and the time from the seed's reveal to
+    that projection against the reference's (framework_bench/measure/clock.py): a failed one makes the run
     `invalid`, one that could not be judged leaves it `unverified` (never `ok`), saying why."""
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
-                          update.parity(result, reference, scenario.precision)) if c is not None]
+                          update.parity(result, reference, scenario.precision),
+                          clock.projection_delay_check(result, reference)) if c is not None]
     result.checks += checks
     reason, flags = verify.verdict(checks)
     result.flags += flags

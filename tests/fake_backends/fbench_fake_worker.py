@@ -69,6 +69,17 @@ def write_initial_weights(run_dir: str, seed: int, cfg: dict) -> None:
         json.dump({"seed": seed, "tensors": tensors}, f)
 
 
+def spin(seconds: float) -> None:
+    """Busy for `seconds` of wall time: a step the host's CPU reading can see (a worker asleep
+    through its steps fails the cpu check, one too short to read leaves it unverified)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+# Each step's real work, on a CPU: 5 measured steps make 0.25 s, past the host's shortest
+# readable span (framework_bench/measure/clock.py MIN_CPU_SPAN_SECONDS); the step claims its 0.5 s.
+SPIN_SECONDS = 0.05
 job_file, mode = sys.argv[1], sys.argv[2]
 job = load_job(job_file)
 if mode == "crash":
@@ -95,7 +106,7 @@ if mode in ("noisy", "noisy_slow"):  # a trial's step time, drawn from a seed it
     draw = np.random.default_rng([zlib.crc32(name.encode()), int(trial)]).lognormal(0.0, 0.03)
     step_seconds *= draw * (1.25 if mode == "noisy_slow" else 1.0)
 writer = MetricsWriter(job.run_dir)
-clock = ClockLines(job.run_dir, rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes less
+clock = ClockLines(job.run_dir, rank=0)  # the SDK's clock lines: it claims 0.5 s a step, and takes 0.05 s
 consumed = ConsumedRows(job.run_dir, rank=0)
 losses = MicroLosses(job.run_dir, rank=0)
 if mode == "echo_sha":  # never opens the data: "trains" on zeros and echoes the host's sha256 as verified
@@ -114,6 +125,7 @@ for step in range(1, job.steps + 1):
         continue
     row = first_row + step - 1
     clock.write("begin")
+    spin(SPIN_SECONDS)
     consumed.add(rows_ids[row], rows_labels[row])
     consumed.end_step(step)
     losses.add(10.0 / step, supervised_after_shift(rows_labels[row]), rows_labels[row], scale=1.0)
