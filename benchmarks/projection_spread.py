@@ -28,6 +28,7 @@ from framework_bench.measure import losses
 from framework_bench.plugins.contract import Machine
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
+from framework_bench.worker.hparams import SEED
 from framework_bench.spec import scenario
 
 CPU = Machine(gpus=0, cpu_count=2)
@@ -45,7 +46,7 @@ def run(backend: str, scn, data, root: Path, seed: int, scheme: str | None = Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--first-seed", type=int, default=1024)
+    ap.add_argument("--first-seed", type=int, default=SEED)
     ap.add_argument("--scenario", default="tiny_cpu")
     ap.add_argument("--precision", default=None, help="override the scenario's (bf16: autocast on this CPU)")
     ap.add_argument("--context-length", type=int, default=None, help="override the scenario's (bf16 on a CPU is slow)")

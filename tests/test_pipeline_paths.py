@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from backend_helpers import slurm_cpu_row_ok
 from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
 from framework_bench.plugins.contract import Job, Machine
@@ -135,7 +136,7 @@ def test_slurm_submit_and_collect_keep_the_hook_guarantees(cluster, fakes, tmp_p
         assert res.exit_code == 0 and time.monotonic() < deadline, res.output
         time.sleep(1)
     row = _rows(db)["fake_plan_writes_job"]
-    assert row["status"] == "ok", row["reason"]
+    assert slurm_cpu_row_ok(row), row["reason"]
     _is_the_hosts(row["run_dir"], "fake_plan_writes_job", "tiny_cpu")
 
 
@@ -159,4 +160,4 @@ def test_the_seed_reaches_the_workers_job_on_every_path(cluster, fakes, tmp_path
         assert _invoke("results", "collect", "--db", str(db)).exit_code == 0 and time.monotonic() < deadline
         time.sleep(1)
     row = _rows(db)["fake_ok"]
-    assert row["status"] == "ok" and row["seed"] == 7 and _seed_of(row["run_dir"]) == 7, row
+    assert slurm_cpu_row_ok(row) and row["seed"] == 7 and _seed_of(row["run_dir"]) == 7, row

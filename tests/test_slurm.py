@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from backend_helpers import slurm_cpu_row_ok
 from fbench_fixtures import backend_env_or_skip
 from framework_bench.envs import venvs as envs
 from framework_bench.spec import scenario
@@ -114,7 +115,7 @@ def test_submitted_jobs_come_back_as_rows_however_they_end(cluster, fakes, tmp_p
     assert "#SBATCH --partition=cpu" in text and "#SBATCH --cpus-per-task=2" in text and "--gpus-per-node" not in text
     out = _collect_until_done(db)
     rows = _rows(db)
-    assert rows["fake_ok"]["status"] == "ok" and rows["fake_ok"]["steps"] == 7 and rows["fake_ok"]["tgs"] > 0
+    assert slurm_cpu_row_ok(rows["fake_ok"]) and rows["fake_ok"]["steps"] == 7 and rows["fake_ok"]["tgs"] > 0
     crash = rows["fake_crash"]
     assert crash["status"] == "failed" and "the fake trainer fell over" in crash["reason"]  # the SLURM output tail
     assert f"SLURM job {ids[1]} ended FAILED" in crash["reason"]
@@ -153,7 +154,7 @@ def test_llamafactory_through_slurm_then_results_collect(cluster, tmp_path):
     assert res.exit_code == 0 and "submitted: SLURM job" in res.stdout, res.output
     _collect_until_done(db)
     row = _rows(db)["llamafactory"]
-    assert row["status"] == "ok", row["reason"]
+    assert slurm_cpu_row_ok(row), row["reason"]
     assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0 and row["step_unit"] == "optimizer"
     assert row["tokens_measured"] == 5 * 512
     assert "slurm-1000.out" in {p.name for p in Path(row["run_dir"]).iterdir()}
@@ -167,7 +168,7 @@ def test_xtuner_through_slurm_with_wait(cluster, tmp_path):
                   "--poll", "1", "--db", str(db), "--out", str(tmp_path / "plots"))
     assert res.exit_code == 0, res.output
     row = _rows(db)["xtuner"]
-    assert row["status"] == "ok", row["reason"]
+    assert slurm_cpu_row_ok(row), row["reason"]
     assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0
     assert (tmp_path / "plots" / "report.md").exists()
     assert json.loads((Path(row["run_dir"]) / "slurm.json").read_text())["result_id"] == row["id"]
@@ -240,7 +241,7 @@ def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, m
         time.sleep(0.2)
     _collect_until_done(db)
     row = _rows(db)["fake_ok"]
-    assert row["status"] == "ok" and row["steps"] == 7
+    assert slurm_cpu_row_ok(row) and row["steps"] == 7
 
 
 # ---------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def test_collect_stores_each_run_in_the_store_it_was_submitted_for(cluster, fake
     _ended(cluster, job_id)
     res = _invoke("results", "collect")  # no --db: the run knows its store
     assert res.exit_code == 0 and "stored as result" in res.stdout, res.output
-    assert [r["status"] for r in _rows(db).values()] == ["ok"]
+    assert [slurm_cpu_row_ok(r) for r in _rows(db).values()] == [True]
     default = envs.fbench_home() / "results" / "results.sqlite"
     assert not default.exists() or _rows(default) == {}
 
@@ -296,7 +297,7 @@ def test_one_unreadable_submission_does_not_stop_the_others(cluster, fakes, tmp_
     (bad_dir / "slurm.json").write_text("{not json")
     res = _invoke("results", "collect", "--db", str(db))
     assert res.exit_code == 1 and str(bad_dir) in res.stderr and "stored as result" in res.stdout, res.output
-    assert [r["status"] for r in _rows(db).values()] == ["ok"]
+    assert [slurm_cpu_row_ok(r) for r in _rows(db).values()] == [True]
 
 
 def test_a_submission_whose_plugin_is_gone_does_not_stop_the_others(cluster, fakes, tmp_path):
@@ -456,9 +457,9 @@ def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes,
     assert re.findall(r"fake_\w+(?= via slurm)", res.stdout) == ["fake_reference", "fake_apart", "fake_alike"]
     _collect_until_done(db)
     rows = _rows(db)
-    assert rows["fake_reference"]["status"] == "ok" and "parity" not in _checks(rows["fake_reference"])
+    assert slurm_cpu_row_ok(rows["fake_reference"]) and "parity" not in _checks(rows["fake_reference"])
     alike = _checks(rows["fake_alike"])["parity"]
-    assert rows["fake_alike"]["status"] == "ok" and alike["status"] == "pass" and "fake_reference" in alike["detail"]
+    assert slurm_cpu_row_ok(rows["fake_alike"]) and alike["status"] == "pass" and "fake_reference" in alike["detail"]
     apart = rows["fake_apart"]
     assert apart["status"] == "invalid" and _checks(apart)["parity"]["status"] == "fail", apart["reason"]
 

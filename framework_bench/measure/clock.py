@@ -471,7 +471,15 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
                              share=round(used / span, 4) if span > 0 else None,
                              measurable=span >= MIN_CPU_SPAN_SECONDS), lambda u: -(u["share"] or 0))
     return [_clock_check(Check, stamps, per_rank, worst), _pauses_check(Check, worst["pauses"]),
-            _gaps_check(Check, worst["gaps"])] + _warmup_checks(Check, worst, cpu) + _cpu_checks(Check, worst.get("cpu"), cpu)
+            _gaps_check(Check, worst["gaps"])] + _warmup_checks(Check, worst, cpu, _unread(stamps)) \
+        + _cpu_checks(Check, worst.get("cpu"), cpu, _unread(stamps))
+
+
+def _unread(stamps: dict) -> str:
+    """Why a CPU run's stamps carry no CPU time."""
+    if stamps.get("cpu_read", True):
+        return "no /proc to read"
+    return "not read on a SLURM node (its watcher is no ancestor of the workers)"
 
 
 def _clock_check(Check, stamps: dict, per_rank: dict[int, list[StepWindow]], worst: dict):
@@ -511,7 +519,7 @@ def _gaps_check(Check, g: dict):
                  detail=detail if ok else f"{detail}: above {MAX_GAP_SHARE:.0%}, work of the steps done between them")
 
 
-def _warmup_checks(Check, worst: dict, cpu: bool) -> list:
+def _warmup_checks(Check, worst: dict, cpu: bool, unread: str) -> list:
     """warmup_time (every device, a flag): a warm-up step's wall time far beyond the measured
     median; warmup (CPU runs): its CPU work so far beyond theirs that it holds their training."""
     t = worst.get("warmup_time")
@@ -528,7 +536,7 @@ def _warmup_checks(Check, worst: dict, cpu: bool) -> list:
     if not cpu:
         return out
     if w is None or "cpu_seconds" not in w:
-        return out + [Check(name="warmup", status="unverified", detail="unverified: no /proc to read the CPU work")]
+        return out + [Check(name="warmup", status="unverified", detail=f"unverified: the CPU work {unread}")]
     figures = {k: w[k] for k in ("rank", "cpu_step", "cpu_seconds", "measured_median_cpu_seconds", "cpu_limit_ratio")}
     detail = (f"rank {w['rank']} warm-up step {w['cpu_step']}: {w['cpu_seconds']:.3f} s of CPU work, the measured "
               f"median {w['measured_median_cpu_seconds']:.3f} s")
@@ -542,13 +550,13 @@ def _warmup_checks(Check, worst: dict, cpu: bool) -> list:
         "left lighter"))]
 
 
-def _cpu_checks(Check, u: dict | None, cpu: bool) -> list:
+def _cpu_checks(Check, u: dict | None, cpu: bool, unread: str) -> list:
     """On CPU: the cpu share, or `unverified` saying why it could not be read."""
     if not cpu:
         return []
     if u is None or not u["measurable"]:
         return [Check(name="cpu", status="unverified", figures=u or {}, detail="unverified: " + (
-            "no /proc to read" if u is None else f"{u['wall_seconds']:.3f} s of measured steps is too short to read "
+            unread if u is None else f"{u['wall_seconds']:.3f} s of measured steps is too short to read "
                                                  f"the CPU share (at least {MIN_CPU_SPAN_SECONDS:g} s)"))]
     detail = (f"rank {u['rank']}: {u['cpu_and_wait_seconds']:.2f} s on or waiting for a CPU in "
               f"{u['wall_seconds']:.2f} s of measured steps")

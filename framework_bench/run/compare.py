@@ -279,7 +279,7 @@ def _judging_reference(result: RunResult, reference: RunResult | None, s: Scenar
     over the step), a run of the reference backend trained that way, made after `result` ended, once
     per round and scheme (`made`). It judges only: not a trial of the reference's speed, so it is not
     stored (its run folder keeps result.json; the run's notes name it)."""
-    if reference is None or reference.status != "ok" or result.status not in ("ok", "unverified"):
+    if reference is None or reference.status not in ("ok", "unverified") or result.status not in ("ok", "unverified"):
         return reference
     scheme = losses.needed_reference_scheme(result, reference)
     if scheme is None:

@@ -218,12 +218,13 @@ def finish(prepared: Prepared, outcome: Outcome, reference: RunResult | None = N
 def judge(result: RunResult, reference: RunResult | None, scenario: Scenario, absent: str = "none was run") -> RunResult:
     """The referee's last word on a run its own checks passed (`ok`, or `unverified` for want of
     some claim): its parity with the reference's run on the same scenario and seed, which can
-    only make it `invalid`. Without a reference's `ok` run it is never `ok`: `unverified`, saying
-    why (`absent`: why there was none). Saved again as result.json."""
+    only make it `invalid`. Without a finished reference run (`ok`, or `unverified` for a figure of
+    its own the host could not read: its losses and projection still judge) it is never `ok`:
+    `unverified`, saying why (`absent`: why there was none). Saved again as result.json."""
     if result.status in ("ok", "unverified"):
         missing = (f"parity not judged: no reference run ({absent})" if reference is None else
                    f"parity not judged: the reference {reference.backend} ended {reference.status}"
-                   if reference.status != "ok" else None)
+                   if reference.status not in ("ok", "unverified") else None)
         try:
             if missing:
                 result.status = "unverified"
