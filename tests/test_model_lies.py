@@ -156,3 +156,25 @@ def test_a_backend_normalising_otherwise_is_judged_against_the_reference_trained
     assert any("trained with loss_scheme micro_mean_mean" in n for n in mine.notes), mine.notes
     assert losses.parity(mine, reference, scn.precision).status == "unverified"  # the round's reference alone
     assert update.parity(mine, reference, scn.precision).status == "unverified"
+
+
+def test_a_worker_copying_the_references_files_passes_only_where_the_reference_ran_first(world, tmp_path):
+    """Issue 28 item 3b: a worker that trains nothing and copies the loss records and update
+    projection of the newest torch run beside it. Where the reference ran first with the same
+    projection vector (the order compare used to have) the copy passes every check: the lie is
+    live. In compare the reference runs last in each round and each round projects onto its own
+    vector, so whatever the worker finds to copy (an earlier round's reference, a run before the
+    compare) is another vector's: invalid in every round."""
+    from framework_bench.run import compare
+
+    scn, data, _, _, _ = world
+    root = tmp_path / "runs"  # the liar's neighbours: only what this test made
+    first = pipeline.run_one("torch", scn, RunOptions(root=root), data=data, machine=CPU)
+    copier = pipeline.run_one("lying_copies_reference", scn, RunOptions(root=root), data=data, machine=CPU,
+                              reference=first)
+    assert copier.status == "ok", copier.reason  # the reference's files were there to copy
+    results = compare.compare([scn], ["lying_copies_reference"], RunOptions(root=root), repeat=2, warmup_rounds=0)
+    liars = [r for r in results if r.backend == "lying_copies_reference"]
+    assert [r.status for r in liars] == ["invalid", "invalid"], [r.reason for r in liars]
+    assert all("update check failed" in r.reason and "the host revealed" in r.reason for r in liars)
+    assert all(r.status == "ok" for r in results if r.backend == "torch")

@@ -29,6 +29,7 @@ anyway; the checks catch a worker whose claims misreport its work, not one that 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import secrets
@@ -55,10 +56,21 @@ _PROCESS_SECRET = secrets.token_bytes(16)
 PARITY_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-1}
 
 
-def projection_seed(scenario: str, seed: int) -> int:
-    """This host process's projection seed for `scenario` at the compare's `seed` (31 bits)."""
-    digest = hashlib.blake2b(f"{scenario}/{seed}".encode(), key=_PROCESS_SECRET, digest_size=4).digest()
+def projection_seed(scenario: str, seed: int, round_: int = 0) -> int:
+    """This host process's projection seed for `scenario` at the compare's `seed` in its round
+    `round_` (31 bits): the runs of one round share it (each is judged against that round's
+    reference, which runs last), and no round's can be read from another's, a reference's
+    projection from an earlier round included (`new_round`)."""
+    digest = hashlib.blake2b(f"{scenario}/{seed}/{round_}".encode(), key=_PROCESS_SECRET, digest_size=4).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+_rounds = itertools.count(1)
+
+
+def new_round() -> int:
+    """A round number this process has not given before: a compare's round (and a run alone: 0)."""
+    return next(_rounds)
 
 
 @dataclass(frozen=True)

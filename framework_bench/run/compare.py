@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from framework_bench.measure import losses, statistics
+from framework_bench.measure import losses, statistics, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.statistics import Trial
 from framework_bench.plugins import registry as plugins
@@ -231,9 +231,10 @@ def compare(
 
     judging: dict[tuple[int, str], RunResult] = {}  # (the round's reference, scheme): its run trained that way
 
-    def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, why: str = absent) -> None:
+    def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, round_options: RunOptions,
+                why: str = absent) -> None:
         if result.backend != reference_name:
-            pipeline.judge(result, _judging_reference(result, reference, s, options, judging), s, why)
+            pipeline.judge(result, _judging_reference(result, reference, s, round_options, judging), s, why)
         on_result(result, s)
 
     try:
@@ -241,20 +242,23 @@ def compare(
             warm = warmup_default(first, s) if warmup_rounds is None else warmup_rounds
             trials: list[RunResult] = []  # this scenario's, for the auto stop
             for i, round_ in enumerate(range(1 - warm, last + 1)):
+                # A projection vector of the round's own: a run cannot pass with an earlier round's
+                # reference projection, read from its folder (framework_bench/measure/update.py).
+                round_options = (options or RunOptions()).model_copy(update={"projection_round": update.new_round()})
                 for position, name in enumerate(orders[i % len(orders)], 1):
                     on_start(name, s)
                     # run_one packs only when the backend can run the scenario; the packed data is
                     # cached by its inputs, so every trial reads the very same files.
-                    result = pipeline.run_one(name, s, options, on_step=on_step)
+                    result = pipeline.run_one(name, s, round_options, on_step=on_step)
                     result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
                     results.append(result)
                     trials.append(result)
                     if name == reference_name:
-                        hand_on(result, s, None)
+                        hand_on(result, s, None, round_options)
                         while pending:
-                            hand_on(*pending.pop(0), result)
+                            hand_on(*pending.pop(0), result, round_options)
                     elif reference_name is None:
-                        hand_on(result, s, None)
+                        hand_on(result, s, None, round_options)
                     else:
                         pending.append((result, s))
                     if result.status == "interrupted":
@@ -267,7 +271,8 @@ def compare(
                         break
     finally:  # stopped before the round's reference ended: its runs are stored, unjudged
         while pending:
-            hand_on(*pending.pop(0), None, f"the round stopped before the reference {reference_name} ran")
+            hand_on(*pending.pop(0), None, options or RunOptions(),
+                    f"the round stopped before the reference {reference_name} ran")
     return results
 
 

@@ -140,6 +140,15 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (OPTIMIZER, ""),
         (END, END + OPTIMIZER),
     ],
+    # No backward: nothing trains; the loss records and the update projection copied from the newest
+    # torch run of the scenario beside it (the reference's, when it ran first) once the seed is revealed.
+    "copies_reference": [
+        (BACKWARD, ""),
+        (UPDATE, "    ref = max(job.run_dir.parent.glob(f'*-{job.scenario.name}-torch-*'), key=lambda p: p.stat().st_mtime)\n"
+                 "    shutil = __import__('shutil'); shutil.rmtree(job.run_dir / 'losses'); shutil.copytree(ref / 'losses', job.run_dir / 'losses')\n"
+                 "    update.wait_for_reveal(job.run_dir, timeout=60)\n"
+                 "    shutil.copy(ref / 'update_projection.json', job.run_dir / 'update_projection.json')\n"),
+    ],
     # No lie: the loop normalises as XTuner does (each micro-batch's token mean / their count), honestly.
     "honest_micro_means": [
         (TIMER, '    job.loss_scheme = "micro_mean_mean"\n' + TIMER),

@@ -75,6 +75,7 @@ class LaunchOptions(Protocol):
     timeout: float | None
     db: Path | None
     sbatch: Any
+    projection_round: int
 
 
 class Executor(ABC):
