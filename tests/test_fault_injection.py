@@ -144,7 +144,7 @@ def _inject(fault: str, stage: str, backend: str, home: Path, db: Path, full: Pa
     module, function = STAGES[stage]
     argv = [sys.executable, "-c", HOST, module, function, fault, stage, str(full), str(db),
             "compare", "--scenario", "tiny_cpu", "--backends", backend, "--db", str(db),
-            "--out", str(home / "plots"), *extra]
+            "--out", str(home / "plots"), "--no-reference", *extra]  # one run: what the faults must not lose
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**env, "FBENCH_HOME": str(home)})
 
 
