@@ -29,7 +29,7 @@ def test_compare_both_real_backends_on_tiny_cpu(tmp_path, home_with_envs):
                                    "--db", str(db), "--out", str(out), "--json", "--timeout", "900"])
     assert res.exit_code == 0, res.output
     records = {r["backend"]: r for r in json.loads(res.stdout)}
-    assert set(records) == {"xtuner", "llamafactory"}
+    assert set(records) == {"xtuner", "llamafactory", "torch"}  # the reference, added to judge them
     for r in records.values():
         assert r["status"] == "ok", r["reason"]
         assert r["steps_measured"] == 5 and r["tgs"] > 0 and math.isfinite(r["final_loss"])
@@ -44,7 +44,7 @@ def test_compare_both_real_backends_on_tiny_cpu(tmp_path, home_with_envs):
     assert all(r["settings_mode"] == "matched" for r in records.values())
 
     rows = sqlite3.connect(db).execute("SELECT backend, status, data_sha256 FROM runs").fetchall()
-    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("xtuner", "ok")]
+    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("torch", "ok"), ("xtuner", "ok")]
     assert len({r[2] for r in rows}) == 1
     png = out / "tgs_tflops_tiny-llama.png"
     assert png.stat().st_size > 10_000

@@ -32,18 +32,19 @@ def test_xtuner_measures_micro_iterations(tmp_path, monkeypatch):
     """A real XTuner run with grad_accum 4 measured per micro-iteration: one metrics line per
     iteration, the unit and tokens recorded, stored and listed."""
     backend_env_or_skip("xtuner")
-    s = tiny(name="tiny_micro", grad_accum=4, steps={"warmup": 1, "measured": 2, "unit": "micro"})
+    # six measured micro-iterations: long enough for the host to read their CPU share
+    s = tiny(name="tiny_micro", grad_accum=4, steps={"warmup": 1, "measured": 6, "unit": "micro"})
     data = pack(s, progress=False, say=lambda msg: None)
     result = pipeline.run_one("xtuner", s, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert result.status == "ok", result.reason
     steps = read_metrics(result.run_dir)
-    assert [m["step"] for m in steps] == [1, 2, 3] and all(m["tokens"] == 512 for m in steps)
-    assert result.step_unit == "micro" and result.steps_measured == 2 and result.tokens_measured == 2 * 512
-    assert any(f.startswith("per micro-iteration: 2 measured, 1,024 tokens/GPU") for f in result.flags)
+    assert [m["step"] for m in steps] == list(range(1, 8)) and all(m["tokens"] == 512 for m in steps)
+    assert result.step_unit == "micro" and result.steps_measured == 6 and result.tokens_measured == 6 * 512
+    assert any(f.startswith("per micro-iteration: 6 measured, 3,072 tokens/GPU") for f in result.flags)
     db = tmp_path / "results.sqlite"
     with ResultStore(db) as store:
         store.add(result, s)
         row = store.get(result.result_id)
-    assert row["step_unit"] == "micro" and row["tokens_measured"] == 1024
+    assert row["step_unit"] == "micro" and row["tokens_measured"] == 3072
     listed = CliRunner().invoke(app, ["results", "list", "--db", str(db)])
-    assert listed.exit_code == 0 and "2 micro" in listed.stdout
+    assert listed.exit_code == 0 and "6 micro" in listed.stdout

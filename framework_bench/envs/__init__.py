@@ -9,7 +9,12 @@ import types
 import warnings
 
 
+SUBMODULES = ("venvs", "site_layers")
+
+
 def __getattr__(name: str):
+    if name in SUBMODULES:  # `from framework_bench.envs import site_layers` asks here first: never import venvs
+        raise AttributeError(name)  # for it (pydantic), the device check's install has only the stdlib
     venvs = importlib.import_module("framework_bench.envs.venvs")
     value = getattr(venvs, name, None) if not name.startswith("_") else None
     if value is None or isinstance(value, types.ModuleType):  # a submodule not imported yet: the import system's
