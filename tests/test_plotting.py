@@ -16,10 +16,11 @@ from framework_bench.spec.scenario import PROJECT_ROOT, load
 CPU_MANIFEST = {"hostname": "h", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0}
 
 
-def add(store, backend, name, status="ok", tgs=None):
+def add(store, backend, name, status="ok", tgs=None, **figures):
     r = RunResult(backend=backend, scenario=name, status=status, tgs=tgs, tgs_min=tgs and tgs * 0.8,
                   tgs_max=tgs and tgs * 1.1,
-                  tflops=tgs and tgs * 1e-4, model_tflops=tgs and tgs * 9e-5, reason=None if tgs else "boom")
+                  tflops=tgs and tgs * 1e-4, model_tflops=tgs and tgs * 9e-5, reason=None if tgs else "boom",
+                  **figures)
     store.add(r, load(name), manifest_=CPU_MANIFEST)
 
 
@@ -119,3 +120,81 @@ def test_a_point_of_several_trials_draws_its_interval_as_an_error_bar(tmp_path):
     for metric in ("tgs", "tflops"):
         assert f'id="{metric}-ci-xtuner"' in svg and f'id="{metric}-spread-xtuner"' not in svg
         assert f'id="{metric}-spread-llamafactory"' in svg and f'id="{metric}-ci-llamafactory"' not in svg
+
+
+def _path(svg: str, gid: str) -> list[tuple[float, float]]:
+    """The vertices of the first path under the element with this gid, in SVG pixels (y down)."""
+    group = re.search(rf'<g id="{gid}">(.*?)</g>', svg, re.S).group(1)
+    d = re.search(r'<path d="([^"]*)"', group).group(1)
+    return [(float(x), float(y)) for x, y in re.findall(r"[ML] ([-\d.]+) ([-\d.]+)", d)]
+
+
+@pytest.fixture
+def method_rows(tmp_path):
+    """tiny_cpu full and LoRA (1.5x the TGS, 2/3 of the memory) on two backends, QLoRA refused on CPU."""
+    with ResultStore(tmp_path / "m.sqlite") as store:
+        for backend, tgs, gib in (("xtuner", 3000.0, 2.0), ("llamafactory", 2500.0, 2.5)):
+            add(store, backend, "tiny_cpu", tgs=tgs, peak_mem_bytes=int(gib * 2**30))
+            add(store, backend, "tiny_cpu_lora", tgs=tgs * 1.5, peak_mem_bytes=int(gib / 1.5 * 2**30))
+            add(store, backend, "tiny_cpu_qlora", "unsupported")
+        add(store, "xtuner", "llama2_7b_8k", tgs=3000.0)  # another model, full fine-tuning only
+        return store.latest_by_point()
+
+
+def test_a_lora_run_is_its_own_line_beside_the_full_one(method_rows, tmp_path):
+    """Same model and context: the LoRA point no longer replaces the full one."""
+    plotting.plot_results(method_rows, tmp_path, published=False)
+    svg = (tmp_path / "tgs_tflops_tiny-llama.svg").read_text()
+    for backend in ("xtuner", "llamafactory"):
+        (_, full), = _path(svg, f"tgs-line-{backend}")
+        (_, lora), = _path(svg, f"tgs-line-{backend}-lora")
+        assert lora < full  # higher on the page: each line has its own point
+        # The step spreads (0.8 to 1.1 x TGS) scale with each line's own TGS: 1.5x for LoRA.
+        (_, low), (_, high) = _path(svg, f"tgs-spread-{backend}")
+        (_, lora_low), (_, lora_high) = _path(svg, f"tgs-spread-{backend}-lora")
+        assert (lora_low - lora_high) / (low - high) == pytest.approx(1.5, rel=1e-3)
+        assert f'id="tgs-failed-{backend}-qlora-512"' in svg
+        assert f'id="tgs-status-{backend}-qlora-512-unsupported"' in svg
+
+
+def test_the_methods_chart_has_a_bar_per_backend_and_method(method_rows, tmp_path):
+    paths = plotting.plot_results(method_rows, tmp_path, published=False)
+    # Only the model that ran with more than one method gets one.
+    assert sorted(p.name for p in paths if p.name.startswith("methods_")) == \
+        ["methods_tiny-llama.png", "methods_tiny-llama.svg"]
+    svg = (tmp_path / "methods_tiny-llama.svg").read_text()
+
+    def height(gid):
+        ys = [y for _, y in _path(svg, gid)]
+        return max(ys) - min(ys)
+
+    for metric, values in (("tgs", {("xtuner", "full"): 3000, ("xtuner", "lora"): 4500,
+                                    ("llamafactory", "full"): 2500, ("llamafactory", "lora"): 3750}),
+                           ("mem", {("xtuner", "full"): 2.0, ("xtuner", "lora"): 2.0 / 1.5,
+                                    ("llamafactory", "full"): 2.5, ("llamafactory", "lora"): 2.5 / 1.5})):
+        unit = height(f"{metric}-bar-xtuner-full-512") / values["xtuner", "full"]
+        for (backend, method), value in values.items():
+            assert height(f"{metric}-bar-{backend}-{method}-512") == pytest.approx(value * unit, rel=1e-3)
+        for backend in ("xtuner", "llamafactory"):  # QLoRA has no figure on CPU: its slot shows the status
+            assert f'id="{metric}-bar-{backend}-qlora-512"' not in svg
+            assert f'id="{metric}-failed-{backend}-qlora-512"' in svg
+            assert f'id="{metric}-status-{backend}-qlora-512-unsupported"' in svg
+
+
+def test_unverified_methods_bars_only_when_asked(tmp_path):
+    with ResultStore(tmp_path / "m.sqlite") as store:
+        add(store, "xtuner", "tiny_cpu", tgs=3000.0)
+        add(store, "xtuner", "tiny_cpu_lora", "unverified", tgs=4500.0)
+        rows = store.latest_by_point()
+    plotting.plot_results(rows, tmp_path / "a", published=False)
+    svg = (tmp_path / "a" / "methods_tiny-llama.svg").read_text()
+    assert 'id="tgs-status-xtuner-lora-512-unverified"' in svg and 'id="tgs-bar-xtuner-lora-512' not in svg
+    plotting.plot_results(rows, tmp_path / "b", published=False, include_unverified=True)
+    svg = (tmp_path / "b" / "methods_tiny-llama.svg").read_text()
+    assert 'id="tgs-bar-xtuner-lora-512-unverified"' in svg and 'id="tgs-bar-xtuner-full-512"' in svg
+    # An ok run without a memory figure keeps its slot, labelled.
+    assert 'id="mem-status-xtuner-full-512-no_figure"' in svg
+
+
+def test_a_model_of_full_runs_only_has_no_methods_chart(rows, tmp_path):
+    assert not [p for p in plotting.plot_results(rows, tmp_path) if p.name.startswith("methods_")]

@@ -3,11 +3,15 @@
 Rows are the dicts `ResultStore.list()`/`latest_by_point()` return. matplotlib is imported
 inside the drawing functions only (so `fbench --help` stays fast), and figures are drawn
 on a bare `Figure` (Agg, no pyplot state). Each element a test or a reader may look for in
-the SVG carries a gid: `<metric>-line-<backend>`, `<metric>-ci-<backend>` (the 95% interval
-over trials, from two), `<metric>-spread-<backend>` (min-max over steps, for a point of one
+the SVG carries a gid: `<metric>-line-<series>`, `<metric>-ci-<series>` (the 95% interval
+over trials, from two), `<metric>-spread-<series>` (min-max over steps, for a point of one
 trial), `<metric>-line-published`,
-`<metric>-failed-<backend>-<context>` (the x of a point without a figure),
-`<metric>-status-<backend>-<context>-<status>` (its label), with metric `tgs` or `tflops`.
+`<metric>-failed-<series>-<context>` (the x of a point without a figure),
+`<metric>-status-<series>-<context>-<status>` (its label), with metric `tgs` or `tflops` and
+series the backend, `<backend>-lora` or `<backend>-qlora` for adapter runs. The methods chart
+(full vs LoRA vs QLoRA) has `<metric>-bar-<backend>-<method>-<context>` (`-unverified` added
+when it is), `<metric>-failed-...` and `<metric>-status-...-<status>` likewise (status also
+`not_run`, `no_figure`), metric `tgs` or `mem`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from framework_bench.spec.scenario import Scenario, load_all
 
 DEFAULT_OUT = Path("plots")
 METRICS = (("tgs", "tokens / s / GPU (TGS)"), ("tflops", "TFLOPs / GPU (XTuner formula)"))
+METHODS = {"full": "full", "lora": "LoRA", "qlora": "QLoRA"}  # in the order they are drawn
+# One run per (backend, method) on a chart: the method by its line style and marker.
+_METHOD_STYLE = {"full": ("-", "o"), "lora": ("--", "^"), "qlora": ("-.", "v")}
 # Fixed so committed SVGs only change when the picture does.
 _RC = {"svg.hashsalt": "fbench", "font.size": 10}
 _SAVE_META = {"png": {"Software": None}, "svg": {"Date": None}}
@@ -103,17 +110,32 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
+def method_of(row: dict) -> str:
+    """full, lora or qlora: a full fine-tuning scenario is stored without `finetune`."""
+    return (row["scenario_json"].get("finetune") or {}).get("method", "full")
+
+
+def _series(backend: str, method: str) -> tuple[str, str]:
+    """The label and gid part of a backend's runs of one method: the backend alone for full
+    fine-tuning, so the charts of full runs read as they did before the method axis."""
+    if method == "full":
+        return backend, _slug(backend)
+    return f"{backend} {METHODS[method]}", f"{_slug(backend)}-{method}"
+
+
 def _latest_per_point(rows: list[dict]) -> list[dict]:
-    """One row per backend x context (the newest), so a re-run replaces the older point."""
-    latest: dict[tuple[str, int], dict] = {}
+    """One row per backend x method x context (the newest), so a re-run replaces the older point
+    and a LoRA run never replaces the full one of the same model and context."""
+    latest: dict[tuple[str, str, int], dict] = {}
     for r in sorted(rows, key=lambda r: r.get("id") or 0):
-        latest[(r["backend"], r["context_length"])] = r
+        latest[(r["backend"], method_of(r), r["context_length"])] = r
     return list(latest.values())
 
 
 def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool = True,
                  include_unverified: bool = False) -> list[Path]:
-    """Per model: `tgs_tflops_<model>.png/.svg`, TGS and TFLOPs/GPU against context, a line per backend.
+    """Per model: `tgs_tflops_<model>.png/.svg`, TGS and TFLOPs/GPU against context, a line per
+    backend and method, and `methods_<model>.png/.svg` where it ran with more than one method.
     `ok` runs only, and `unverified` ones (an old-contract plugin's missing claims) if asked."""
     shown = ("ok", "unverified") if include_unverified else ("ok",)
     import matplotlib
@@ -131,25 +153,30 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
         refs = references(model, mrows, scenarios) if published else {}
         contexts = sorted({r["context_length"] for r in mrows}
                           | {p["context_length"] for pts in refs.values() for p in pts})
+        series = sorted({(r["backend"], method_of(r)) for r in mrows},
+                        key=lambda s: (s[0], list(METHODS).index(s[1])))
         with matplotlib.rc_context(_RC):
             fig = Figure(figsize=(13, 5.2), layout="constrained")
             axes = fig.subplots(1, 2)
             for ax, (metric, ylabel) in zip(axes, METRICS):
                 bottom = blended_transform_factory(ax.transData, ax.transAxes)
-                for i, backend in enumerate(sorted({r["backend"] for r in mrows})):
-                    brows = sorted((r for r in mrows if r["backend"] == backend), key=lambda r: r["context_length"])
+                for i, (backend, method) in enumerate(series):
+                    label, key = _series(backend, method)
+                    linestyle, mark = _METHOD_STYLE[method]
+                    brows = sorted((r for r in mrows if (r["backend"], method_of(r)) == (backend, method)),
+                                   key=lambda r: r["context_length"])
                     ok = [r for r in brows if r["status"] in shown and r[metric] is not None]
                     verified = [r for r in ok if r["status"] == "ok"]
                     line, = ax.plot([r["context_length"] for r in verified], [r[metric] for r in verified],
-                                    marker="o", color=colours[backend], label=backend, linewidth=2)
-                    line.set_gid(f"{metric}-line-{_slug(backend)}")
+                                    marker=mark, linestyle=linestyle, color=colours[backend], label=label, linewidth=2)
+                    line.set_gid(f"{metric}-line-{key}")
                     unverified = [r for r in ok if r["status"] == "unverified"]
                     if unverified:  # asked for: a figure no check vouches for is never drawn like one that is
                         line, = ax.plot([r["context_length"] for r in unverified], [r[metric] for r in unverified],
-                                        marker="o", markerfacecolor="none", linestyle=":", color=colours[backend],
-                                        label=f"{backend} (unverified)", linewidth=1.5)
-                        line.set_gid(f"{metric}-line-{_slug(backend)}-unverified")
-                    dodge = 2 ** (0.03 * (i - (len(backends) - 1) / 2))  # backends' bars side by side
+                                        marker=mark, markerfacecolor="none", linestyle=":", color=colours[backend],
+                                        label=f"{label} (unverified)", linewidth=1.5)
+                        line.set_gid(f"{metric}-line-{key}-unverified")
+                    dodge = 2 ** (0.03 * (i - (len(series) - 1) / 2))  # the series' bars side by side
                     # The 95% interval of the median over trials (TFLOPs scale with TGS) as an error bar.
                     trials = [r for r in ok if r.get("tgs_low") is not None]
                     if trials:
@@ -159,7 +186,7 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                             [v * r["tgs_high"] / r["tgs"] - v for v, r in zip(y, trials)]],
                             fmt="none", ecolor=colours[backend], capsize=4, linewidth=1.5)
                         _, _, (stems,) = bars.lines  # the container has no gid of its own: its bars carry it
-                        stems.set_gid(f"{metric}-ci-{_slug(backend)}")
+                        stems.set_gid(f"{metric}-ci-{key}")
                     # A point of one trial: the step-to-step spread (min-max of step TGS) as a bar instead.
                     spread = [r for r in ok if r.get("tgs_low") is None and r["tgs_min"] is not None
                               and r["tgs_max"] is not None and r["tgs"]]
@@ -168,20 +195,21 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                                          [r[metric] * r["tgs_min"] / r["tgs"] for r in spread],
                                          [r[metric] * r["tgs_max"] / r["tgs"] for r in spread],
                                          color=colours[backend], alpha=0.5, linewidth=4)
-                        bars.set_gid(f"{metric}-spread-{_slug(backend)}")
+                        bars.set_gid(f"{metric}-spread-{key}")
                     # Points without a figure stay visible: an x at the foot of the axis, with the status.
                     y = 0.04 + 0.07 * i
                     for r in (r for r in brows if r not in ok):
                         marker, = ax.plot([r["context_length"]], [y], transform=bottom, marker="x", markersize=9,
                                           markeredgewidth=2, color=colours[backend], linestyle="none")
-                        marker.set_gid(f"{metric}-failed-{_slug(backend)}-{ctx_label(r['context_length'])}")
+                        marker.set_gid(f"{metric}-failed-{key}-{ctx_label(r['context_length'])}")
                         last = r["context_length"] == contexts[-1]  # write inwards so the text stays inside
-                        text = ax.annotate(r["status"], (r["context_length"], y), xycoords=bottom,
+                        status = r["status"] if method == "full" else f"{METHODS[method]} {r['status']}"
+                        text = ax.annotate(status, (r["context_length"], y), xycoords=bottom,
                                            xytext=(-7 if last else 7, 0), textcoords="offset points",
                                            ha="right" if last else "left", va="center", fontsize=8,
                                            color=colours[backend])
                         # SVG text is drawn as paths, so the status is also spelled out in the gid.
-                        text.set_gid(f"{metric}-status-{_slug(backend)}-{ctx_label(r['context_length'])}-{r['status']}")
+                        text.set_gid(f"{metric}-status-{key}-{ctx_label(r['context_length'])}-{r['status']}")
                 for label, pts in refs.items():
                     line, = ax.plot([p["context_length"] for p in pts], [p[metric] for p in pts], linestyle="--",
                                     marker="s", markersize=5, color="0.35", label=label)
@@ -194,7 +222,74 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
             fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
                          f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
             paths += _save(fig, Path(out_dir), f"tgs_tflops_{_slug(model)}")
+        if len({method for _, method in series}) > 1:
+            paths += _plot_methods(model, mrows, out_dir, shown)
     return paths + plot_loss_curves(rows, out_dir, include_unverified)
+
+
+def _plot_methods(model: str, rows: list[dict], out_dir: Path, shown: tuple[str, ...]) -> list[Path]:
+    """`methods_<model>.png/.svg`: full / LoRA / QLoRA side by side per backend and context, TGS
+    (left) and peak memory (right), the two things adapters trade. A slot whose run has no figure
+    (failed, unsupported, not shown) keeps an x with the run's status, one never run says so."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import blended_transform_factory
+
+    methods = [m for m in METHODS if any(method_of(r) == m for r in rows)]
+    groups = sorted({(r["backend"], r["context_length"]) for r in rows}, key=lambda g: (g[1], g[0]))
+    contexts = sorted({c for _, c in groups})
+    run = {(r["backend"], method_of(r), r["context_length"]): r for r in rows}
+    colours = {m: matplotlib.colormaps["Set2"](i) for i, m in enumerate(METHODS)}
+    width = 0.8 / len(methods)
+    panels = (("tgs", METRICS[0][1], lambda r: r["tgs"], "{:,.0f}"),
+              ("mem", "peak memory, GiB (allocated per GPU; max RSS on CPU)",
+               lambda r: r["peak_mem_bytes"] and r["peak_mem_bytes"] / 2**30, "{:.1f}"))
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(13, 5.2), layout="constrained")
+        for ax, (metric, ylabel, value, fmt) in zip(fig.subplots(1, 2), panels):
+            bottom = blended_transform_factory(ax.transData, ax.transAxes)
+            labelled: dict[str, tuple[int, bool]] = {}  # legend label -> its place: full, LoRA, QLoRA
+            for g, (backend, context) in enumerate(groups):
+                for k, method in enumerate(methods):
+                    x = g + (k - (len(methods) - 1) / 2) * width
+                    gid = f"{metric}-{{}}-{_slug(backend)}-{method}-{ctx_label(context)}"
+                    r = run.get((backend, method, context))
+                    y = value(r) if r and r["status"] in shown else None
+                    if y is not None:
+                        unverified = r["status"] == "unverified"  # asked for: never drawn like a vouched figure
+                        label = METHODS[method] + (" (unverified)" if unverified else "")
+                        bar = ax.bar([x], [y], width * 0.9, color=colours[method], edgecolor="0.3",
+                                     alpha=0.45 if unverified else 1, hatch="//" if unverified else None,
+                                     label=None if label in labelled else label)
+                        labelled[label] = (k, unverified)
+                        bar[0].set_gid(gid.format("bar") + ("-unverified" if unverified else ""))
+                        ax.bar_label(bar, [fmt.format(y)], fontsize=7, padding=2)
+                        continue
+                    if r is None:
+                        status = "not run"
+                    elif r["status"] in shown:  # a shown run without this figure (no memory reading)
+                        status = "no figure"
+                    else:
+                        status = r["status"]
+                    marker, = ax.plot([x], [0.03], transform=bottom, marker="x", markersize=9, markeredgewidth=2,
+                                      color=colours[method], linestyle="none")
+                    marker.set_gid(gid.format("failed"))
+                    text = ax.annotate(status, (x, 0.03), xycoords=bottom, xytext=(0, 8), textcoords="offset points",
+                                       rotation=90, ha="center", va="bottom", fontsize=8, color="0.3")
+                    text.set_gid(gid.format("status") + f"-{_slug(status)}")  # SVG text is drawn as paths
+            ax.set_xticks(range(len(groups)), [b if len(contexts) == 1 else f"{b}\n{ctx_label(c)}" for b, c in groups])
+            ax.set_xlim(-0.6, len(groups) - 0.4)
+            ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.15)  # room for the value labels and the legend
+            ax.set_ylabel(ylabel)
+            ax.grid(True, axis="y", alpha=0.3)
+            if labelled:  # a panel of failures only has no bars to name
+                handles, labels = ax.get_legend_handles_labels()
+                ordered = sorted(zip(handles, labels), key=lambda hl: labelled[hl[1]])
+                ax.legend(*zip(*ordered), loc="best", fontsize=8, framealpha=0.9)
+        at = ", ".join(ctx_label(c) for c in contexts)
+        fig.suptitle(f"{model}: {' / '.join(METHODS[m] for m in methods)} fine-tuning at {at} context; "
+                     f"{gpus_label(rows)} per run; measured on {hardware(rows)}", fontsize=12)
+        return _save(fig, Path(out_dir), f"methods_{_slug(model)}")
 
 
 def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT, include_unverified: bool = False) -> list[Path]:
