@@ -14,8 +14,10 @@ conformance means every claim is made and holds.
 
 On the CPU conformance scenario parity is blocking too: the canonical loss of the backend at every
 step against the reference's on the same rows and seed (`framework_bench/measure/losses.py`), on
-`tiny_cpu`, a grad_accum 2 variant and a 2-process variant (with ZeRO-2 when the backend refuses
-ZeRO 0 on several CPU processes, as XTuner does); beside each, the update projection against the
+`tiny_cpu`, a grad_accum 2 variant, a 2-process variant (with ZeRO-2 when the backend refuses
+ZeRO 0 on several CPU processes, as XTuner does) and a LoRA point (`tiny_cpu_lora`: its
+adapters' trainable count, base unchanged and adapters moved, a backend declaring no LoRA
+`skipped`); beside each, the update projection against the
 reference's (`framework_bench/measure/update.py`). A backend whose records show another loss
 normalisation is judged against the reference trained that way (`Job.loss_scheme`); one no
 reference can match stays `unverified`, which fails here. A variant the backend refuses is shown
@@ -37,6 +39,7 @@ from framework_bench.measure.verify import Check, unchecked
 
 SCENARIO = "tiny_cpu"
 TWO_PROCESSES = ("multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2")  # the first the backend accepts
+LORA = "tiny_cpu_lora"
 
 
 class Conformance(BaseModel):
@@ -72,7 +75,8 @@ def parity_variants(scn: scenarios_.Scenario) -> list[tuple[str, list[scenarios_
     """Per parity variant of the conformance scenario: (label, candidates); the first candidate the
     backend does not refuse is run (XTuner refuses ZeRO 0 on several CPU processes: ZeRO-2 then)."""
     accumulated = scn.model_copy(update={"name": f"{scn.name}_grad_accum2", "grad_accum": 2})
-    return [("grad_accum 2", [accumulated]), ("2 processes", [scenarios_.load(n) for n in TWO_PROCESSES])]
+    return [("grad_accum 2", [accumulated]), ("2 processes", [scenarios_.load(n) for n in TWO_PROCESSES]),
+            ("LoRA", [scenarios_.load(LORA)])]
 
 
 def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, root: Path | None, settings_mode: str,
@@ -99,6 +103,9 @@ def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, roo
         for variant in candidates:
             own = run(backend, variant)
             if own.status != "unsupported":
+                # the variant's own checks too: for LoRA the trainable count and the two update figures
+                points += [c.model_copy(update={"name": f"{c.name} ({label})"}) for c in own.checks
+                           if c.name in ("trainable", "update") and c.name not in unchecked()]
                 points += against_reference(f"{label}: {variant.name}", variant, own)
                 break
         else:

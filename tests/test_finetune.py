@@ -58,14 +58,15 @@ def _env(name: str) -> BackendEnv:
                       flavour="cpu")
 
 
-def test_every_bundled_backend_refuses_lora_as_unsupported_without_running():
-    """Until a backend declares LoRA (issue 27, next step) its capabilities refuse the scenario:
-    the backend's own check is never asked (its env here does not exist)."""
+def test_a_backend_declaring_no_lora_refuses_it_without_running_and_the_bundled_ones_declare_it():
+    """A plugin written before the finetune axis declares no adapters: its capabilities refuse
+    the scenario, and its own check is never asked (its env here does not exist)."""
     s = scenario.load("tiny_cpu_lora")
     for name, backend in _bundled().items():
-        _, verdict = verdicts.judge(backend, s, CPU, env=_env(name))
-        assert verdict.check == f"the {name} backend declares no LoRA support; the scenario asks for finetune method lora"
-        assert verdict.refused_by_backend
+        assert backend.info.capabilities.lora and backend.info.capabilities.qlora, name
+        assert backend.info.capabilities.refusal(s, name) is None
+    older = Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False)
+    assert older.refusal(s, "old") == "the old backend declares no LoRA support; the scenario asks for finetune method lora"
 
 
 def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declared():
@@ -105,3 +106,43 @@ def test_fbench_validate_scenarios_and_show_take_them():
     for name in ("tiny_cpu_lora", "llama3_8b_2k_1gpu_qlora"):
         shown = runner.invoke(app, ["show", name])
         assert shown.exit_code == 0 and name in shown.output, shown.output
+
+
+def _lora_report(**settings):
+    from framework_bench.plugins.contract import WorkerReport
+
+    live = {"lora_targets": ",".join(sorted(LLAMA_LINEAR)), "lora_rank": 8, "lora_head_adapted": False,
+            "base_frozen": True}
+    return WorkerReport(steps=[], settings={**live, **settings})
+
+
+def test_the_host_counts_the_trainable_parameters_a_worker_claims():
+    """Issue 27, item 3: the host's count from the model and the LoRA config; a worker that
+    trains its base too, adapts other modules or another rank, or counts nothing, cannot pass."""
+    from framework_bench.measure import verify
+    from framework_bench.measure.memory import parameter_count
+
+    s = scenario.load("tiny_cpu_lora")
+    adapters = s.finetune.adapter_parameter_count(s.arch)
+    assert adapters == 4 * 8 * ((256 + 256) * 2 + (256 + 128) * 2 + (256 + 688) * 3)
+    ok = verify.check_trainable(s, _lora_report(trainable_params=adapters))
+    assert ok.status == "pass" and f"{adapters:,} trainable" in ok.detail
+    base_too = verify.check_trainable(s, _lora_report(trainable_params=adapters + parameter_count(s.arch)))
+    assert base_too.status == "fail" and "the host counts" in base_too.detail
+    unfrozen = verify.check_trainable(s, _lora_report(trainable_params=adapters, base_frozen=False))
+    assert unfrozen.status == "fail" and "base layers take gradients" in unfrozen.detail
+    # matched mode holds the scenario's rank: rank 64 adapters (XTuner's default) fail there ...
+    r64 = 8 * adapters
+    assert verify.check_trainable(s, _lora_report(trainable_params=r64, lora_rank=64)).status == "fail"
+    # ... and pass in native mode, where the host counts the rank and targets the live model holds
+    assert verify.check_trainable(s, _lora_report(trainable_params=r64, lora_rank=64), "native").status == "pass"
+    assert verify.check_trainable(s, _lora_report(trainable_params=adapters), "native").status == "pass"
+    assert verify.check_trainable(s, _lora_report()).status == "unverified"
+    # the parameter check counts base and adapters
+    assert verify.expected_parameters(s, {}, "matched") == parameter_count(s.arch) + adapters
+    # full fine-tuning: every parameter; a worker SDK before the axis counts none and is not asked
+    full = scenario.load("tiny_cpu")
+    assert verify.check_trainable(full, _lora_report(trainable_params=parameter_count(full.arch))).status == "pass"
+    assert verify.check_trainable(full, _lora_report(trainable_params=adapters)).status == "fail"
+    from framework_bench.plugins.contract import WorkerReport
+    assert verify.check_trainable(full, WorkerReport(steps=[], settings={})) is None

@@ -83,8 +83,9 @@ def test_parity_judges_every_step_where_the_records_normalise_alike(tmp_path):
     assert "ended invalid" in parity(failed, ref, "fp32").detail
 
 
-def test_check_backend_variants_are_grad_accum_2_and_two_processes_with_zero_2_next():
-    (ga_label, [ga]), (two_label, two) = parity_variants(scenario.load("tiny_cpu"))
+def test_check_backend_variants_are_grad_accum_2_two_processes_with_zero_2_next_and_lora():
+    (ga_label, [ga]), (two_label, two), (lora_label, [lora]) = parity_variants(scenario.load("tiny_cpu"))
+    assert lora_label == "LoRA" and lora.finetune.method == "lora"
     assert ga_label == "grad_accum 2" and ga.grad_accum == 2 and two_label == "2 processes"
     assert [s.name for s in two] == ["multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2"]
     assert all(s.cluster.gpus == 2 for s in two) and two[1].zero_stage == 2

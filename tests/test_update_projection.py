@@ -134,6 +134,33 @@ def test_update_parity_is_judged_on_the_update_norm_where_both_normalise_alike(t
     assert update.parity(result("x", -4.9e-3), failed, "fp32") is None
 
 
+def lora_claim(run_dir, base_norm, adapters_norm, seed=5):
+    (run_dir / UPDATE_FILE).write_text(json.dumps({
+        "projection_seed": seed, "projection": 0.3, "norm": (base_norm ** 2 + adapters_norm ** 2) ** 0.5,
+        "base": {"projection": 0.1 if base_norm else 0.0, "norm": base_norm},
+        "adapters": {"projection": 0.3, "norm": adapters_norm}}))
+
+
+def test_with_adapters_the_base_must_stay_and_the_adapters_move(tmp_path):
+    """Issue 27, item 3: two figures more, both checked. A worker claiming LoRA that trained
+    its base (or nothing of its adapters) fails; an older SDK's single figure is unverified."""
+    stamps = {"reveal": {"seed": 5, "stamp": 1.0}}
+    claimed(tmp_path, 5, -4.9e-3)
+    older = update.check(tmp_path, stamps, adapters=True)
+    assert older.status == "unverified" and "does not part the frozen base from the adapters" in older.detail
+    lora_claim(tmp_path, 0.0, 0.02)
+    ok = update.check(tmp_path, stamps, adapters=True)
+    assert ok.status == "pass" and "base unchanged" in ok.detail and ok.figures["adapters_norm"] == 0.02
+    lora_claim(tmp_path, 1e-9, 0.02)
+    trained_base = update.check(tmp_path, stamps, adapters=True)
+    assert trained_base.status == "fail" and "the frozen base moved" in trained_base.detail
+    lora_claim(tmp_path, 0.0, 0.0)
+    still = update.check(tmp_path, stamps, adapters=True)
+    assert still.status == "fail" and "the adapters never changed" in still.detail
+    lora_claim(tmp_path, 0.0, 0.02)
+    assert update.check(tmp_path, stamps).status == "pass"  # a full run's claim reads as before
+
+
 def test_an_update_claim_without_a_norm_still_reads(tmp_path):
     stamps = {"reveal": {"seed": 5, "stamp": 1.0}}
     claimed(tmp_path, 5, -4.9e-3)
@@ -149,11 +176,11 @@ cfg = json.loads(sys.argv[1])
 config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 model = transformers.AutoModelForCausalLM.from_config(config)
 initial_weights_worker.fill(model, 1024, config.to_dict())
-untouched = update.project(model, 1024, config.to_dict(), 99)
+untouched = update.project(model, 1024, config.to_dict(), 99)["all"]
 with torch.no_grad():
     model.model.layers[1].mlp.up_proj.weight[3, :5] += torch.arange(1.0, 6.0)
     model.model.norm.weight[7] -= 0.5
-moved, norm = update.project(model, 1024, config.to_dict(), 99)
+moved, norm = update.project(model, 1024, config.to_dict(), 99)["all"]
 print(json.dumps({"untouched": untouched, "moved": moved, "norm": norm, "up": model.model.layers[1].mlp.up_proj.weight.shape[1]}))
 """
 
@@ -176,3 +203,43 @@ def test_the_torch_projection_is_the_numpy_sum_over_the_changed_elements():
     assert got["moved"] == pytest.approx(want, rel=1e-6)
     # |final - initial| in the same pass: the changes' L2 norm
     assert got["norm"] == pytest.approx(float(np.sqrt(np.sum(np.arange(1.0, 6.0) ** 2) + 0.5 ** 2)), rel=1e-6)
+
+
+PROJECT_LORA = """
+import json, sys, torch, transformers, peft
+from framework_bench.worker import initial_weights_worker, update
+cfg = json.loads(sys.argv[1])
+config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
+                            peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+initial_weights_worker.fill(model, 1024, config.to_dict())
+layer = model.base_model.model.model.layers[1]
+zero_b = float(layer.self_attn.q_proj.lora_B.default.weight.abs().sum())
+untouched = update.project(model, 1024, config.to_dict(), 99)
+with torch.no_grad():
+    layer.self_attn.q_proj.lora_B.default.weight[2, :3] += torch.tensor([1.0, 2.0, 3.0])
+after_adapter = update.project(model, 1024, config.to_dict(), 99)
+with torch.no_grad():
+    layer.mlp.down_proj.base_layer.weight[0, 0] += 0.25
+after_base = update.project(model, 1024, config.to_dict(), 99)
+print(json.dumps({"zero_b": zero_b, "untouched": untouched, "after_adapter": after_adapter, "after_base": after_base}))
+"""
+
+
+def test_with_peft_adapters_the_projection_parts_base_and_adapters():
+    """peft's names (`base_model.model.`, `.base_layer.`, `.lora_B.default.`) are the canonical
+    ones: the fill leaves B zero, and a change shows in the part it was made in only."""
+    env = backend_env_or_skip("torch")
+    cfg = scenario.load("tiny_cpu").model_config_for_run
+    out = subprocess.run([str(env.python), "-c", PROJECT_LORA, json.dumps(cfg)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["zero_b"] == 0.0
+    assert got["untouched"] == {"all": [0.0, 0.0], "base": [0.0, 0.0], "adapters": [0.0, 0.0]}
+    b = "model.layers.1.self_attn.q_proj.lora_B.weight"
+    v = iw.standard_normal(2 * 4 + np.arange(3), iw.projection_key(99, b))
+    assert got["after_adapter"]["adapters"][0] == pytest.approx(float(np.dot([1.0, 2.0, 3.0], v)), rel=1e-6)
+    assert got["after_adapter"]["base"] == [0.0, 0.0]
+    assert got["after_base"]["base"][1] == pytest.approx(0.25, rel=1e-6)
+    assert got["after_base"]["adapters"] == got["after_adapter"]["adapters"]

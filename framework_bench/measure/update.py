@@ -92,15 +92,19 @@ def _claim(run_dir: Path) -> dict | None:
     try:
         claim = json.loads((Path(run_dir) / UPDATE_FILE).read_text())
         norm = claim.get("norm")  # absent from an older worker SDK's claim
+        parts = {f"{part}_{figure}": float(claim[part][figure]) for part in ("adapters", "base") if part in claim
+                 for figure in ("projection", "norm")}  # LoRA: each part alone
         return {"projection_seed": int(claim["projection_seed"]), "projection": float(claim["projection"]),
-                "norm": None if norm is None else float(norm), "seconds": claim.get("seconds")}
+                "norm": None if norm is None else float(norm), "seconds": claim.get("seconds"), **parts}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def check(run_dir: Path, stamps: dict | None):
+def check(run_dir: Path, stamps: dict | None, adapters: bool = False):
     """The `update` check of a finished run, from the worker's claim and the host's record of
-    the seed it revealed (`stamps`, the watcher's record: `clock.load_stamps`)."""
+    the seed it revealed (`stamps`, the watcher's record: `clock.load_stamps`). With LoRA
+    adapters (`adapters`) two figures more: the frozen base did not move (|dw| exactly 0: an
+    element never updated adds exactly 0) and the adapters did."""
     from framework_bench.measure.verify import Check  # here: the node-side watcher imports this module
 
     claim, revealed = _claim(run_dir), (stamps or {}).get("reveal")
@@ -117,8 +121,21 @@ def check(run_dir: Path, stamps: dict | None):
         return Check(name="update", status="fail", figures=figures, detail=(
             f"the update projects to {claim['projection']}: "
             + ("the weights never changed" if claim["projection"] == 0.0 else "not a number")))
+    detail = f"(final - initial weights) . v = {claim['projection']:.6e} with the seed revealed after the last step"
+    if not adapters:
+        return Check(name="update", status="pass", figures=figures, detail=detail)
+    if "base_norm" not in claim or "adapters_norm" not in claim:
+        return Check(name="update", status="unverified", figures=figures, detail=(
+            "unverified: the worker's projection does not part the frozen base from the adapters (an older worker SDK)"))
+    base, adapted = claim["base_norm"], claim["adapters_norm"]
+    if base != 0.0:
+        return Check(name="update", status="fail", figures=figures,
+                     detail=f"the frozen base moved: |dw| over the base {base:.3e}")
+    if not adapted > 0.0:  # NaN fails too
+        return Check(name="update", status="fail", figures=figures,
+                     detail=f"the adapters never changed: |dw| over the adapters {adapted}")
     return Check(name="update", status="pass", figures=figures,
-                 detail=f"(final - initial weights) . v = {claim['projection']:.6e} with the seed revealed after the last step")
+                 detail=f"{detail}; base unchanged (|dw| 0), adapters |dw| {adapted:.3e}")
 
 
 def parity(run, reference, precision: str, name: str = "update_parity"):

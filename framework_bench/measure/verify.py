@@ -7,7 +7,11 @@ host's packed stream say it must be:
   - rows: the rows each step fed to the trainer (`framework_bench/worker/rows.py`) are the
     rows that step must consume from the packed stream, input ids and labels alike;
   - throughput: the framework's own tokens/s figure within 10 % of the host's;
-  - parameters: the model the framework built has the scenario's parameter count;
+  - parameters: the model the framework built has the scenario's parameter count (its
+    LoRA adapters included);
+  - trainable: the parameters taking gradients, as the worker counted them on its live model,
+    are the host's count from the model and the fine-tuning method (every one for full
+    fine-tuning, the adapters only with the base frozen for LoRA/QLoRA);
   - settings: the worker recorded the settings in effect (`framework_bench/worker/settings.py`);
   - initial_weights: the sampled initial weights read from the live model are the compare's
     (seed, name, index) values (`framework_bench/worker/initial_weights_host.py`), over every parameter;
@@ -19,7 +23,8 @@ host's packed stream say it must be:
     reference's on the same rows and seed (`framework_bench/measure/losses.py`);
   - update and update_parity: the projection of (final - initial) weights onto a vector whose
     seed the host revealed after the last step, non-zero and (with a reference) equal to the
-    reference's (`framework_bench/measure/update.py`);
+    reference's (`framework_bench/measure/update.py`); with LoRA adapters, the frozen base's
+    part exactly 0 and the adapters' non-zero;
 A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
 plugin does not report (one written before these checks) is `unverified` and only flagged.
 A throughput disagreement is flagged, not invalidating: the frameworks time other windows.
@@ -45,7 +50,7 @@ from framework_bench.worker.rows import row_fingerprint
 
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
-BLOCKING = ("tokens", "steps", "rows", "parameters", "initial_weights", "parity",
+BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weights", "parity",
             "clock", "pauses", "gaps", "warmup", "cpu", "projection_delay", "update", "update_parity")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
@@ -173,14 +178,58 @@ def check_throughput(scenario: Scenario, report: WorkerReport, host_tgs: float |
                  detail=detail)
 
 
-def check_parameters(scenario: Scenario, report: WorkerReport) -> Check:
-    want = parameter_count(scenario.arch)
+def adapter_count(scenario: Scenario, settings: dict, mode: str) -> int:
+    """The adapters' parameters the host expects: the scenario's own in matched mode; in
+    native mode (each framework's default rank and targets) those of the rank, targets and
+    head the worker's live model holds, counted here from the model's shapes."""
+    arch, ft = scenario.arch, scenario.finetune
+    if ft.method == "full":
+        return 0
+    if mode == "matched":
+        return ft.adapter_parameter_count(arch)
+    rank, targets = settings.get("lora_rank"), str(settings.get("lora_targets") or "").split(",")
+    shapes = arch.linear_shapes
+    if not isinstance(rank, int) or not all(t in shapes for t in targets):
+        return ft.adapter_parameter_count(arch)  # unreadable: the trainable check says so
+    head = rank * (arch.hidden_size + arch.vocab_size) if settings.get("lora_head_adapted") else 0
+    return arch.num_hidden_layers * sum(rank * sum(shapes[t]) for t in targets) + head
+
+
+def expected_parameters(scenario: Scenario, settings: dict, mode: str) -> int:
+    """Every parameter of the built model: the scenario's config, plus its adapters."""
+    return parameter_count(scenario.arch) + adapter_count(scenario, settings, mode)
+
+
+def check_parameters(scenario: Scenario, report: WorkerReport, mode: str = "matched") -> Check:
+    want = expected_parameters(scenario, report.settings or {}, mode)
     if report.param_count is None:
         return Check(name="parameters", status="unverified", detail="unverified: the worker reported no parameter count")
     if report.param_count != want:
         return Check(name="parameters", status="fail",
                      detail=f"the built model has {report.param_count:,} parameters, the scenario's config {want:,}")
     return Check(name="parameters", status="pass", detail=f"{want:,} parameters")
+
+
+def check_trainable(scenario: Scenario, report: WorkerReport, mode: str = "matched") -> Check | None:
+    """The parameters that took gradients, as the worker counted them on its live model
+    (`trainable_params`), against the host's count from the model and the fine-tuning method:
+    every one for full fine-tuning, the adapters only for LoRA/QLoRA (so a frozen base that
+    trains, or adapters on other modules or of another rank, cannot pass). None for a full
+    run whose worker counts none (a worker SDK before the finetune axis)."""
+    settings, lora = report.settings or {}, scenario.finetune.method != "full"
+    got = settings.get("trainable_params")
+    if got is None:
+        return Check(name="trainable", status="unverified",
+                     detail="unverified: the worker counted no trainable parameters") if lora else None
+    want = adapter_count(scenario, settings, mode) if lora else parameter_count(scenario.arch)
+    what = (f"the adapters' ({settings.get('lora_targets')}, r={settings.get('lora_rank')}"
+            f"{', the LM head too' if settings.get('lora_head_adapted') else ''})" if lora else "every parameter")
+    if got != want:
+        return Check(name="trainable", status="fail",
+                     detail=f"{got:,} parameters take gradients, the host counts {want:,}: {what}")
+    if lora and settings.get("base_frozen") is not True:
+        return Check(name="trainable", status="fail", detail="the worker's adapted base layers take gradients")
+    return Check(name="trainable", status="pass", detail=f"{want:,} trainable: {what}")
 
 
 def check_settings(report: WorkerReport) -> Check:
@@ -192,12 +241,13 @@ def check_settings(report: WorkerReport) -> Check:
     return Check(name="settings", status="pass", detail=f"{len(report.settings)} settings recorded")
 
 
-def check_initial_weights(job: Job) -> Check:
+def check_initial_weights(job: Job, settings: dict | None = None) -> Check:
     """The worker's sampled initial weights (`RUN_DIR/initial_weights.json`) against the host's
-    own computation of the same elements."""
+    own computation of the same elements, adapters included."""
     path = job.run_dir / initial_weights_host.REPORT_FILE
     report = json.loads(path.read_text()) if path.exists() else None
-    status, detail = initial_weights_host.check(report, job.seed, job.hf_config, parameter_count(job.scenario.arch))
+    want = expected_parameters(job.scenario, settings or {}, job.settings_mode)
+    status, detail = initial_weights_host.check(report, job.seed, job.hf_config, want)
     return Check(name="initial_weights", status=status, detail=detail)
 
 
@@ -244,11 +294,14 @@ def check_anchor(scenario: Scenario, report: WorkerReport) -> Check | None:
 def verify(scenario: Scenario, report: WorkerReport, data_dir: Path, host_tgs: float | None,
            job: Job | None = None) -> list[Check]:
     """`job`: the run's job, for the checks of what the worker left in its run folder."""
+    mode = job.settings_mode if job is not None else "matched"
     checks = [check_tokens(scenario, report.steps), check_steps(scenario, report.steps),
               check_rows(scenario, report.consumed_rows, data_dir), check_throughput(scenario, report, host_tgs),
-              check_parameters(scenario, report), check_settings(report)]
+              check_parameters(scenario, report, mode), check_settings(report)]
+    if (trainable := check_trainable(scenario, report, mode)) is not None:
+        checks.append(trainable)
     if job is not None:
-        checks.append(check_initial_weights(job))
+        checks.append(check_initial_weights(job, report.settings))
     anchor = check_anchor(scenario, report)
     return checks + ([anchor] if anchor else [])
 

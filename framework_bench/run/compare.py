@@ -38,6 +38,10 @@ COMMON_SPEED_SETTINGS = frozenset({
     "grad_reduce_dtype", "master_weights", "attention", "attention_kv_repeat", "activation_checkpointing",
     "checkpointing_reentrant", "zero_stage", "flash_attn_version", "sequence_parallel", "compile",
     "ddp_find_unused_parameters", "token_count_sync", "torch_version",
+    # the fine-tuning method (framework_bench/worker/adapters.py): what trains, and in which dtypes
+    "finetune_method", "trainable_params", "lora_targets", "lora_head_adapted", "lora_rank", "lora_dropout",
+    "lora_dora", "lora_bias", "base_dtype", "adapter_dtype", "base_frozen", "quant_type", "double_quant",
+    "compute_dtype", "quant_storage",
 })
 # What matched mode cannot align because it lives inside the frameworks' own code (fairness
 # audit rows), whatever the frameworks; each backend adds its own (`BackendInfo.report_notes`).

@@ -87,7 +87,7 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
     off = verify.unchecked()
     result.checks = [c for c in verify.verify(scenario, report, job.data_dir, result.tgs, job)
                      + clock.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
-                     + [update.check(job.run_dir, stamps)]
+                     + [update.check(job.run_dir, stamps, adapters=scenario.finetune.method != "full")]
                      if c.name not in off]
     reason, flags = verify.verdict(result.checks)
     result.flags += flags

@@ -14,7 +14,9 @@ here: the generator is defined once.
 
 The distribution is HF Llama's `_init_weights`: normal(0, initializer_range) for linear and
 embedding weights (the padding row of the embedding zero), ones for norm weights (1-D
-`weight`), zeros for biases.
+`weight`), zeros for biases. LoRA adapters (peft's names, whichever framework made them):
+A normal(0, initializer_range) from the seed, B zero, so the adapted model starts as the
+base does (peft draws A kaiming-uniform; B zero as peft).
 
 The generator: a 32-bit integer hash ("lowbias32", C. Wellons) of the element index mixed
 with a per-tensor key, twice, gives two uniforms for a Box-Muller normal in float64. All
@@ -35,11 +37,18 @@ _MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B
 _STREAM_A, _STREAM_B, _STREAM_SAMPLE = 0x9E3779B9, 0x85EBCA6B, 0xC2B2AE35
 # Wrapper prefixes frameworks put before HF's own names (XTuner's SupervisedFinetune, DDP,
 # DeepSpeed, torch.compile): stripped so every backend fills a tensor from the same key.
-WRAPPER_PREFIXES = ("module.", "llm.", "_orig_mod.")
+WRAPPER_PREFIXES = ("module.", "llm.", "_orig_mod.", "base_model.model.")
+# peft keeps an adapted linear's own weight under `base_layer` and each adapter under its
+# name ("default"): dropped, so a base weight has its full-fine-tuning key (the same base
+# weights) and an adapter one key across frameworks (`...q_proj.lora_A.weight`).
+PEFT_SEGMENTS = {".base_layer.": ".", ".lora_A.default.": ".lora_A.", ".lora_B.default.": ".lora_B."}
 # Tolerance of the sampled check, relative to initializer_range: the two twins round the same
 # float64 figure; 16-bit parameters hold it to ~3 significant digits.
 TOLERANCE = {"float32": 1e-6, "float64": 1e-6}
 TOLERANCE_16BIT = 1e-2
+# QLoRA's 4-bit base, dequantized: nf4/fp4 hold 16 levels of each 64-weight block's absmax
+# (~2.5 std for normal weights), so a value may be off by half the widest gap (~0.3 absmax).
+TOLERANCE_4BIT = {"nf4": 0.5, "fp4": 0.5}
 
 
 def hash32(x):
@@ -52,7 +61,11 @@ def hash32(x):
 
 
 def canonical_name(name: str) -> str:
-    """HF's parameter name, wrapper prefixes stripped (`llm.model.layers.0...` -> `model.layers.0...`)."""
+    """HF's parameter name, wrapper prefixes and peft's segments stripped
+    (`llm.model.layers.0...` -> `model.layers.0...`, `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight`
+    -> `model.layers.0.self_attn.q_proj.lora_A.weight`)."""
+    for segment, kept in PEFT_SEGMENTS.items():
+        name = name.replace(segment, kept)
     stripped = True
     while stripped:
         stripped = False
@@ -76,8 +89,9 @@ def projection_key(projection_seed: int, name: str) -> int:
 
 
 def kind(name: str, ndim: int) -> str:
-    """How HF initialises the tensor: "normal", "ones" (norm weights) or "zeros" (biases)."""
-    if name.endswith(".bias"):
+    """How HF initialises the tensor: "normal", "ones" (norm weights) or "zeros" (biases,
+    LoRA's B)."""
+    if name.endswith(".bias") or ".lora_B." in name:
         return "zeros"
     return "ones" if ndim == 1 else "normal"
 
@@ -129,7 +143,8 @@ def check(report: dict | None, seed: int, hf_config: dict, param_count: int) -> 
         want = expected_values(seed, name, shape, sample_indices(seed, name, numel), std, pad)
         if values.shape != want.shape:
             return "fail", f"{name}: {values.size} samples reported, {want.size} expected"
-        tol = TOLERANCE.get(tensor.get("dtype", ""), TOLERANCE_16BIT)
+        dtype = tensor.get("dtype", "")
+        tol = TOLERANCE.get(dtype) or TOLERANCE_4BIT.get(dtype) or TOLERANCE_16BIT
         off = float(np.max(np.abs(values - want) / np.maximum(np.abs(want), std))) if numel else 0.0
         if not off <= tol:  # NaN fails too
             return "fail", f"{name}: sampled initial values off by {off:.2g} (relative), more than {tol:g}"

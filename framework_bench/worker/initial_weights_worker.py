@@ -87,6 +87,17 @@ def fill(model, seed: int, hf_config: dict) -> None:
                     flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *args))
 
 
+def live_values(p):
+    """(the parameter's values, their dtype's name): a bitsandbytes 4-bit weight (QLoRA's
+    base) dequantized, its dtype its quant type ("nf4", "fp4")."""
+    state = getattr(p, "quant_state", None)
+    if state is None:
+        return p.data, str(p.dtype).removeprefix("torch.")
+    import bitsandbytes.functional as F
+
+    return F.dequantize_4bit(p.data, state), state.quant_type
+
+
 def report(model, seed: int, run_dir: str | Path) -> None:
     """Rank 0 writes the sampled elements of every parameter, read from the live model."""
     import torch
@@ -97,10 +108,11 @@ def report(model, seed: int, run_dir: str | Path) -> None:
         for name, p in model.named_parameters():
             with gathered([p], modifier_rank=None):  # every rank gathers (a collective); rank 0 reads
                 if rank == 0:
-                    idx = torch.from_numpy(sample_indices(seed, name, p.numel()))
+                    values, dtype = live_values(p)
+                    idx = torch.from_numpy(sample_indices(seed, name, values.numel()))
                     tensors[canonical_name(name)] = {
-                        "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."),
-                        "values": p.data.reshape(-1)[idx.to(p.device)].float().cpu().tolist()}
+                        "shape": list(values.shape), "dtype": dtype,
+                        "values": values.reshape(-1)[idx.to(values.device)].float().cpu().tolist()}
     if rank != 0:
         return
     path = Path(run_dir) / REPORT_FILE

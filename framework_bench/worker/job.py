@@ -50,6 +50,34 @@ class Steps:
 
 
 @dataclass(frozen=True)
+class FineTune:
+    """Which weights train (the host's `spec.scenario.FineTune`, resolved): `full`, or LoRA
+    adapters of `rank` on the decoder layers' `targets` (an explicit list) over a frozen base
+    of `base_dtype`; `qlora` stores that base in 4 bits (`quant_type`, `double_quant`,
+    dequantized to `compute_dtype`). `framework_bench.worker.adapters` turns it into peft's config."""
+
+    method: str = "full"
+    rank: int | None = None
+    alpha: float | None = None
+    dropout: float | None = None
+    targets: tuple[str, ...] = ()
+    base_dtype: str | None = None
+    quant_type: str | None = None
+    double_quant: bool | None = None
+    compute_dtype: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> FineTune:
+        data = dict(data or {})
+        data["targets"] = tuple(data.get("targets") or ())
+        return _known(cls, data)
+
+    @property
+    def adapters(self) -> bool:
+        return self.method != "full"
+
+
+@dataclass(frozen=True)
 class Scenario:
     """The scenario fields workers read (the whole scenario as the host wrote it: `raw`)."""
 
@@ -64,13 +92,15 @@ class Scenario:
     attention: str = "packed"
     steps: Steps = field(default_factory=Steps)
     gpus: int = 1  # cluster.gpus: processes over all nodes
+    finetune: FineTune = field(default_factory=FineTune)  # absent from a full scenario's file
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_dict(cls, data: dict) -> Scenario:
         cluster = data.get("cluster") or {}
         gpus = cluster.get("gpus") or cluster.get("nodes", 1) * cluster.get("gpus_per_node", 1)
-        return _known(cls, {k: v for k, v in data.items() if k != "steps"}, steps=_known(Steps, data.get("steps") or {}),
+        return _known(cls, {k: v for k, v in data.items() if k not in ("steps", "finetune")},
+                      steps=_known(Steps, data.get("steps") or {}), finetune=FineTune.from_dict(data.get("finetune")),
                       gpus=gpus, raw=data)
 
     @property

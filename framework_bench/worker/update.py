@@ -18,7 +18,9 @@ relative to the reference's |dw|, a scale that does not depend on the vector dra
 parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
 element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
 under ZeRO-3, a collective every rank enters) and the sums all-reduced in float64; rank 0
-writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"}).
+writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"},
+and with LoRA adapters "adapters" and "base": the same two figures over each part alone, so the
+host sees the adapters moved and the frozen base did not).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from framework_bench.worker.dist import dist_info
 from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
 from framework_bench.worker.initial_weights_worker import chunks, gathered, init_args, initial_values, standard_normal
-from framework_bench.worker.initial_weights_host import projection_key
+from framework_bench.worker.initial_weights_host import canonical_name, projection_key
 
 # The host writes the seed within a poll of the last step's end; a shared filesystem under
 # SLURM may take its attribute-cache time to show it on another node.
@@ -52,9 +54,14 @@ def wait_for_reveal(run_dir: str | Path, timeout: float = REVEAL_TIMEOUT) -> int
             time.sleep(REVEAL_POLL)
 
 
-def project(model, seed: int, hf_config: dict, projection_seed: int) -> tuple[float, float]:
-    """((final - initial weights) . v, |final - initial weights|) over every parameter (tied
-    ones once), summed over ranks."""
+def is_adapter(name: str) -> bool:
+    """A LoRA adapter's parameter (peft's `lora_A`/`lora_B`), whatever wraps it."""
+    return ".lora_A." in canonical_name(name) or ".lora_B." in canonical_name(name)
+
+
+def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str, tuple[float, float]]:
+    """{"all" and, with adapters, "adapters" and "base": ((final - initial weights) . v,
+    |final - initial weights|)} over those parameters (tied ones once), summed over ranks."""
     import torch
 
     dist = dist_info()
@@ -62,23 +69,32 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> tuple[fl
     share, ranks = (dist.rank, dist.world_size) if grouped else (0, 1)
     params = list(model.named_parameters())
     if not params:
-        return 0.0, 0.0
-    # [projection, squared norm]; on the parameters' device: a ZeRO-3 partition is on it too
-    total = torch.zeros(2, dtype=torch.float64, device=params[0][1].device)
+        return {"all": (0.0, 0.0)}
+    # [projection, squared norm] of the base, then of the adapters; on the parameters' device:
+    # a ZeRO-3 partition is on it too
+    total = torch.zeros(2, 2, dtype=torch.float64, device=params[0][1].device)
     with torch.no_grad():
         for i, (name, p) in enumerate(params):
             with gathered([p], modifier_rank=None):  # every rank gathers; one of them projects
-                if i % ranks != share:
+                # A 4-bit base (QLoRA) cannot move: bitsandbytes stores packed bytes no optimizer
+                # steps, and its dequantized values are not `fill`'s; the frozen rest of the
+                # base (embeddings, norms, head) is projected as any weight.
+                if i % ranks != share or getattr(p, "quant_state", None) is not None:
                     continue
                 flat, key, args = p.data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
+                part = total[int(is_adapter(name))]
                 for lo, idx in chunks(flat.numel(), flat.device):
                     initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
                     moved = flat[lo:lo + idx.numel()].to(torch.float64) - initial
-                    total[0] += (moved * standard_normal(idx, key)).sum()
-                    total[1] += (moved * moved).sum()
+                    part[0] += (moved * standard_normal(idx, key)).sum()
+                    part[1] += (moved * moved).sum()
         if grouped and ranks > 1:
             torch.distributed.all_reduce(total)
-    return float(total[0]), float(total[1]) ** 0.5
+    figures = lambda t: (float(t[0]), float(t[1]) ** 0.5)  # noqa: E731
+    parts = {"all": figures(total.sum(dim=0))}
+    if any(is_adapter(name) for name, _ in params):
+        parts.update(base=figures(total[0]), adapters=figures(total[1]))
+    return parts
 
 
 def report(model, job) -> None:
@@ -91,10 +107,12 @@ def report(model, job) -> None:
               file=sys.stderr)
         return
     started = time.monotonic()
-    value, norm = project(model, job.seed, job.hf_config, projection_seed)
+    parts = project(model, job.seed, job.hf_config, projection_seed)
     if dist_info().is_main:
         path = Path(job.run_dir) / UPDATE_FILE
         tmp = path.with_suffix(".tmp")
+        value, norm = parts.pop("all")
         tmp.write_text(json.dumps({"projection_seed": projection_seed, "projection": value, "norm": norm,
+                                   **{part: {"projection": p, "norm": n} for part, (p, n) in parts.items()},
                                    "seconds": round(time.monotonic() - started, 3)}))
         tmp.replace(path)

@@ -22,7 +22,8 @@ def backend_info() -> BackendInfo:
         framework="PyTorch",
         description="the reference: a plain PyTorch loop (HF model from config, AdamW, autocast, DDP) "
         "on the shared packed rows",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0]),
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0], lora=True,
+                                  qlora=True),
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="torch",

@@ -5,7 +5,9 @@ weights made where they train (on the GPU), AdamW with the shared hyper-paramete
 CUDA in both settings modes: less time and memory than foreach; torch's own choice on CPU, as
 every backend's CPU runs), bf16 autocast when the scenario asks, activation checkpointing
 when it asks, DDP when there are several processes (NCCL on GPUs, gloo on CPU); a world of
-one is never wrapped, also inside a process group. Rows are read in order from the host's
+one is never wrapped, also inside a process group. A LoRA/QLoRA scenario wraps the model in
+peft's adapters as the scenario sets them (`framework_bench.worker.adapters`); the optimizer
+steps what takes gradients. Rows are read in order from the host's
 packed stream (`Job.batches`).
 """
 
@@ -21,6 +23,7 @@ from contextlib import nullcontext
 import torch
 import transformers
 
+from framework_bench.worker import adapters
 from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY, Report, StartupClock,
                                     StepLog, dist_info, initial_weights_worker, join, leave, load_job, settings,
                                     update, write_report)
@@ -43,7 +46,7 @@ def main(job_file: str) -> None:
     model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)
     startup.mark("model_build")
     train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None) if ddp else model
-    optimizer = adamw(model.parameters(), cuda)
+    optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)
     initial_weights_worker.report(model, job.seed, job.run_dir)
     startup.mark("framework_setup")
     bf16 = job.scenario.precision == "bf16"
@@ -73,13 +76,14 @@ def main(job_file: str) -> None:
         log.end(step)  # the step's loss: its token mean, as the loop computed it
     log.close()
     update.report(model, job)  # (final - initial) weights onto the vector the host reveals now
+    settings_in_effect = probe.settle(settings.torch_loop_settings(
+        model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop", grad_clip=MAX_GRAD_NORM,
+        autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
+        # What the loop above divides by (the host judges the recorded divisors and scales).
+        loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, per rank"))
     report = Report(
         framework_version=torch.__version__, attention_used=model.config._attn_implementation,
-        settings=probe.settle(settings.torch_loop_settings(
-            model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop", grad_clip=MAX_GRAD_NORM,
-            autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
-            # What the loop above divides by (the host judges the recorded divisors and scales).
-            loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, per rank")),
+        settings={**settings_in_effect, **adapters.settings(model)},
         param_count=settings.param_count(model),
         startup_seconds=startup.total, startup_breakdown=startup.phases,
         notes=[f"DDP over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if ddp else [],
