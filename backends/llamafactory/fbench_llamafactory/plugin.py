@@ -29,7 +29,8 @@ def backend_info() -> BackendInfo:
         framework="LLaMA-Factory",
         description="LLaMA-Factory's SFT trainer (run_exp) on pre-tokenized packed rows; "
         "sequence parallel through its v1 trainer (FSDP2 + Ulysses)",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3],
+                                  lora=True, qlora=True),
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="llamafactory",
@@ -68,6 +69,28 @@ def framework_throughput(job: Job) -> dict[str, float]:
     return {"tokens_per_sec_whole_run": tokens_per_gpu / runtime, "train_runtime": runtime}
 
 
+def adapter_refusal(scenario: Scenario) -> str | None:
+    """Why LLaMA-Factory, as fbench drives it, cannot train this scenario's adapters, or None."""
+    f = scenario.finetune
+    if f.method == "full":
+        return None
+    if scenario.sequence_parallel > 1:
+        return (f"{f.method} with sequence_parallel > 1 is not planned: LLaMA-Factory's v1 trainer (its only "
+                "sequence parallel) is driven for full fine-tuning only")
+    if f.method != "qlora":
+        return None
+    if scenario.zero_stage == 3:
+        # the random base reaches `from_pretrained` as one state dict (worker.py), which ZeRO-3's
+        # partitioned build never holds
+        return "qlora with ZeRO-3 is not planned: the random 4-bit base is quantized from one unpartitioned state dict"
+    if scenario.precision != "bf16" or f.compute_dtype != "bf16":
+        # LLaMA-Factory has no compute-dtype argument: bf16 training gives bf16, otherwise it
+        # picks bf16 or fp16 by what the GPU supports (extras/misc.py infer_optim_dtype), never fp32
+        return (f"qlora compute dtype {f.compute_dtype} at precision {scenario.precision}: LLaMA-Factory sets "
+                "bitsandbytes' compute dtype from its bf16 switch, so only bf16 compute under bf16 precision is planned")
+    return None
+
+
 class LlamaFactoryBackend(Backend):
     # Its plans have always left output buffering and tokenizer threads to the defaults.
     output_env = False
@@ -82,6 +105,8 @@ class LlamaFactoryBackend(Backend):
                     "(max_steps) and report per optimizer step only")
         if (kv_reason := train_args.v1_kv_head_refusal(scenario)) is not None:
             return kv_reason
+        if (adapter_reason := adapter_refusal(scenario)) is not None:
+            return adapter_reason
         if (reason := super().check(scenario, machine, env)) is not None:
             return reason
         device = scenario.cluster.device

@@ -3,7 +3,8 @@
 No torch or llamafactory import here: the plugin runs in the host process. The worker
 reads the files written by `write_run_files` and hands them to LLaMA-Factory unchanged,
 so a run can be repeated by hand with `llamafactory-cli train <run_dir>/llamafactory_train.json`
-(once the worker has built the tokenized data).
+(once the worker has built the tokenized data; not a QLoRA run, whose base the worker hands
+over in memory: `finetune_args`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,34 @@ def mode_args(job: Job) -> dict:
             "dataloader_pin_memory": False, "seed": job.seed}
 
 
+def finetune_args(job: Job) -> dict:
+    """LLaMA-Factory's own fine-tuning arguments for the scenario's `finetune`.
+
+    full: every weight, the model built from its config (`train_from_scratch`). lora/qlora:
+    `finetuning_type: lora`, whose `init_adapter` wraps the model with peft and upcasts the
+    adapters (the trainable parameters) to fp32 while the frozen base keeps the dtype it was
+    built in (the model folder's config.json: `write_model_dir`). matched: the scenario's
+    rank, alpha, dropout and explicit targets, rsLoRA and DoRA off; native: LLaMA-Factory's
+    defaults (named in the run's notes: worker.NATIVE_LORA). qlora: its on-the-fly
+    bitsandbytes 4-bit quantization with the scenario's quant type and double quantization
+    in both modes (they describe the base, not the adapters); compute and storage dtype
+    follow its bf16 switch (`plugin.adapter_refusal` refuses anything else). It quantizes
+    only in `from_pretrained`, so a qlora run loads rather than builds its base: the worker
+    hands the random base over as a state dict.
+    """
+    f = job.scenario.finetune
+    if f.method == "full":
+        return {"finetuning_type": "full", "train_from_scratch": True}
+    args: dict = {"finetuning_type": "lora", "train_from_scratch": f.method != "qlora"}
+    if job.settings_mode == "matched":
+        args.update({"lora_rank": f.rank, "lora_alpha": f.alpha, "lora_dropout": f.dropout,
+                     "lora_target": ",".join(f.targets), "use_rslora": False, "use_dora": False})
+    if f.method == "qlora":
+        args.update({"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": f.quant_type,
+                     "double_quantization": f.double_quant})
+    return args
+
+
 def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
     """`run_exp` arguments for LLaMA-Factory's (v0) SFT trainer on the pre-tokenized rows."""
     s = job.scenario
@@ -98,8 +127,7 @@ def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
     args = {
         "stage": "sft",
         "do_train": True,
-        "finetuning_type": "full",
-        "train_from_scratch": True,
+        **finetune_args(job),
         "model_name_or_path": str(run_dir / run_files.MODEL_DIR),
         "flash_attn": flash_attn,
         "disable_gradient_checkpointing": not s.activation_checkpointing,
@@ -192,11 +220,29 @@ def v1_train_args(job: Job) -> dict:
     }
 
 
+# The scenario's dtype names as config.json's `dtype`, which `from_config` builds in (and
+# `from_pretrained`'s `torch_dtype="auto"`, LLaMA-Factory's, loads in).
+CONFIG_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def base_dtype(job: Job) -> str | None:
+    """config.json's dtype: an adapter run's frozen base is stored as a checkpoint of the
+    scenario's base dtype would be (qlora: its compute dtype, which the unquantized modules
+    keep and the 4-bit ones are quantized from); full fine-tuning leaves it out (fp32: every
+    weight trains and LLaMA-Factory upcasts trainable weights to fp32 anyway)."""
+    f = job.scenario.finetune
+    if f.method == "full":
+        return None
+    return CONFIG_DTYPES[f.compute_dtype if f.method == "qlora" else f.base_dtype]
+
+
 def write_model_dir(job: Job) -> Path:
     """config.json from the scenario plus the packed data's tokenizer files: no weights."""
     model_dir = Path(job.run_dir) / run_files.MODEL_DIR
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(job.hf_config, indent=2))
+    dtype = base_dtype(job)
+    config = job.hf_config if dtype is None else {**job.hf_config, "dtype": dtype}
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     for f in (Path(job.data_dir) / TOKENIZER_DIR).iterdir():
         if f.is_file():
             shutil.copy2(f, model_dir / f.name)

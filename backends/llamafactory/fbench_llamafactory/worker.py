@@ -16,10 +16,11 @@ import json
 import sys
 from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StartupClock, dist_info,
+from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StartupClock, adapters, dist_info,
                                     initial_weights_worker, load_job, publish_once, update, write_report)
 from framework_bench.worker import settings as capture
 from framework_bench.worker.packed import PackedRows
@@ -119,7 +120,9 @@ class Claims:
         class Callback(TrainerCallback):
             def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kw):
                 trained = claims.prepared if claims.prepared is not None else model
-                claims.settings = effective_settings(args, model, trained, optimizer, train_dataloader)
+                # the fine-tuning method from the live (peft-wrapped) model: trainable count, adapters
+                claims.settings = {**effective_settings(args, model, trained, optimizer, train_dataloader),
+                                   **adapters.settings(model)}
                 claims.probe.install()
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
@@ -229,30 +232,72 @@ def normalization(trainer, counted: bool) -> str:
 
 def build_where_trained(job: Job, startup: StartupClock) -> None:
     """LLaMA-Factory builds a from-scratch model with `AutoModelForCausalLM.from_config` on the
-    CPU, in fp32, and the trainer copies it to the GPU afterwards: minutes for 7B, which the
-    start-up column would charge to the framework. On a GPU run the same call runs here
-    under this rank's CUDA device, so the random weights are made where they train (the
-    arguments, dtype and initialisation are LLaMA-Factory's own). ZeRO-3 builds inside
-    DeepSpeed's zero.Init, partitioned already: left alone. The call's seconds are the
-    start-up's "model_build"."""
+    CPU and the trainer copies it to the GPU afterwards: minutes for 7B, which the start-up
+    column would charge to the framework. On a GPU run the same call runs here under this
+    rank's CUDA device, so the random weights are made where they train (the arguments,
+    dtype and initialisation are LLaMA-Factory's own). ZeRO-3 builds inside DeepSpeed's
+    zero.Init, partitioned already: left alone. The call's seconds are the start-up's
+    "model_build".
+
+    QLoRA: LLaMA-Factory quantizes only in `from_pretrained`, with its own BitsAndBytesConfig
+    (model/model_utils/quantization.py), and the model folder holds no weights. That call
+    gets the random base, built as above and filled with the shared initial weights, as
+    its state dict in place of weight files (`pretrained_model_name_or_path=None`), every
+    argument LLaMA-Factory passed kept: transformers' bitsandbytes loader quantizes it as it
+    would a checkpoint's tensors. The unquantized base is held once on the device first."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
     from_config = AutoModelForCausalLM.from_config.__func__
 
-    def timed_from_config(cls, config, **kwargs):
-        startup.mark("framework_setup")
+    def build(cls, config, **kwargs):
         if job.device == "cuda" and not is_deepspeed_zero3_enabled():
             with torch.device("cuda", dist_info().local_rank):
-                model = from_config(cls, config, **kwargs)
-        else:
-            model = from_config(cls, config, **kwargs)
-        initial_weights_worker.fill(model, job.seed, model.config.to_dict())  # before the trainer or DeepSpeed sees it
+                return from_config(cls, config, **kwargs)
+        return from_config(cls, config, **kwargs)
+
+    def timed_from_config(cls, config, **kwargs):
+        startup.mark("framework_setup")
+        model = build(cls, config, **kwargs)
+        startup.mark("model_build")
+        return model
+
+    def quantized_from_random(cls, pretrained_model_name_or_path, *args, config, **kwargs):
+        startup.mark("framework_setup")
+        base = build(cls, config)
+        initial_weights_worker.fill(base, job.seed, base.config.to_dict())  # the 4-bit weights' values, before quantization
+        # the concrete class's own loader: the auto class would look for files at the path first
+        model = type(base).from_pretrained(None, *args, config=config, state_dict=base.state_dict(), **kwargs)
+        del base
         startup.mark("model_build")
         return model
 
     AutoModelForCausalLM.from_config = classmethod(timed_from_config)
+    if job.scenario.finetune.method == "qlora":
+        AutoModelForCausalLM.from_pretrained = classmethod(quantized_from_random)
+
+
+def fill_after_adapters(job: Job, startup: StartupClock) -> None:
+    """The shared initial weights, written once LLaMA-Factory's `init_adapter` (called by its
+    `load_model` after building the model) has attached any LoRA adapters and cast the
+    trainable weights, before the trainer, DDP or DeepSpeed sees the model: base and adapters
+    alike (lora_A from the seed, lora_B zero). 4-bit weights are left out: their values were
+    filled before quantization (`build_where_trained`), their storage is bitsandbytes' packing."""
+    from llamafactory.model import loader
+
+    init_adapter = loader.init_adapter
+
+    def init_and_fill(config, model, *args, **kwargs):
+        startup.mark("framework_setup")
+        model = init_adapter(config, model, *args, **kwargs)
+        unquantized = [(n, p) for n, p in model.named_parameters() if not hasattr(p, "quant_state")]
+        initial_weights_worker.fill(SimpleNamespace(named_parameters=lambda: unquantized), job.seed,
+                                    model.config.to_dict())
+        startup.mark("model_build")
+        return model
+
+    loader.init_adapter = init_and_fill
 
 
 def train_v0(job: Job, packed: PackedRows, rows: int, recorder: StepRecorder, claims: Claims,
@@ -270,9 +315,27 @@ def train_v0(job: Job, packed: PackedRows, rows: int, recorder: StepRecorder, cl
     write_tokenized(packed, rows, job.scenario.attention == "varlen", Path(args["tokenized_path"]))
     startup.mark("data")
     build_where_trained(job, startup)
+    fill_after_adapters(job, startup)
     claims.remember_prepared()
     claims.record_losses()
     run_exp(args, callbacks=[StepMetricsCallback(recorder, startup), claims.callback])
+
+
+# What LLaMA-Factory trains with when no adapter setting is given (hparams/finetuning_args.py),
+# named in a native run's notes; the ledger reads the values from the live model.
+NATIVE_LORA = ("LLaMA-Factory's LoRA defaults: lora_rank 8, lora_alpha 2 x rank (16), lora_dropout 0, "
+               "lora_target all (every linear module but the LM head), no rsLoRA or DoRA")
+
+
+def finetune_notes(job: Job) -> list[str]:
+    """What an adapter run's report says about settings the scenario did not choose."""
+    f = job.scenario.finetune
+    notes = [f"native {f.method}: {NATIVE_LORA}"] if f.adapters and job.settings_mode == "native" else []
+    if f.method == "qlora":
+        notes.append("QLoRA base: random weights built from the config, then quantized by transformers' bitsandbytes "
+                     "loader under LLaMA-Factory's own BitsAndBytesConfig (from_pretrained given the base as a state "
+                     "dict, no weight files); the unquantized base is held once on the GPU before quantization")
+    return notes
 
 
 def main(job_file: str) -> None:
@@ -309,7 +372,7 @@ def main(job_file: str) -> None:
         param_count=claims.param_count if claims else None,
         startup_seconds=round(recorder.first_step_at - STARTED, 2),
         startup_breakdown=startup.phases if claims else None,
-        notes=recorder.notes,
+        notes=recorder.notes + finetune_notes(job),
         unclaimed={} if claims else V1_UNCLAIMED,
         extra={"rows_converted": rows, "transformers_version": transformers.__version__, "torch_version": version("torch"),
                "trainer": "v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
