@@ -154,6 +154,10 @@ def parity(run, reference, precision: str, name: str = "update_parity"):
         return Check(name=name, status="skipped", detail=(
             f"projected onto other vectors (seeds {mine['projection_seed']} and {theirs['projection_seed']}): "
             "the reference's job drew its own seed on its node; the loss parity judges the training"))
+    if native := losses.native_adapter_differences(run, reference):
+        return Check(name=name, status="skipped", detail=(
+            f"{native}: the weights cannot move alike; the update check judges the base unchanged and the "
+            "adapters moved, the loss parity step 1"))
     norm = theirs.get("norm")
     if not norm or not math.isfinite(norm):
         return Check(name=name, status="unverified", detail=(
