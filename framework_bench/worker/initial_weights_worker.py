@@ -79,6 +79,8 @@ def fill(model, seed: int, hf_config: dict) -> None:
 
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if getattr(p, "quant_state", None) is not None:
+                continue  # QLoRA's 4-bit base holds packed bytes: it was quantized from filled weights
             with gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
                 if p.numel() >= 2**32:
                     raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
