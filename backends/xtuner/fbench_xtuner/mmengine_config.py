@@ -22,6 +22,14 @@ Settings modes (`fbench ... --settings`, in `job.settings_mode`):
     GradScaler, as accelerate runs bf16) over fp32 weights (the builder keeps fp32 whatever
     XTuner asks).
   Rows stay in the host's order in both modes (the host checks what each step consumed).
+LoRA/QLoRA (the scenario's `finetune`): XTuner's own `SupervisedFinetune(lora=dict(type=LoraConfig,
+...))`, built through `build_adapted` (model_builder.py) so the adapters get the shared initial
+weights; a QLoRA `llm` dict holds XTuner's `quantization_config=dict(type=BitsAndBytesConfig, ...)`
+as its qlora configs do (xtuner/configs/llama/llama2_7b/llama2_7b_qlora_alpaca_e3.py), with the
+scenario's quant type, double quantization and compute dtype in both modes. matched: the
+scenario's rank, alpha, dropout and explicit targets (`adapters.lora_config`), the frozen weights
+in its dtype; native: XTuner's configs' LoRA (`XTUNER_LORA`, targets from its
+`find_all_linear_names`), and the fp32 upcast of its LoRA path kept.
 
 mmengine parses a config with imports in lazy-import mode, where nothing may be called
 at parse time: the file holds imports and literals only (values written with repr()).
@@ -35,9 +43,14 @@ from pathlib import Path
 
 from fbench_xtuner.run_layout import CONFIG_NAME, DATA_DIR, MODEL_DIR, WORK_DIR
 from framework_bench.plugins.contract import Job
+from framework_bench.worker import adapters
 from framework_bench.worker.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
+
+# The LoRA of XTuner's configs (every llama2_7b_qlora_*.py: r=64, lora_alpha=16, lora_dropout=0.1,
+# bias='none'); no target_modules, so `_prepare_for_lora` adapts what `find_all_linear_names` finds.
+XTUNER_LORA = {"r": 64, "lora_alpha": 16, "lora_dropout": 0.1, "bias": "none", "task_type": "CAUSAL_LM"}
 
 
 def uses_deepspeed(job: Job) -> bool:
@@ -82,6 +95,52 @@ def write_model_dir(job: Job) -> Path:
     return model_dir
 
 
+def kwargs_text(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def model_lines(job: Job) -> list[str]:
+    """The `model` dict: XTuner's SupervisedFinetune over the random-weights builder, with
+    peft's LoRA (and a 4-bit base for QLoRA) when the scenario asks for adapters."""
+    s = job.scenario
+    finetune = s.finetune
+    matched = job.settings_mode == "matched"
+    qlora = finetune.method == "qlora"
+    # matched LoRA builds (and fills) fp32 weights as a full run, `build_adapted` casts the frozen
+    # ones to the base dtype; QLoRA quantizes from the compute dtype, as XTuner's configs load it
+    # (torch_dtype beside quantization_config), so the builder must not override it.
+    llm = [
+        "    llm=dict(type=build_random_llm, pretrained_model_name_or_path=pretrained_model_name_or_path,",
+        f"             trust_remote_code=True, keep_fp32_weights={matched and not qlora!r}, init_seed={job.seed!r}),",
+    ]
+    if finetune.method == "full":
+        return ["model = dict(", "    type=SupervisedFinetune,", "    use_varlen_attn=use_varlen_attn,",
+                f"    use_activation_checkpointing={s.activation_checkpointing!r},", *llm, ")"]
+    if qlora:
+        compute = f"torch.{adapters.TORCH_DTYPES[finetune.compute_dtype]}"
+        llm[-1] = llm[-1].removesuffix("),") + f", torch_dtype={compute},"
+        llm += [
+            "             quantization_config=dict(type=BitsAndBytesConfig, load_in_4bit=True, load_in_8bit=False,",
+            "                                      llm_int8_threshold=6.0, llm_int8_has_fp16_weight=False,",
+            f"                                      bnb_4bit_compute_dtype={compute},",
+            f"                                      bnb_4bit_use_double_quant={finetune.double_quant!r},",
+            f"                                      bnb_4bit_quant_type={finetune.quant_type!r})),",
+        ]
+    lora = adapters.lora_config(finetune) if matched else XTUNER_LORA
+    frozen = adapters.TORCH_DTYPES[finetune.compute_dtype if qlora else finetune.base_dtype] if matched else None
+    return [
+        "model = dict(",
+        "    type=build_adapted,  # SupervisedFinetune(**the rest), then the adapters' initial weights",
+        f"    init_seed={job.seed!r},",
+        f"    frozen_dtype={frozen!r},",
+        "    use_varlen_attn=use_varlen_attn,",
+        f"    use_activation_checkpointing={s.activation_checkpointing!r},",
+        *llm,
+        f"    lora=dict(type=LoraConfig, {kwargs_text(lora)}),",
+        ")",
+    ]
+
+
 def render(job: Job) -> str:
     """The config file's text."""
     s = job.scenario
@@ -102,6 +161,11 @@ def render(job: Job) -> str:
         "from xtuner.parallel.sequence import SequenceParallelSampler",
         "from fbench_xtuner.model_builder import build_random_llm",
     ]
+    if s.finetune.method != "full":
+        imports[-1] = "from fbench_xtuner.model_builder import build_adapted, build_random_llm"
+        imports.append("from peft import LoraConfig")
+    if s.finetune.method == "qlora":
+        imports += ["import torch", "from transformers import BitsAndBytesConfig"]
     if deepspeed:
         imports.append("from xtuner.engine import DeepSpeedStrategy")
     else:
@@ -146,13 +210,7 @@ def render(job: Job) -> str:
         f"accumulative_counts = {s.grad_accum!r}",
         f"max_norm = {MAX_GRAD_NORM!r}",
         "",
-        "model = dict(",
-        "    type=SupervisedFinetune,",
-        "    use_varlen_attn=use_varlen_attn,",
-        f"    use_activation_checkpointing={s.activation_checkpointing!r},",
-        "    llm=dict(type=build_random_llm, pretrained_model_name_or_path=pretrained_model_name_or_path,",
-        f"             trust_remote_code=True, keep_fp32_weights={matched!r}, init_seed={job.seed!r}),",
-        ")",
+        *model_lines(job),
         "",
         "train_dataloader = dict(",
         "    batch_size=batch_size,",

@@ -25,7 +25,8 @@ def backend_info() -> BackendInfo:
         name="xtuner",
         framework="XTuner",
         description="XTuner 0.2.0 (mmengine Runner, SupervisedFinetune) on the shared packed rows",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3]),
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, zero_stages=[0, 1, 2, 3],
+                                  lora=True, qlora=True),
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="xtuner",
@@ -106,6 +107,12 @@ class XTunerBackend(Backend):
                         "falls back to causal attention across the packed documents")
             if scenario.micro_batch != 1:
                 return f"varlen attention in XTuner takes micro_batch 1, not {scenario.micro_batch}"
+        if scenario.finetune.method != "full" and scenario.zero_stage == 3:
+            # Both steps fbench adds to XTuner's LoRA path work on whole tensors: the matched cast
+            # of the frozen weights, and the 4-bit quantization of a model built from its config
+            # (XTuner's own QLoRA under ZeRO-3 loads pre-partitioned weights, which fbench has not).
+            return (f"{scenario.finetune.method} with ZeRO stage 3 is not supported by fbench's XTuner backend: "
+                    "its adapter setup reads and casts whole weights, which ZeRO-3 has already partitioned")
         if scenario.zero_stage and not env.has("deepspeed"):
             return f"ZeRO stage {scenario.zero_stage} needs deepspeed, not installed in the xtuner env"
         if device == "cpu":

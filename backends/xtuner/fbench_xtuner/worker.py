@@ -33,6 +33,7 @@ from fbench_xtuner.sp_binding import sequence_parallel_problems
 from framework_bench.worker import (ConsumedRows, Job, MicroLosses, PeakMemory, Report, StartupClock, StepTimer, dist_info,
                                     initial_weights_worker, join, load_job, publish_once, supervised_after_shift, update,
                                     write_report)
+from framework_bench.worker import adapters
 from framework_bench.worker import settings as capture
 from framework_bench.worker.packed import PackedRows, stream_sha256
 
@@ -279,7 +280,8 @@ class Claims(Hook):
         self.param_count: int | None = None
 
     def before_train(self, runner) -> None:
-        self.settings = effective_settings(runner, self.metrics.sp_size)
+        # the fine-tuning method as the live (peft-wrapped, for LoRA) model holds it: trainable_params on every run
+        self.settings = {**effective_settings(runner, self.metrics.sp_size), **adapters.settings(_unwrap(runner.model).llm)}
         self.probe.install()
         self.param_count = capture.param_count(_unwrap(runner.model).llm)
         self.loss_scales(runner)
@@ -319,6 +321,28 @@ class Claims(Hook):
         self.rows.close()
         self.losses.close()
         update.report(_unwrap(runner.model).llm, self.job)  # after the last step's line: the host reveals the seed
+
+
+def adapter_notes(job: Job) -> list[str]:
+    """What a LoRA/QLoRA report says about how XTuner's LoRA path was set up (nothing for full runs)."""
+    finetune = job.scenario.finetune
+    notes = []
+    if finetune.adapters and job.settings_mode == "native":
+        notes.append("LoRA as XTuner's configs set it (native settings), not the scenario's: r=64, lora_alpha=16, "
+                     "lora_dropout=0.1, bias none, on what XTuner's find_all_linear_names finds (every linear but the "
+                     "LM head); the frozen weights stay fp32, as XTuner's _prepare_for_lora (peft's "
+                     "prepare_model_for_kbit_training) upcasts them also without quantization.")
+    elif finetune.adapters:
+        frozen = finetune.compute_dtype if finetune.method == "qlora" else finetune.base_dtype
+        if frozen != "fp32":
+            notes.append(f"XTuner's _prepare_for_lora upcasts every 16-bit weight to fp32 (peft's "
+                         f"prepare_model_for_kbit_training, also without quantization); matched settings cast the "
+                         f"frozen ones back to the scenario's {frozen}.")
+    if finetune.method == "qlora":
+        notes.append("The 4-bit base is quantized from the seed's weights by transformers' bitsandbytes quantizer, "
+                     "in the steps of from_pretrained(quantization_config=...) through which XTuner's QLoRA configs "
+                     "load a checkpoint: a random-init model is built from its config, which takes no quantization.")
+    return notes
 
 
 def zero_stage_in_effect(runner) -> int:
@@ -420,6 +444,7 @@ def main(job_file: str) -> None:
         param_count=claims.param_count,
         startup_seconds=round(start.first_step_at - STARTED, 2),
         startup_breakdown=startup.phases,
+        notes=adapter_notes(job),
         extra={"rows_converted": PackedRows(job.data_dir).rows, "sequence_parallel_in_effect": metrics.sp_size,
                "deepspeed": "strategy" in cfg, "zero_stage_in_effect": metrics.zero_stage,
                "transformers_version": transformers.__version__, "mmengine_version": mmengine.__version__,
