@@ -82,7 +82,8 @@ def adapter_refusal(scenario: Scenario) -> str | None:
     if scenario.zero_stage == 3:
         # the random base reaches `from_pretrained` as one state dict (worker.py), which ZeRO-3's
         # partitioned build never holds
-        return "qlora with ZeRO-3 is not planned: the random 4-bit base is quantized from one unpartitioned state dict"
+        return ("qlora with ZeRO-3 is not planned: the random 4-bit base is quantized from one unpartitioned "
+                "state dict")
     if scenario.precision != "bf16" or f.compute_dtype != "bf16":
         # LLaMA-Factory has no compute-dtype argument: bf16 training gives bf16, otherwise it
         # picks bf16 or fp16 by what the GPU supports (extras/misc.py infer_optim_dtype), never fp32

@@ -244,7 +244,8 @@ def build_where_trained(job: Job, startup: StartupClock) -> None:
     gets the random base, built as above and filled with the shared initial weights, as
     its state dict in place of weight files (`pretrained_model_name_or_path=None`), every
     argument LLaMA-Factory passed kept: transformers' bitsandbytes loader quantizes it as it
-    would a checkpoint's tensors. The unquantized base is held once on the device first."""
+    would a checkpoint's tensors. The unquantized base is held once on the GPU first (a model
+    that does not fit there unquantized, 70B in bf16, cannot run this way), then handed back."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
@@ -266,10 +267,13 @@ def build_where_trained(job: Job, startup: StartupClock) -> None:
     def quantized_from_random(cls, pretrained_model_name_or_path, *args, config, **kwargs):
         startup.mark("framework_setup")
         base = build(cls, config)
-        initial_weights_worker.fill(base, job.seed, base.config.to_dict())  # the 4-bit weights' values, before quantization
+        # the values the 4-bit weights are quantized from
+        initial_weights_worker.fill(base, job.seed, base.config.to_dict())
         # the concrete class's own loader: the auto class would look for files at the path first
         model = type(base).from_pretrained(None, *args, config=config, state_dict=base.state_dict(), **kwargs)
         del base
+        if job.device == "cuda":
+            torch.cuda.empty_cache()  # a load from weight files never holds the unquantized base on the GPU
         startup.mark("model_build")
         return model
 
@@ -334,7 +338,8 @@ def finetune_notes(job: Job) -> list[str]:
     if f.method == "qlora":
         notes.append("QLoRA base: random weights built from the config, then quantized by transformers' bitsandbytes "
                      "loader under LLaMA-Factory's own BitsAndBytesConfig (from_pretrained given the base as a state "
-                     "dict, no weight files); the unquantized base is held once on the GPU before quantization")
+                     "dict, no weight files); the unquantized base is held once on the GPU before quantization, "
+                     "then released")
     return notes
 
 

@@ -91,8 +91,9 @@ def test_adapter_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     probe = ("import json, sys; from llamafactory.hparams import get_train_args\n"
              "for f in sys.argv[1:]:\n"
              "    m, d, t, ft, g = get_train_args(json.load(open(f)))\n"
-             "    print('parsed', json.dumps([ft.finetuning_type, ft.lora_rank, ft.lora_alpha, ft.lora_dropout, ft.lora_target,"
-             " m.quantization_bit, str(m.quantization_method), m.quantization_type, m.double_quantization]))")
+             "    print('parsed', json.dumps([ft.finetuning_type, ft.lora_rank, ft.lora_alpha, ft.lora_dropout,"
+             " ft.lora_target, m.quantization_bit, str(m.quantization_method), m.quantization_type,"
+             " m.double_quantization]))")
     out = subprocess.run([str(env.python), "-c", probe, *map(str, files)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     q, n = (json.loads(line.removeprefix("parsed ")) for line in out.stdout.splitlines() if line.startswith("parsed "))
