@@ -16,7 +16,6 @@ import json
 import sys
 from importlib.metadata import version
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -286,8 +285,8 @@ def fill_after_adapters(job: Job, startup: StartupClock) -> None:
     """The shared initial weights, written once LLaMA-Factory's `init_adapter` (called by its
     `load_model` after building the model) has attached any LoRA adapters and cast the
     trainable weights, before the trainer, DDP or DeepSpeed sees the model: base and adapters
-    alike (lora_A from the seed, lora_B zero). 4-bit weights are left out: their values were
-    filled before quantization (`build_where_trained`), their storage is bitsandbytes' packing."""
+    alike (lora_A from the seed, lora_B zero). `fill` leaves 4-bit weights alone: their values
+    were filled before quantization (`build_where_trained`)."""
     from llamafactory.model import loader
 
     init_adapter = loader.init_adapter
@@ -295,9 +294,7 @@ def fill_after_adapters(job: Job, startup: StartupClock) -> None:
     def init_and_fill(config, model, *args, **kwargs):
         startup.mark("framework_setup")
         model = init_adapter(config, model, *args, **kwargs)
-        unquantized = [(n, p) for n, p in model.named_parameters() if not hasattr(p, "quant_state")]
-        initial_weights_worker.fill(SimpleNamespace(named_parameters=lambda: unquantized), job.seed,
-                                    model.config.to_dict())
+        initial_weights_worker.fill(model, job.seed, model.config.to_dict())
         startup.mark("model_build")
         return model
 
