@@ -74,7 +74,7 @@ def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declare
     for name, backend in _bundled().items():
         _, verdict = verdicts.judge(backend, s, CPU, env=_env(name))
         assert verdict.check == QLORA_ON_CPU
-    assert "bitsandbytes 0.45" in QLORA_ON_CPU and "CUDA only" in QLORA_ON_CPU
+    assert "bitsandbytes 0.45.0" in QLORA_ON_CPU and "CUDA only" in QLORA_ON_CPU
     everything = Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, lora=True, qlora=True)
     assert everything.refusal(s, "any") == QLORA_ON_CPU  # never run as LoRA instead
     assert everything.refusal(scenario.load("llama2_7b_8k_1gpu_qlora"), "any") is None

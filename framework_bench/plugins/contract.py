@@ -58,10 +58,11 @@ class MemoryScheme(BaseModel):
         return row.cuda if scenario.cluster.device == "cuda" else row.cpu
 
 
-# bitsandbytes' 4-bit layers have no CPU kernels in the versions the frameworks pin: a QLoRA
-# scenario on CPU is refused for every backend, never run as LoRA instead.
-QLORA_ON_CPU = ("QLoRA needs bitsandbytes 4-bit kernels, CUDA only in the versions the frameworks pin "
-                "(bitsandbytes 0.45)")
+# A QLoRA scenario on CPU is refused for every backend, never run as LoRA instead: XTuner's
+# bitsandbytes pin has no CPU 4-bit kernels (newer ones have, LLaMA-Factory's 0.48.2 among
+# them), and one framework alone on CPU would compare nothing.
+QLORA_ON_CPU = ("QLoRA runs on CUDA only: bitsandbytes 0.45.0 (XTuner's pin) has no CPU 4-bit kernels, so not every "
+                "framework could run it here")
 
 
 class Capabilities(BaseModel):
