@@ -99,6 +99,20 @@ def kwargs_text(kwargs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
+def adapted_dtype(job: Job) -> str | None:
+    """The dtype an adapted model's weights are built and filled in, given to the builder as
+    XTuner's LoRA configs give it (`torch_dtype` in the llm dict): a matched LoRA's base dtype
+    (filled as the torch reference fills it; `build_adapted` undoes XTuner's upcast), QLoRA's
+    compute dtype (its base is quantized from it); None for full runs and native LoRA (XTuner's
+    upcast makes that fp32)."""
+    finetune = job.scenario.finetune
+    if finetune.method == "qlora":
+        return adapters.TORCH_DTYPES[finetune.compute_dtype]
+    if finetune.method == "lora" and job.settings_mode == "matched":
+        return adapters.TORCH_DTYPES[finetune.base_dtype]
+    return None
+
+
 def model_lines(job: Job) -> list[str]:
     """The `model` dict: XTuner's SupervisedFinetune over the random-weights builder, with
     peft's LoRA (and a 4-bit base for QLoRA) when the scenario asks for adapters."""
@@ -106,33 +120,31 @@ def model_lines(job: Job) -> list[str]:
     finetune = s.finetune
     matched = job.settings_mode == "matched"
     qlora = finetune.method == "qlora"
-    # matched LoRA builds (and fills) fp32 weights as a full run, `build_adapted` casts the frozen
-    # ones to the base dtype; QLoRA quantizes from the compute dtype, as XTuner's configs load it
-    # (torch_dtype beside quantization_config), so the builder must not override it.
+    dtype = adapted_dtype(job)
+    keep_fp32 = matched and dtype in (None, "float32")  # a full matched run's fp32, whatever XTuner asks
     llm = [
         "    llm=dict(type=build_random_llm, pretrained_model_name_or_path=pretrained_model_name_or_path,",
-        f"             trust_remote_code=True, keep_fp32_weights={matched and not qlora!r}, init_seed={job.seed!r}),",
+        f"             trust_remote_code=True, keep_fp32_weights={keep_fp32!r}, init_seed={job.seed!r}),",
     ]
     if finetune.method == "full":
         return ["model = dict(", "    type=SupervisedFinetune,", "    use_varlen_attn=use_varlen_attn,",
                 f"    use_activation_checkpointing={s.activation_checkpointing!r},", *llm, ")"]
+    if dtype is not None:
+        llm[-1] = llm[-1].removesuffix("),") + f", torch_dtype=torch.{dtype}" + ("," if qlora else "),")
     if qlora:
-        compute = f"torch.{adapters.TORCH_DTYPES[finetune.compute_dtype]}"
-        llm[-1] = llm[-1].removesuffix("),") + f", torch_dtype={compute},"
         llm += [
             "             quantization_config=dict(type=BitsAndBytesConfig, load_in_4bit=True, load_in_8bit=False,",
             "                                      llm_int8_threshold=6.0, llm_int8_has_fp16_weight=False,",
-            f"                                      bnb_4bit_compute_dtype={compute},",
+            f"                                      bnb_4bit_compute_dtype=torch.{dtype},",
             f"                                      bnb_4bit_use_double_quant={finetune.double_quant!r},",
             f"                                      bnb_4bit_quant_type={finetune.quant_type!r})),",
         ]
     lora = adapters.lora_config(finetune) if matched else XTUNER_LORA
-    frozen = adapters.TORCH_DTYPES[finetune.compute_dtype if qlora else finetune.base_dtype] if matched else None
     return [
         "model = dict(",
         "    type=build_adapted,  # SupervisedFinetune(**the rest), then the adapters' initial weights",
         f"    init_seed={job.seed!r},",
-        f"    frozen_dtype={frozen!r},",
+        f"    frozen_dtype={dtype if matched else None!r},",
         "    use_varlen_attn=use_varlen_attn,",
         f"    use_activation_checkpointing={s.activation_checkpointing!r},",
         *llm,
@@ -164,8 +176,10 @@ def render(job: Job) -> str:
     if s.finetune.method != "full":
         imports[-1] = "from fbench_xtuner.model_builder import build_adapted, build_random_llm"
         imports.append("from peft import LoraConfig")
+    if adapted_dtype(job):
+        imports.append("import torch")
     if s.finetune.method == "qlora":
-        imports += ["import torch", "from transformers import BitsAndBytesConfig"]
+        imports.append("from transformers import BitsAndBytesConfig")
     if deepspeed:
         imports.append("from xtuner.engine import DeepSpeedStrategy")
     else:

@@ -84,9 +84,9 @@ def build_adapted(init_seed: int, frozen_dtype: str | None = None, **kwargs):
     XTuner's `_prepare_for_lora` calls peft's `prepare_model_for_kbit_training` also without
     quantization: it freezes the base and upcasts every fp16/bf16 parameter to fp32 (4-bit ones
     excepted). `frozen_dtype` (matched settings) casts the frozen parameters back to the
-    scenario's dtype (lora: its base_dtype; qlora: its compute dtype, for what is not 4-bit), as
-    the torch reference builds them and LLaMA-Factory keeps them (it upcasts only what trains).
-    Native settings keep XTuner's upcast (the ledger's base_dtype shows it)."""
+    scenario's dtype they were built in (lora: its base_dtype; qlora: its compute dtype, for what
+    is not 4-bit), exactly, as the torch reference builds them and LLaMA-Factory keeps them (it
+    upcasts only what trains). Native settings keep XTuner's upcast (the ledger's base_dtype shows it)."""
     from xtuner.model import SupervisedFinetune
 
     model = SupervisedFinetune(**kwargs)

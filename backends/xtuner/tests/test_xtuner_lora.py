@@ -43,9 +43,12 @@ def test_lora_config_in_both_modes(xtuner, tmp_path):
     lora = literals(matched["lora"])
     assert lora == {"r": 64, "lora_alpha": 16.0, "lora_dropout": 0.0, "target_modules": LLAMA_LINEARS, "bias": "none",
                     "use_rslora": False, "use_dora": False, "task_type": "CAUSAL_LM"}
-    assert "quantization_config" not in call_kwargs(matched["llm"])
+    llm = call_kwargs(matched["llm"])
+    # built and filled in the base dtype, as the reference fills it (not fp32 as a full matched run)
+    assert ast.literal_eval(llm["keep_fp32_weights"]) is False and ast.unparse(llm["torch_dtype"]) == "torch.bfloat16"
+    assert "quantization_config" not in llm
     native = model_config(xtuner, tmp_path, "llama2_7b_8k_1gpu_lora", "native")
-    assert ast.literal_eval(native["frozen_dtype"]) is None
+    assert ast.literal_eval(native["frozen_dtype"]) is None and "torch_dtype" not in call_kwargs(native["llm"])
     assert literals(native["lora"]) == {"r": 64, "lora_alpha": 16, "lora_dropout": 0.1, "bias": "none",
                                         "task_type": "CAUSAL_LM"}
 
