@@ -94,6 +94,13 @@ def test_native_lora_names_each_frameworks_defaults_as_differences(native):
     assert differ["lora_rank"]["xtuner"] == 64 and differ["lora_rank"]["llamafactory"] == 8
     assert differ["lora_dropout"]["xtuner"] == 0.1
     assert "lora_scale" in differ and "trainable_params" in differ
+    xt = records["xtuner"]["settings"]
+    # XTuner's configs' adapters on every linear but the head, and its fp32 upcast kept (named in its notes)
+    assert (xt["lora_alpha"], xt["lora_scale"], xt["lora_targets"], xt["lora_head_adapted"], xt["base_dtype"]) == (
+        16.0, 0.25, TARGETS, False, "float32")
+    s = scenario.load("tiny_cpu_lora")
+    assert xt["trainable_params"] == s.finetune.model_copy(update={"rank": 64}).adapter_parameter_count(s.arch)
+    assert records["llamafactory"]["settings"]["trainable_params"] == s.finetune.adapter_parameter_count(s.arch)
     for name, r in records.items():
         assert r["status"] == "ok", (name, r["reason"])
         assert _check(r, "trainable")["status"] == "pass", name  # counted from the rank and targets it holds

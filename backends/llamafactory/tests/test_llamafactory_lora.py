@@ -102,27 +102,4 @@ def test_adapter_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     assert n == ["lora", 8, 16, 0.0, ["all"], None, "bnb", "nf4", True]  # LLaMA-Factory's defaults
 
 
-@pytest.mark.slow
-def test_tiny_cpu_lora_trains_with_llamafactory(tmp_path):
-    """A real LoRA run: the ledger, read from the live peft model, holds the matched settings
-    and the trainable count is the adapters' alone."""
-    backend_env_or_skip("llamafactory")
-    from framework_bench.data.packing import pack
-    from framework_bench.run import pipeline
-    from framework_bench.run.options import RunOptions
-
-    scn = scenario.load("tiny_cpu_lora")
-    data = pack(scn, progress=False, say=lambda msg: None)
-    result = pipeline.run_one("llamafactory", scn, RunOptions(root=tmp_path), data=data, machine=CPU)
-    assert result.status == "ok", result.reason
-    s = result.settings
-    assert {k: s[k] for k in ("finetune_method", "lora_rank", "lora_alpha", "lora_scale", "lora_dropout",
-                              "lora_head_adapted", "lora_rslora", "lora_dora", "base_dtype", "adapter_dtype",
-                              "base_frozen")} == {
-        "finetune_method": "lora", "lora_rank": 8, "lora_alpha": 16.0, "lora_scale": 2.0, "lora_dropout": 0.0,
-        "lora_head_adapted": False, "lora_rslora": False, "lora_dora": False, "base_dtype": "float32",
-        "adapter_dtype": "float32", "base_frozen": True}
-    assert s["lora_targets"].split(",") == sorted(TARGETS.split(","))
-    assert s["trainable_params"] == scn.finetune.adapter_parameter_count(scn.arch)
-    checks = {c.name: c.status for c in result.checks}
-    assert all(checks[n] == "pass" for n in ("parameters", "trainable", "initial_weights", "update")), checks
+# The real tiny_cpu_lora run is tests/test_lora.py's compare (every backend with the reference).

@@ -116,31 +116,5 @@ def test_qlora_config_builds_the_4bit_model_xtuner_loads(xtuner, tmp_path):
     assert built["activation_checkpointing"] is True and built["checkpointing_reentrant"] is True
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["matched", "native"])
-def test_tiny_cpu_lora_trains_with_xtuner(tmp_path, mode):
-    """A real run: the ledger, read from XTuner's live peft model, holds the scenario's adapters
-    (matched) or XTuner's configs' (native), and only they train; the host's checks (initial
-    weights of base and adapters, parameters, settings, rows...) pass."""
-    from framework_bench.data.packing import pack
-    from framework_bench.run import pipeline
-    from framework_bench.run.options import RunOptions
-
-    backend_env_or_skip("xtuner")
-    scn = scenario.load("tiny_cpu_lora")
-    data = pack(scn, progress=False, say=lambda msg: None)
-    result = pipeline.run_one("xtuner", scn, RunOptions(root=tmp_path, settings_mode=mode), data=data, machine=CPU)
-    assert result.status == "ok", result.reason
-    s = result.settings
-    rank, alpha, dropout = (8, 16.0, 0.0) if mode == "matched" else (64, 16.0, 0.1)
-    assert {k: s[k] for k in ("finetune_method", "lora_rank", "lora_alpha", "lora_scale", "lora_dropout",
-                              "lora_head_adapted", "lora_rslora", "lora_dora", "lora_bias", "base_dtype",
-                              "adapter_dtype", "base_frozen")} == {
-        "finetune_method": "lora", "lora_rank": rank, "lora_alpha": alpha, "lora_scale": alpha / rank,
-        "lora_dropout": dropout, "lora_head_adapted": False, "lora_rslora": False, "lora_dora": False,
-        "lora_bias": "none", "base_dtype": "float32", "adapter_dtype": "float32", "base_frozen": True}
-    assert s["lora_targets"] == ",".join(sorted(LLAMA_LINEARS))
-    assert s["trainable_params"] == scn.finetune.model_copy(update={"rank": rank}).adapter_parameter_count(scn.arch)
-    checks = {c.name: c for c in result.checks}
-    for name in ("tokens", "steps", "rows", "parameters", "settings", "initial_weights"):
-        assert checks[name].status == "pass", checks[name]
+# The real tiny_cpu_lora runs, in both modes, are tests/test_lora.py's compares (one per mode,
+# every backend with the reference): each run is the most expensive thing a test builds.
