@@ -96,10 +96,11 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # SGD for AdamW, recording XTuner's loss_normalization words (issue 28: words once switched the checks off).
     "sgd_xtuner_words": [
-        ("    optimizer = adamw(model.parameters(), cuda)\n", "    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)\n"),
-        ('            loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, '
-         'per rank")),\n', '            loss_normalization="LlamaForCausalLM token mean per micro-batch, labels counted after the shift; '
-                           "mean over the step's 1 micro-batch(es)\")),\n"),
+        ("    optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)\n",
+         "    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)\n"),
+        ('        loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, '
+         'per rank"))\n', '        loss_normalization="LlamaForCausalLM token mean per micro-batch, labels counted after the shift; '
+                           "mean over the step's 1 micro-batch(es)\"))\n"),
     ],
     # No gradient clipping (issue 28).
     "no_clipping": [
