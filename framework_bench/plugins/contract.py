@@ -58,11 +58,11 @@ class MemoryScheme(BaseModel):
         return row.cuda if scenario.cluster.device == "cuda" else row.cpu
 
 
-# A QLoRA scenario on CPU is refused for every backend, never run as LoRA instead: XTuner's
-# bitsandbytes pin has no CPU 4-bit kernels (newer ones have, LLaMA-Factory's 0.48.2 among
-# them), and one framework alone on CPU would compare nothing.
-QLORA_ON_CPU = ("QLoRA runs on CUDA only: bitsandbytes 0.45.0 (XTuner's pin) has no CPU 4-bit kernels, so not every "
-                "framework could run it here")
+# A QLoRA scenario on CPU is refused for every backend, never run as LoRA instead: a bundled
+# framework's bitsandbytes pin has no CPU 4-bit kernels (newer ones have), and one framework
+# alone on CPU would compare nothing.
+QLORA_ON_CPU = ("QLoRA runs on CUDA only: bitsandbytes 0.45.0 (a framework's pin) has no CPU 4-bit kernels, so not "
+                "every framework could run it here")
 
 
 class Capabilities(BaseModel):
