@@ -137,6 +137,7 @@ def method_rows(tmp_path):
             add(store, backend, "tiny_cpu", tgs=tgs, peak_mem_bytes=int(gib * 2**30))
             add(store, backend, "tiny_cpu_lora", tgs=tgs * 1.5, peak_mem_bytes=int(gib / 1.5 * 2**30))
             add(store, backend, "tiny_cpu_qlora", "unsupported")
+            add(store, backend, "tiny_cpu_1k", tgs=tgs)  # a context of full fine-tuning only
         add(store, "xtuner", "llama2_7b_8k", tgs=3000.0)  # another model, full fine-tuning only
         return store.latest_by_point()
 
@@ -146,7 +147,7 @@ def test_a_lora_run_is_its_own_line_beside_the_full_one(method_rows, tmp_path):
     plotting.plot_results(method_rows, tmp_path, published=False)
     svg = (tmp_path / "tgs_tflops_tiny-llama.svg").read_text()
     for backend in ("xtuner", "llamafactory"):
-        (_, full), = _path(svg, f"tgs-line-{backend}")
+        (_, full), *_ = _path(svg, f"tgs-line-{backend}")  # 512 first, then 1k
         (_, lora), = _path(svg, f"tgs-line-{backend}-lora")
         assert lora < full  # higher on the page: each line has its own point
         # The step spreads (0.8 to 1.1 x TGS) scale with each line's own TGS: 1.5x for LoRA.
@@ -179,6 +180,8 @@ def test_the_methods_chart_has_a_bar_per_backend_and_method(method_rows, tmp_pat
             assert f'id="{metric}-bar-{backend}-qlora-512"' not in svg
             assert f'id="{metric}-failed-{backend}-qlora-512"' in svg
             assert f'id="{metric}-status-{backend}-qlora-512-unsupported"' in svg
+    # the 1k context ran full fine-tuning only: the TGS chart's, not a row of "not run" slots here
+    assert "-1k" not in svg and "1k" in (tmp_path / "tgs_tflops_tiny-llama.svg").read_text()
 
 
 def test_unverified_methods_bars_only_when_asked(tmp_path):

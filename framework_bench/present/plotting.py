@@ -235,6 +235,14 @@ def _plot_methods(model: str, rows: list[dict], out_dir: Path, shown: tuple[str,
     from matplotlib.figure import Figure
     from matplotlib.transforms import blended_transform_factory
 
+    # Only a context where more than one method ran compares methods (a full-only context is the
+    # TGS chart's): the main job's context sweep would otherwise be slots saying "not run".
+    ran: dict[int, set[str]] = defaultdict(set)
+    for r in rows:
+        ran[r["context_length"]].add(method_of(r))
+    rows = [r for r in rows if len(ran[r["context_length"]]) > 1]
+    if not rows:
+        return []
     methods = [m for m in METHODS if any(method_of(r) == m for r in rows)]
     groups = sorted({(r["backend"], r["context_length"]) for r in rows}, key=lambda g: (g[1], g[0]))
     contexts = sorted({c for _, c in groups})
