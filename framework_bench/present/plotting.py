@@ -168,7 +168,9 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                     ok = [r for r in brows if r["status"] in shown and r[metric] is not None]
                     verified = [r for r in ok if r["status"] == "ok"]
                     line, = ax.plot([r["context_length"] for r in verified], [r[metric] for r in verified],
-                                    marker=mark, linestyle=linestyle, color=colours[backend], label=label, linewidth=2)
+                                    marker=mark, linestyle=linestyle, color=colours[backend], linewidth=2,
+                                    # a series without a figure (QLoRA on CPU) has its x marks, no legend entry
+                                    label=label if verified else f"_{label}")
                     line.set_gid(f"{metric}-line-{key}")
                     unverified = [r for r in ok if r["status"] == "unverified"]
                     if unverified:  # asked for: a figure no check vouches for is never drawn like one that is
@@ -217,7 +219,8 @@ def plot_results(rows: list[dict], out_dir: Path = DEFAULT_OUT, published: bool 
                 _context_axis(ax, contexts)
                 ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)  # headroom keeps the legend off the lines
                 ax.set_ylabel(ylabel)
-                ax.legend(loc="best", fontsize=8, framealpha=0.9)
+                if ax.get_legend_handles_labels()[0]:  # failures only: their x marks say it all
+                    ax.legend(loc="best", fontsize=8, framealpha=0.9)
             modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in mrows}))
             fig.suptitle(f"{model}: {gpus_label(mrows)} per run; measured on {hardware(mrows)}; "
                          f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
