@@ -73,6 +73,9 @@ CTRL_C = "os.kill(int(os.environ['FBENCH_HOST_PID']), signal.SIGINT); time.sleep
                          ids=["exits_0", "timeout", "fails", "ctrl_c"])
 def test_a_daemon_the_worker_started_ends_with_the_run(tmp_path, bystander, then, timeout, status):
     pid_file = tmp_path / "daemon.pid"
+    # Ctrl-C raises KeyboardInterrupt, as in a host started from a terminal: pytest started in
+    # the background of a script inherits SIGINT ignored, and the worker would sleep its 600 s.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         out = local.execute([worker(pid_file, then)], {}, tmp_path, tmp_path / "w.log", timeout)
         assert out.status == status, out.log_tail
@@ -80,6 +83,7 @@ def test_a_daemon_the_worker_started_ends_with_the_run(tmp_path, bystander, then
         assert ended(daemon), f"the daemon {daemon} outlived the run"
         assert bystander.poll() is None  # this process's own child lives on
     finally:
+        signal.signal(signal.SIGINT, previous)
         end(pid_file)
 
 
