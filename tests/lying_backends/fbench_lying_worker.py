@@ -22,6 +22,7 @@ CLOSE = "    log.close()\n"
 FORWARD = "                    loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss\n"
 BUILT = '    model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
 PARAMS = "        param_count=settings.param_count(model),\n"
+LEDGER = "        settings={**settings_in_effect, **adapters.settings(model)},\n"
 WRITE = "    write_report(job, report)\n"
 UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
 OPTIMIZER = ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n        optimizer.step()\n"
@@ -84,6 +85,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
     "one_layer": [
         (BUILT, BUILT + "    model.model.layers = model.model.layers[:1]\n"),
         (PARAMS, '        param_count=settings.param_count(from_config(job, torch.device("meta"))),\n'),
+        (LEDGER, '        settings={**settings_in_effect, **adapters.settings(from_config(job, torch.device("meta")))},\n'),
     ],
     # Every label ignored: loss 0.0 every step, nothing trained.
     "labels_ignored": [
