@@ -192,7 +192,7 @@ def adapter_count(scenario: Scenario, settings: dict, mode: str) -> int:
     if not isinstance(rank, int) or not all(t in shapes for t in targets):
         return ft.adapter_parameter_count(arch)  # unreadable: the trainable check says so
     head = rank * (arch.hidden_size + arch.vocab_size) if settings.get("lora_head_adapted") else 0
-    return arch.num_hidden_layers * sum(rank * sum(shapes[t]) for t in targets) + head
+    return ft.model_copy(update={"rank": rank, "targets": targets}).adapter_parameter_count(arch) + head
 
 
 def expected_parameters(scenario: Scenario, settings: dict, mode: str) -> int:

@@ -14,7 +14,7 @@ Stdlib at import; torch is imported inside the functions that need it.
 from __future__ import annotations
 
 from framework_bench.worker.job import FineTune
-from framework_bench.worker.settings import Value
+from framework_bench.worker.settings import Value, numel
 
 ADAPTER = "default"  # peft's adapter name, which every framework here keeps
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -64,7 +64,7 @@ def _dtype(tensor) -> str:
 
 def trainable_count(model) -> int:
     """Parameters that take gradients (ZeRO-3 partitions counted whole)."""
-    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters() if p.requires_grad)
+    return sum(numel(p) for p in model.parameters() if p.requires_grad)
 
 
 def settings(model) -> dict[str, Value]:

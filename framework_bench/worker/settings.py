@@ -85,13 +85,15 @@ def runtime_settings(train_model) -> dict[str, Value]:
 def param_count(model) -> int:
     """Parameters of the whole model, also when ZeRO-3 has partitioned them (`ds_numel`) or
     bitsandbytes packed them in 4 bits (QLoRA's base: two to a byte; its quant state holds the shape)."""
-    def count(p) -> int:
-        state = getattr(p, "quant_state", None)
-        if state is not None:
-            return int(state.shape.numel())
-        return int(getattr(p, "ds_numel", p.numel()))
+    return sum(numel(p) for p in model.parameters())
 
-    return sum(count(p) for p in model.parameters())
+
+def numel(p) -> int:
+    """One parameter's element count, whole: a ZeRO-3 partition's `ds_numel`, a 4-bit weight's shape."""
+    state = getattr(p, "quant_state", None)
+    if state is not None:
+        return int(state.shape.numel())
+    return int(getattr(p, "ds_numel", p.numel()))
 
 
 def _use_reentrant(fn, depth: int = 4) -> bool | None:
