@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 from framework_bench.worker.dist import dist_info
-from framework_bench.worker.job import load_job  # noqa: F401  (kept here for `framework_bench.worker_io.load_job`)
 
 METRICS_DIR = "metrics"
 CLOCK_DIR = "clock"  # the step timer's clock events, which the host stamps (framework_bench/measure/clock.py)

@@ -178,7 +178,7 @@ def test_bf16_autocast_checkpointing_and_accumulation_paths(torch_backend, tmp_p
     r = pipeline.run_one("torch", s, RunOptions(root=tmp_path), machine=CPU)
     assert r.status == "ok", r.reason
     from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
-    from framework_bench.worker.files import load_job
+    from framework_bench.worker.job import load_job
 
     rows = PackedRows(load_job(r.run_dir / "job.json")["data_dir"])
     assert (rows.labels[0, 1:] == IGNORE_INDEX).all()  # the premise: step 1's first micro-batch is unlabelled
