@@ -1,4 +1,4 @@
-"""How far honest frameworks' update projections lie from the torch reference's (issue 28, 3d):
+"""How far honest frameworks' update projections lie from the torch reference's:
 the figures `framework_bench/measure/update.py` sets `PARITY_TOLERANCE` from.
 
     .venv/bin/python benchmarks/projection_spread.py --seeds 10 [--precision bf16 --context-length 128] [--grad-accum 2]

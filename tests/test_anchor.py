@@ -1,5 +1,5 @@
 """The sanity anchor: the torch reference on llama2_7b_8k_1gpu on an H200 is held against
-the 1.170 s/step measured in issue 17; outside ±10 % the run is flagged, never invalidated."""
+the 1.170 s/step it measured there on one H200; outside ±10 % the run is flagged, never invalidated."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The canonical loss per optimizer step (issue 20, item 3): the host restates each
+"""The canonical loss per optimizer step: the host restates each
 framework's micro-batch losses as the token mean over the step, whatever each divided by."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def scheme_of(tmp_path, name, records_of_step):
 
 
 def test_the_normalisation_is_read_from_the_divisors_and_scales_exactly(tmp_path):
-    """Issue 28 item 3: what each framework divided by and scaled by before backward names how its
+    """What each framework divided by and scaled by before backward names how its
     tokens weighed, whatever its `loss_normalization` wording says."""
     def torch_loop(step, counts):  # the model's loss over the step's count, backpropagated as it is
         total = sum(s for s, _ in counts)

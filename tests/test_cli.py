@@ -165,7 +165,7 @@ HEAVY = ("torch", "transformers", "xtuner", "llamafactory", "matplotlib", "datas
 
 
 def test_cli_import_is_light():
-    """Nor numpy: `fbench --help` stays quick (0.25 s measured, issue 18's limit is 0.3 s)."""
+    """Nor numpy: `fbench --help` stays quick (0.25 s measured; the limit is 0.3 s)."""
     code = ("import framework_bench.cli, sys; "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY + ('numpy',)!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

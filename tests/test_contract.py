@@ -1,4 +1,4 @@
-"""Claims required by contract (issue 20, item 6): a plugin declares the contract it was
+"""Claims required by contract: a plugin declares the contract it was
 written against; at the current one a claim not made makes the run `invalid` (the claimless
 fake: tests/test_host_clock.py), at contract 1 the run still goes, `unverified`, kept out of
 "% of reference" and of the charts unless asked."""

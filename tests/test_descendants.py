@@ -1,4 +1,4 @@
-"""Every process a worker started ends with its run (issue 28 item 7), even one in a new
+"""Every process a worker started ends with its run, even one in a new
 session whose command line does not name the run: a daemon's double fork, or a torchrun
 worker (torchrun starts each in its own session) left behind when torchrun is killed. The
 launcher runs in this process, as the host does: pytest's other children must live on."""

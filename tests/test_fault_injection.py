@@ -1,4 +1,4 @@
-"""Fault injection (issue 19): each fault at each stage of a compare, and then exactly one
+"""Fault injection: each fault at each stage of a compare, and then exactly one
 stored row for the run (or, where even the fallback folder's disk is full, the row printed
 as JSON and exit 1) and no process of it left.
 

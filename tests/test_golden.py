@@ -1,4 +1,4 @@
-"""The CLI's output is pinned by golden files captured before the architecture refactor (issue 18).
+"""The CLI's output is pinned by golden files captured before the architecture refactor.
 
 A difference is either a regression or a deliberate change; a deliberate one is re-captured with
 `python tests/golden/golden.py --write` and named in the commit that makes it.

@@ -1,4 +1,4 @@
-"""The host's own clock (issue 20, item 1): each lie about time, told by a third-party
+"""The host's own clock: each lie about time, told by a third-party
 backend that is the torch reference worker with a few lines changed (tests/lying_backends),
 ends `invalid` naming the check that caught it, while the honest copy ends `ok`; judged again
 with the checks switched off (`FBENCH_UNCHECKED`), each lie's run ends `ok`, so the lie is
@@ -50,9 +50,9 @@ def lie_runs(liars, tmp_path_factory):
 
 
 def judged_again(result, monkeypatch, unchecked="clock,pauses,cpu,warmup,gaps"):
-    """The same run folder read back and judged with the host clock's checks switched off (issue
-    20's, and issue 28's of the time around the steps: a lie that skips the work leaves a warm-up
-    too light to read against measured steps that compute nothing)."""
+    """The same run folder read back and judged with the host clock's checks switched off (those of
+    the measured steps, and those of the time around them: a lie that skips the work leaves a
+    warm-up too light to read against measured steps that compute nothing)."""
     monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
     return pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
                            launch.Outcome("ok", 0, result.wall_seconds, ""))
@@ -97,7 +97,7 @@ def test_the_claimless_fake_of_the_current_contract_is_invalid(lie_runs, monkeyp
         assert claim in result.reason
     off = judged_again(result, monkeypatch, f"clock,update,{verify.CLAIMS}")
     assert off.status == "ok", off.reason
-    assert len([f for f in off.flags if "unverified: " in f]) == 4  # what the host said before issue 20
+    assert len([f for f in off.flags if "unverified: " in f]) == 4  # each missing claim flagged, as before claims were required
 
 
 def test_the_stamps_judge_a_run_as_written(tmp_path):

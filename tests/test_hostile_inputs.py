@@ -60,7 +60,7 @@ def test_a_non_utf8_scenario_file(tmp_path, monkeypatch):
     (b'[{"instruction": "a", "input": "", "output": null}]', "output is NoneType"),
     (b"[]", "non-empty list"),
     (bytes(range(256)) * 4, "not an Alpaca JSON file"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # issue 19: was a RecursionError
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # was a RecursionError
     (b'[{"instruction": "a\\ud800", "input": "", "output": "x"}]', "lone UTF-16 surrogate"),  # was a TypeError
 ])
 def test_bad_alpaca_files(tmp_path, fbench_home, content, needle):
@@ -317,7 +317,7 @@ def test_a_corrupt_env_record_is_a_broken_env_not_a_traceback(fbench_home, tmp_p
     assert result.exit_code == 1 and "failed" in result.stdout and "fbench env create xtuner" in result.stdout
 
 
-# Issue 28, item 8: the tracebacks and silences left, each one clear line.
+# What were tracebacks or silences, each one clear line now.
 
 def _scenario_file(tmp_path: Path, text: str, name: str = "hostile") -> Path:
     f = tmp_path / f"{name}.yaml"

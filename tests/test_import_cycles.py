@@ -1,6 +1,6 @@
 """No import cycle in `framework_bench`, counting every `import` statement: module-level ones
 (which import-linter's layers already see) and those inside functions, which a layer contract
-lets through but which still tie two modules to each other (issue 25)."""
+lets through but which still tie two modules to each other."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The same initial weights everywhere (issue 20, item 2): the host's numpy generator, its
+"""The same initial weights everywhere: the host's numpy generator, its
 torch twin in the worker SDK (run in the torch env on a real HF Llama built from the tiny
 preset), and the host's sampled check of what a worker reports."""
 

@@ -1,4 +1,4 @@
-"""fbench installed, not run from a checkout (issue 18): in a fresh venv, with HOME and the
+"""fbench installed, not run from a checkout: in a fresh venv, with HOME and the
 working folder in a temporary folder, `pip install <repo> <repo>/backends/torch`, then
 `fbench env create torch` and `fbench compare --scenario tiny_cpu --backends torch` end `ok`:
 the scenarios and the Alpaca demo files come as package data, the state folder is the user

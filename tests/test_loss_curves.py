@@ -1,4 +1,4 @@
-"""The report draws loss vs step per scenario for every backend (issue 20, item 4), from the
+"""The report draws loss vs step per scenario for every backend, from the
 canonical loss curves the store keeps."""
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def test_one_loss_chart_per_scenario_with_a_line_per_backend(tmp_path):
 
 
 def test_an_unverified_run_is_drawn_only_when_asked_and_then_marked_as_such(tmp_path):
-    """Issue 28: a run no check vouches for (every claim declared unclaimed, no reference...) was
-    drawn like an `ok` one in the loss chart, and as a plain TGS line with --include-unverified."""
+    """A run no check vouches for (every claim declared unclaimed, no reference...) is left out of
+    the loss and TGS charts; with --include-unverified it is drawn in both, marked unverified,
+    never like an `ok` one."""
     curve = {1: 6.276, 2: 6.209, 3: 6.112}
     with ResultStore(tmp_path / "r.sqlite") as store:
         for backend, status in (("torch", "ok"), ("claimless", "unverified")):

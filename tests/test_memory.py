@@ -44,18 +44,18 @@ def test_reproduces_measured_h200_peaks(ctx):
     assert e.fits is True
 
 
-# Issue 17, one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 weights, SDPA,
+# Measured on one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 weights, SDPA,
 # activation checkpointing, no DDP: measured peak GiB by (backend, context), with the AdamW
 # each ran (plain PyTorch and LLaMA-Factory fused, XTuner foreach: its native mode now) and
 # the settings mode whose declared table row is that AdamW. The estimate may be at most 3%
 # under a peak (an under-estimate launches an out-of-memory run) and 8% over.
-ISSUE17_PEAKS = [("torch", "matched", "fused", 8192, 102.0), ("torch", "matched", "fused", 32768, 117.0),
+ONE_H200_PEAKS = [("torch", "matched", "fused", 8192, 102.0), ("torch", "matched", "fused", 32768, 117.0),
                  ("llamafactory", "matched", "fused", 8192, 102.0), ("llamafactory", "matched", "fused", 32768, 115.0),
                  ("xtuner", "native", "foreach", 8192, 126.0), ("xtuner", "native", "foreach", 32768, 126.0)]
 
 
-@pytest.mark.parametrize("backend, mode, impl, ctx, measured", ISSUE17_PEAKS)
-def test_one_gpu_7b_estimates_within_bounds_of_issue17_peaks(backend, mode, impl, ctx, measured):
+@pytest.mark.parametrize("backend, mode, impl, ctx, measured", ONE_H200_PEAKS)
+def test_one_gpu_7b_estimates_within_bounds_of_the_measured_peaks(backend, mode, impl, ctx, measured):
     e = estimate(make(context_length=ctx), gpu="NVIDIA H200", declared=declared(backend), settings_mode=mode)
     error = (e.total_gib - measured) / measured
     print(f"\n{backend} {ctx}: estimate {e.total_gib:.1f} GiB vs measured {measured} GiB: {error:+.1%} "
@@ -77,7 +77,7 @@ def test_foreach_adamw_peaks_at_the_optimizer_step():
 
 
 def test_fit_check_refuses_a_ddp_wrapped_world_of_one_naming_the_phase():
-    """What XTuner did before issue 17 on one H200: DDP around one process (a bucket copy of
+    """What XTuner once did on one H200: DDP around one process (a bucket copy of
     every gradient) plus foreach AdamW: ~6 x 25 GiB at the step, out of memory at 8k and 32k."""
     from framework_bench.run.verdicts import fit_refusal
 
@@ -276,7 +276,7 @@ def test_tiny_cpu_scenarios_are_small():
 
 
 # ---------------------------------------------------------------------------------------
-# LoRA / QLoRA: a frozen base with adapters (issue 27)
+# LoRA / QLoRA: a frozen base with adapters
 
 
 def test_four_bit_weights_with_their_block_scales():

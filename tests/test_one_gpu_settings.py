@@ -1,5 +1,5 @@
-"""Issue 17: one process is never DDP-wrapped, one AdamW table per backend and settings mode,
-the CUDA allocator configuration. CUDA rows are proven on the plans (host side, no GPU);
+"""One GPU's settings: one process is never DDP-wrapped, one AdamW table per backend and
+settings mode, the CUDA allocator configuration. CUDA rows are proven on the plans (host side, no GPU);
 CPU rows by real runs of each backend's trainer, `ddp_wrapped` and `optimizer_impl` read
 by the workers from the live model and optimizer."""
 

@@ -109,5 +109,5 @@ def test_contributings_backend_outside_the_repo_installed_non_editable_passes_ch
     rows = [[cell.strip() for cell in line.split("│")] for line in checked.stdout.splitlines()]
     verdicts = {cells[1]: cells[2] for cells in rows if len(cells) > 3 and cells[1] in POINTS}
     assert verdicts == dict.fromkeys(POINTS, "pass"), checked.stdout
-    # it declares no LoRA: the LoRA point is skipped, not failed (issue 27)
+    # it declares no LoRA: the LoRA point is skipped, not failed
     assert {cells[2] for cells in rows if len(cells) > 3 and cells[1] == "parity (LoRA)"} == {"skipped"}, checked.stdout

@@ -1,4 +1,4 @@
-"""Issue 20's schema migration (6): every row keeps the compare's seed and its canonical loss
+"""The schema migration to version 6: every row keeps the compare's seed and its canonical loss
 curve; a store written before it opens with neither (NULL seed, an empty curve)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Settings read live (issue 20, item 7): whether the optimizer steps a copy of the weights
+"""Settings read live: whether the optimizer steps a copy of the weights
 (`master_weights`) is read from what it steps; how grouped K/V heads reach the attention kernel is
 read from the first attention call (`settings.KvRepeatProbe`), not assumed from a rule that
 takes no mask; run in the torch env (transformers 5.6, which passes `enable_gqa` only

@@ -245,7 +245,7 @@ def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, m
 
 
 # ---------------------------------------------------------------------------------------
-# Collecting never loses or doubles a run (issue 19, item 8), and its figures are the node's (item 10).
+# Collecting never loses or doubles a run, and its figures are the node's.
 
 
 def _submit(db: Path, backend: str = "fake_ok") -> tuple[str, Path]:
@@ -466,7 +466,7 @@ def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes,
 
 def test_a_relative_db_is_written_into_slurm_json_absolute(cluster, fakes, tmp_path, monkeypatch):
     """`--db results.sqlite` typed in one folder: `results collect` run from another stores the row
-    into that file, not into a new one there (issue 28, item 5)."""
+    into that file, not into a new one there."""
     monkeypatch.chdir(tmp_path)
     job_id, run_dir = _submit(Path("r.sqlite"))
     assert json.loads((run_dir / "slurm.json").read_text())["db"] == str(tmp_path / "r.sqlite")
@@ -479,7 +479,7 @@ def test_a_relative_db_is_written_into_slurm_json_absolute(cluster, fakes, tmp_p
 
 
 # ---------------------------------------------------------------------------------------
-# What goes wrong between a job and its row neither doubles nor loses the row (issue 28, item 5).
+# What goes wrong between a job and its row neither doubles nor loses the row.
 
 
 def test_a_row_stored_but_not_recorded_in_slurm_json_is_not_stored_again(cluster, fakes, tmp_path, monkeypatch):

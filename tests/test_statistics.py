@@ -1,4 +1,4 @@
-"""Intervals and verdicts validated by known effects (issue 26, item 5), on seeded synthetic TGS:
+"""Intervals and verdicts validated by known effects, on seeded synthetic TGS:
 no trainer runs, the same numbers on every machine."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The update after training (issue 20, item 5): the host reveals the projection seed only once
+"""The update after training: the host reveals the projection seed only once
 every rank's last step ended; the worker SDK projects (final - initial weights) onto that
 seed's vector (checked here against numpy on a real HF Llama in the torch env); the host checks
 the claim and compares it with the reference's. The lies it catches run in
@@ -106,7 +106,7 @@ def result(backend, projection, norm=8.0e-02, scheme="step_token_mean", seed=5, 
 
 
 def test_update_parity_is_judged_on_the_update_norm_where_both_normalise_alike(tmp_path):
-    """Issue 28 items 3 and 3d: |p - p_ref| over the reference's |dw| (not over its projection,
+    """|p - p_ref| over the reference's |dw| (not over its projection,
     whose scale is luck), judged where the loss records show one normalisation; elsewhere
     `unverified` with why, never `skipped`."""
     at = iter(range(100)).__next__
@@ -142,7 +142,7 @@ def lora_claim(run_dir, base_norm, adapters_norm, seed=5):
 
 
 def test_with_adapters_the_base_must_stay_and_the_adapters_move(tmp_path):
-    """Issue 27, item 3: two figures more, both checked. A worker claiming LoRA that trained
+    """With adapters, two figures more, both checked. A worker claiming LoRA that trained
     its base (or nothing of its adapters) fails; an older SDK's single figure is unverified."""
     stamps = {"reveal": {"seed": 5, "stamp": 1.0}}
     claimed(tmp_path, 5, -4.9e-3)
@@ -188,7 +188,7 @@ print(json.dumps({"untouched": untouched, "moved": moved, "norm": norm, "up": mo
 def test_the_torch_projection_is_the_numpy_sum_over_the_changed_elements():
     """Elements never updated add exactly 0 (the initial values are recomputed as `fill` stored
     them); the changed ones add their change times the seed's vector, as numpy computes it, and
-    their squared change to the norm (issue 28, 3d)."""
+    their squared change to the norm."""
     env = backend_env_or_skip("torch")
     cfg = scenario.load("tiny_cpu").model_config_for_run
     out = subprocess.run([str(env.python), "-c", PROJECT, json.dumps(cfg)], capture_output=True, text=True, timeout=300)

@@ -3,7 +3,7 @@
 A worker calls these after its framework has built the model, the optimizer and the data
 loader, merges their flat dicts with what only it can know (trainer, precision recipe, seed)
 and writes the result as `settings` in its worker report; the host stores it with the run
-and shows the differences between backends (issue #11). Values are str / int / float /
+and shows the settings whose values differ between backends. Values are str / int / float /
 bool / None, so the dict is one flat JSON object. Keys every worker must fill are in
 `framework_bench.measure.verify.REQUIRED_SETTINGS`.
 

@@ -1,4 +1,4 @@
-"""CONTRIBUTING.md's example plugin as it stood before the Backend base class (issue 18, at dcebcb8):
+"""CONTRIBUTING.md's example plugin as it stood in release 0.1.0 (dcebcb8), before the Backend base class:
 the four module-level hooks, no contract declared. Kept verbatim, so that a plugin written
 against that CONTRIBUTING stays tested (tests/test_plugin_outside_repo.py,
 backends/torch/tests/test_backend_torch.py); do not edit it.

@@ -1,4 +1,4 @@
-# CONTRIBUTING.md's example worker as it stood before the Backend base class (issue 18, at dcebcb8),
+# CONTRIBUTING.md's example worker as it stood in release 0.1.0 (dcebcb8), before the Backend base class,
 # the companion of plugin.py here: the worker on worker_io, packed and init_weights. Kept verbatim below this
 # comment, so that a plugin written against that CONTRIBUTING stays tested (tests/test_public_surface.py).
 import sys

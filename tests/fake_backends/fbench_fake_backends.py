@@ -129,7 +129,7 @@ noisy_slow = FakeBackend("fake_noisy_slow", "noisy_slow")
 ENTRY_POINTS |= {b.name: f"fbench_fake_backends:{attr}" for attr, b in
                  [("noisy", noisy), ("noisy_twin", noisy_twin), ("noisy_slow", noisy_slow)]}
 
-# Two plugins of one distribution answering to one backend name (issue 19, item 15).
+# Two plugins of one distribution answering to one backend name: both broken, none runs.
 twin_a = FakeBackend("fake_twin_a", "ok", info_name="fake_twin")
 twin_b = FakeBackend("fake_twin_b", "ok", info_name="fake_twin")
 

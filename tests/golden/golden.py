@@ -1,4 +1,4 @@
-"""Golden files for the architecture refactor (issue 18): what the CLI prints must not change.
+"""Golden files for the architecture refactor: what the CLI prints must not change.
 
 Captured on the commit the refactor starts from (ffb5b33) with `python tests/golden/golden.py
 --write`; `tests/test_golden.py` captures again and compares. Only what legitimately differs

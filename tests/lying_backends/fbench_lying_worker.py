@@ -96,7 +96,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (FORWARD, "                    loss = torch.tensor(6.2)\n"),
         (BACKWARD, ""),
     ],
-    # SGD for AdamW, recording XTuner's loss_normalization words (issue 28: words once switched the checks off).
+    # SGD for AdamW, recording XTuner's loss_normalization words (the checks judge the records, never the words).
     "sgd_xtuner_words": [
         ("    optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)\n",
          "    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)\n"),
@@ -104,22 +104,22 @@ LIES: dict[str, list[tuple[str, str]]] = {
          'per rank"))\n', '        loss_normalization="LlamaForCausalLM token mean per micro-batch, labels counted after the shift; '
                            "mean over the step's 1 micro-batch(es)\"))\n"),
     ],
-    # No gradient clipping (issue 28).
+    # No gradient clipping.
     "no_clipping": [
         ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n", ""),
     ],
-    # At grad_accum 2 each step's second micro-batch fed and recorded, never backpropagated (issue 28).
+    # At grad_accum 2 each step's second micro-batch fed and recorded, never backpropagated.
     "dropped_micro": [
         (BACKWARD, "                loss.backward() if i == 0 else None\n"),
     ],
-    # Forward only inside the timed steps; the real training after the last step's clock line, untimed (issue 28).
+    # Forward only inside the timed steps; the real training after the last step's clock line, untimed.
     "train_after_steps": [
         (TIMER, TIMER + "    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):\n"
                         "        log.timer.begin(), [train_model(input_ids=torch.from_numpy(i), labels=torch.from_numpy(l)) for i, l in batch]\n"
                         "        log.timer.add_tokens(sum(i.size for i, _ in batch)), log.timer.end(step, None)\n"
                         "    log.timer.begin = log.timer.end = lambda *a: {'tokens': 0}\n"),
     ],
-    # The whole training inside warm-up step 1's clock, then every step again forward only (issue 28).
+    # The whole training inside warm-up step 1's clock, then every step again forward only.
     "trained_in_warmup": [
         (TIMER, TIMER + "    timer, log.timer = log.timer, type('Untimed', (), {'begin': lambda s: None, 'end': lambda s, *a: {'tokens': 0}, "
                         "'add_tokens': lambda s, n: None, 'close': lambda s: None})()\n    timer.begin()\n"),
@@ -129,7 +129,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
                 "        timer.add_tokens(sum(i.size for i, _ in batch)), timer.end(step, None)\n"
                 "    log.timer = timer\n" + CLOSE),
     ],
-    # Every step but the last claims half its seconds, the last one claims the halves too: the same total (issue 28).
+    # Every step but the last claims half its seconds, the last one claims the halves too: the same total.
     "claims_moved": [
         (TIMER, TIMER + "    moved, write = [0.0], log.timer.writer.write\n"
                         "    def claim(**r):\n"
@@ -138,7 +138,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
                         "        write(**{**r, 'seconds': r['seconds'] - half + (0.0 if half else moved[0])})\n"
                         "    log.timer.writer.write = claim\n"),
     ],
-    # Clipping and the optimizer step after the step's clock stopped, before the next one's begins (issue 28).
+    # Clipping and the optimizer step after the step's clock stopped, before the next one's begins.
     "optimizer_between_steps": [
         (OPTIMIZER, ""),
         (END, END + OPTIMIZER),

@@ -66,7 +66,7 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
     publish_once(target, write)
 
 
-# What the v1 trainer's runs do not claim (issue 20): it runs on GPUs with flash-attn only,
+# What the v1 trainer's runs do not claim (each run `unverified` for them, never invalid): it runs on GPUs with flash-attn only,
 # so no recorder hooked into it could be proven on a CPU, and fbench hooks none; the runs
 # are `unverified`, naming these. Its clock lines (the step timer) are claimed as on v0.
 V1_UNCLAIMED = {claim: "not recorded on LLaMA-Factory's v1 trainer (sequence parallel, GPU and flash-attn only): "

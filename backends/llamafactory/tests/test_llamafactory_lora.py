@@ -1,4 +1,4 @@
-"""LoRA and QLoRA on the LLaMA-Factory backend (issue 27): its own arguments (`finetuning_type:
+"""LoRA and QLoRA on the LLaMA-Factory backend: its own arguments (`finetuning_type:
 lora`, `quantization_bit: 4`, ...) generated from the scenario, accepted by its parser, the
 refusals, and a real LoRA run whose ledger the live peft model fills."""
 
