@@ -61,11 +61,11 @@ def wheel_of_installed(name: str, folder: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def sdk_wheels(tmp_path_factory) -> Path:
-    """A folder of wheels for the worker SDK's requirements (`envs.SDK_REQUIREMENTS`: numpy), packed
+    """A folder of wheels for the worker SDK's requirements (`SDK_REQUIREMENTS`: numpy), packed
     from the host's own installs: every env `fbench env create` makes needs them."""
-    from framework_bench.envs import venvs as envs
+    from framework_bench.envs.sdk_check import SDK_REQUIREMENTS
 
     folder = tmp_path_factory.mktemp("sdk-wheels")
-    for name in envs.SDK_REQUIREMENTS:
+    for name in SDK_REQUIREMENTS:
         wheel_of_installed(name, folder)
     return folder

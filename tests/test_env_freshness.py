@@ -1,5 +1,5 @@
 """An env is ready only when a run's worker can import the worker SDK there, and only while its
-copy of the plugin is the plugin the host loads (issue 28 item 4). Real venvs and pip, offline:
+copy of the plugin is the plugin the host loads. Real venvs and pip, offline:
 wheels written here, the SDK's numpy packed from the host's own install (tests/env_helpers.py)."""
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ import pytest
 
 from env_helpers import build_wheel, sdk_wheels  # noqa: F401 - sdk_wheels is a fixture
 from framework_bench.envs import venvs as envs
+from framework_bench.envs.creation import create
+from framework_bench.envs.errors import EnvError
+from framework_bench.envs.host_packages import link_packages
+from framework_bench.envs.pip_options import Options
+from framework_bench.envs.sdk_check import SDK_REQUIREMENTS, sdk_import_error
 from framework_bench.plugins.contract import EnvSpec
 
 SDK = Path(envs.__file__).resolve().parents[1] / "worker"
@@ -29,8 +34,8 @@ def tiny_spec(tmp_path) -> EnvSpec:
     return EnvSpec(requirements={"cpu": req, "cuda": req}, framework_package="fbench_tiny_a")
 
 
-def offline(*houses: Path) -> envs.Options:
-    return envs.Options(find_links=[str(h) for h in houses], no_index=True)
+def offline(*houses: Path) -> Options:
+    return Options(find_links=[str(h) for h in houses], no_index=True)
 
 
 def test_the_sdk_requirements_are_what_the_sdk_imports():
@@ -43,7 +48,7 @@ def test_the_sdk_requirements_are_what_the_sdk_imports():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             imported |= {n.split(".")[0] for n in names}
     third_party = imported - set(sys.stdlib_module_names) - {"framework_bench", "__future__"}
-    assert third_party == set(envs.SDK_REQUIREMENTS)
+    assert third_party == set(SDK_REQUIREMENTS)
 
 
 def test_an_env_whose_python_lacks_numpy_is_never_ready(fbench_home, tiny_spec):
@@ -56,10 +61,10 @@ def test_an_env_whose_python_lacks_numpy_is_never_ready(fbench_home, tiny_spec):
     path = envs.env_path("bare")
     venv.create(path, with_pip=False)
     python = path / "bin" / "python"
-    linked = envs._link_packages(python, ("framework_bench",))
-    record = {"flavour": "cpu", "requirements_sha256": envs._requirements_hash(tiny_spec, "cpu"), "linked": linked}
+    linked = link_packages(python, ("framework_bench",))
+    record = {"flavour": "cpu", "requirements_sha256": envs.requirements_hash(tiny_spec, "cpu"), "linked": linked}
     (path / envs.RECORD).write_text(json.dumps(record))
-    assert envs.sdk_import_error(python) == "ModuleNotFoundError: No module named 'numpy'"
+    assert sdk_import_error(python) == "ModuleNotFoundError: No module named 'numpy'"
     env = envs.inspect("bare", tiny_spec)
     assert not env.ready and "framework_bench.worker" in env.problem and "'numpy'" in env.problem
     assert "fbench env create bare" in env.problem
@@ -77,19 +82,19 @@ def test_env_create_installs_the_sdk_requirements_and_refuses_an_env_where_it_do
     house = tmp_path / "house"
     build_wheel(house, "fbench_tiny_a", "0.1")
     # Without numpy to install (the backend's requirements do not name it): never "ready"
-    with pytest.raises(envs.EnvError, match="exited"):  # pip: no numpy in the wheelhouse
-        envs.create("tiny", tiny_spec, "cpu", options=offline(house))
+    with pytest.raises(EnvError, match="exited"):  # pip: no numpy in the wheelhouse
+        create("tiny", tiny_spec, "cpu", options=offline(house))
     assert "No matching distribution found for numpy" in (fbench_home / "envs" / "tiny.create.log").read_text()
     assert not envs.inspect("tiny", tiny_spec).ready
     # A numpy that installs but does not import (built for another machine, say): the smoke import catches it
     broken = tmp_path / "broken"
     build_wheel(broken, "numpy", "2.4.6", source="raise ImportError('numpy built for another CPU')\n")
-    with pytest.raises(envs.EnvError, match="does not import in the tiny env: ImportError: numpy built for another CPU"):
-        envs.create("tiny", tiny_spec, "cpu", options=offline(house, broken))
+    with pytest.raises(EnvError, match="does not import in the tiny env: ImportError: numpy built for another CPU"):
+        create("tiny", tiny_spec, "cpu", options=offline(house, broken))
     assert not envs.inspect("tiny", tiny_spec).ready and not envs.env_path("tiny").exists()
     # With the wheel at hand, the requirements file still silent about numpy: installed, imported, ready
-    env = envs.create("tiny", tiny_spec, "cpu", options=offline(house, sdk_wheels))
-    assert env.ready and env.has("numpy") and envs.sdk_import_error(env.python) is None
+    env = create("tiny", tiny_spec, "cpu", options=offline(house, sdk_wheels))
+    assert env.ready and env.has("numpy") and sdk_import_error(env.python) is None
     assert json.loads((env.path / envs.RECORD).read_text())["sdk_import"] == "ok"
 
 

@@ -12,6 +12,12 @@ import pytest
 
 from env_helpers import build_wheel, sdk_wheels  # noqa: F401 - sdk_wheels is a fixture
 from framework_bench.envs import venvs as envs
+from framework_bench.envs.creation import create
+from framework_bench.envs.errors import EnvError
+from framework_bench.envs.host_packages import link_packages
+from framework_bench.envs.pip_options import Options
+from framework_bench.envs.smoke import smoke_test
+from framework_bench.envs.torch_index import parse_driver_cuda, torch_index_for
 from framework_bench.plugins.contract import EnvSpec
 
 
@@ -32,12 +38,12 @@ def wheelhouse(tmp_path, sdk_wheels) -> Path:
     return house
 
 
-def offline(house: Path, **kw) -> envs.Options:
-    return envs.Options(find_links=[str(house)], no_index=True, **kw)
+def offline(house: Path, **kw) -> Options:
+    return Options(find_links=[str(house)], no_index=True, **kw)
 
 
 def test_wheelhouse_with_and_reinspection(fbench_home, tiny_spec, wheelhouse, tmp_path):
-    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
+    env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
     assert env.ready and env.version("fbench_tiny_a") == "0.1" and not env.has("fbench_tiny_b")
     # a package installed by hand is seen by the next inspection (no re-creation)
     subprocess.run([str(env.python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheelhouse),
@@ -45,7 +51,7 @@ def test_wheelhouse_with_and_reinspection(fbench_home, tiny_spec, wheelhouse, tm
     assert envs.inspect("tiny", tiny_spec).version("fbench_tiny_b") == "0.2"
     # --with: an extra wheel by path; a change of options rebuilds the env
     extra = build_wheel(tmp_path / "elsewhere", "fbench_tiny_c", "0.3")
-    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, with_specs=[str(extra)]))
+    env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, with_specs=[str(extra)]))
     assert env.version("fbench_tiny_c") == "0.3" and not env.has("fbench_tiny_b")  # rebuilt from scratch
     out = subprocess.run([str(env.python), "-c", "import fbench_tiny_c; print(fbench_tiny_c.VERSION)"],
                          capture_output=True, text=True, check=True)
@@ -61,8 +67,8 @@ def test_system_site_packages(fbench_home, tiny_spec, wheelhouse):
 
     assert sys.prefix != sys.base_prefix, "run from fbench's venv"
     build_wheel(wheelhouse, "pluggy", "99.0")  # a host package the env shadows with its own copy
-    env = envs.create("tiny", tiny_spec, "cpu",
-                      options=offline(wheelhouse, system_site_packages=True, with_specs=["pluggy==99.0"]))
+    env = create("tiny", tiny_spec, "cpu",
+                 options=offline(wheelhouse, system_site_packages=True, with_specs=["pluggy==99.0"]))
     record = json.loads((env.path / envs.RECORD).read_text())
     host_site = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
     assert host_site in record["site_dirs"], "the host venv's site-packages are inherited and recorded"
@@ -75,21 +81,21 @@ def test_system_site_packages(fbench_home, tiny_spec, wheelhouse):
 
 
 def test_bad_arguments_touch_nothing(fbench_home, tiny_spec, wheelhouse):
-    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
+    env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
     before = sorted(p.name for p in env.path.iterdir())
     for flavour, options, message in (("gpu", offline(wheelhouse), "unknown flavour 'gpu'"),
-                                      ("cpu", envs.Options(find_links=["/no/such/folder"]), "no such folder")):
-        with pytest.raises(envs.EnvError, match=message):
-            envs.create("tiny", tiny_spec, flavour, options=options)
+                                      ("cpu", Options(find_links=["/no/such/folder"]), "no such folder")):
+        with pytest.raises(EnvError, match=message):
+            create("tiny", tiny_spec, flavour, options=options)
     assert sorted(p.name for p in env.path.iterdir()) == before
     assert envs.inspect("tiny", tiny_spec).ready
 
 
 def test_failed_creation_leaves_the_old_env(fbench_home, tiny_spec, wheelhouse):
-    env = envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
+    env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
     # pip fails (a package the wheelhouse lacks): the old env stays, no half-built folder is left
-    with pytest.raises(envs.EnvError, match="exited"):
-        envs.create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, with_specs=["fbench_tiny_missing"]))
+    with pytest.raises(EnvError, match="exited"):
+        create("tiny", tiny_spec, "cpu", options=offline(wheelhouse, with_specs=["fbench_tiny_missing"]))
     again = envs.inspect("tiny", tiny_spec)
     assert again.ready and again.version("fbench_tiny_a") == "0.1"
     assert [p.name for p in env.path.parent.iterdir() if p.name.startswith(".")] == []
@@ -112,18 +118,18 @@ def test_cli_flavour_typo_is_one_line(fbench_home, tmp_path):
     ("| NVIDIA-SMI 565.57.01   Driver Version: 565.57.01   CUDA Version: 12.7 |", "https://download.pytorch.org/whl/cu126"),
 ])
 def test_driver_picks_the_torch_index(banner, index):
-    assert envs.torch_index_for(envs.parse_driver_cuda(banner)) == index
+    assert torch_index_for(parse_driver_cuda(banner)) == index
 
 
 def test_old_driver_and_no_driver():
-    with pytest.raises(envs.EnvError, match="CUDA 12.4"):
-        envs.torch_index_for((12, 4))
-    assert envs.parse_driver_cuda("bash: nvidia-smi: command not found") is None
-    assert envs.torch_index_for(None) is None  # a login node builds for the compute nodes: PyPI's
+    with pytest.raises(EnvError, match="CUDA 12.4"):
+        torch_index_for((12, 4))
+    assert parse_driver_cuda("bash: nvidia-smi: command not found") is None
+    assert torch_index_for(None) is None  # a login node builds for the compute nodes: PyPI's
 
 
 def test_smoke_test_without_gpu_is_not_a_pass(tmp_path):
-    assert envs.smoke_test(Path("/nonexistent/python"), gpu_here=False) == {"status": "not run: no GPU here"}
+    assert smoke_test(Path("/nonexistent/python"), gpu_here=False) == {"status": "not run: no GPU here"}
 
 
 def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_path, monkeypatch):
@@ -136,7 +142,7 @@ def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_pat
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise RuntimeError('CUDA_HOME does not exist')\n")
     monkeypatch.setenv("PYTHONPATH", str(broken.parent))
-    found = envs.smoke_test(env.python, gpu_here=True)
+    found = smoke_test(env.python, gpu_here=True)
     assert found["cuda_available"] is False and found["status"] == "failed"
     assert found["deepspeed"] == "import fails: RuntimeError: CUDA_HOME does not exist"
     assert found["flash_attn"] == "absent"
@@ -148,7 +154,7 @@ def test_an_optional_package_that_failed_to_import_is_not_counted(fbench_home, t
     no GPU here to run one.)"""
     build_wheel(wheelhouse, "deepspeed", "0.18.4")
     # the cuda flavour (the one with a smoke test; not run here, no GPU): the cpu one would prebuild ops
-    env = envs.create("tiny", tiny_spec, "cuda", options=offline(wheelhouse, with_specs=["deepspeed==0.18.4"]))
+    env = create("tiny", tiny_spec, "cuda", options=offline(wheelhouse, with_specs=["deepspeed==0.18.4"]))
     assert env.has("deepspeed")
     record_file = env.path / envs.RECORD
     record = json.loads(record_file.read_text())
@@ -178,11 +184,11 @@ def test_a_one_module_plugin_is_importable_in_its_env(tmp_path, monkeypatch, ins
     monkeypatch.syspath_prepend(str(folder))
     venv.create(tmp_path / "env", with_pip=False)
     python = tmp_path / "env" / "bin" / "python"
-    envs._link_packages(python, ("fbench_one_module",))
+    link_packages(python, ("fbench_one_module",))
     out = subprocess.run([str(python), "-c", "import fbench_one_module as m; print(m.VERSION, m.__file__)"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     version, where = out.stdout.split()
     assert version == "0.1"
     assert (Path(where).parent == folder) != installed  # a copy inside the env when installed as files
-    envs._link_packages(python, ("fbench_one_module",))  # again: the earlier copy is ours, refreshed
+    link_packages(python, ("fbench_one_module",))  # again: the earlier copy is ours, refreshed

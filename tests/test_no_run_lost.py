@@ -372,11 +372,12 @@ def test_sigterm_to_env_create_removes_the_half_built_env_and_its_children(fakes
 
 def test_a_half_built_env_left_by_a_killed_create_is_swept(fbench_home):
     from framework_bench.envs import venvs as envs
+    from framework_bench.envs.creation import sweep_building
     stale = envs.env_path("fake_ok").with_name(".fake_ok.building-4194305")  # above any pid Linux hands out
     (stale / "bin").mkdir(parents=True)
     live = envs.env_path("fake_ok").with_name(f".fake_ok.building-{os.getpid()}")
     live.mkdir()
-    assert envs.sweep_building("fake_ok") == [stale]
+    assert sweep_building("fake_ok") == [stale]
     assert not stale.exists() and live.exists()
 
 

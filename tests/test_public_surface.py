@@ -108,11 +108,13 @@ def _is_module(path: str) -> bool:
 
 
 def test_the_envs_attribute_shim_covers_the_former_module():
-    from framework_bench.envs import venvs
+    from framework_bench.envs import creation, venvs
 
     import framework_bench.envs as old
-    with pytest.warns(DeprecationWarning, match="framework_bench.envs.create moved to framework_bench.envs.venvs.create"):
-        assert old.create is venvs.create
+    with pytest.warns(DeprecationWarning, match="framework_bench.envs.create moved to framework_bench.envs.creation.create"):
+        assert old.create is creation.create
+    with pytest.warns(DeprecationWarning, match="framework_bench.envs.inspect moved to framework_bench.envs.venvs.inspect"):
+        assert old.inspect is venvs.inspect
     with pytest.raises(AttributeError):
         old.no_such_name  # noqa: B018 - an unknown name stays an AttributeError
 

@@ -62,7 +62,7 @@ def fail(message: str, code: int = 1) -> None:
 def user_errors():
     """Exceptions that are the user's to fix: shown as one line each, never a traceback."""
     from framework_bench.data.alpaca import DataError
-    from framework_bench.envs.venvs import EnvError
+    from framework_bench.envs.errors import EnvError
     from framework_bench.plugins.registry import UnknownBackend
     from framework_bench.store.results import ResultsError
     from framework_bench.spec.scenario import ScenarioError

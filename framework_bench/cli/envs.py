@@ -44,12 +44,14 @@ def env_create(
     requirements: Annotated[Optional[str], typer.Option("--requirements", help="a requirements file replacing the backend's own")] = None,
 ) -> None:
     """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete."""
-    from framework_bench.envs import venvs as envs
+    from framework_bench.envs.creation import create
+    from framework_bench.envs.errors import EnvError
+    from framework_bench.envs.pip_options import Options, validate
     from framework_bench.plugins import registry as plugins
-    options = envs.Options(find_links=[str(Path(f).resolve()) for f in find_links or []], no_index=no_index,
-                           with_specs=list(with_specs or []), system_site_packages=system_site_packages,
-                           no_deps=no_deps, torch_index=torch_index,
-                           requirements=str(Path(requirements).resolve()) if requirements else None)
+    options = Options(find_links=[str(Path(f).resolve()) for f in find_links or []], no_index=no_index,
+                      with_specs=list(with_specs or []), system_site_packages=system_site_packages,
+                      no_deps=no_deps, torch_index=torch_index,
+                      requirements=str(Path(requirements).resolve()) if requirements else None)
     found = plugins.backends()
     for name in names or []:
         if name not in found:
@@ -57,13 +59,13 @@ def env_create(
                  if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
     from framework_bench.run.interrupts import stop_signals_interrupt
     try:
-        envs.validate(flavour, options)
+        validate(flavour, options)
         with stop_signals_interrupt():  # SIGTERM too: the half-built env and pip go, not only on Ctrl-C
             for name in names or list(found):
-                envs.create(name, found[name].info.env, flavour,
-                            say=lambda m: common.console.print(m, highlight=False, markup=False),
-                            packages=(found[name].package,), options=options)
-    except envs.EnvError as e:
+                create(name, found[name].info.env, flavour,
+                       say=lambda m: common.console.print(m, highlight=False, markup=False),
+                       packages=(found[name].package,), options=options)
+    except EnvError as e:
         common.fail(str(e))
     except KeyboardInterrupt:
         common.err.print("[yellow]interrupted: the half-built env was removed; an earlier env stays as it was[/yellow]")

@@ -1,24 +1,34 @@
-"""Each backend's own venv (`venvs`) and the layering over a venv host (`site_layers`).
+"""Each backend's own venv: where it lives and whether it is ready (`venvs`), how it is made
+(`creation`, `pip_options`, `torch_index`, `smoke`, `sdk_check`, `host_packages`), and the
+layering over a venv host (`site_layers`, standard library only).
 
-`framework_bench.envs` was once the `venvs` module itself; its names are kept here for code written
+`framework_bench.envs` was once a module of its own; its names are kept here for code written
 against it, each warning (DeprecationWarning) with its new home on first use.
 """
 
 import importlib
-import types
 import warnings
 
-
-SUBMODULES = ("venvs", "site_layers")
+# The former module's names, by the submodule that holds each now. Only these are looked up:
+# `from framework_bench.envs import site_layers` never imports pydantic (the GPU device install
+# runs it with the standard library only).
+MOVED = {
+    "EnvError": "errors",
+    **dict.fromkeys(("RECORD", "STALE_PLUGIN", "Flavour", "FLAVOURS", "fbench_home", "env_path", "inspect",
+                     "installed_versions"), "venvs"),
+    **dict.fromkeys(("TORCH_INDEXES", "default_flavour", "driver_cuda_version", "parse_driver_cuda",
+                     "torch_index_for"), "torch_index"),
+    **dict.fromkeys(("OPTIONAL_IMPORTS", "SMOKE_TEST", "smoke_test"), "smoke"),
+    **dict.fromkeys(("SDK_REQUIREMENTS", "SDK_IMPORT", "sdk_missing", "sdk_import_error"), "sdk_check"),
+    **dict.fromkeys(("PTH_NAME", "COPY_MARK", "source_sha256"), "host_packages"),
+    **dict.fromkeys(("Options", "pip_argv", "validate"), "pip_options"),
+    **dict.fromkeys(("create", "sweep_building"), "creation"),
+}
 
 
 def __getattr__(name: str):
-    if name in SUBMODULES:  # `from framework_bench.envs import site_layers` asks here first: never import venvs
-        raise AttributeError(name)  # for it (pydantic), the device check's install has only the stdlib
-    venvs = importlib.import_module("framework_bench.envs.venvs")
-    value = getattr(venvs, name, None) if not name.startswith("_") else None
-    if value is None or isinstance(value, types.ModuleType):  # a submodule not imported yet: the import system's
+    if name not in MOVED:  # a submodule not imported yet comes here first: the import system's
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"framework_bench.envs.{name} moved to framework_bench.envs.venvs.{name}", DeprecationWarning,
-                  stacklevel=2)
-    return value
+    home = f"{__name__}.{MOVED[name]}"
+    warnings.warn(f"{__name__}.{name} moved to {home}.{name}", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(home), name)
