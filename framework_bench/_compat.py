@@ -52,12 +52,26 @@ MODULES = {
     "framework_bench.worker.initial_weights": Moved("framework_bench.worker.initial_weights_host", "0.3.0"),
 }
 
-# Old package attribute -> its module now: `framework_bench.plugins` was the registry module.
+# Old package attribute -> its module now: `framework_bench.plugins` was the registry module, and
+# `framework_bench.envs` one module, since split by concern (_ENVS: each part's names).
 _REGISTRY = "framework_bench.plugins.registry"
+_ENVS = {
+    "errors": ("EnvError",),
+    "venvs": ("inspect", "fbench_home", "env_path", "installed_versions", "RECORD", "STALE_PLUGIN", "Flavour",
+              "FLAVOURS"),
+    "torch_index": ("TORCH_INDEXES", "default_flavour", "driver_cuda_version", "parse_driver_cuda", "torch_index_for"),
+    "smoke": ("OPTIONAL_IMPORTS", "SMOKE_TEST", "smoke_test"),
+    "sdk_check": ("SDK_REQUIREMENTS", "SDK_IMPORT", "sdk_missing", "sdk_import_error"),
+    "host_packages": ("PTH_NAME", "COPY_MARK", "source_sha256"),
+    "pip_options": ("Options", "pip_argv", "validate"),
+    "creation": ("create", "sweep_building"),
+}
 ATTRIBUTES = {
     "framework_bench.plugins.Backend": Moved(_REGISTRY, "0.3.0", name="RegisteredBackend"),  # a plugin's base
     **{f"framework_bench.plugins.{name}": Moved(_REGISTRY, "0.3.0")  # class is plugins.base.Backend
        for name in ("UnknownBackend", "get", "backends", "manager", "load_errors", "origins", "HOOKS")},
+    **{f"framework_bench.envs.{name}": Moved(f"framework_bench.envs.{module}", "0.3.0")
+       for module, names in _ENVS.items() for name in names},
 }
 
 

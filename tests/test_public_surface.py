@@ -1,6 +1,7 @@
-"""What a plugin may import (CONTRIBUTING.md, "What a plugin may import", issue 28 item 4): every
-name listed there imports without a warning, and every old path listed there still imports the
-very same objects, warning (DeprecationWarning) with its new home."""
+"""What a plugin may import (CONTRIBUTING.md, "What a plugin may import"): every name listed
+there imports without a warning, and every old path listed there still imports the very same
+objects, warning (DeprecationWarning) with its new home and its removal release, until that
+release (framework_bench/_compat.py holds them all)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,33 @@ def test_the_bundled_backends_and_contract1_plugin_import_only_the_surface_or_ol
     assert not unlisted, sorted(unlisted)
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def test_every_deprecated_name_has_a_removal_release_still_to_come():
+    """One minor release of warning: each entry names the release that removes it, later than
+    this one, so that bumping the version to it fails here until the entry and its path go."""
+    import framework_bench
+    from framework_bench import _compat
+
+    entries = {**_compat.MODULES, **_compat.ATTRIBUTES}
+    assert entries
+    for old, moved in entries.items():
+        assert re.fullmatch(r"\d+\.\d+\.\d+", moved.removal), (old, moved)
+        assert _release(framework_bench.__version__) < _release(moved.removal), (old, moved)
+
+
+def test_the_old_paths_listed_are_the_deprecated_names_kept():
+    """CONTRIBUTING's list and framework_bench/_compat.py name the same old paths and homes."""
+    from framework_bench import _compat
+
+    listed = dict(old_paths())
+    kept = {old: moved.home for old, moved in {**_compat.MODULES, **_compat.ATTRIBUTES}.items()}
+    assert {old: listed.get(old) for old in kept} == kept
+    assert set(listed) <= set(kept)
+
+
 @pytest.mark.parametrize("old, new", old_paths())
 def test_an_old_path_warns_naming_its_new_home_and_keeps_the_objects(old, new):
     module_name, _, attr = old.rpartition(".")
@@ -85,17 +113,25 @@ def test_an_old_path_warns_naming_its_new_home_and_keeps_the_objects(old, new):
         parent_is_module = False
     if parent_is_module and not _is_module(old):  # an attribute kept on a package
         parent = importlib.import_module(module_name)
-        with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}")):
+        with pytest.warns(DeprecationWarning, match=_warning(old, new)):
             value = getattr(parent, attr)
         home = importlib.import_module(new)
         assert value is getattr(home, attr, None) or value is getattr(home, "Registered" + attr)
         return
     sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}")):
+    with pytest.warns(DeprecationWarning, match=_warning(old, new)):
         module = importlib.import_module(old)
     home = importlib.import_module(new)
     kept = [name for name in vars(home) if not name.startswith("__")]
     assert kept and all(getattr(module, name) is getattr(home, name) for name in kept)
+
+
+def _warning(old: str, new: str) -> str:
+    """What the warning of an old path says: its new home and the release that removes it."""
+    from framework_bench import _compat
+
+    removal = {**_compat.MODULES, **_compat.ATTRIBUTES}[old].removal
+    return re.escape(f"{old} moved to {new}") + ".*" + re.escape(f"removed in {removal}")
 
 
 def _is_module(path: str) -> bool:
