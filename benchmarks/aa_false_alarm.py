@@ -50,10 +50,9 @@ def install_twins(site: Path) -> list[Path]:
 def one_compare(scenario, twin: str, repeat: int, store):
     """One compare of the reference and `twin`; its ratio of twin over the reference."""
     from framework_bench.measure import statistics
-    from framework_bench.run import compare, orphans
+    from framework_bench.run import compare
     from framework_bench.run.options import RunOptions
-    results = compare.compare([scenario], ["torch", twin], RunOptions(db=store.path), repeat=repeat,
-                              on_result=lambda r, s: orphans.save(store, r, s))
+    results = compare.compare([scenario], ["torch", twin], RunOptions(db=store.path), store=store, repeat=repeat)
     trials = [statistics.Trial.from_record(r.model_dump(mode="json")) for r in results]
     [pair] = statistics.pairs(trials, reference="torch")
     return pair

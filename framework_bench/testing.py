@@ -12,16 +12,15 @@ step, step numbering, consumed rows, throughput agreement, parameter count, sett
 initial weights). Here a claim the plugin does not report (`unverified`) fails too:
 conformance means every claim is made and holds.
 
-On the CPU conformance scenario parity is blocking too: the canonical loss of the backend at every
-step against the reference's on the same rows and seed (`framework_bench/measure/losses.py`), on
-`tiny_cpu`, a grad_accum 2 variant, a 2-process variant (with ZeRO-2 when the backend refuses
-ZeRO 0 on several CPU processes, as XTuner does) and a LoRA point (`tiny_cpu_lora`: its
-adapters' trainable count, base unchanged and adapters moved, a backend declaring no LoRA
-`skipped`); beside each, the update projection against the
-reference's (`framework_bench/measure/update.py`). A backend whose records show another loss
-normalisation is judged against the reference trained that way (`Job.loss_scheme`); one no
-reference can match stays `unverified`, which fails here. A variant the backend refuses is shown
-`skipped (refused: ...)`.
+On the CPU conformance scenario each run is judged by the referee every command calls
+(`framework_bench/run/referee.py`), against the reference's run on the same rows and seed: the
+canonical loss at every step, the update projection and its delay, on `tiny_cpu`, a grad_accum 2
+variant, a 2-process variant (with ZeRO-2 when the backend refuses ZeRO 0 on several CPU
+processes, as XTuner does) and a LoRA point (`tiny_cpu_lora`: its adapters' trainable count, base
+unchanged and adapters moved, a backend declaring no LoRA `skipped`). A backend whose records show
+another loss normalisation is judged against the reference trained that way (`Job.loss_scheme`),
+as a compare judges it; one no reference can match stays `unverified`, which fails here. A variant
+the backend refuses is shown `skipped (refused: ...)`.
 """
 
 from __future__ import annotations
@@ -30,16 +29,18 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from framework_bench.measure import losses, update
-from framework_bench.run import compare, pipeline
-from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario as scenarios_
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
+from framework_bench.run import pipeline, referee
+from framework_bench.run.options import RunOptions
+from framework_bench.run.reference import judging_reference, reference_backend
+from framework_bench.spec import scenario as scenarios_
 
 SCENARIO = "tiny_cpu"
 TWO_PROCESSES = ("multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2")  # the first the backend accepts
 LORA = "tiny_cpu_lora"
+# The referee's checks, named per variant in the points.
+JUDGED = ("parity", "update_parity", "projection_delay")
 
 
 class Conformance(BaseModel):
@@ -57,17 +58,20 @@ def check_backend(backend: str, root: Path | None = None, scenario: str = SCENAR
                   settings_mode: str = "matched", timeout: float | None = 900) -> Conformance:
     """Run `backend` on `scenario` (the CPU conformance scenario by default) and judge each point."""
     scn = scenarios_.load(scenario)
-    result = pipeline.run_one(backend, scn, RunOptions(root=root, timeout=timeout, settings_mode=settings_mode))
+    options = RunOptions(root=root, timeout=timeout, settings_mode=settings_mode)
+    result = pipeline.run_one(backend, scn, options)
+    off = unchecked()
+    # an interrupted run (Ctrl-C, SIGTERM) stops the conformance run: no reference, no variants
+    judged = scenario == SCENARIO and "parity" not in off and result.status != "interrupted"
+    own = [c for c in result.checks if c.name not in off]
+    judging = _judge(backend, scn, result, options) if judged else []
     run = Check(name="run", status="pass" if result.status == "ok" else "fail",
                 detail=f"status {result.status}" + (f": {result.reason.strip().splitlines()[-1]}" if result.reason else ""))
-    off = unchecked()
-    points = [run] + [c if c.status != "unverified" else c.model_copy(update={"status": "fail"})
-                      for c in result.checks if c.name not in off]
+    points = [run] + [c if c.status != "unverified" else c.model_copy(update={"status": "fail"}) for c in own]
     if not result.checks:
         points.append(Check(name="checks", status="fail", detail="the run ended before the host could check it"))
-    # an interrupted run (Ctrl-C, SIGTERM) stops the conformance run: no reference, no variants
-    if scenario == SCENARIO and "parity" not in off and result.status != "interrupted":
-        points += parity_points(backend, scn, result, root, settings_mode, timeout)
+    if judged:
+        points += judging + variant_points(backend, scn, options)
     return Conformance(backend=backend, scenario=scn.name, points=points, result=result)
 
 
@@ -79,34 +83,41 @@ def parity_variants(scn: scenarios_.Scenario) -> list[tuple[str, list[scenarios_
             ("LoRA", [scenarios_.load(LORA)])]
 
 
-def parity_points(backend: str, scn: scenarios_.Scenario, result: RunResult, root: Path | None, settings_mode: str,
-                  timeout: float | None) -> list[Check]:
-    def run(name: str, s: scenarios_.Scenario, loss_scheme: str | None = None) -> RunResult:
-        return pipeline.run_one(name, s, RunOptions(root=root, timeout=timeout, settings_mode=settings_mode,
-                                                    loss_scheme=loss_scheme))
+def _judge(backend: str, s: scenarios_.Scenario, own: RunResult, options: RunOptions,
+           label: str | None = None) -> list[Check]:
+    """`own` judged by the referee against the reference's run of `s` (the reference judges its own
+    unsharded runs itself); the referee's checks as points named for `label` (default: the scenario)."""
+    ref_name = reference_backend()
+    # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
+    ref_scn = s.model_copy(update={"zero_stage": 0})
+    reference = own if backend == ref_name and s.zero_stage == 0 else pipeline.run_one(ref_name, ref_scn, options)
 
-    ref_name = compare.reference_backend()
+    def run_reference(scheme: str) -> RunResult:
+        return pipeline.run_one(ref_name, ref_scn, options.model_copy(update={"loss_scheme": scheme}))
+    if reference is not own:
+        reference = judging_reference(own, reference, run_reference, {})
+    before = len(own.checks)
+    referee.judge(own, reference, s, absent=f"no reference backend is installed to judge {backend}")
+    pipeline.write_result(own)
+    label = label or s.name
+    points = [c.model_copy(update={"name": f"{c.name} ({label})"}) for c in own.checks[before:]
+              if c.name in JUDGED and c.name not in unchecked()]
+    if not points:  # no reference fit to judge: the referee said why in the reason
+        points.append(Check(name=f"parity ({label})", status="fail", detail=f"not judged: {own.reason}"[:300]))
+    return [p if p.status != "unverified" else p.model_copy(update={"status": "fail"}) for p in points]
 
-    def against_reference(label: str, s: scenarios_.Scenario, own: RunResult) -> list[Check]:
-        # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
-        ref_scn = s.model_copy(update={"zero_stage": 0})
-        reference = own if backend == ref_name and s.zero_stage == 0 else run(ref_name, ref_scn)
-        # A backend that normalises the loss otherwise (XTuner at grad_accum 2) is judged against the
-        # reference trained its way, as a compare judges it (run/compare.py `_judging_reference`).
-        if reference is not own and (scheme := losses.needed_reference_scheme(own, reference)):
-            reference = run(ref_name, ref_scn, scheme)
-        moved = update.parity(own, reference, s.precision, name=f"update parity ({label})")
-        return [losses.parity(own, reference, s.precision, name=f"parity ({label})")] + ([moved] if moved else [])
 
-    points = against_reference(scn.name, scn, result)
+def variant_points(backend: str, scn: scenarios_.Scenario, options: RunOptions) -> list[Check]:
+    """Each variant's first accepted candidate, run and judged like the conformance scenario."""
+    points = []
     for label, candidates in parity_variants(scn):
         for variant in candidates:
-            own = run(backend, variant)
+            own = pipeline.run_one(backend, variant, options)
             if own.status != "unsupported":
                 # the variant's own checks too: for LoRA the trainable count and the two update figures
                 points += [c.model_copy(update={"name": f"{c.name} ({label})"}) for c in own.checks
                            if c.name in ("trainable", "update") and c.name not in unchecked()]
-                points += against_reference(f"{label}: {variant.name}", variant, own)
+                points += _judge(backend, variant, own, options, f"{label}: {variant.name}")
                 break
         else:
             points.append(Check(name=f"parity ({label})", status="skipped",

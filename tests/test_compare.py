@@ -13,7 +13,7 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench.run import compare
+from framework_bench.run import compare, design, dry_run
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.cli import app
@@ -25,7 +25,7 @@ def _run(backends, tmp_path, **kw):
     store = ResultStore(tmp_path / "results.sqlite")
     tiny = scenario.load("tiny_cpu")
     try:
-        results = compare.compare([tiny], backends, RunOptions(**kw), on_result=lambda r, s: store.add(r, s))
+        results = compare.compare([tiny], backends, RunOptions(**kw), store=store)
     except compare.Interrupted as stop:
         results = stop.args[0]
     return results, store
@@ -99,7 +99,7 @@ def test_published_scenario_without_the_gpus_says_what_is_missing(fakes, tmp_pat
 
 def _run_named(names, backends, tmp_path):
     store = ResultStore(tmp_path / "results.sqlite")
-    return compare.compare(compare.expand(names), backends, on_result=lambda r, s: store.add(r, s)), store
+    return compare.compare(compare.expand(names), backends, store=store), store
 
 
 def test_globs_expand_in_context_order():
@@ -120,7 +120,7 @@ def test_percent_of_the_reference_needs_an_ok_reference_row_on_the_same_scenario
 
 def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, monkeypatch):
     """fake_ok standing in as the reference: every fake_ok-like row on the scenario is 100 %."""
-    monkeypatch.setattr(compare, "reference_backend", lambda: "fake_ok")
+    monkeypatch.setenv("FBENCH_REFERENCE", "fake_ok")
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
                                    "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
     assert res.exit_code == 1, res.output  # fake_crash failed: compare says so in its exit code
@@ -133,7 +133,7 @@ def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, mon
 def test_round_orders_put_each_backend_in_each_place_and_after_each_other_equally_often(k):
     from collections import Counter
     names = [f"b{i}" for i in range(k)]
-    rows = compare.round_orders(names)
+    rows = design.round_orders(names)
     assert rows[0][0] == "b0" and all(sorted(row) == names for row in rows)
     places = Counter((row.index(b), b) for row in rows for b in row)
     after = Counter(pair for row in rows for pair in zip(row, row[1:]))
@@ -145,12 +145,12 @@ def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_refe
     """The loop alone (run_one stands in): a warm-up round on CPU, then `repeat` rounds; the others
     rotate, the reference runs last in each round and judges that round's runs once it ended."""
     from framework_bench.measure.metrics import RunResult
-    monkeypatch.setattr(compare, "reference_backend", lambda: "ref")
+    monkeypatch.setenv("FBENCH_REFERENCE", "ref")
     monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None, "b": None})
     judged, handed = [], []
     monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
         backend=name, scenario=s.name, status="ok", tgs=1.0))
-    monkeypatch.setattr(compare.pipeline, "judge", lambda r, ref, s, why: judged.append(
+    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why: judged.append(
         (r.backend, r.trial_round, ref and (ref.backend, ref.trial_round))))
     results = compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
                               on_result=lambda r, s: handed.append(r.backend))
@@ -167,7 +167,7 @@ def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_refe
 
 
 def test_cli_compare_repeat_stores_each_trial_and_shows_the_interval(fakes, tmp_path, monkeypatch):
-    monkeypatch.setattr(compare, "reference_backend", lambda: "fake_ok")
+    monkeypatch.setenv("FBENCH_REFERENCE", "fake_ok")
     db = tmp_path / "r.sqlite"
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--repeat", "2",
                                    "--warmup-rounds", "0", "--db", str(db), "--out", str(tmp_path / "plots")])
@@ -182,7 +182,7 @@ def test_cli_compare_repeat_stores_each_trial_and_shows_the_interval(fakes, tmp_
 def _synthetic_trials(monkeypatch, tgs):
     """The loop alone, as above: run_one stands in, each run's TGS from `tgs(name)`."""
     from framework_bench.measure.metrics import RunResult
-    monkeypatch.setattr(compare, "reference_backend", lambda: "ref")
+    monkeypatch.setenv("FBENCH_REFERENCE", "ref")
     monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
     monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
         backend=name, scenario=s.name, status="ok" if tgs(name) else "failed", tgs=tgs(name)))
@@ -207,7 +207,7 @@ def test_repeat_auto_adds_rounds_until_every_interval_is_within_the_precision(mo
     rng = np.random.default_rng(7)  # seeded trial-to-trial noise of 3%
     _synthetic_trials(monkeypatch, lambda name: 1000.0 * (1 + 0.03 * rng.standard_normal()))
     results, stop = _auto(precision=PRECISION)
-    assert compare.AUTO_MIN_ROUNDS < stop.rounds < compare.AUTO_MAX_ROUNDS and not stop.capped
+    assert design.AUTO_MIN_ROUNDS < stop.rounds < design.AUTO_MAX_ROUNDS and not stop.capped
     assert len(results) == 2 * stop.rounds and stop.widest <= PRECISION
     before = [Trial.from_record(r.model_dump(mode="json")) for r in results[:-2]]
     assert statistics.widest_half_width(before, "ref") > PRECISION  # it stopped at the first round that reached it
@@ -220,18 +220,18 @@ def test_repeat_auto_stops_at_its_cap_and_says_so(monkeypatch):
     tgs = iter(range(1000, 10**6, 37))  # trials ever further apart: no interval narrows
     _synthetic_trials(monkeypatch, lambda name: float(next(tgs)))
     results, stop = _auto(precision=0.5, warmup_rounds=None)  # tiny_cpu: one warm-up round by default
-    assert stop.rounds == compare.AUTO_MAX_ROUNDS and stop.capped
-    assert [r.trial_round for r in results[::2]] == list(range(0, compare.AUTO_MAX_ROUNDS + 1))
+    assert stop.rounds == design.AUTO_MAX_ROUNDS and stop.capped
+    assert [r.trial_round for r in results[::2]] == list(range(0, design.AUTO_MAX_ROUNDS + 1))
     assert auto_stop_sentence(stop).startswith(f"tiny_cpu: --repeat auto stopped at its cap of "
-                                               f"{compare.AUTO_MAX_ROUNDS} rounds: the widest 95% interval is ±")
+                                               f"{design.AUTO_MAX_ROUNDS} rounds: the widest 95% interval is ±")
     assert auto_stop_sentence(stop).endswith("%, not within ±0.5%")
 
 
 def test_repeat_auto_stops_when_no_trial_counts(monkeypatch):
     _synthetic_trials(monkeypatch, lambda name: None)  # every run failed: more rounds narrow nothing
     results, stop = _auto(precision=2)
-    assert stop.rounds == compare.AUTO_MIN_ROUNDS and stop.widest is None and not stop.capped
-    assert len(results) == 2 * compare.AUTO_MIN_ROUNDS
+    assert stop.rounds == design.AUTO_MIN_ROUNDS and stop.widest is None and not stop.capped
+    assert len(results) == 2 * design.AUTO_MIN_ROUNDS
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -263,13 +263,13 @@ def test_run_repeat_is_the_trial_loop_with_one_backend(fakes, tmp_path):
     line = next(line for line in res.output.splitlines() if "│ fake_noisy" in line)
     cells = [cell.strip() for cell in line.split("│")]
     assert "5" in cells and any("–" in cell and "(" in cell for cell in cells)  # five trials, the median's interval
-    assert f"tiny_cpu: every 95% interval within ±10% after {compare.AUTO_MIN_ROUNDS} rounds" in res.output
+    assert f"tiny_cpu: every 95% interval within ±10% after {design.AUTO_MIN_ROUNDS} rounds" in res.output
 
 
 def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario():
     from framework_bench.plugins.contract import Machine
     from framework_bench.run.dry_run import DryRun
-    from framework_bench.run.launchers.slurm import estimate_time
+    from framework_bench.run.launchers.slurm_time import estimate_time
     from framework_bench.run.verdicts import Verdict
     s = scenario.load("llama2_7b_8k_1gpu")
 
@@ -279,15 +279,15 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario():
 
     planned = [plan("a"), plan("b", machine="no GPU here", memory="GPU memory unknown"), plan("c", check="no ZeRO-3")]
     machine = Machine()
-    cost = compare.trial_cost(s, planned, machine, 5, None)
+    cost = dry_run.trial_cost(s, planned, machine, 5, None)
     estimate = estimate_time(s, None)  # no GPU here, none named by the scenario: the weakest GPU's peak
     assert cost.backends == ["a", "b"]  # c refuses the scenario: stored at once; b is judged on this machine
     assert cost.warmup == 0 and cost.training_s == pytest.approx(estimate.steps * estimate.step_seconds)
     assert cost.summary().startswith("5 trials + 0 warm-up of 2 backend(s) (a, b): 10 runs, ~")
-    assert compare.trial_cost(s, planned, machine, 3, 1).summary().startswith("3 trials + 1 warm-up of 2 backend(s) (a, b): 8 runs")
-    assert "5 to 10 (--repeat auto) trials" in compare.trial_cost(s, planned, machine, "auto", None).summary()
-    assert compare.trial_cost(s, planned, machine, 1, None) is None  # one run each: nothing multiplied
-    assert compare.trial_cost(scenario.load("tiny_cpu"), planned, machine, 5, None) is None  # GPU scenarios only
+    assert dry_run.trial_cost(s, planned, machine, 3, 1).summary().startswith("3 trials + 1 warm-up of 2 backend(s) (a, b): 8 runs")
+    assert "5 to 10 (--repeat auto) trials" in dry_run.trial_cost(s, planned, machine, "auto", None).summary()
+    assert dry_run.trial_cost(s, planned, machine, 1, None) is None  # one run each: nothing multiplied
+    assert dry_run.trial_cost(scenario.load("tiny_cpu"), planned, machine, 5, None) is None  # GPU scenarios only
 
 
 def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_the_20_percent_slowdown(fakes, tmp_path):

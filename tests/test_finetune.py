@@ -1,4 +1,4 @@
-"""The finetune axis (issue 27): full / LoRA / QLoRA scenarios validate and mean what they say,
+"""The finetune axis: full / LoRA / QLoRA scenarios validate and mean what they say,
 an older dump reads as full, and a backend that declares no adapters refuses them before anything runs."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import QLORA_ON_CPU, BackendEnv, Capabilities, Machine
 from framework_bench.run import verdicts
 from framework_bench.spec import scenario
-from framework_bench.spec.scenario import FineTune, Scenario
+from framework_bench.spec.finetune import FineTune
+from framework_bench.spec.scenario import Scenario
 
 CPU = Machine(gpus=0, cpu="test", cpu_count=2)
 LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -33,7 +34,6 @@ def test_a_lora_dump_names_every_setting_and_reads_back_the_same():
     assert dump["finetune"] == {"method": "lora", "rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": LLAMA_LINEAR,
                                 "base_dtype": "fp32", "quant_type": None, "double_quant": None, "compute_dtype": None}
     assert Scenario.model_validate(dump).model_dump(mode="json") == dump
-    assert s.view.raw["finetune"]["targets"] == LLAMA_LINEAR  # what a worker reads from job.json
 
 
 def test_qlora_fills_in_its_quant_settings():
@@ -72,7 +72,7 @@ def test_a_backend_declaring_no_lora_refuses_it_without_running_and_the_bundled_
 def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declared():
     s = scenario.load("tiny_cpu_qlora")
     for name, backend in _bundled().items():
-        _, verdict = verdicts.judge(backend, s, CPU, env=_env(name))
+        _, verdict = verdicts.verdict_for(backend, s, CPU, env=_env(name))
         assert verdict.check == QLORA_ON_CPU
     assert "bitsandbytes 0.45.0" in QLORA_ON_CPU and "CUDA only" in QLORA_ON_CPU
     everything = Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, lora=True, qlora=True)
@@ -84,12 +84,12 @@ def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declare
     assert lora_only.refusal(scenario.load("tiny_cpu_lora"), "x") is None
 
 
-ISSUE_27 = ["tiny_cpu_lora", "tiny_cpu_qlora", "llama2_7b_8k_1gpu_lora", "llama2_7b_32k_1gpu_lora",
+FINETUNE_SCENARIOS = ["tiny_cpu_lora", "tiny_cpu_qlora", "llama2_7b_8k_1gpu_lora", "llama2_7b_32k_1gpu_lora",
             "llama2_7b_8k_1gpu_qlora", "llama3_8b_2k_1gpu_full", "llama3_8b_2k_1gpu_lora", "llama3_8b_2k_1gpu_qlora"]
 
 
-@pytest.mark.parametrize("name", ISSUE_27)
-def test_the_issue_27_scenarios_are_bundled(name):
+@pytest.mark.parametrize("name", FINETUNE_SCENARIOS)
+def test_the_finetune_scenarios_are_bundled(name):
     s = scenario.load(name)
     assert s.finetune.method == name.rsplit("_", 1)[-1]
     assert str(scenario.source_path(name).parent) == str(scenario.SCENARIO_DIR.resolve())
@@ -97,12 +97,12 @@ def test_the_issue_27_scenarios_are_bundled(name):
 
 def test_fbench_validate_scenarios_and_show_take_them():
     runner = CliRunner()
-    paths = [str(scenario.source_path(n)) for n in ISSUE_27]
+    paths = [str(scenario.source_path(n)) for n in FINETUNE_SCENARIOS]
     result = runner.invoke(app, ["validate", *paths])
     assert result.exit_code == 0, result.output
     assert all(f"ok {p}" in result.output for p in paths), result.output
     listed = runner.invoke(app, ["scenarios"])
-    assert listed.exit_code == 0 and all(n in listed.output for n in ISSUE_27), listed.output
+    assert listed.exit_code == 0 and all(n in listed.output for n in FINETUNE_SCENARIOS), listed.output
     for name in ("tiny_cpu_lora", "llama3_8b_2k_1gpu_qlora"):
         shown = runner.invoke(app, ["show", name])
         assert shown.exit_code == 0 and name in shown.output, shown.output
@@ -120,7 +120,7 @@ def test_the_host_counts_the_trainable_parameters_a_worker_claims():
     """Issue 27, item 3: the host's count from the model and the LoRA config; a worker that
     trains its base too, adapts other modules or another rank, or counts nothing, cannot pass."""
     from framework_bench.measure import verify
-    from framework_bench.measure.memory import parameter_count
+    from framework_bench.spec.models import parameter_count
 
     s = scenario.load("tiny_cpu_lora")
     adapters = s.finetune.adapter_parameter_count(s.arch)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
 from framework_bench.envs import venvs as envs
-from framework_bench.run import compare
+from framework_bench.present import differences
 from framework_bench.spec import scenario
 
 BACKENDS = ("xtuner", "llamafactory")
@@ -38,7 +38,7 @@ def _compare(tmp_path_factory, mode: str) -> tuple[dict, dict]:
                                        "--out", str(root / "plots"), "--json", "--timeout", "900"])
     assert res.exit_code == 0, res.output
     records = json.loads(res.stdout)
-    return {r["backend"]: r for r in records}, compare.setting_differences(records).get("tiny_cpu_lora", [])
+    return {r["backend"]: r for r in records}, differences.setting_differences(records).get("tiny_cpu_lora", [])
 
 
 @pytest.fixture(scope="module")

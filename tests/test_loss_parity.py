@@ -13,7 +13,7 @@ from backend_helpers import CPU
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.measure.verify import UNCHECKED_ENV
-from framework_bench.run import pipeline, readback
+from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.data.packing import pack
@@ -172,12 +172,12 @@ def test_training_otherwise_is_invalid_whatever_the_normalisation_words(lie, gra
     scn, data, root, reference = accum2 if grad_accum == 2 else (*tiny_cpu_run("torch")[:2], tmp_path, tiny_cpu_run("torch")[2])
     assert reference.status == "ok", reference.reason
     monkeypatch.setenv(UNCHECKED_ENV, "parity,update_parity")
-    r = pipeline.run_one(f"lying_{lie}", scn, RunOptions(root=root), data=data, machine=CPU, reference=reference)
+    r = referee.judge(pipeline.run_one(f"lying_{lie}", scn, RunOptions(root=root), data=data, machine=CPU), reference, scn)
     assert r.status == "ok", r.reason  # every other check passes: only the training checks tell
     monkeypatch.delenv(UNCHECKED_ENV)
     assert losses.scheme_of(r) == losses.scheme_of(reference) == "step_token_mean"
     judged = r.model_copy(update={"checks": [c for c in r.checks if c.name not in ("parity", "update_parity")]}, deep=True)
-    readback.judge_parity(judged, reference, scn)
+    referee.judge(judged, reference, scn)
     checks = {c.name: c for c in judged.checks}
     if lie == "honest":
         assert judged.status == "ok" and checks["parity"].status == checks["update_parity"].status == "pass", judged.reason

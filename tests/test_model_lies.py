@@ -15,7 +15,7 @@ import pytest
 from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
-from framework_bench.run import pipeline
+from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
 
@@ -63,7 +63,7 @@ def world(tmp_path_factory, tiny_cpu_run):
 
 def run(world, name: str):
     scn, data, root, reference, _ = world
-    return pipeline.run_one(name, scn, RunOptions(root=root), data=data, machine=CPU, reference=reference)
+    return referee.judge(pipeline.run_one(name, scn, RunOptions(root=root), data=data, machine=CPU), reference, scn)
 
 
 def test_the_honest_copy_passes_parity(world):
@@ -170,8 +170,8 @@ def test_a_worker_copying_the_references_files_passes_only_where_the_reference_r
     scn, data, _, _, _ = world
     root = tmp_path / "runs"  # the liar's neighbours: only what this test made
     first = pipeline.run_one("torch", scn, RunOptions(root=root), data=data, machine=CPU)
-    copier = pipeline.run_one("lying_copies_reference", scn, RunOptions(root=root), data=data, machine=CPU,
-                              reference=first)
+    copier = referee.judge(pipeline.run_one("lying_copies_reference", scn, RunOptions(root=root), data=data,
+                                            machine=CPU), first, scn)
     assert copier.status == "ok", copier.reason  # the reference's files were there to copy
     results = compare.compare([scn], ["lying_copies_reference"], RunOptions(root=root), repeat=2, warmup_rounds=0)
     liars = [r for r in results if r.backend == "lying_copies_reference"]

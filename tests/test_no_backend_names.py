@@ -1,4 +1,4 @@
-"""The host knows no backend by name (issue 18): what differs between frameworks comes from
+"""The host knows no backend by name: what differs between frameworks comes from
 each backend's `BackendInfo`, so a third backend gets its memory scheme, manifest and report
 notes the same way. Docstrings and comments may name the frameworks (they say why); code may not."""
 
@@ -20,8 +20,6 @@ TORCH = "torch"
 # LLaMA-Factory's repository (spec/catalog.py: their download address).
 ATTRIBUTION = re.compile(r"XTuner('s)? (published )?formula|published XTuner|XTuner / model|xtuner_(per_token|tflops)"
                          r"|hiyouga/LLaMA-Factory/main/data/|LLaMA-Factory's demo files")
-# The shims of issue 18 item 3 keep their old text; they hold no logic.
-SHIMS = {"backend.py", "hookspecs.py", "packed.py", "worker_io.py"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -65,8 +63,7 @@ def offences(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_the_host_names_no_bundled_backend():
-    found = [hit for path in sorted(PACKAGE.rglob("*.py"))
-             if not (path.parent == PACKAGE and path.name in SHIMS) for hit in offences(path)]
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in offences(path)]
     assert not found, "\n".join(found)
 
 
@@ -88,7 +85,7 @@ def test_an_engines_settings_keys_come_from_the_backends_that_use_it():
     the host's common keys hold none of them; they count because the backends declare them."""
     from framework_bench.plugins import registry
     from framework_bench.plugins.deepspeed_settings import DEEPSPEED_SPEED_SETTINGS
-    from framework_bench.run.compare import COMMON_SPEED_SETTINGS, speed_relevant
+    from framework_bench.present.differences import COMMON_SPEED_SETTINGS, speed_relevant
 
     assert COMMON_SPEED_SETTINGS.isdisjoint(DEEPSPEED_SPEED_SETTINGS)
     declaring = {name for name, b in registry.backends().items() if b.info.speed_settings}

@@ -332,7 +332,7 @@ def test_declared_capabilities_are_enforced_by_the_host(fake):
     from framework_bench.run import verdicts
 
     gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
-    _, verdict = verdicts.judge(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
+    _, verdict = verdicts.verdict_for(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
     assert verdict.reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
     assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked
 
@@ -537,12 +537,12 @@ class CopiedTorch(plugin.TorchBackend):
 
 
 def test_a_second_backend_declaring_itself_the_reference_is_refused_with_the_first(site, fbench_home):
-    from framework_bench.run import compare
+    from framework_bench.run import reference
 
     install_dist(site, "fbench_torch_copy", "torch_copy", "fbench_torch_copy_mod:CopiedTorch", TORCH_COPY)
     found = plugins.backends()
     assert "torch_copy" not in found and "torch" not in found
-    assert compare.reference_backend() is None  # no plugin sorts its way into being the reference
+    assert reference.reference_backend() is None  # no plugin sorts its way into being the reference
     for name in ("torch", "torch_copy"):
         why = plugins.load_errors[name]
         assert "reference" in why and "fbench_torch_copy" in why and "fbench-torch" in why, why
@@ -553,9 +553,9 @@ def test_a_second_backend_declaring_itself_the_reference_is_refused_with_the_fir
 
 
 def test_one_backend_declaring_itself_the_reference_is_the_reference(site):
-    from framework_bench.run import compare
+    from framework_bench.run import reference
 
     install_dist(site, "fbench_torch_copy", "torch_copy", "fbench_torch_copy_mod:CopiedTorch",
                  TORCH_COPY.replace('"PyTorch, copied"', '"PyTorch, copied", "reference": False'))
-    assert compare.reference_backend() == "torch" and "torch_copy" in plugins.backends()
+    assert reference.reference_backend() == "torch" and "torch_copy" in plugins.backends()
     assert not plugins.load_errors

@@ -65,7 +65,7 @@ def test_markdown_links_the_charts_relatively(report):
 
 
 def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
-    from framework_bench.run.compare import setting_differences
+    from framework_bench.present.differences import setting_differences
     from framework_bench.measure.verify import Check
 
     base = {"trainer": "t", "optimizer": "torch.optim.adamw.AdamW", "optimizer_impl": "foreach", "seed": 1,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench.store import results
+from framework_bench.store import results, schema
+from framework_bench.store.export import export
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultsError, ResultStore
 from framework_bench.spec.scenario import Scenario, load
@@ -169,26 +170,26 @@ def test_export_csv_and_json_parse_back(store, tmp_path):
     store.add(RunResult(backend="llamafactory", scenario="tiny_cpu", status="oom", reason="a, \"quoted\"\nreason"),
               load("tiny_cpu"), manifest_={"hostname": "h"})
 
-    rows = list(csv.DictReader(io.StringIO(store.export("csv"))))
+    rows = list(csv.DictReader(io.StringIO(export(store, "csv"))))
     assert [r["status"] for r in rows] == ["ok", "oom"]
     assert float(rows[0]["tgs"]) == 1000.0 and rows[1]["tgs"] == ""
     assert rows[1]["reason"] == "a, \"quoted\"\nreason"
     assert json.loads(rows[0]["flags"]) == ["step spread 30%"]
     assert json.loads(rows[0]["scenario_json"])["name"] == "tiny_cpu"
 
-    runs = json.loads(store.export("json"))
+    runs = json.loads(export(store, "json"))
     assert [r["status"] for r in runs] == ["ok", "oom"]
     assert len(runs[0]["steps"]) == 3 and runs[0]["manifest"] == {"hostname": "h"}
-    assert json.loads(store.export("json", backend="llamafactory"))[0]["reason"].endswith("reason")
+    assert json.loads(export(store, "json", backend="llamafactory"))[0]["reason"].endswith("reason")
     with pytest.raises(ValueError, match="csv or json"):
-        store.export("xml")
+        export(store, "xml")
 
 
 def test_schema_version_is_recorded_and_a_newer_one_refused(tmp_path):
     path = tmp_path / "r.sqlite"
     ResultStore(path).close()
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == results.SCHEMA_VERSION
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
         raw.execute("PRAGMA user_version = 99")
     with pytest.raises(ResultsError, match="schema version 99"):
         ResultStore(path)
@@ -223,12 +224,12 @@ def test_export_keeps_one_row_per_trial_with_its_compares_aggregates(store):
         store.add(trial("xtuner", tgs, "c1", round_), load("tiny_cpu"), manifest_={})
         store.add(trial("torch", tgs / 2, "c1", round_), load("tiny_cpu"), manifest_={})
     store.add(trial("xtuner", 900.0, None, None), load("tiny_cpu"), manifest_={})
-    rows = list(csv.DictReader(io.StringIO(store.export("csv", backend="xtuner", reference="torch"))))
+    rows = list(csv.DictReader(io.StringIO(export(store, "csv", backend="xtuner", reference="torch"))))
     assert [(r["trial_round"], r["trials"], r["tgs_median"], r["pct_of_reference"]) for r in rows] == [
         ("1", "3", "1000.0", "200.0"), ("2", "3", "1000.0", "200.0"), ("3", "3", "1000.0", "200.0"),
         ("", "1", "900.0", "")]  # the old row: a compare of one trial, without the reference
     assert float(rows[0]["tgs_ci_low"]) <= 1000.0 <= float(rows[0]["tgs_ci_high"]) and rows[3]["tgs_ci_low"] == ""
-    runs = json.loads(store.export("json", reference="torch"))
+    runs = json.loads(export(store, "json", reference="torch"))
     assert {r["pct_ci_low"] for r in runs if r["backend"] == "torch"} == {None}  # the reference itself
     assert all(r["pct_ci_low"] <= 200.0 <= r["pct_ci_high"] for r in runs if r["compare_id"] and r["backend"] == "xtuner")
 
@@ -242,15 +243,14 @@ def test_a_store_from_before_trials_reads_its_rows_as_single_trials(tmp_path):
     with ResultStore(path) as store:
         rows = store.list()
         assert rows and all(r["compare_id"] is None and r["trial_round"] is None for r in rows)
-        assert {r["trials"] for r in json.loads(store.export("json"))} <= {0, 1}
+        assert {r["trials"] for r in json.loads(export(store, "json"))} <= {0, 1}
 
 
 def test_results_list_groups_the_trials_of_a_compare_and_gives_its_verdicts(fbench_home, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from framework_bench.cli import app
-    from framework_bench.run import compare
-    monkeypatch.setattr(compare, "reference_backend", lambda: "torch")
+    monkeypatch.setenv("FBENCH_REFERENCE", "torch")
     monkeypatch.setenv("COLUMNS", "200")
     db = tmp_path / "r.sqlite"
     with ResultStore(db) as store:
@@ -337,7 +337,7 @@ def test_reading_commands_read_an_older_store_without_migrating_it(fbench_home, 
         rows = s.list()
         assert rows and all(r["compare_id"] is None and r["trial_round"] is None for r in rows)
         assert s.get(rows[0]["id"])["steps"] is not None
-        assert json.loads(s.export("json"))
+        assert json.loads(export(s, "json"))
     for command in (["results", "list"], ["results", "export"], ["results", "show", str(rows[0]["id"])]):
         res = _cli(*command, "--db", str(path))
         assert res.exit_code == 0, (command, res.output)
@@ -348,7 +348,7 @@ def test_the_first_write_migrates_an_older_store_after_a_backup_beside_it(tmp_pa
     path = _old_store(tmp_path)
     before = path.read_bytes()
     ResultStore(path).close()
-    assert _version(path) == results.SCHEMA_VERSION
+    assert _version(path) == schema.SCHEMA_VERSION
     backups = list(tmp_path.glob("old.sqlite.schema6*.bak"))
     assert len(backups) == 1 and backups[0].read_bytes() == before
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from framework_bench.cli import app, common, render
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.run.compare import reference_backend
+from framework_bench.run.reference import reference_backend
 from framework_bench.spec import scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 
 from backend_helpers import tiny
 from framework_bench.measure import clock, verify
-from framework_bench.run import compare, pipeline
+from framework_bench.run import compare, pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
 
@@ -41,8 +41,8 @@ def runs(liars, tmp_path_factory):
 
 def judged_again(result, reference, monkeypatch, unchecked: str):
     monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
-    return pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
-                           launch.Outcome("ok", 0, result.wall_seconds, ""), reference)
+    return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
+                                         launch.Outcome("ok", 0, result.wall_seconds, "")), reference, SCENARIO)
 
 
 @pytest.mark.slow  # real runs of the torch worker's copies

@@ -171,36 +171,33 @@ def backend_names(option: str) -> list[str]:
 
 def open_store(db: Path | None, read_only: bool = False):
     """The results store; first, the runs earlier commands could not store are stored (and said)."""
-    from framework_bench.run import orphans
+    from framework_bench.run import pipeline
     from framework_bench.store import results
-    from framework_bench.run.pipeline import runs_root
     try:
         store = results.ResultStore(db, must_exist=read_only and db is not None)
     except results.ResultsError as e:
         fail(str(e))
-    for line in orphans.recover(runs_root()) + results.recover(store):
+    for line in pipeline.recover(store):
         err.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
     return store
 
 
-def keep(store, result, scenario) -> None:
-    """Store one run's row, whatever happens: kept beside the store for the next command when
-    the store cannot take it; printed as JSON on stderr, exit 1, when that fails too."""
-    from framework_bench.run import orphans
-    from framework_bench.run.interrupts import held
-    from framework_bench.store import results
-    note = getattr(scenario, "shadow_note", None)  # a user's scenario over a bundled one: said on its runs
-    if note and note not in result.notes:
-        result.notes.append(note)
-    with held():  # a second Ctrl-C now must not lose this run's row
-        try:
-            kept = orphans.save(store, result, scenario)
-        except results.Unstored as e:
-            print(e.record, file=sys.stderr)
-            fail(f"{e}: the run is printed above as JSON")
-    if kept:
-        err.print(f"[yellow]the results file could not take the run now: kept in {escape(str(kept))}; "
-                  "the next fbench command stores it[/yellow]", highlight=False, soft_wrap=True)
+def say_kept(path: Path) -> None:
+    """A run's row the store could not take now, kept beside it (`pipeline.keep`)."""
+    err.print(f"[yellow]the results file could not take the run now: kept in {escape(str(path))}; "
+              "the next fbench command stores it[/yellow]", highlight=False, soft_wrap=True)
+
+
+def fail_unstored(e) -> None:
+    """Neither the store nor the folder beside it took a run (`unstored.Unstored`): its row as JSON, exit 1."""
+    print(e.record, file=sys.stderr)
+    fail(f"{e}: the run is printed above as JSON")
+
+
+def stop_interrupted(what: str = "finished runs are stored") -> None:
+    """Ctrl-C (or SIGTERM/SIGHUP) ended the command: said once, exit 130."""
+    err.print(f"[yellow]interrupted: {escape(what)}[/yellow]")
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def stored_rows(store, by_name: dict, settings: str | None = None) -> list[dict]:

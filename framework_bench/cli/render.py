@@ -165,7 +165,7 @@ def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool 
     trials: the median TGS and % of the reference with their 95% intervals from two trials,
     headline figures first, notes as footnotes."""
     from framework_bench.present.verdict import Points, noise_note, share_cell, tgs_cell
-    from framework_bench.run.compare import reference_backend
+    from framework_bench.run.reference import reference_backend
     points = Points([result_dict(r) for r in results], reference_backend())
     t = FittedTable("compare", [
         Col("scenario"), Col("backend"), Col("status"), Col("trials", "right"), Col("TGS", "right"),
@@ -192,7 +192,7 @@ def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool 
 def print_verdicts(results) -> None:
     """Below a compare's table: each pair's verdict, each noisy backend, each trial not counted."""
     from framework_bench.present.verdict import Points
-    from framework_bench.run.compare import reference_backend
+    from framework_bench.run.reference import reference_backend
     for line in Points([result_dict(r) for r in results], reference_backend()).lines:
         common.console.print(line, highlight=False, markup=False)
 
@@ -227,7 +227,7 @@ def print_checks(checks) -> None:
 def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:
     """Per scenario, the settings that differ between its backends: one setting per row, each
     backend's value in its own column, wrapped to the width (a long value folds, never cut)."""
-    from framework_bench.run.compare import setting_differences
+    from framework_bench.present.differences import setting_differences
     show = show or common.console
     for name, diffs in setting_differences(records).items():
         show.print(f"[bold]{escape(name)}[/bold]: {len(diffs)} setting(s) differ between backends "
@@ -309,12 +309,9 @@ def print_run(r, db: Path, verbose: bool = False) -> None:
         console.print(f"stored as result {r.result_id} in {db}", highlight=False, markup=False)
 
 
-def print_plan(d, s, options, machine, show) -> None:
+def print_plan(d, s, options, show) -> None:
     """One dry-run plan: the verdicts, then the command, its environment and the files it wrote."""
     import shlex
-
-    from framework_bench.measure.memory import estimate
-    from framework_bench.plugins import registry as plugins
 
     if d.verdict is not None:
         print_verdict(d.backend, d.launcher, d.verdict, show)
@@ -326,9 +323,7 @@ def print_plan(d, s, options, machine, show) -> None:
         return
     if d.time is not None:
         show.print(time_line(d.time, options.sbatch), highlight=False, markup=False)
-    if s.cluster.device == "cuda":  # per phase, as this backend declares its AdamW in this mode
-        e = estimate(s, declared=plugins.get(d.backend).info.memory, settings_mode=options.settings_mode,
-                     gpu_memory_gib=machine.gpu_memory_gib, gpu=s.reference.hardware if s.reference else None)
+    if (e := d.verdict and d.verdict.estimate) is not None:  # per phase, as this backend declares its AdamW
         show.print(f"  memory: ~{e.total_gib:.1f} GiB at the {e.peak_phase} ({e.phases_line()}; "
                    f"{e.optimizer_impl} AdamW, {'DDP-wrapped' if e.ddp_wrapped else 'not DDP-wrapped'})",
                    highlight=False, markup=False)

@@ -18,17 +18,17 @@ def reading_store(db: Path | None):
     """The store for a command that only reads (list, show, export, plot, report): a current one
     as `common.open_store` opens it (the rows earlier commands kept aside are stored first); an
     older schema is read as it is, never migrated: the next command that stores a run does that."""
-    from framework_bench.store import results
+    from framework_bench.store import results, schema
     try:
         store = results.ResultStore(db, must_exist=db is not None, read_only=True)
     except results.ResultsError as e:
         common.fail(str(e))
-    if store.version == results.SCHEMA_VERSION:
+    if store.version == schema.SCHEMA_VERSION:
         store.close()
         return common.open_store(db, read_only=True)
     common.err.print(f"[yellow]{escape(str(store.path))} has schema version {store.version}: read as it is; the next "
                      f"command that stores a run (fbench run, compare, results collect) migrates it to "
-                     f"{results.SCHEMA_VERSION}, after a backup copy beside it[/yellow]", highlight=False, soft_wrap=True)
+                     f"{schema.SCHEMA_VERSION}, after a backup copy beside it[/yellow]", highlight=False, soft_wrap=True)
     return store
 
 
@@ -52,7 +52,7 @@ def results_list(
     The trials of one compare together, each backend's in round order; then the verdicts of each
     compare of several rounds."""
     from framework_bench.present.verdict import Points
-    from framework_bench.run.compare import reference_backend
+    from framework_bench.run.reference import reference_backend
     store = reading_store(db)
     t = render.FittedTable("results list", [
         render.Col("id", "right"), render.Col("created"), render.Col("compare"), render.Col("round", "right"),
@@ -90,7 +90,7 @@ def results_show(run_id: int, db: common.DbOption = None) -> None:
     """One run as JSON: figures, per-step metrics, scenario and environment manifest."""
     from framework_bench.store.results import ResultsError
     try:
-        from framework_bench.store.results import standard_json
+        from framework_bench.store.export import standard_json
         print(json.dumps(standard_json(reading_store(db).get(run_id)), indent=2, default=str, allow_nan=False))
     except ResultsError as e:
         common.fail(str(e))
@@ -107,11 +107,12 @@ def results_export(
 
     One row per trial, each with the aggregates of its compare: trials, median TGS and its 95%
     interval, CV, % of the reference and its interval."""
-    from framework_bench.run.compare import reference_backend
+    from framework_bench.run.reference import reference_backend
     if format not in ("csv", "json"):
         common.fail(f"--format {format!r}: use csv or json")
+    from framework_bench.store.export import export
     store = reading_store(db)
-    print(store.export(format, scenario, backend, reference_backend()), end="")
+    print(export(store, format, scenario, backend, reference_backend()), end="")
     say_damaged(store)
 
 

@@ -31,11 +31,9 @@ def check_backend(
     except common.user_errors() as e:
         common.fail(str(e))
     except KeyboardInterrupt:  # while packing or judging: no worker runs then
-        common.err.print("[yellow]interrupted: nothing was checked[/yellow]")
-        raise typer.Exit(common.EXIT_INTERRUPTED)
+        common.stop_interrupted("nothing was checked")
     if report.result.status == "interrupted":  # the worker's whole process group is stopped
-        common.err.print(f"[yellow]interrupted: the check of {escape(name)} stopped, its worker with it[/yellow]")
-        raise typer.Exit(common.EXIT_INTERRUPTED)
+        common.stop_interrupted(f"the check of {name} stopped, its worker with it")
     render.show(render.points_table(name, report))
     if report.result.run_dir:
         common.console.print(f"run folder {report.result.run_dir}", highlight=False)
@@ -90,8 +88,7 @@ def run(
         return
     results, _, interrupted = _trial_loop([s], [backend], options, store, 1, 0, None, no_reference)
     if interrupted and not any(r.backend == backend for r in results):
-        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
-        raise typer.Exit(common.EXIT_INTERRUPTED)
+        common.stop_interrupted()
     r = next(r for r in results if r.backend == backend)
     if as_json:
         print(json.dumps(render.result_dict(r), indent=2))
@@ -103,9 +100,13 @@ def run(
                                      + (f", TGS {render.fmt(ref.tgs)}" if ref.tgs else "")
                                      + (f", stored as result {ref.result_id}" if ref.result_id is not None else ""),
                                      highlight=False, markup=False)
+    _end(results, interrupted)
+
+
+def _end(results: list, interrupted: bool) -> None:
+    """The exit of a command that ran trials: 130 when interrupted, else by the runs' statuses."""
     if interrupted:
-        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
-        raise typer.Exit(common.EXIT_INTERRUPTED)
+        common.stop_interrupted()
     if code := common.exit_code(results):
         raise typer.Exit(code)
 
@@ -177,21 +178,18 @@ def compare(
         charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
         (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
-    if interrupted:
-        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
-        raise typer.Exit(common.EXIT_INTERRUPTED)
-    if code := common.exit_code(results):
-        raise typer.Exit(code)
+    _end(results, interrupted)
 
 
 def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_rounds: int | None,
                 precision: float | None, no_reference: bool) -> tuple[list, list, bool]:
-    """`run/compare.py`'s trial loop with a progress bar, each run stored as it ends: (every
-    stored run, whatever ended the loop; the `--repeat auto` stops; whether Ctrl-C ended it)."""
+    """`run/compare.py`'s trial loop with a progress bar (the loop stores each run as it ends):
+    (every stored run, whatever ended the loop; the `--repeat auto` stops; whether Ctrl-C ended it)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from framework_bench.run import compare as compare_
     from framework_bench.run.interrupts import stop_signals_interrupt
+    from framework_bench.store.unstored import Unstored
     done: list = []
     stops: list = []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -205,8 +203,7 @@ def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_r
     def on_step(done: int, total: int, secs: float | None) -> None:
         progress.update(tasks["current"], completed=done, note=f"step {secs:.2f} s" if secs else "")
 
-    def on_result(r, s) -> None:  # a run once judged: the round's others after its reference
-        common.keep(store, r, s)
+    def on_result(r, s) -> None:  # a run once judged and stored: the round's others after its reference
         done.append(r)
         progress.update(tasks[r.backend], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
 
@@ -214,11 +211,13 @@ def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_r
     with progress:
         try:
             with stop_signals_interrupt():
-                compare_.compare(chosen, names, options, repeat=trials, warmup_rounds=warmup_rounds,
-                                 precision=precision, no_reference=no_reference, on_start=on_start, on_step=on_step, on_result=on_result,
-                                 on_auto=stops.append)
+                compare_.compare(chosen, names, options, store=store, repeat=trials, warmup_rounds=warmup_rounds,
+                                 precision=precision, no_reference=no_reference, on_start=on_start, on_step=on_step,
+                                 on_result=on_result, on_auto=stops.append, on_kept=common.say_kept)
         except (compare_.Interrupted, KeyboardInterrupt):
             interrupted = True
+        except Unstored as e:
+            common.fail_unstored(e)
         except common.user_errors() as e:
             common.fail(str(e))
     return done, stops, interrupted
@@ -238,11 +237,7 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
         render.print_auto_stops(stops)
         render.print_reasons(results)
         common.console.print(f"results stored in {store.path}", highlight=False)
-    if interrupted:
-        common.err.print("[yellow]interrupted: finished runs are stored[/yellow]")
-        raise typer.Exit(common.EXIT_INTERRUPTED)
-    if code := common.exit_code(results):
-        raise typer.Exit(code)
+    _end(results, interrupted)
 
 
 def _run_options(launcher: str | None, timeout: float | None, force: bool, settings: str, seed: int,
@@ -259,34 +254,30 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
     submitted. With --json, one JSON list of the plans on stdout and nothing else there. On GPU
     scenarios, what --repeat and the warm-up rounds multiply: runs and training time."""
     from framework_bench.measure.machine import detect
-    from framework_bench.measure.memory import estimate
-    from framework_bench.plugins import registry as plugins
-    from framework_bench.run import compare
+    from framework_bench.run import dry_run
 
     machine = detect()
     show = common.err if as_json else common.console  # with --json, stdout holds the JSON alone
-
-    def on_scenario(s) -> None:
-        show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
-        # Each backend's own estimate in this settings mode (its declared AdamW and sequence-parallel
-        # engine), the figure of its verdict and plan lines below; one line per distinct estimate.
-        target = s.reference.hardware if s.reference else None
-        by_estimate: dict[str, list[str]] = {}
-        for name in backend_names:
-            e = estimate(s, declared=plugins.get(name).info.memory, settings_mode=options.settings_mode,
-                         gpu_memory_gib=machine.gpu_memory_gib, gpu=target)
-            by_estimate.setdefault(e.summary(), []).append(name)
-        for summary, names in by_estimate.items():
-            show.print(f"{', '.join(names)} ({options.settings_mode} settings): {summary}", highlight=False,
-                       markup=False)
-
     try:
-        plans = compare.plans(chosen, backend_names, options, machine, on_scenario=on_scenario,
-                              on_plan=lambda d, s: render.print_plan(d, s, options, machine, show))
+        plans = dry_run.plans(chosen, backend_names, options, machine)
     except common.user_errors() as e:
         common.fail(str(e))
     for s in chosen:
-        cost = compare.trial_cost(s, [d for d in plans if d.scenario == s.name], machine, repeat, warmup_rounds)
+        mine = [d for d in plans if d.scenario == s.name]
+        show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        # Each backend's own estimate in this settings mode (its declared AdamW and sequence-parallel
+        # engine), the figure of its verdict and plan lines below; one line per distinct estimate.
+        by_estimate: dict[str, list[str]] = {}
+        for d in mine:
+            if d.verdict is not None and d.verdict.estimate is not None:
+                by_estimate.setdefault(d.verdict.estimate.summary(), []).append(d.backend)
+        for summary, names in by_estimate.items():
+            show.print(f"{', '.join(names)} ({options.settings_mode} settings): {summary}", highlight=False,
+                       markup=False)
+        for d in mine:
+            render.print_plan(d, s, options, show)
+    for s in chosen:
+        cost = dry_run.trial_cost(s, [d for d in plans if d.scenario == s.name], machine, repeat, warmup_rounds)
         if cost is not None:
             show.print(f"{s.name}: {cost.summary()}", highlight=False, markup=False)
     if as_json:
@@ -298,8 +289,9 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
     """--launcher slurm: judge, write and submit each run (never for a backend that refused, or
     whose hooks raised); those are stored at once, submitted runs when their jobs end (--wait,
     or `results collect`)."""
-    from framework_bench.run import compare
+    from framework_bench.run import pipeline, submit
     from framework_bench.run.interrupts import stop_signals_interrupt
+    from framework_bench.store.unstored import Unstored
     store = common.open_store(options.db)
     options = options.model_copy(update={"db": store.path})
     by_name = {s.name: s for s in chosen}
@@ -311,7 +303,11 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
     def on_planned(name, s, p) -> None:
         render.print_submission(name, p, options)
         if p.result is not None:
-            common.keep(store, p.result, s)
+            try:
+                if kept := pipeline.keep(store, p.result, s):
+                    common.say_kept(kept)
+            except Unstored as e:
+                common.fail_unstored(e)
             results.append(p.result)
             common.console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
         elif p.submission:
@@ -319,7 +315,7 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
 
     try:
         with stop_signals_interrupt():
-            compare.submit(chosen, backend_names, options, on_scenario=on_scenario, on_planned=on_planned)
+            submit.submit_all(chosen, backend_names, options, on_scenario=on_scenario, on_planned=on_planned)
     except common.user_errors() as e:
         common.fail(str(e))
     except KeyboardInterrupt:  # while judging, packing or submitting: what was submitted stays recorded

@@ -33,7 +33,7 @@ from framework_bench.measure import flops
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario as scenario_mod
 from framework_bench.present.verdict import Points, share_cell, tgs_cell
-from framework_bench.run.compare import reference_backend
+from framework_bench.run.reference import reference_backend
 from framework_bench.measure.metrics import RunResult
 from framework_bench.spec.scenario import PROJECT_ROOT, Scenario
 
@@ -263,7 +263,8 @@ class Check:
 
     def write(self) -> None:
         """Rewrite every file of --out from what has run so far."""
-        (self.out / "runs.json").write_text(self.store.export("json"))
+        from framework_bench.store.export import export
+        (self.out / "runs.json").write_text(export(self.store, "json"))
         (self.out / "logs.txt").write_text("".join(
             f"===== {r.scenario} / {r.backend}: {r.status} (run folder {r.run_dir or '-'})\n{_log_tail(r)}\n"
             for r, *_ in self.rows))

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench.measure import flops
-from framework_bench.run.compare import NOT_ALIGNED, reference_backend, speed_relevant
+from framework_bench.present.differences import NOT_ALIGNED, speed_relevant
+from framework_bench.run.reference import reference_backend
 from framework_bench.plugins import registry
 from framework_bench.present.plotting import ctx_label, hardware
 from framework_bench.present.verdict import Points, share_cell

@@ -9,11 +9,18 @@ a table, the report, the charts and the terminal say the same thing.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 from framework_bench.measure import statistics
 from framework_bench.measure.statistics import Ratio, Summary, Trial
-from framework_bench.run.compare import AutoStop, definition
+from framework_bench.run.compare import AutoStop
+
+
+def definition(scenario_json: dict) -> str:
+    """A scenario's stored definition as one comparable string."""
+    return json.dumps(scenario_json, sort_keys=True)
+
 
 MINUS = "\u2212"  # a typographic minus: "−1.8" reads as a number, "-1.8" as a dash
 

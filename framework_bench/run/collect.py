@@ -13,7 +13,7 @@ What can go wrong between a job and its row never loses the row nor doubles it:
   status in its run folder: a node lost), is waited for VANISHED_AFTER_S (10 min) from the first
   collect that saw it so, then stored `failed` saying so: `collect --wait` ends. One that started
   longer ago than its time limit allows (+ 10 min) is `failed` at once, even where the queue
-  cannot be asked (`slurm.job_state`).
+  cannot be asked (`slurm_queue.job_state`).
 - A job whose files are damaged (a `slurm-exit-code` that is not a number, a `job.json` that does
   not read) is stored `failed`, the reason naming the file and the damage.
 """
@@ -30,13 +30,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Job
-from framework_bench.run import compare, pipeline, readback
+from framework_bench.run import pipeline, referee
+from framework_bench.run.reference import reference_backend
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
-from framework_bench.run.launchers.slurm import (SBATCH_EXIT_FILE, SBATCH_FILE, JobState, job_state, node, outcome_of,
-                                                 written_for)
+from framework_bench.run.launchers.slurm import SBATCH_EXIT_FILE, SBATCH_FILE, written_for
+from framework_bench.run.launchers.slurm_queue import JobState, job_state, node, outcome_of
 from framework_bench.spec.scenario import Scenario
 from framework_bench.spec.scenario import load as load_scenario
 from framework_bench.worker.files import read_metrics
@@ -47,20 +49,20 @@ JOB_FILE = "job.json"
 def ingest(sub: Submission, state: JobState, reference: RunResult | None = None) -> RunResult:
     """The stored-to-be result of an ended job; its MFU against the GPU of the node that ran it
     (none when that is unknown: the plan's target GPU may not be what the scheduler gave); judged
-    against `reference`, the reference's result (never `ok` without one: `pipeline.judge`). A run
+    against `reference`, the reference's result (never `ok` without one: `referee.judge`). A run
     whose job file is damaged cannot be read back: `failed`, naming the damage."""
     outcome = outcome_of(sub, state)
     if damage := job_damage(sub):
         reason = (f"{outcome.log_tail}\n[fbench] {damage}: the run cannot be read back (its row's scenario is "
                   f"{sub.scenario!r} as defined now)")
         return RunResult(backend=sub.backend, scenario=sub.scenario, status="failed", run_dir=sub.run_dir,
-                         wall_seconds=round(outcome.seconds, 2), reason=readback.shortened(reason.strip()))
+                         wall_seconds=round(outcome.seconds, 2), reason=referee.shortened(reason.strip()))
     result = pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome)
-    if sub.backend == compare.reference_backend():
+    if sub.backend == reference_backend():
         return result
     absent = ("no reference job was submitted beside it" if sub.reference is None else
               f"the reference's job ({sub.reference}) left no result")
-    return pipeline.judge(result, reference, scenario_of(sub), absent)
+    return pipeline.write_result(referee.judge(result, reference, scenario_of(sub), absent))
 
 
 def job_damage(sub: Submission) -> str | None:
@@ -103,9 +105,9 @@ def reference_of(sub: Submission) -> RunResult | str | None:
 
 def node_manifest(sub: Submission) -> dict:
     """The run's manifest: this machine's backend env and checkout, with the node's name and GPU."""
-    from framework_bench.store import results
+    from framework_bench.store import provenance
     hostname, gpu = node(sub)
-    return {**results.manifest(sub.backend), "hostname": hostname, "gpu": gpu, "collected_on": socket.gethostname()}
+    return {**provenance.manifest(sub.backend), "hostname": hostname, "gpu": gpu, "collected_on": socket.gethostname()}
 
 
 def steps_done(sub: Submission) -> int:
@@ -166,7 +168,7 @@ def _claimed(sub: Submission) -> Iterator[bool]:
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             holder = claim.read_text().strip() if claim.exists() else ""
-            if holder.isdigit() and Path(f"/proc/{holder}").exists():
+            if holder.isdigit() and not processes.abandoned(int(holder)):
                 yield False
                 return
             claim.unlink(missing_ok=True)

@@ -1,17 +1,19 @@
 """`--dry-run`: what a run would do, judged and planned exactly as `framework_bench/run/pipeline.py`
-prepares it for real, without packing or launching anything."""
+prepares it for real, without packing or launching anything; on GPU scenarios, what `--repeat`
+would cost."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, packed_dir
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import pipeline, verdicts
-from framework_bench.run.launchers.slurm import TimeEstimate
+from framework_bench.run import design, pipeline, verdicts
+from framework_bench.run.launchers.slurm import TimeEstimate, _duration, estimate_time
 from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.packed import TOKENIZER_DIR
@@ -59,3 +61,52 @@ def unpacked(scenario: Scenario, root: Path) -> PackedData:
     tokenizer.save_for_transformers(tokenizer.load(scenario.dataset.tokenizer), directory / TOKENIZER_DIR,
                                     scenario.context_length)
     return PackedData(directory, {"sha256": "(not packed in a dry run)"})
+
+
+def plans(
+    scenarios: list[Scenario],
+    backend_names: list[str],
+    options: RunOptions,
+    machine: Machine,
+) -> list[DryRun]:
+    """`--dry-run`: every backend's plan on every scenario, in the order given; nothing is packed,
+    launched or submitted."""
+    return [dry_run(name, s, options, machine) for s in scenarios for name in backend_names]
+
+
+class TrialCost(BaseModel):
+    """What --repeat and the warm-up rounds multiply on one GPU scenario, for `--dry-run`."""
+    scenario: str
+    trials: tuple[int, int] = Field(description="the fewest and the most counted rounds (apart: --repeat auto)")
+    warmup: int
+    backends: list[str] = Field(description="those whose own check takes the scenario: one that refuses it is "
+                                            "stored at once, for nothing")
+    training_s: float = Field(description="one run's expected training: its steps at the estimated step time")
+    source: str = Field(description="where the step time comes from")
+
+    def summary(self) -> str:
+        fewest, most = self.trials
+        trials = f"{fewest}" if fewest == most else f"{fewest} to {most} (--repeat auto)"
+        rounds = [(n + self.warmup) * len(self.backends) for n in (fewest, most)]
+        runs = f"{rounds[0]}" if fewest == most else f"{rounds[0]} to {rounds[1]}"
+        hours = " to ".join(dict.fromkeys(_duration(n * self.training_s) for n in rounds))
+        return (f"{trials} trials + {self.warmup} warm-up of {len(self.backends)} backend(s) "
+                f"({', '.join(self.backends)}): {runs} runs, ~{hours} of training ({runs} x "
+                f"{_duration(self.training_s)}: steps x the step time of the {self.source}) plus each run's start-up")
+
+
+def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repeat: int | Literal["auto"],
+               warmup_rounds: int | None) -> TrialCost | None:
+    """The cost of --repeat on a GPU scenario (None on CPU, or for a single run each): the runs of
+    every backend whose own check takes the scenario, times one run's expected training (the
+    estimate the SLURM time limit starts from, before its margin and start-up)."""
+    first, last = design.round_range(repeat)
+    warm = design.warmup_default(first, scenario) if warmup_rounds is None else warmup_rounds
+    if scenario.cluster.device != "cuda" or last + warm <= 1:
+        return None
+    # A backend's own check refuses the scenario wherever it runs (stored unsupported at once, for
+    # nothing); this machine, the env's flavour and memory are judged here, not on the GPU node.
+    running = [d.backend for d in planned if d.verdict is not None and not d.verdict.check and not d.plan_error]
+    estimate = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
+    return TrialCost(scenario=scenario.name, trials=(first, last), warmup=warm, backends=running,
+                     training_s=estimate.steps * estimate.step_seconds, source=estimate.source)

@@ -1,18 +1,17 @@
-"""One run of one backend on one scenario, whatever launches it, in three steps:
+"""A run's life, whatever command or launcher runs it: the one owner of each stage.
 
 1. `prepare`: judge every refusal once (this machine, the env, the backend's own check, memory,
-   in the run's settings mode), pack, write the host's job.json, call `fbench_plan`, write
-   job.json again (whatever the plan wrote there, the worker reads the host's job);
-2. the launcher `start`s it (`framework_bench/run/launchers/`): here, to its `Outcome`, or on
-   SLURM, to a `Submission` that `framework_bench/run/collect.py` finishes when its job ends;
-3. `finish`: read the report back, verify every claim, judge parity with the reference,
-   write result.json.
+   in the run's settings mode), claim the run folder, pack, write the host's job.json, call
+   `fbench_plan`, write job.json again (whatever the plan wrote there, the worker reads the host's);
+2. the launcher `start`s it (`framework_bench/run/launchers/`): here, to its `Outcome`
+   (`run_one`), or on SLURM to a `Submission` (`framework_bench/run/submit.py`) that
+   `framework_bench/run/collect.py` finishes when its job ends;
+3. `finish`: read the report back and verify every claim (`framework_bench/run/readback.py`);
+4. the referee judges it against its round's reference (`framework_bench/run/referee.py`);
+5. `keep`: result.json, the row stored, the claim released; `recover`: what a dead fbench left.
 
-`run_one` runs the three here. The other two ends of `prepare` have their own modules:
-`framework_bench/run/submit.py` stops after the start on SLURM, and
-`framework_bench/run/dry_run.py` prepares without packing and describes the plan. Every outcome
-is a `RunResult`: unsupported settings, a raising hook, crashes, OOMs and timeouts are results
-with a status and a reason, never a traceback in the host.
+Every outcome is a `RunResult`: unsupported settings, a raising hook, crashes, OOMs and timeouts
+are results with a status and a reason, never a traceback in the host.
 """
 
 from __future__ import annotations
@@ -31,12 +30,14 @@ from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Job, LaunchPlan, Machine
-from framework_bench.run import orphans, readback, verdicts
+from framework_bench.run import orphans, readback, referee, verdicts
 from framework_bench.run.hooks import HookError, call_hook, tail_of
+from framework_bench.run.interrupts import held
 from framework_bench.run.launchers import executor_for
 from framework_bench.run.launchers.base import Executor, Outcome, default_launcher
 from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario
+from framework_bench.store import results, unstored
 from framework_bench.worker.hparams import SEED
 
 
@@ -95,7 +96,7 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
                         seed=options.seed)
     executor = executor_for(options.launcher or default_launcher(scenario))
     try:
-        env, verdict = call_hook("fbench_check", verdicts.judge, backend, scenario, machine, force=options.force,
+        env, verdict = call_hook("fbench_check", verdicts.verdict_for, backend, scenario, machine, force=options.force,
                                  settings_mode=options.settings_mode)
         refusal = executor.refusal(verdict)
         on_verdict(verdict)
@@ -125,7 +126,7 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
         job.write()
     except HookError as e:
         if not dry:
-            return _save(identity.result("failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256))
+            return write_result(identity.result("failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256))
         prepared.plan_error = str(e)
     return prepared
 
@@ -159,13 +160,12 @@ def _packed_job(identity: Identity, scenario: Scenario, data: PackedData | None,
 
 def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = None, *,
             data: PackedData | None = None, machine: Machine | None = None,
-            on_step: readback.StepCallback = lambda done, total, secs: None, reference: RunResult | None = None) -> RunResult:
-    """Prepare, start here (the local or torchrun launcher) and finish.
+            on_step: readback.StepCallback = lambda done, total, secs: None) -> RunResult:
+    """Prepare, start here (the local or torchrun launcher) and read back: the run's own checks,
+    not yet judged against a reference (`referee.judge`) nor stored (`keep`).
 
-    `options.db`: the results file the caller will store the run in (`results.save`); should
-    fbench die before that, the next command stores the run there as `failed`
-    (framework_bench/run/orphans.py). `reference`: the reference backend's run on the same
-    scenario and seed; the run's parity with it is then one more blocking check."""
+    `options.db`: the results file the caller will store the run in; should fbench die before
+    that, the next command stores the run there as `failed` (`recover`)."""
     options = options or RunOptions()
     prepared = prepare(backend_name, scenario, options, machine=machine, data=data)
     if isinstance(prepared, RunResult):
@@ -181,13 +181,14 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
             {"launcher": executor.name, "argv": executor.node_argvs(plan, job), "env": plan.env,
              "files": {k: str(v) for k, v in plan.files.items()}}, indent=2))
         outcome = executor.start(plan, job, options, prepared.gpu_name, readback.progress(job, on_step))
-        return finish(prepared, outcome, reference)
+        return finish(prepared, outcome)
     except Exception as e:  # noqa: BLE001 - any host or plugin error after the job exists
-        return _save(prepared.identity.result("failed", run_dir=job.run_dir, data_sha256=job.data_sha256,
-                                              reason=f"fbench failed while running it: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()))
+        return write_result(prepared.identity.result(
+            "failed", run_dir=job.run_dir, data_sha256=job.data_sha256,
+            reason=f"fbench failed while running it: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()))
     except KeyboardInterrupt:  # after the worker stopped (the executor answers one during the run)
-        return _save(prepared.identity.result("interrupted", run_dir=job.run_dir, data_sha256=job.data_sha256,
-                                              reason="interrupted while fbench read the run back"))
+        return write_result(prepared.identity.result("interrupted", run_dir=job.run_dir, data_sha256=job.data_sha256,
+                                                     reason="interrupted while fbench read the run back"))
     except BaseException:
         orphans.release(job.run_dir)
         raise
@@ -196,10 +197,10 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
             orphans.release(job.run_dir)
 
 
-def finish(prepared: Prepared, outcome: Outcome, reference: RunResult | None = None) -> RunResult:
-    """The result of a launched run once it ended (here, or as a SLURM job): read back, verified,
-    judged for parity with `reference` when given (`judge`), saved as result.json. Whatever
-    fails here makes the run `failed` with the reason: it is never lost."""
+def finish(prepared: Prepared, outcome: Outcome) -> RunResult:
+    """The result of a launched run once it ended (here, or as a SLURM job): read back and its
+    claims verified, saved as result.json. Whatever fails here makes the run `failed` with the
+    reason: it is never lost."""
     job = prepared.job
     result = prepared.identity.result(outcome.status, run_dir=job.run_dir, wall_seconds=round(outcome.seconds, 2),
                                       data_sha256=job.data_sha256)
@@ -208,38 +209,32 @@ def finish(prepared: Prepared, outcome: Outcome, reference: RunResult | None = N
     except Exception as e:  # noqa: BLE001 - a bug in the figures or checks must not lose the run
         result.status = "failed"
         result.reason = f"fbench could not read the run back: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
-    if reference is not None:
-        return judge(result, reference, job.scenario)
     if result.reason:
-        result.reason = readback.shortened(result.reason)
-    return _save(result)
+        result.reason = referee.shortened(result.reason)
+    return write_result(result)
 
 
-def judge(result: RunResult, reference: RunResult | None, scenario: Scenario, absent: str = "none was run") -> RunResult:
-    """The referee's last word on a run its own checks passed (`ok`, or `unverified` for want of
-    some claim): its parity with the reference's run on the same scenario and seed, which can
-    only make it `invalid`. Without a finished reference run (`ok`, or `unverified` for a figure of
-    its own the host could not read: its losses and projection still judge) it is never `ok`:
-    `unverified`, saying why (`absent`: why there was none). Saved again as result.json."""
-    if result.status in ("ok", "unverified"):
-        missing = (f"parity not judged: no reference run ({absent})" if reference is None else
-                   f"parity not judged: the reference {reference.backend} ended {reference.status}"
-                   if reference.status not in ("ok", "unverified") else None)
-        try:
-            if missing:
-                result.status = "unverified"
-                result.reason = "; ".join(p for p in (result.reason, missing) if p)
-            else:
-                readback.judge_parity(result, reference, scenario)
-        except Exception as e:  # noqa: BLE001 - a bug in the checks must not lose the run
-            result.status = "failed"
-            result.reason = f"fbench could not judge the run: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
-    if result.reason:
-        result.reason = readback.shortened(result.reason)
-    return _save(result)
+def keep(store: results.ResultStore | None, result: RunResult, scenario: Scenario) -> Path | None:
+    """The end of a run's life: its result.json, its row in `store` (None: nobody stores it), its
+    claim on the run folder released. Returns the file the row was kept in for the next command
+    when the store could not take it now; raises `unstored.Unstored` when that failed too."""
+    note = getattr(scenario, "shadow_note", None)  # a user's scenario over a bundled one: said on its runs
+    if note and note not in result.notes:
+        result.notes.append(note)
+    write_result(result)
+    if store is None:
+        orphans.release(result.run_dir)
+        return None
+    with held():  # a second Ctrl-C now must not lose this run's row
+        return orphans.save(store, result, scenario)
 
 
-def _save(result: RunResult) -> RunResult:
+def recover(store: results.ResultStore) -> list[str]:
+    """Store what earlier commands could not: runs whose fbench died, rows kept aside. One line each."""
+    return orphans.recover(runs_root()) + unstored.recover(store)
+
+
+def write_result(result: RunResult) -> RunResult:
     """A copy of the result in the run folder, for people reading it; the store holds the row.
     A full disk or a run folder a plugin removed costs this copy only, never the row."""
     if result.run_dir:

@@ -1,7 +1,7 @@
 """What the host reads of what a worker wrote: while it runs, its progress (`progress`); once it
 ended, what `finish` makes of it: the worker's report read back, the data it trained on checked,
-the figures, the host's checks of every claim (framework_bench/measure/verify.py), parity with
-the reference, and a reason short enough to read on a terminal. Called by
+the figures, and the host's checks of every claim (framework_bench/measure/verify.py). Parity
+with the reference is the referee's (framework_bench/run/referee.py). Called by
 `framework_bench/run/pipeline.py` only."""
 
 from __future__ import annotations
@@ -118,38 +118,3 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
         parts.append("what the host could not measure: " + "; ".join(unmeasured))
     if parts and result.status == "ok":
         result.status, result.reason = "unverified", "; ".join(parts)
-
-
-def judge_parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
-    """The run's canonical losses against the reference's (framework_bench/measure/losses.py),
-    its update projection (framework_bench/measure/update.py) and the time from the seed's reveal to
-    that projection against the reference's (framework_bench/measure/clock.py): a failed one makes the run
-    `invalid`, one that could not be judged leaves it `unverified` (never `ok`), saying why."""
-    checks = [c for c in (losses.parity(result, reference, scenario.precision),
-                          update.parity(result, reference, scenario.precision),
-                          clock.projection_delay_check(result, reference)) if c is not None]
-    result.checks += checks
-    reason, flags = verify.verdict(checks)
-    result.flags += flags
-    unjudged = [c for c in checks if c.status == "unverified" and c.name not in verify.unchecked()]
-    if reason:
-        result.status, result.reason = "invalid", reason
-    elif unjudged:
-        result.status = "unverified"
-        result.reason = "; ".join([result.reason or ""] + [f"{c.name} not judged: {c.detail}" for c in unjudged]).lstrip("; ")
-
-
-# A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
-REASON_LINES = 60
-REASON_CHARS = 4000
-
-
-def shortened(reason: str) -> str:
-    lines = reason.splitlines()
-    if len(lines) > REASON_LINES:
-        lines = lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"] + lines[-REASON_LINES // 2:]
-    reason = "\n".join(lines)
-    if len(reason) > REASON_CHARS:
-        half = REASON_CHARS // 2
-        reason = f"{reason[:half]} [... {len(reason) - REASON_CHARS} characters left out ...] {reason[-half:]}"
-    return reason

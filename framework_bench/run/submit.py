@@ -1,8 +1,10 @@
-"""`--launcher slurm`: a run prepared as `framework_bench/run/pipeline.py` prepares every run,
-then handed to SLURM; `framework_bench/run/collect.py` finishes it when its job ends."""
+"""`--launcher slurm`: runs prepared as `framework_bench/run/pipeline.py` prepares every run, then
+handed to SLURM (`submit_all`: every backend on every scenario, the reference first);
+`framework_bench/run/collect.py` finishes each when its job ends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -11,8 +13,10 @@ from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Machine
 from framework_bench.run import orphans, pipeline, verdicts
 from framework_bench.run.launchers.base import Submission
-from framework_bench.run.launchers.slurm import SBATCH_FILE, TimeEstimate
+from framework_bench.run.launchers.slurm import SBATCH_FILE
+from framework_bench.run.launchers.slurm_time import TimeEstimate
 from framework_bench.run.options import RunOptions
+from framework_bench.run.reference import reference_first
 from framework_bench.spec.scenario import Scenario
 
 
@@ -45,3 +49,25 @@ def submit(backend_name: str, scenario: Scenario, options: RunOptions, machine: 
         sub.save()
     return Planned(verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=p.executor.time_limit(scenario, p.gpu_name),
                    submission=sub if sub.job_id else None, note=sub.note)
+
+
+def submit_all(
+    scenarios: list[Scenario],
+    backend_names: list[str],
+    options: RunOptions,
+    *,
+    on_scenario: Callable[[Scenario], None] = lambda s: None,
+    on_planned: Callable[[str, Scenario, Planned], None] = lambda b, s, p: None,
+) -> None:
+    """`compare --launcher slurm`: every backend on every scenario written and submitted, the
+    reference first (jobs run side by side there, in no order of ours); each other run records the reference's run folder, so `results collect`
+    judges it for parity with the reference's result."""
+    ordered, reference_name = reference_first(backend_names)
+    for s in scenarios:
+        on_scenario(s)
+        reference = None
+        for name in ordered:
+            planned = submit(name, s, options, reference=reference)
+            if name == reference_name and planned.submission is not None:
+                reference = planned.submission.run_dir
+            on_planned(name, s, planned)

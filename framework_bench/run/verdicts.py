@@ -24,6 +24,9 @@ class Verdict(BaseModel):
     env: str | None = Field(None, description="the backend env here vs what the scenario's nodes need")
     check: str | None = Field(None, description="the backend's own check, on the scenario's nodes")
     memory: str | None = Field(None, description="the per-GPU memory estimate on the scenario's nodes")
+    # Computed once here, for the backend's declared memory scheme in the run's settings mode, and
+    # read by every line that shows it (refusals, plans); not part of the plan's JSON.
+    estimate: MemoryEstimate | None = Field(None, exclude=True, description="the per-GPU memory estimate (CUDA)")
 
     @property
     def refused_by_backend(self) -> bool:
@@ -45,19 +48,15 @@ def fit_refusal(e: MemoryEstimate, gpu_name: str | None) -> str:
             f"{e.gpu_memory_gib:.1f} GiB): {e.summary()}; --force runs it anyway")
 
 
-def machine_shortfall(scenario: Scenario, machine: Machine, declared: MemoryScheme | None = None,
-                      settings_mode: str = "matched") -> str | None:
-    """Why this machine cannot host the scenario's processes (any backend), or None; the GPU
-    memory it names is the estimate for a backend declaring `declared` in `settings_mode`,
-    the figure of that backend's plan line."""
+def machine_shortfall(scenario: Scenario, machine: Machine, need: MemoryEstimate | None = None) -> str | None:
+    """Why this machine cannot host the scenario's processes (any backend), or None; `need`, a
+    backend's memory estimate, is named with it."""
     c = scenario.cluster
     if c.device == "cuda" and (c.nodes > 1 or machine.gpus < c.gpus_per_node):
         have = f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib} GiB)" if machine.gpus else "no GPU"
-        need = estimate(scenario, declared=declared, settings_mode=settings_mode,
-                        gpu=scenario.reference.hardware if scenario.reference else None).total_gib
-        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all, ~{need:.1f} GiB each by the "
-                f"memory estimate); this machine has {have}: see the plans with --dry-run, or write and submit "
-                "them with --launcher slurm")
+        each = f", ~{need.total_gib:.1f} GiB each by the memory estimate" if need else ""
+        return (f"needs {c.nodes} node(s) x {c.gpus_per_node} GPUs ({c.gpus} in all{each}); this machine has "
+                f"{have}: see the plans with --dry-run, or write and submit them with --launcher slurm")
     if c.device == "cpu" and c.gpus > (machine.cpu_count or 1):
         return (f"needs {c.gpus} worker processes ({c.nodes} node(s) x {c.gpus_per_node}), all on this machine, "
                 f"which has {machine.cpu_count} CPU cores")
@@ -85,18 +84,17 @@ def env_for_target(scenario: Scenario, env: BackendEnv) -> tuple[BackendEnv, str
     return env, None
 
 
-def judge(backend: plugins.RegisteredBackend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
+def verdict_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
           force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Verdict]:
     """(env, verdict) for `backend` running `scenario`, seen from `machine`."""
     env = env or envs.inspect(backend.name, backend.info.env)
-    shortfall = machine_shortfall(scenario, machine, backend.info.memory, settings_mode)
     target = target_machine(scenario, machine)
+    e = (estimate(scenario, declared=backend.info.memory, settings_mode=settings_mode,
+                  gpu_memory_gib=target.gpu_memory_gib) if scenario.cluster.device == "cuda" else None)
+    shortfall = machine_shortfall(scenario, machine, e)
     judged_env, env_note = env_for_target(scenario, env) if shortfall else (env, None)
     check = backend.info.capabilities.refusal(scenario, backend.name) or backend.check(scenario, target, judged_env)
     memory = None
-    if not force and check is None and scenario.cluster.device == "cuda" and target.gpu_memory_gib:
-        e = estimate(scenario, declared=backend.info.memory, settings_mode=settings_mode,
-                     gpu_memory_gib=target.gpu_memory_gib)
-        if not e.fits:
-            memory = fit_refusal(e, target.gpu_name)
-    return env, Verdict(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory)
+    if not force and check is None and e is not None and e.fits is False:
+        memory = fit_refusal(e, target.gpu_name)
+    return env, Verdict(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory, estimate=e)

@@ -1,0 +1,47 @@
+"""The design of a compare's trials: the order of each round's runs, the warm-up rounds, and how
+many rounds `--repeat auto` may take."""
+
+from __future__ import annotations
+
+from framework_bench.spec.scenario import Scenario
+
+# `--repeat auto`: rounds until every pair's interval is narrow enough. It judges only from
+# AUTO_MIN_ROUNDS on (with fewer trials a side the bootstrap's intervals are too narrow, so an early
+# stop would trust the luckiest rounds: docs/calibration.md), and stops at AUTO_MAX_ROUNDS whatever
+# the width (a noisy machine would otherwise never end).
+AUTO_MIN_ROUNDS = 5
+AUTO_MAX_ROUNDS = 10
+
+
+def trial_orders(backend_names: list[str], reference_name: str | None) -> list[list[str]]:
+    """The orders of successive rounds: a Williams design over the other backends
+    (`round_orders`), the reference last in each (when there is one), so that no run of a round
+    can read the reference's files of that round: its loss curve and update projection are
+    written after every run it judges has ended."""
+    others = [b for b in dict.fromkeys(backend_names) if b != reference_name]
+    orders = round_orders(others) or [[]]
+    return [order + [reference_name] for order in orders] if reference_name else orders
+
+
+def round_orders(backends: list[str]) -> list[list[str]]:
+    """The orders of successive rounds, cycled: a Williams design (a Latin square balanced for
+    what runs just before), so that over its rows each backend runs in each place equally often
+    and right after each other backend once; an odd count needs the mirrored rows too. Its first
+    row is `backends` first, then alternately from the end: 0, 1, k-1, 2, k-2, ..."""
+    k = len(backends)
+    first = [0] + [(j + 1) // 2 if j % 2 else k - j // 2 for j in range(1, k)]
+    rows = [[(i + r) % k for i in first] for r in range(k)]
+    if k % 2 and k > 1:
+        rows += [row[::-1] for row in rows]
+    return [[backends[i] for i in row] for row in rows]
+
+
+def warmup_default(repeat: int, scenario: Scenario) -> int:
+    """One warm-up round when a CPU scenario is repeated: the first runs after start-up pay for
+    cold caches (docs/calibration.md); it costs one more run per backend."""
+    return 1 if repeat >= 2 and scenario.cluster.device == "cpu" else 0
+
+
+def round_range(repeat: int | str) -> tuple[int, int]:
+    """The fewest and the most counted rounds `repeat` asks for (`auto`: AUTO_MIN_ROUNDS to AUTO_MAX_ROUNDS)."""
+    return (AUTO_MIN_ROUNDS, AUTO_MAX_ROUNDS) if repeat == "auto" else (int(repeat), int(repeat))

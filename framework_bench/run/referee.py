@@ -1,0 +1,85 @@
+"""The referee: the one judging function every command calls (`fbench run`, `compare`,
+`check-backend`, `results collect`), so that a run passes or fails the same checks whichever
+command ran it.
+
+A run reaches the referee once its own claims were checked at read-back
+(`framework_bench/run/readback.py`). The referee's word is parity with the reference's run on the
+same scenario, rows and seed: the canonical losses at every step, the update projection, and the
+time from the seed's reveal to the update claim. No run is `ok` without a finished reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+from framework_bench.measure import losses, update, verify
+from framework_bench.measure.clock import projection_delay_check
+from framework_bench.measure.metrics import RunResult
+from framework_bench.run.hooks import tail_of
+from framework_bench.spec.scenario import Scenario
+
+# A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
+REASON_LINES = 60
+REASON_CHARS = 4000
+
+
+def judge(result: RunResult, reference: RunResult | None, scenario: Scenario,
+          absent: str = "none was run") -> RunResult:
+    """The last word on a run whose own checks passed (`ok`, or `unverified` for want of some
+    claim): its parity with `reference`, which can only make it `invalid` or `unverified`.
+    Without a reference fit to judge (`absent` says why there was none) it is `unverified`,
+    never `ok`. Any other status passes through, its reason shortened."""
+    if result.status in ("ok", "unverified"):
+        try:
+            if missing := _unfit(reference, absent):
+                result.status = "unverified"
+                result.reason = "; ".join(p for p in (result.reason, missing) if p)
+            else:
+                _parity(result, reference, scenario)
+        except Exception as e:  # noqa: BLE001 - a bug in the checks must not lose the run
+            result.status = "failed"
+            result.reason = f"fbench could not judge the run: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
+    if result.reason:
+        result.reason = shortened(result.reason)
+    return result
+
+
+def _unfit(reference: RunResult | None, absent: str) -> str | None:
+    """Why `reference` cannot judge, or None. A reference `unverified` for a figure of its own
+    the host could not read still judges: its losses and projection hold."""
+    if reference is None:
+        return f"parity not judged: no reference run ({absent})"
+    if reference.status not in ("ok", "unverified"):
+        return f"parity not judged: the reference {reference.backend} ended {reference.status}"
+    if any(not math.isfinite(loss) for loss in reference.loss_curve.values()):
+        return f"parity not judged: the reference {reference.backend}'s losses are not all finite"
+    return None
+
+
+def _parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
+    """Losses, update projection and projection delay against the reference: a failed check makes
+    the run `invalid`; one that could not be judged leaves it `unverified`, saying why."""
+    checks = [c for c in (losses.parity(result, reference, scenario.precision),
+                          update.parity(result, reference, scenario.precision),
+                          projection_delay_check(result, reference)) if c is not None]
+    result.checks += checks
+    reason, flags = verify.verdict(checks)
+    result.flags += flags
+    unjudged = [c for c in checks if c.status == "unverified" and c.name not in verify.unchecked()]
+    if reason:
+        result.status, result.reason = "invalid", reason
+    elif unjudged:
+        result.status = "unverified"
+        result.reason = "; ".join([result.reason or ""] + [f"{c.name} not judged: {c.detail}" for c in unjudged]).lstrip("; ")
+
+
+def shortened(reason: str) -> str:
+    """`reason`'s head and tail, within REASON_LINES and REASON_CHARS."""
+    lines = reason.splitlines()
+    if len(lines) > REASON_LINES:
+        lines = lines[:REASON_LINES // 2] + [f"[... {len(lines) - REASON_LINES} lines left out ...]"] + lines[-REASON_LINES // 2:]
+    reason = "\n".join(lines)
+    if len(reason) > REASON_CHARS:
+        half = REASON_CHARS // 2
+        reason = f"{reason[:half]} [... {len(reason) - REASON_CHARS} characters left out ...] {reason[-half:]}"
+    return reason
