@@ -19,7 +19,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.envs import venvs as envs
 from framework_bench.spec import scenario
 from framework_bench.cli import app
-from framework_bench.run.launchers.slurm import MARGIN, STARTUP_S, estimate_time
+from framework_bench.run.launchers.slurm_time import MARGIN, STARTUP_S, estimate_time
 
 STANDINS = Path(__file__).parent / "slurm_standins"
 FAKES = Path(__file__).parent / "fake_backends"
@@ -200,7 +200,7 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     words in the job output when it killed the job."""
     import os
 
-    from framework_bench.run.launchers import base, slurm
+    from framework_bench.run.launchers import base, slurm, slurm_queue
     quiet = tmp_path / "bin"
     quiet.mkdir()
     for name in ("squeue", "sacct"):  # the job is gone from the queue; no accounting kept
@@ -211,13 +211,13 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     run_dir.mkdir()
     sub = base.Submission(job_id="42", backend="fake_ok", scenario="tiny_cpu", run_dir=run_dir,
                           submitted_at="now", time_limit="00:11:00")
-    assert slurm.job_state(sub).state == "UNKNOWN"  # nothing to go by yet: still waiting
+    assert slurm_queue.job_state(sub).state == "UNKNOWN"  # nothing to go by yet: still waiting
     (run_dir / "slurm-42.out").write_text("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-30 DUE TO TIME LIMIT ***\n")
-    assert slurm.job_state(sub).state == "TIMEOUT"
+    assert slurm_queue.job_state(sub).state == "TIMEOUT"
     (run_dir / slurm.SBATCH_EXIT_FILE).write_text("0\n")
-    assert slurm.job_state(sub) == slurm.JobState(state="COMPLETED", exit_code=0)
+    assert slurm_queue.job_state(sub) == slurm_queue.JobState(state="COMPLETED", exit_code=0)
     (run_dir / slurm.SBATCH_EXIT_FILE).write_text("1\n")
-    assert slurm.job_state(sub).state == "FAILED"
+    assert slurm_queue.job_state(sub).state == "FAILED"
 
 
 def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, monkeypatch):
@@ -608,7 +608,7 @@ def test_a_job_past_its_time_limit_is_failed_where_the_queue_cannot_be_asked(clu
     started longer ago than its time limit allows cannot be running; before, it was "unknown"
     forever."""
     import os
-    from framework_bench.run.launchers import slurm
+    from framework_bench.run.launchers import slurm_queue
     db = tmp_path / "r.sqlite"
     job_id, run_dir = _submit(db)
     _ended(cluster, job_id)
@@ -616,7 +616,7 @@ def test_a_job_past_its_time_limit_is_failed_where_the_queue_cannot_be_asked(clu
     monkeypatch.setenv("PATH", os.environ["PATH"].replace(f"{STANDINS}:", ""))
     res = _invoke("results", "collect", "--db", str(db))
     assert res.exit_code == 0 and f"unknown SLURM job {job_id}" in res.stdout, res.output
-    started = time.time() - 11 * 60 - slurm.OVERDUE_MARGIN_S - 1  # tiny_cpu's limit is 00:11:00
+    started = time.time() - 11 * 60 - slurm_queue.OVERDUE_MARGIN_S - 1  # tiny_cpu's limit is 00:11:00
     os.utime(run_dir / "node.txt", (started, started))
     res = _invoke("results", "collect", "--db", str(db))
     assert res.exit_code == 0 and "stored as result" in res.stdout, res.output

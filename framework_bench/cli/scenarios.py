@@ -79,7 +79,7 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     common.console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} {f['model_per_token']:.4g}")
     common.console.print(f"memory     {info['memory'].summary()}",
                   highlight=False)
-    from framework_bench.run.launchers.slurm import estimate_time
+    from framework_bench.run.launchers.slurm_time import estimate_time
     common.console.print(f"slurm      {estimate_time(s, s.reference.hardware if s.reference else None).summary()}",
                   highlight=False, markup=False)
     if s.reference:

@@ -1,20 +1,6 @@
 """The `slurm` launcher: an sbatch script whose one `srun` task per node starts the worker (or,
 for several processes, a torchrun over the node's GPUs, the rendezvous host taken from the
-allocation); its time limit estimated from the scenario; submission; and the queue, asked how
-each submitted job ended.
-
-The estimate: the scenario's steps x the step time its published TGS implies (tokens one
-GPU trains per step / TGS), or, without a published figure, the model's FLOPs per token at
-an assumed share of the target GPU's peak; times a margin, plus start-up. Printed in every
-SLURM plan, overridable with `--time`.
-
-A submitted run is a run folder holding `submit.sbatch` and `slurm.json` (the job id and
-what was submitted). `job_state` asks `squeue` (still queued or running) and then `sacct`
-(how it ended), falling back to the exit status the batch script writes into the run folder
-when the cluster keeps no accounting (a damaged one: the job ended, failed, the note says why).
-A job the queue no longer holds, with nothing to tell how it ended, is UNKNOWN and `vanished`;
-one that started (wrote `node.txt`) longer ago than its time limit + OVERDUE_MARGIN_S is FAILED.
-Its run is stored by `framework_bench/run/collect.py`.
+allocation), and its submission. Its time limit: `slurm_time`; how the job ended: `slurm_queue`.
 
 fbench assumes a filesystem every node shares, at the same path, for the run folder, the
 packed data and the backend env (FBENCH_HOME and the project checkout): the batch script
@@ -23,7 +9,6 @@ checks those paths on every node before it starts the workers.
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import shutil
@@ -34,100 +19,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from framework_bench.measure import flops
 from framework_bench.plugins.contract import Job, LaunchPlan
-from framework_bench.run.launchers.base import (OOM_MARKERS, RDZV_PORT, Executor, LaunchOptions, Outcome, Submission,
-                                                tail)
+from framework_bench.run.launchers.base import RDZV_PORT, Executor, LaunchOptions, Submission
+from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, duration, estimate_time
 from framework_bench.run.launchers.torchrun import torchrun_argv
 from framework_bench.run.verdicts import Verdict
 from framework_bench.spec.scenario import Scenario
 
-# Time-limit estimate. Margins, because a wrong guess costs a whole queue wait: twice the
-# expected training time, plus start-up (env import, model build, data conversion, NCCL).
-MARGIN = 2.0
-STARTUP_S = {"cuda": 30 * 60, "cpu": 10 * 60}
-# Without a published TGS: the throughput the model's FLOPs allow at an assumed MFU of the
-# target GPU's bf16 peak (a conservative share: the published rows run at 40-50 % MFU on
-# A100), or an assumed rate for CPU workers (the tiny CPU models train at several GFLOP/s).
-ASSUMED_MFU = 0.25
-ASSUMED_CPU_GFLOPS = 10.0
-LONG_JOB_S = 2 * 86400  # beyond this many clusters' longest limit: say how to shorten it
-
-SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
-
-
-class TimeEstimate(BaseModel):
-    limit: str = Field(description="the --time value, [D-]HH:MM:SS")
-    seconds: int
-    step_seconds: float
-    steps: int
-    unit: str
-    startup_seconds: int
-    source: str = Field(description="where the step time comes from")
-    hint: str | None = None
-
-    def summary(self) -> str:
-        return (f"--time={self.limit}: {self.steps} {self.unit} steps x {_duration(self.step_seconds)} "
-                f"({self.source}) x {MARGIN:g} margin + {_duration(self.startup_seconds)} start-up"
-                + (f"; {self.hint}" if self.hint else ""))
-
-
-def estimate_time(scenario: Scenario, gpu_name: str | None = None) -> TimeEstimate:
-    """The SLURM time limit for `scenario`: its steps x the step time its published TGS
-    implies, or else its FLOPs at an assumed MFU of the target GPU; with margin."""
-    tokens = scenario.tokens_per_gpu_step
-    device = scenario.cluster.device
-    if scenario.reference:
-        tgs, source = scenario.reference.tgs, f"published TGS {scenario.reference.tgs:g}"
-    else:
-        per_token = flops.model_flops_per_token(scenario.arch, scenario.context_length,
-                                                scenario.activation_checkpointing)
-        peak = flops.gpu_peak_tflops(gpu_name) if device == "cuda" else None
-        if peak:
-            tgs, source = peak * 1e12 * ASSUMED_MFU / per_token, f"model FLOPs at {ASSUMED_MFU:.0%} MFU of {gpu_name}"
-        elif device == "cuda":
-            peak = min(flops.GPU_PEAK_TFLOPS.values())
-            tgs, source = peak * 1e12 * ASSUMED_MFU / per_token, f"model FLOPs at {ASSUMED_MFU:.0%} MFU of {peak:g} TFLOP/s"
-        else:
-            tgs, source = ASSUMED_CPU_GFLOPS * 1e9 / per_token, f"model FLOPs at an assumed {ASSUMED_CPU_GFLOPS:g} GFLOP/s per CPU process"
-    step = tokens / tgs
-    steps = scenario.steps.total
-    seconds = math.ceil((MARGIN * steps * step + STARTUP_S[device]) / 60) * 60
-    hint = None
-    if seconds > LONG_JOB_S and scenario.steps.unit == "optimizer" and scenario.grad_accum > 1:
-        micro = scenario.model_copy(update={"steps": scenario.steps.model_copy(update={"unit": "micro"})})
-        hint = f"with steps.unit micro: {estimate_time(micro, gpu_name).limit}"
-    return TimeEstimate(limit=format_time(seconds), seconds=seconds, step_seconds=step, steps=steps,
-                        unit=scenario.steps.unit, startup_seconds=STARTUP_S[device], source=source, hint=hint)
-
-
-def limit_seconds(limit: str) -> int | None:
-    """A `--time` value in seconds (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, as sbatch
-    reads it); None where it sets no limit or does not read."""
-    if not SLURM_TIME.match(limit) or len(limit) > 20:
-        return None
-    days, _, rest = limit.rpartition("-")
-    parts = [int(part) for part in rest.split(":")]
-    if days:
-        h, m, s = (parts + [0, 0])[:3]
-    elif len(parts) == 3:
-        h, m, s = parts
-    else:
-        h, m, s = 0, *(parts + [0])[:2]
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
-
-
-def format_time(seconds: int) -> str:
-    days, rest = divmod(int(seconds), 86400)
-    h, rest = divmod(rest, 3600)
-    text = f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+# for run/compare.py until it imports the new module: `_duration` and `estimate_time` (used here too)
+_duration = duration
 
 
 class SbatchOptions(BaseModel):
@@ -157,13 +57,9 @@ SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters
 
 
 NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its GPU's name (none on CPU)
-# A job is ended by its time limit: one that started (NODE_FILE written) longer ago than that, plus
-# this margin (SLURM's grace before the kill, clocks of two machines), is not running any more.
-OVERDUE_MARGIN_S = 600
 
 
 WRITTEN_FOR = "# Written by fbench: scenario {scenario}, backend {backend}."
-
 
 def written_for(script: str) -> tuple[str, str] | None:
     """(scenario, backend) a batch script says it was written for; None where it does not."""
@@ -297,132 +193,3 @@ def shared_path_warnings(job: Job, python: Path) -> list[str]:
     return [f"{what} {path} looks node-local: every node needs it at the same path" for what, path in
             (("run folder", job.run_dir), ("packed data", job.data_dir), ("env Python", python))
             if str(path).startswith(local)]
-
-
-# ---------------------------------------------------------------------------------------
-# The queue
-
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT",
-          "SIGNALING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
-
-
-class JobState(BaseModel):
-    state: str = Field(description="SLURM's state (COMPLETED, FAILED, TIMEOUT...), or UNKNOWN")
-    exit_code: int | None = None
-    elapsed: float | None = Field(None, description="seconds the job ran (sacct)")
-    vanished: bool = Field(False, description=(
-        "UNKNOWN, and the queue answered that it no longer holds the job: it ended, how is not recorded"))
-    note: str | None = Field(None, description="how fbench came to the state, where SLURM did not say it")
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE
-
-
-def _ask(argv: list[str]) -> subprocess.CompletedProcess | None:
-    """The command's answer; None where it could not be asked (not installed here, hung)."""
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def job_state(sub: Submission) -> JobState:
-    """squeue while the job is known to the scheduler, then sacct, then the exit status
-    the batch script left in the run folder (clusters without accounting)."""
-    queue = _ask(["squeue", "-h", "-j", sub.job_id, "-o", "%T"])
-    if queue is not None and queue.returncode == 0 and (queued := queue.stdout.split()):
-        return JobState(state=queued[0])
-    accounting = _ask(["sacct", "-n", "-P", "-X", "-j", sub.job_id, "-o", "State,ExitCode,ElapsedRaw"])
-    for line in (accounting.stdout if accounting is not None and accounting.returncode == 0 else "").splitlines():
-        state, code, elapsed = (line.split("|") + ["", ""])[:3]
-        if state.strip():
-            rc = code.split(":")[0]
-            return JobState(state=state.split()[0], exit_code=int(rc) if rc.isdigit() else None,
-                            elapsed=float(elapsed) if elapsed.strip().isdigit() else None)
-    exit_file = sub.run_dir / SBATCH_EXIT_FILE
-    if exit_file.exists():
-        return _exit_status(exit_file)
-    # No accounting and no exit status: a job killed by SLURM says so in its output.
-    text = tail(slurm_output(sub), 50)
-    if "DUE TO TIME LIMIT" in text:
-        return JobState(state="TIMEOUT")
-    if "CANCELLED" in text:
-        return JobState(state="CANCELLED")
-    if overdue := _overdue(sub):
-        return JobState(state="FAILED", note=overdue)
-    # Nothing tells how it ended; whether it ended, only the queue can say: one that answers without
-    # the job (squeue's "Invalid job id" for a job it has forgotten) no longer holds it.
-    gone = queue is not None and (queue.returncode == 0 or "Invalid job id" in queue.stderr)
-    return JobState(state="UNKNOWN", vanished=gone)
-
-
-def _overdue(sub: Submission) -> str | None:
-    """Why the job cannot be running any more, where it started longer ago than its time limit
-    allows; None otherwise (not started, or no limit to go by)."""
-    limit = limit_seconds(sub.time_limit)
-    try:
-        started = (sub.run_dir / NODE_FILE).stat().st_mtime
-    except OSError:
-        return None
-    if limit is None or time.time() - started <= limit + OVERDUE_MARGIN_S:
-        return None
-    return (f"started {_duration(time.time() - started)} ago with a time limit of {sub.time_limit}, and nothing "
-            f"tells how it ended (not in the queue, no record in sacct, no {SBATCH_EXIT_FILE} in its run folder: "
-            f"a node lost): stored failed {OVERDUE_MARGIN_S // 60} min past its limit")
-
-
-def _exit_status(exit_file: Path) -> JobState:
-    """The status the batch script wrote last (`echo $status`): empty, the script was cut off
-    while writing it; anything but a number, the file is damaged: either way the job ended, failed."""
-    try:
-        text = exit_file.read_bytes().decode(errors="replace").strip()
-    except OSError as e:
-        return JobState(state="FAILED", note=f"ended, but its {exit_file} cannot be read ({e.strerror or e}): "
-                                             "how is unknown")
-    if not text:
-        return JobState(state="FAILED", exit_code=1)
-    if not re.fullmatch(r"[0-9]{1,3}", text):
-        return JobState(state="FAILED", note=f"ended, but its {exit_file} holds {text[:60]!r}, not an exit "
-                                             "status: how is unknown")
-    rc = int(text)
-    return JobState(state="COMPLETED" if rc == 0 else "FAILED", exit_code=rc)
-
-
-def slurm_output(sub: Submission) -> Path:
-    return sub.run_dir / f"slurm-{sub.job_id}.out"
-
-
-def outcome_of(sub: Submission, state: JobState) -> Outcome:
-    """How the job ended, as the local launchers classify a process."""
-    log = slurm_output(sub)
-    last = tail(log)
-    seconds = state.elapsed if state.elapsed is not None else _output_span(sub)
-    if state.state == "COMPLETED" and state.exit_code in (0, None):
-        return Outcome("ok", 0, seconds, last)
-    note = f"[fbench] SLURM job {sub.job_id} {state.note or f'ended {state.state}'}"
-    if state.state == "TIMEOUT":
-        return Outcome("timeout", None, seconds, f"{last}\n{note} (time limit {sub.time_limit})")
-    oom = state.state == "OUT_OF_MEMORY" or any(m in tail(log, 2000) for m in OOM_MARKERS)
-    return Outcome("oom" if oom else "failed", state.exit_code, seconds, f"{last}\n{note}")
-
-
-def _output_span(sub: Submission) -> float:
-    """Without accounting: from the job file's writing to the SLURM output's last write
-    (queue time included)."""
-    try:
-        return max(0.0, slurm_output(sub).stat().st_mtime - (sub.run_dir / "job.json").stat().st_mtime)
-    except OSError:
-        return 0.0
-
-
-def node(sub: Submission) -> tuple[str | None, str | None]:
-    """(hostname, GPU name) of the node that ran the job, as its batch script wrote them; Nones
-    where it wrote nothing (a job that never started, a CPU node has no GPU name)."""
-    try:
-        lines = (sub.run_dir / NODE_FILE).read_text().splitlines()
-    except OSError:
-        return None, None
-    return (lines[0].strip() or None) if lines else None, (lines[1].strip() or None) if len(lines) > 1 else None
-
-
