@@ -11,6 +11,7 @@ import pytest
 
 from framework_bench.measure import flops
 from framework_bench.spec import scenario
+from framework_bench.spec.finetune import FineTune
 from framework_bench.spec.models import PRESETS, ModelArch
 
 SEED = Path(__file__).resolve().parents[1].parent / "shared/seeds/xtuner_speed_benchmark.txt"
@@ -386,7 +387,7 @@ HAND = ModelArch(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_
 
 
 def test_lora_flops_per_token_against_a_hand_count():
-    ft = scenario.FineTune(method="lora", rank=2, alpha=4, targets=["q_proj", "down_proj"])
+    ft = FineTune(method="lora", rank=2, alpha=4, targets=["q_proj", "down_proj"])
     # base linears: q 8x8 + k 8x4 + v 8x4 + o 8x8 + gate, up 8x16 + down 16x8 = 64+32+32+64+3*128 = 576 weights
     # adapters: q 2*(8+8) = 32, down 2*(16+8) = 48: 80 weights
     # attention forward over a row of 3 (mean attended (3+1)/2 = 2): 2 * 2 * 2 * 8 = 64; head 8 x 10 = 80

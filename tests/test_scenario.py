@@ -95,7 +95,7 @@ INVALID = [
     ("context_beyond_max_positions", {"context_length": 8192},
      "max_position_embeddings", "exceeds max_position_embeddings 4096; set extend_positions"),
     ("bad_shorthand", {"context_length": "8kb"}, "context_length", "not a length"),
-    # the finetune axis (issue 27)
+    # the finetune axis
     ("lora_unknown_target", {"finetune": {"method": "lora", "rank": 8, "alpha": 16, "targets": ["q_proj", "lm_head"]}},
      "finetune.targets", "'lm_head' not a linear module of a llama decoder layer; valid: q_proj, k_proj, v_proj, "
                          "o_proj, gate_proj, up_proj, down_proj"),

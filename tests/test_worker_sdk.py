@@ -104,8 +104,9 @@ def test_typed_job_round_trips_what_the_host_wrote(tmp_path):
     sc = job.scenario
     assert (sc.name, sc.context_length, sc.micro_batch, sc.grad_accum, sc.sequence_parallel, sc.zero_stage) == \
         (s.name, 8, 2, 3, 1, 0)
-    assert (sc.activation_checkpointing, sc.precision, sc.attention, sc.gpus) == (False, "fp32", "packed", 2)
+    assert (sc.activation_checkpointing, sc.precision, sc.attention, sc.cluster.gpus) == (False, "fp32", "packed", 2)
     assert (sc.steps.warmup, sc.steps.measured, sc.steps.unit) == (1, 4, "optimizer")
+    assert (sc.finetune.method, sc.finetune.adapters) == ("full", False)  # left out of a full scenario's dump
     # a worker written against the plain-dict job keeps working
     assert job["scenario"]["steps"]["warmup"] == 1 and job.get("settings_mode") == "native" and job.get("nope") is None
 
@@ -137,19 +138,42 @@ def test_host_and_worker_share_one_definition_of_what_they_exchange():
             host.StepMetric.model_validate(line)
 
 
-def test_derived_quantities_are_the_workers_view_of_the_scenario():
+def test_derived_quantities_are_worked_out_once_for_host_and_worker(tmp_path):
     """Micro-batches per step, data-parallel size, rows needed and tokens per GPU: the host's
-    scenario reads them from the view a worker reads from job.json, never works them out."""
-    s = tiny(context_length=8, grad_accum=3, micro_batch=2, sequence_parallel=2,
-             cluster={"device": "cpu", "gpus_per_node": 4}, steps={"warmup": 1, "measured": 4, "unit": "micro"})
-    view = s.view
-    assert (s.micro_per_step, s.data_parallel, s.rows_needed, s.tokens_per_gpu_step) == \
-        (view.micro_per_step, view.data_parallel, view.rows_needed, view.tokens_per_gpu_step) == (1, 2, 20, 8)
-    assert view.tokens_per_gpu_micro_batch == 2 * 8 // 2
+    scenario and the worker's reading of job.json derive them from the same worker SDK class,
+    which alone works them out."""
+    from framework_bench.spec.scenario import Scenario, Steps
+    from framework_bench.worker import job as worker_job
+
+    host = host_job(tmp_path, "ab" * 32, grad_accum=3, micro_batch=2, sequence_parallel=2,
+                    cluster={"device": "cpu", "gpus_per_node": 4}, steps={"warmup": 1, "measured": 4, "unit": "micro"})
+    s, read = host.scenario, load_job(host.job_file).scenario
+    assert (s.micro_per_step, s.data_parallel, s.rows_needed, s.tokens_per_gpu_step, s.steps.total) == \
+        (read.micro_per_step, read.data_parallel, read.rows_needed, read.tokens_per_gpu_step, read.steps.total) == \
+        (1, 2, 20, 8, 5)
+    assert s.tokens_per_gpu_micro_batch == read.tokens_per_gpu_micro_batch == 2 * 8 // 2
+    assert isinstance(s, worker_job.Scenario) and isinstance(read, worker_job.Scenario)
+    assert issubclass(Scenario, worker_job.Scenario) and issubclass(Steps, worker_job.Steps)
     sources = {p: p.read_text() for p in [*ROOT.glob("framework_bench/**/*.py"), *ROOT.glob("backends/*/fbench_*/*.py")]}
     worked_out = re.compile(r"context_length\s*//\s*[\w.]*sequence_parallel|\.micro_batch\s*\*\s*[\w.]*context_length")
     assert {str(p.relative_to(ROOT)) for p, text in sources.items() if worked_out.search(text)} == \
         {"framework_bench/worker/job.py"}
+
+
+def test_the_worker_reads_the_scenario_fields_only_the_host_defines(tmp_path):
+    """The scenario's fields are declared and validated by the host's pydantic models alone (the
+    worker SDK's classes declare none); a worker reads each one the host dumped, a LoRA
+    scenario's resolved adapter settings included."""
+    from framework_bench.worker import job as worker_job
+
+    for cls in (worker_job.Scenario, worker_job.Steps, worker_job.FineTune):
+        assert not vars(cls).get("__annotations__"), cls
+    host = host_job(tmp_path, "ab" * 32, finetune={"method": "lora", "rank": 4, "alpha": 8, "targets": "all-linear"})
+    ft, hft = load_job(host.job_file).scenario.finetune, host.scenario.finetune
+    assert ft.adapters and hft.adapters
+    assert (ft.method, ft.rank, ft.alpha, ft.dropout, ft.targets, ft.base_dtype) == \
+        (hft.method, hft.rank, hft.alpha, hft.dropout, hft.targets, hft.base_dtype) == \
+        ("lora", 4, 8.0, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "fp32")
 
 
 def test_typed_job_tolerates_a_newer_and_an_older_host(tmp_path):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from framework_bench.measure import gpus
 from framework_bench.spec.models import ModelArch
-from framework_bench.spec.scenario import FineTune, Scenario
+from framework_bench.spec.finetune import FineTune
+from framework_bench.spec.scenario import Scenario
 
 # Dense bf16 peak, TFLOP/s, by a substring of the device name (from the one GPU table).
 GPU_PEAK_TFLOPS = {key: gpu.peak_tflops for key, gpu in gpus.GPUS.items()}

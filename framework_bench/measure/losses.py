@@ -34,7 +34,8 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.worker.losses import LOSSES_DIR, MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN
+from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN
+from framework_bench.worker.losses import LOSSES_DIR
 
 # Parity of the canonical losses with the reference (issue 20): fp32 / bf16 autocast.
 PARITY_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}

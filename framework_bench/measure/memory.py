@@ -62,9 +62,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from framework_bench.measure import gpus
-from framework_bench.plugins.contract import MemoryScheme, OptimizerImpl, SettingsMode
+from framework_bench.plugins.contract import MemoryScheme, OptimizerImpl
+from framework_bench.spec.finetune import FineTune
 from framework_bench.spec.models import ModelArch
-from framework_bench.spec.scenario import FineTune, Scenario
+from framework_bench.spec.scenario import Scenario
+from framework_bench.worker.job import SettingsMode
 
 GIB = 1024**3
 
@@ -238,7 +240,7 @@ def adapter_phases(scenario: Scenario, impl: OptimizerImpl, wrapped: bool) -> tu
     arch, ft = scenario.arch, scenario.finetune
     n_adapter = ft.adapter_parameter_count(arch)
     group, zero = sharding_group(scenario), scenario.zero_stage
-    tokens = scenario.view.tokens_per_gpu_micro_batch
+    tokens = scenario.tokens_per_gpu_micro_batch
     ckpt = scenario.activation_checkpointing
     act = activation_scheme(scenario)
     per_layer_adapters = adapter_activation_bytes_per_token(arch, ft, act) * tokens
@@ -536,7 +538,7 @@ def estimate(
     group = sharding_group(scenario)
     zero = scenario.zero_stage
     shard = 3 if sch == "fsdp2" else zero  # FSDP2 shards params, grads and states at every stage
-    tokens = scenario.view.tokens_per_gpu_micro_batch
+    tokens = scenario.tokens_per_gpu_micro_batch
     ckpt = scenario.activation_checkpointing
 
     if sch in ("lora", "qlora"):

@@ -22,10 +22,10 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker import job as worker_job
 from framework_bench.worker import report as worker_report
+from framework_bench.worker.job import SETTINGS_MODES, SettingsMode
 
 
 OptimizerImpl = Literal["fused", "foreach", "for-loop"]
-SettingsMode = Literal["matched", "native"]
 
 
 class AdamWImpl(BaseModel):
@@ -44,7 +44,7 @@ class MemoryScheme(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     adamw: dict[SettingsMode, AdamWImpl] = Field(
-        default_factory=lambda: {m: AdamWImpl(cuda="fused") for m in ("matched", "native")},
+        default_factory=lambda: {m: AdamWImpl(cuda="fused") for m in SETTINGS_MODES},
         description="the AdamW implementation per settings mode (recorded by the run as `optimizer_impl`)")
     sequence_parallel: Literal["deepspeed", "fsdp2"] = Field(
         "deepspeed", description="the engine its sequence parallel runs on: DeepSpeed bf16 or FSDP2 over fp32 weights")

@@ -1,40 +1,33 @@
 """Scenarios: one validated description of a training run, shared by every backend.
 
-Every field is defined and validated here; YAML files in `scenarios/` are parsed into
-`Scenario`. Unknown keys are errors, so a typo never passes silently.
+Every field is defined and validated here (the fine-tuning axis in `spec/finetune.py`, the
+shared field types in `spec/fields.py`); YAML files in `scenarios/` are parsed into `Scenario`.
+Unknown keys are errors, so a typo never passes silently. What follows from the fields
+(micro-batches per step, data-parallel size, rows needed, tokens per GPU) is worked out by the
+worker SDK's `framework_bench.worker.job.Scenario`, which `Scenario` derives from, so host and
+worker compute it alike.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from annotated_types import Le
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SerializerFunctionWrapHandler,
-                      Strict, StrictBool, ValidationError, field_validator, model_serializer, model_validator)
+from pydantic import (BeforeValidator, Field, PrivateAttr, SerializerFunctionWrapHandler, Strict, StrictBool,
+                      ValidationError, field_validator, model_serializer, model_validator)
 
 from framework_bench.spec import places
 from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET, DataSource
+from framework_bench.spec.fields import Int, Length, StrictModel
+from framework_bench.spec.finetune import FineTune
 from framework_bench.spec.models import PRESETS, ModelArch
 from framework_bench.worker import job
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_DIR = places.BUNDLED_SCENARIOS
-
-_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
-
-
-def parse_length(value: object) -> object:
-    """Accept `8k`, `128k`, `1M` (binary multiples, as the published configs use) or an integer."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)\s*", value)
-        if not m:
-            raise ValueError(f"{value!r} is not a length: use an integer or a shorthand like 8k, 128k, 1M")
-        return int(m.group(1)) * _SUFFIX[m.group(2).lower()]
-    return value
+MAX_NAME = 64  # run folders are named <time>-<scenario>-<backend>-<n>: within a file name's 255 bytes
 
 
 def _whole(value: object) -> object:
@@ -44,20 +37,7 @@ def _whole(value: object) -> object:
     return value
 
 
-# Strict: no booleans, floats or numeric strings where a count belongs.
-# Bounded so that every count fits a run folder's name, a SQLite integer and a SLURM time limit.
-MAX_COUNT = 2**31 - 1
-MAX_CONTEXT = 2**30  # a billion tokens a row: far beyond any published long-context run
-MAX_NAME = 64  # run folders are named <time>-<scenario>-<backend>-<n>: within a file name's 255 bytes
-Int = Annotated[int, Strict(), Le(MAX_COUNT)]
-Length = Annotated[int, BeforeValidator(parse_length), Strict(), Field(gt=0), Le(MAX_CONTEXT)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelSpec(_Strict):
+class ModelSpec(StrictModel):
     """A preset by name, optionally with some fields overridden, or a full inline architecture."""
 
     preset: str | None = None
@@ -86,7 +66,7 @@ class ModelSpec(_Strict):
         return self
 
 
-class Cluster(_Strict):
+class Cluster(StrictModel):
     nodes: Int = Field(1, gt=0)
     gpus_per_node: Int = Field(1, gt=0, description="processes per node; on CPU, worker processes")
     gpus: Int | None = Field(None, gt=0, description="total; optional, must equal nodes x gpus_per_node")
@@ -103,7 +83,7 @@ class Cluster(_Strict):
         return self
 
 
-class Steps(_Strict):
+class Steps(StrictModel, job.Steps):
     warmup: Int = Field(2, ge=0)
     measured: Int = Field(5, gt=0)
     unit: Literal["optimizer", "micro"] = Field(
@@ -113,12 +93,8 @@ class Steps(_Strict):
         "for rows whose optimizer steps take hours (grad_accum = SP at 1M tokens)",
     )
 
-    @property
-    def total(self) -> int:
-        return self.warmup + self.measured
 
-
-class TokenizerSpec(_Strict):
+class TokenizerSpec(StrictModel):
     """`builtin-bytes`: the project's offline byte-level tokenizer; else a local path or hub id."""
 
     kind: Literal["builtin-bytes", "path", "hub"] = "builtin-bytes"
@@ -131,7 +107,7 @@ class TokenizerSpec(_Strict):
         return self
 
 
-class Dataset(_Strict):
+class Dataset(StrictModel):
     """A named dataset fbench knows how to fetch, or your own sources (files or hub ids)."""
 
     name: str | None = Field(None, description=f"one of {', '.join(DATASETS)} (default {DEFAULT_DATASET}); "
@@ -161,7 +137,7 @@ class Dataset(_Strict):
 MIN_FIGURE, MAX_FIGURE = 1e-3, 1e9
 
 
-class Reference(_Strict):
+class Reference(StrictModel):
     """A published figure for this scenario, to draw and compare against."""
 
     tgs: Annotated[float, Strict()] = Field(ge=MIN_FIGURE, le=MAX_FIGURE, allow_inf_nan=False)
@@ -171,96 +147,10 @@ class Reference(_Strict):
     source: str = ""
 
 
-ALL_LINEAR = "all-linear"
-Dtype = Literal["bf16", "fp16", "fp32"]
-FourBit = Literal["nf4", "fp4"]
-_ADAPTER_FIELDS = ("rank", "alpha", "dropout", "targets", "base_dtype")
-_QUANT_FIELDS = ("quant_type", "double_quant", "compute_dtype")
+class Scenario(StrictModel, job.Scenario):
+    """One training run, as every backend runs it; what follows from its fields (`micro_per_step`,
+    `data_parallel`, `tokens_per_gpu_step`, `rows_needed`) is the worker SDK's `job.Scenario`."""
 
-
-class FineTune(_Strict):
-    """Which weights train: all of them (`full`), or low-rank adapters on a frozen base (`lora`),
-    the base stored in 4 bits (`qlora`, bitsandbytes). Every adapter setting is named in the
-    file or resolved here (the scenario fills in what follows from it), so a run never trains
-    with a framework's unnamed default."""
-
-    method: Literal["full", "lora", "qlora"] = "full"
-    rank: Int | None = Field(None, ge=1, description="r: the adapters' inner dimension")
-    alpha: Annotated[float, Strict()] | None = Field(None, gt=0, allow_inf_nan=False,
-                                                     description="the adapters' output is scaled by alpha / rank")
-    dropout: Annotated[float, Strict()] | None = Field(None, ge=0, lt=1, description="on the adapters' input (default 0)")
-    targets: list[str] | Literal["all-linear"] | None = Field(
-        None, min_length=1, description=f"the decoder layers' linear modules to adapt, or {ALL_LINEAR!r} (every one; "
-                                        "the LM head never)")
-    base_dtype: Dtype | FourBit | None = Field(
-        None, description="the frozen base weights: bf16/fp16/fp32 for lora (default: the scenario's precision), "
-                          "the 4-bit quant_type for qlora")
-    quant_type: FourBit | None = Field(None, description="qlora: bitsandbytes' 4-bit data type (default nf4)")
-    double_quant: StrictBool | None = Field(None, description="qlora: quantize the block scales too (default true)")
-    compute_dtype: Dtype | None = Field(None, description="qlora: the dtype 4-bit weights are dequantized to for each "
-                                                          "matmul (default: the scenario's precision)")
-
-    @model_validator(mode="after")
-    def _settings_of_the_method(self) -> "FineTune":
-        given = lambda names: [n for n in names if getattr(self, n) is not None]  # noqa: E731
-        if self.method == "full" and (extra := given(_ADAPTER_FIELDS + _QUANT_FIELDS)):
-            raise ValueError(f"method full trains every weight; only lora/qlora take {', '.join(extra)}")
-        if self.method == "lora" and (extra := given(_QUANT_FIELDS)):
-            raise ValueError(f"method lora keeps the base unquantized; only qlora takes {', '.join(extra)}")
-        if self.method != "full":
-            if missing := [n for n in ("rank", "alpha", "targets") if getattr(self, n) is None]:
-                raise ValueError(f"method {self.method} needs {', '.join(missing)}")
-            self.dropout = 0.0 if self.dropout is None else self.dropout
-        if self.method == "lora" and self.base_dtype in ("nf4", "fp4"):
-            raise ValueError(f"base_dtype {self.base_dtype} is a 4-bit base: use method qlora")
-        if self.method == "qlora":
-            self.quant_type = self.quant_type or "nf4"
-            self.double_quant = True if self.double_quant is None else self.double_quant
-            if self.base_dtype not in (None, self.quant_type):
-                raise ValueError(f"method qlora stores the base in 4 bits ({self.quant_type}), not "
-                                 f"{self.base_dtype}: leave base_dtype out or set quant_type")
-            self.base_dtype = self.quant_type
-        return self
-
-    def summary(self, arch: ModelArch) -> str:
-        """One line for `fbench show`: the method and every setting it trains with."""
-        if self.method == "full":
-            return "full: every weight trains"
-        base = (f"base {self.base_dtype}" if self.method == "lora" else
-                f"base {self.base_dtype} ({'double quant, ' if self.double_quant else ''}compute {self.compute_dtype})")
-        return (f"{self.method} r={self.rank}, alpha {self.alpha:g} (scale {self.alpha / self.rank:g}), dropout "
-                f"{self.dropout:g}, {base}, on {', '.join(self.targets)}; "
-                f"{self.adapter_parameter_count(arch):,} adapter parameters")
-
-    def adapter_parameter_count(self, arch: ModelArch) -> int:
-        """The adapters' trainable parameters: per targeted linear (in -> out) of every layer,
-        A (r x in) and B (out x r); 0 for full fine-tuning."""
-        if self.method == "full":
-            return 0
-        shapes = arch.linear_shapes
-        return arch.num_hidden_layers * sum(self.rank * sum(shapes[t]) for t in self.targets)
-
-    def resolved(self, arch: ModelArch, precision: str) -> None:
-        """Fills in what follows from the model and the precision: `all-linear` as the explicit
-        list of the architecture's linear modules, the base (lora) and compute (qlora) dtypes."""
-        if self.method == "full":
-            return
-        valid = list(arch.linear_shapes)
-        if self.targets == ALL_LINEAR:
-            self.targets = valid
-        if unknown := [t for t in self.targets if t not in valid]:
-            raise ValueError(f"finetune.targets: {', '.join(map(repr, unknown))} not a linear module of a "
-                             f"{arch.architecture} decoder layer; valid: {', '.join(valid)} (or {ALL_LINEAR!r}; "
-                             "the LM head is never a target)")
-        if len(set(self.targets)) != len(self.targets):
-            raise ValueError(f"finetune.targets: {self.targets} names a module twice")
-        if self.method == "lora":
-            self.base_dtype = self.base_dtype or precision
-        else:
-            self.compute_dtype = self.compute_dtype or precision
-
-
-class Scenario(_Strict):
     name: str = Field(pattern=r"^[a-z0-9_]+$", max_length=MAX_NAME)
     description: str = ""
     model: ModelSpec
@@ -321,31 +211,6 @@ class Scenario(_Strict):
     @property
     def arch(self) -> ModelArch:
         return self.model.arch()
-
-    @property
-    def view(self) -> job.Scenario:
-        """The scenario as a worker reads it from `job.json`, where the quantities derived from
-        it are worked out (the properties below read them there)."""
-        return job.Scenario.from_dict(self.model_dump(mode="json"))
-
-    @property
-    def data_parallel(self) -> int:
-        return self.view.data_parallel
-
-    @property
-    def micro_per_step(self) -> int:
-        """Micro-iterations in one step of `steps.unit`."""
-        return self.view.micro_per_step
-
-    @property
-    def tokens_per_gpu_step(self) -> int:
-        """Tokens one GPU trains in one step of `steps.unit` (its sequence-parallel shard)."""
-        return self.view.tokens_per_gpu_step
-
-    @property
-    def rows_needed(self) -> int:
-        """Packed rows consumed by warm-up + measured steps across the data-parallel group."""
-        return self.view.rows_needed
 
     @property
     def model_config_for_run(self) -> dict:

@@ -1,15 +1,17 @@
 """The job a worker runs: `load_job(path)` reads the host's `job.json` into a typed `Job`.
 
-These dataclasses are the one definition of the job file: the host's
+The `Job` dataclass is the one definition of the job file: the host's
 `framework_bench.plugins.contract.Job` is this `Job` validated with pydantic, holding the whole
-validated scenario where a worker holds the `Scenario` view below. A worker reads the file
-with the stdlib only (worker envs are the frameworks', without pydantic). Reading is tolerant
-both ways: a key this SDK does not know (a newer host) is kept in `raw` and ignored, a key it
-expects but the file lacks (an older host) takes the host's default.
+validated scenario. A worker reads the file with the stdlib only (worker envs are the
+frameworks', without pydantic). Reading is tolerant both ways: a key this SDK does not know (a
+newer host) is kept in `raw` and ignored, a key it expects but the file lacks (an older host)
+takes the host's default.
 
-The quantities derived from a scenario (micro-batches per step, data-parallel size, rows
-needed, tokens per GPU) are worked out here only: the host's scenario reads them from its
-`view`, the `Scenario` a worker will read from the file.
+The scenario's fields are defined and validated once, by the host's pydantic models
+(framework_bench/spec/scenario.py); a worker reads them as the attributes of the dict the host
+dumped. What follows from them (micro-batches per step, data-parallel size, rows needed, tokens
+per GPU) is worked out here only, in `Scenario`, `Steps` and `FineTune`, which the host's models
+and the worker's view of the file both derive from.
 
 The packed rows are opened through the job (`open_rows`), which checks that they hash to
 the stream the host named; `check_data` does the same for rows a worker converted to its
@@ -22,14 +24,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal, get_args
 
 from framework_bench.worker.hparams import SEED
+from framework_bench.worker.loss_schemes import LossScheme
 
 if TYPE_CHECKING:
     import numpy as np
 
     from framework_bench.worker.packed import PackedRows
+
+
+# matched: both frameworks configured alike where both allow; native: as each framework's own
+# docs and examples configure it.
+SettingsMode = Literal["matched", "native"]
+SETTINGS_MODES: tuple[SettingsMode, ...] = get_args(SettingsMode)
 
 
 def _known(cls, data: dict, **overrides) -> Any:
@@ -38,70 +47,27 @@ def _known(cls, data: dict, **overrides) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names}, **overrides)
 
 
-@dataclass(frozen=True)
 class Steps:
-    warmup: int = 2
-    measured: int = 5
-    unit: str = "optimizer"  # "micro": a step is one micro-iteration (the update in every grad_accum-th)
+    """What follows from a scenario's `steps` (`warmup`, `measured`, `unit`)."""
 
     @property
     def total(self) -> int:
         return self.warmup + self.measured
 
 
-@dataclass(frozen=True)
 class FineTune:
-    """Which weights train (the host's `spec.scenario.FineTune`, resolved): `full`, or LoRA
-    adapters of `rank` on the decoder layers' `targets` (an explicit list) over a frozen base
-    of `base_dtype`; `qlora` stores that base in 4 bits (`quant_type`, `double_quant`,
-    dequantized to `compute_dtype`). `framework_bench.worker.adapters` turns it into peft's config."""
-
-    method: str = "full"
-    rank: int | None = None
-    alpha: float | None = None
-    dropout: float | None = None
-    targets: tuple[str, ...] = ()
-    base_dtype: str | None = None
-    quant_type: str | None = None
-    double_quant: bool | None = None
-    compute_dtype: str | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> FineTune:
-        data = dict(data or {})
-        data["targets"] = tuple(data.get("targets") or ())
-        return _known(cls, data)
+    """What follows from a scenario's `finetune`: `full`, or LoRA adapters of `rank` on the
+    decoder layers' `targets` over a frozen base of `base_dtype`; `qlora` stores that base in 4
+    bits (`quant_type`, `double_quant`, dequantized to `compute_dtype`).
+    `framework_bench.worker.adapters` turns it into peft's config."""
 
     @property
     def adapters(self) -> bool:
         return self.method != "full"
 
 
-@dataclass(frozen=True)
 class Scenario:
-    """The scenario fields workers read (the whole scenario as the host wrote it: `raw`)."""
-
-    name: str
-    context_length: int
-    micro_batch: int = 1
-    grad_accum: int = 1
-    sequence_parallel: int = 1
-    zero_stage: int = 0
-    activation_checkpointing: bool = True
-    precision: str = "bf16"
-    attention: str = "packed"
-    steps: Steps = field(default_factory=Steps)
-    gpus: int = 1  # cluster.gpus: processes over all nodes
-    finetune: FineTune = field(default_factory=FineTune)  # absent from a full scenario's file
-    raw: dict = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Scenario:
-        cluster = data.get("cluster") or {}
-        gpus = cluster.get("gpus") or cluster.get("nodes", 1) * cluster.get("gpus_per_node", 1)
-        return _known(cls, {k: v for k, v in data.items() if k not in ("steps", "finetune")},
-                      steps=_known(Steps, data.get("steps") or {}), finetune=FineTune.from_dict(data.get("finetune")),
-                      gpus=gpus, raw=data)
+    """What follows from a scenario's fields: the quantities every backend derives alike."""
 
     @property
     def micro_per_step(self) -> int:
@@ -110,7 +76,7 @@ class Scenario:
 
     @property
     def data_parallel(self) -> int:
-        return self.gpus // self.sequence_parallel
+        return self.cluster.gpus // self.sequence_parallel
 
     @property
     def tokens_per_gpu_micro_batch(self) -> int:
@@ -126,6 +92,31 @@ class Scenario:
     def rows_needed(self) -> int:
         """Packed rows the warm-up and measured steps consume across the data-parallel group."""
         return self.steps.total * self.micro_batch * self.micro_per_step * self.data_parallel
+
+
+class _Fields:
+    """A JSON object's members as attributes (nested objects too), the object itself as `raw`."""
+
+    def __init__(self, data: dict) -> None:
+        self.raw = data
+        # Through __dict__: a member named like a derived property (a newer host's) never hides it.
+        vars(self).update({k: _Fields(v) if isinstance(v, dict) else v for k, v in data.items()})
+
+
+class _StepsFields(_Fields, Steps):
+    pass
+
+
+class _FineTuneFields(_Fields, FineTune):
+    pass
+
+
+class _ScenarioFields(_Fields, Scenario):
+    def __init__(self, data: dict) -> None:
+        super().__init__(data)
+        self.steps = _StepsFields(data["steps"])
+        # The host leaves a full fine-tuning scenario's `finetune` out of its dump (spec/scenario.py).
+        self.finetune = _FineTuneFields(data.get("finetune") or {"method": "full"})
 
 
 MAX_SEED = 2**32  # numpy's and torch's seeding both take a 32-bit unsigned seed
@@ -146,18 +137,16 @@ class Job:
     device: Literal["cpu", "cuda"] = "cpu"
     nprocs: int = 1  # processes per node the launcher starts
     nnodes: int = 1
-    # matched: both frameworks configured alike where both allow; native: as each framework's
-    # own docs and examples configure it.
-    settings_mode: Literal["matched", "native"] = "matched"
+    settings_mode: SettingsMode = "matched"
     # One per compare: the initial weights (framework_bench/worker/initial_weights_host.py) and the
     # framework's own seeding.
     seed: int = SEED
     hf_config: dict = field(default_factory=dict, repr=False)  # the model's HF config.json, positions extended if asked
-    # How a worker that can normalise the loss several ways must (`framework_bench.worker.losses`
-    # SCHEMES): the host sets it on a reference run for a framework that normalises otherwise
+    # How a worker that can normalise the loss several ways must (`loss_schemes.SCHEMES`): the
+    # host sets it on a reference run for a framework that normalises otherwise
     # (`framework_bench.measure.losses.needed_reference_scheme`). None: the worker's own way.
     # A worker that cannot choose ignores it; a job file without it (an older host) reads None.
-    loss_scheme: Literal["step_token_mean", "step_label_mean", "micro_mean_mean"] | None = None
+    loss_scheme: LossScheme | None = None
     raw: dict = field(default_factory=dict, repr=False)
     # The sha256 of the rows this process checked against `data_sha256` (open_rows / check_data).
     verified_sha256: str | None = field(default=None, init=False)
@@ -171,7 +160,7 @@ class Job:
     def from_dict(cls, data: dict) -> Job:
         return _known(cls, {k: v for k, v in data.items() if k not in ("run_dir", "data_dir", "scenario")},
                       run_dir=Path(data["run_dir"]), data_dir=Path(data["data_dir"]),
-                      scenario=Scenario.from_dict(data["scenario"]), raw=data)
+                      scenario=_ScenarioFields(data["scenario"]), raw=data)
 
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]
@@ -205,8 +194,8 @@ class Job:
 
     def open_rows(self) -> PackedRows:
         """The host's packed rows (memory-mapped), after checking they hash to its stream."""
-        # Imported here: the host reads this module for the job's schema (spec/scenario.py
-        # through `Scenario.view`) and never opens rows, so it does not load numpy for it.
+        # Imported here: the host reads this module for the job's schema and the scenario's
+        # derived quantities (spec/scenario.py) and never opens rows, so it does not load numpy for it.
         from framework_bench.worker.packed import PackedRows
         rows = PackedRows(self.data_dir)
         self.check_data(rows.sha256(), f"packed data in {self.data_dir}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, STEP_LABEL_MEAN
 from framework_bench.worker.packed import IGNORE_INDEX
 
 LOSSES_DIR = "losses"
@@ -43,14 +44,6 @@ def supervised_after_shift(labels) -> int:
 def labelled_before_shift(labels) -> int:
     """Labels not ignored, the first position of each row included (HF's `num_items_in_batch`)."""
     return int((labels != IGNORE_INDEX).sum())
-
-
-# The loss normalisations a plain loop can take (`Job.loss_scheme`, `loss_divisors`); the host
-# names a run's weighting with the same words (framework_bench/measure/losses.py).
-STEP_TOKEN_MEAN = "step_token_mean"  # the step's summed token loss / its supervised tokens (on the rank)
-STEP_LABEL_MEAN = "step_label_mean"  # the same over labels counted before the shift (HF num_items_in_batch)
-MICRO_MEAN_MEAN = "micro_mean_mean"  # each micro-batch's token mean / the micro-batches in the step
-SCHEMES = (STEP_TOKEN_MEAN, STEP_LABEL_MEAN, MICRO_MEAN_MEAN)
 
 
 def loss_divisors(scheme: str | None, labels: list) -> list[int]:
