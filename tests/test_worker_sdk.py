@@ -104,7 +104,7 @@ def test_typed_job_round_trips_what_the_host_wrote(tmp_path):
     sc = job.scenario
     assert (sc.name, sc.context_length, sc.micro_batch, sc.grad_accum, sc.sequence_parallel, sc.zero_stage) == \
         (s.name, 8, 2, 3, 1, 0)
-    assert (sc.activation_checkpointing, sc.precision, sc.attention, sc.cluster.gpus) == (False, "fp32", "packed", 2)
+    assert (sc.activation_checkpointing, sc.precision, sc.attention, sc.gpus) == (False, "fp32", "packed", 2)
     assert (sc.steps.warmup, sc.steps.measured, sc.steps.unit) == (1, 4, "optimizer")
     assert (sc.finetune.method, sc.finetune.adapters) == ("full", False)  # left out of a full scenario's dump
     # a worker written against the plain-dict job keeps working

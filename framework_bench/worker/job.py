@@ -75,8 +75,13 @@ class Scenario:
         return 1 if self.steps.unit == "micro" else self.grad_accum
 
     @property
+    def gpus(self) -> int:
+        """Processes over all nodes (`cluster.gpus`)."""
+        return self.cluster.gpus
+
+    @property
     def data_parallel(self) -> int:
-        return self.cluster.gpus // self.sequence_parallel
+        return self.gpus // self.sequence_parallel
 
     @property
     def tokens_per_gpu_micro_batch(self) -> int:
