@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The verdict validated on real runs (issue 26, item 5; a benchmark, not a timed test).
+"""The verdict validated on real runs (a benchmark, not a timed test).
 
 A/A: the torch reference against itself installed a second time under another name
 (`torch_twin`, benchmarks/twins: the same worker on the same env), `--compares` compares of

@@ -117,7 +117,7 @@ def _lora_report(**settings):
 
 
 def test_the_host_counts_the_trainable_parameters_a_worker_claims():
-    """Issue 27, item 3: the host's count from the model and the LoRA config; a worker that
+    """The host counts the trainable parameters from the model and the LoRA config; a worker that
     trains its base too, adapts other modules or another rank, or counts nothing, cannot pass."""
     from framework_bench.measure import verify
     from framework_bench.spec.models import parameter_count

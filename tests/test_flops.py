@@ -379,7 +379,7 @@ def test_a_plugin_claiming_5ms_steps_on_tiny_cpu_ends_invalid_naming_the_ceiling
 
 
 # ---------------------------------------------------------------------------------------
-# LoRA / QLoRA: a frozen base with adapters (issue 27)
+# LoRA / QLoRA: a frozen base with adapters
 
 # hidden 8, 1 layer, 2 heads of 4, 1 KV head (kv width 4), intermediate 16, vocab 10
 HAND = ModelArch(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

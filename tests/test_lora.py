@@ -1,4 +1,4 @@
-"""LoRA end to end (issue 27): `fbench compare --scenario tiny_cpu_lora` with both real
+"""LoRA end to end: `fbench compare --scenario tiny_cpu_lora` with both real
 trainers and the torch reference (peft in each env), in matched and in native mode: the
 trainable counts the host computed, step-1 loss parity, the base unchanged and the adapters
 moved, every LoRA setting in the ledger as each worker read it off its live model.

@@ -1,4 +1,4 @@
-"""Parity against the reference (issue 20, items 2-4): from the same initial weights and rows,
+"""Parity against the reference: from the same initial weights and rows,
 each backend's canonical step-1 loss equals the torch reference's within 1e-5 (fp32), at
 grad_accum 1 and 2, with each framework's loss normalisation named; and the parity judgement
 itself on figures where it must pass or fail."""
@@ -47,7 +47,7 @@ def ok(backend: str, curve: dict[int, float], seed: int = 1024, scheme: str = "s
 
 
 def test_parity_judges_every_step_where_the_records_normalise_alike(tmp_path):
-    """Issue 28 item 3: "alike" is the normalisation the records show, never the wording: a run
+    """"Alike" is the normalisation the records show, never the wording: a run
     weighted as the reference is judged at every step, another one is `unverified` past step 1
     (naming the reference it needs), never passed unseen."""
     at = iter(range(100)).__next__
@@ -122,7 +122,7 @@ SCHEMES = {1: {"torch": "step_token_mean", "xtuner": "step_token_mean", "llamafa
 
 @pytest.mark.slow  # real runs of the three trainers
 def test_same_initial_weights_and_every_step_and_update_as_the_reference_that_normalises_alike(three_runs):
-    """Issue 28 item 3: each framework is judged at every step and on its update, against the
+    """Each framework is judged at every step and on its update, against the
     torch reference trained with the normalisation its records show (at grad_accum 2 XTuner's
     mean of per-micro-batch means: the torch loop with loss_scheme micro_mean_mean)."""
     scn, runs, references = three_runs
@@ -164,7 +164,7 @@ def accum2(tmp_path_factory):
                                              ("honest", 2)])
 def test_training_otherwise_is_invalid_whatever_the_normalisation_words(lie, grad_accum, liars, tiny_cpu_run, accum2,
                                                                         tmp_path, monkeypatch):
-    """Issue 28 item 3: a torch copy that trains with SGD while recording XTuner's words, without
+    """A torch copy that trains with SGD while recording XTuner's words, without
     clipping, or dropping a micro-batch at grad_accum 2 records the torch loop's normalisation
     (its divisors and scales), so it is judged at every step and on its update: `invalid`. Run
     once with those checks off, it ends `ok` (the lie is live); the judgement the compare makes
@@ -187,7 +187,7 @@ def test_training_otherwise_is_invalid_whatever_the_normalisation_words(lie, gra
 
 
 def test_a_job_names_the_loss_scheme_and_older_job_files_read_none(tmp_path):
-    """The Job field a second reference run is started with (issue 28 item 3): validated by the
+    """The Job field a second reference run is started with (`loss_scheme`): validated by the
     host, read by the worker SDK; a job file without it (an older host) reads None."""
     import pydantic
 

@@ -314,7 +314,7 @@ def test_notes_are_kept_stored_shown_and_job_json_is_the_hosts(probes, tmp_path)
 
     with ResultStore(db) as store:
         row = store.list()[0]
-        # a contract-1 probe that makes no claim: its run `unverified` (issue 20), its notes kept alike
+        # a contract-1 probe that makes no claim: its run `unverified`, never invalid; its notes kept alike
         assert row["status"] == "unverified" and row["notes"] == ["the probe trained nothing", "[red]not markup[/red]"]
         job = Job.model_validate_json((Path(row["run_dir"]) / "job.json").read_text())
     assert job.backend == "probe_ok" and job.scenario.name == "tiny_cpu"  # not the plan's "{}"
@@ -338,7 +338,7 @@ def test_declared_capabilities_are_enforced_by_the_host(fake):
 
 
 # ---------------------------------------------------------------------------------------
-# Name collisions (issue 19, items 11 and 15): every claimant broken, both named, none runs.
+# Name collisions: every claimant broken, both named, none runs.
 
 
 @pytest.fixture
@@ -380,7 +380,7 @@ def test_compare_without_backends_names_the_broken_ones_it_skips(fake_dists, fbe
 
 
 # ---------------------------------------------------------------------------------------
-# The Backend base class (issue 18, item 2): a subclass writes only what is its own.
+# The Backend base class: a subclass writes only what is its own.
 
 SUBCLASS_MODULE = '''
 """A third-party backend on the base class: info and one refusal of its own, nothing else."""
@@ -481,7 +481,7 @@ def test_a_module_of_hooks_declaring_no_contract_is_of_contract_1(fake):
 
 
 def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_base():
-    """No backend reads its run folder by hand (issue 18): the base class's `read_report` does."""
+    """No backend reads its run folder by hand: the base class's `read_report` does."""
     from backend_helpers import contributing_backend
     from framework_bench.plugins.base import Backend
 
@@ -493,7 +493,7 @@ def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_
 
 
 # Modules that moved (the contract's data models to plugins/contract.py, the two sides'
-# initial weights to modules named for their side: issue 25, item 3): plugins written against
+# initial weights to modules named for their side): plugins written against
 # the older paths import the very same objects, with a DeprecationWarning naming the new one.
 CONTRACT_NAMES = ("CONTRACT", "AdamWImpl", "MemoryScheme", "Capabilities", "EnvSpec", "BackendInfo", "Machine",
                   "BackendEnv", "Job", "LaunchPlan", "StepMetric", "WorkerReport")
@@ -522,7 +522,7 @@ def test_old_module_names_warn_and_keep_working(old, new):
         assert all(hasattr(module, name) for name in CONTRACT_NAMES)
 
 
-# One reference (issue 28, item 3c): a copy of the torch plugin that keeps `reference=True`
+# One reference: a copy of the torch plugin that keeps `reference=True`
 # (as starting from backends/torch invites) is refused like a name clash, never made the reference.
 
 TORCH_COPY = '''

@@ -266,7 +266,7 @@ def test_results_list_groups_the_trials_of_a_compare_and_gives_its_verdicts(fben
 
 
 # ---------------------------------------------------------------------------------------
-# Issue 28 item 6: a store is never made unreadable or altered by reading.
+# A store is never made unreadable or altered by reading.
 
 
 def _cli(*args: str):

@@ -1,4 +1,4 @@
-"""Every table fbench prints, at 80, 100 and 120 columns (issue 29): each figure of the record
+"""Every table fbench prints, at 80, 100 and 120 columns: each figure of the record
 whole, no cell ending in "…", each row one or two lines tall, the columns left out named under
 the table, notes as numbered footnotes; and `gpu_check.sh --dry` finding the checkout's fbench."""
 
