@@ -6,9 +6,10 @@ import pytest
 
 from pathlib import Path
 
-from framework_bench.measure import memory
+from framework_bench.measure import memory, memory_terms
 from framework_bench.plugins import registry as plugins
 from framework_bench.measure.memory import GIB, estimate, gpu_memory_for
+from framework_bench.spec.models import parameter_count
 from framework_bench.spec.scenario import Scenario, load, load_all
 
 # Measured peaks, ../shared/notes/backend-facts.md: plain PyTorch on one H200, random-init
@@ -70,7 +71,7 @@ def test_one_gpu_7b_estimates_within_bounds_of_the_measured_peaks(backend, mode,
 def test_foreach_adamw_peaks_at_the_optimizer_step():
     """foreach AdamW's sqrt(v) temporary is parameter-sized: 5 x 25 GiB of fp32 at the step."""
     e = estimate(make(context_length=8192), optimizer_impl="foreach")
-    n = memory.parameter_count(make().arch)
+    n = parameter_count(make().arch)
     assert e.peak_phase == "optimizer step" and e.optimizer_temporaries_gib == pytest.approx(4 * n / GIB, rel=1e-3)
     assert e.step_peak_gib == pytest.approx(5 * 4 * n / GIB + e.overhead_gib, rel=1e-3)
     assert estimate(make(context_length=8192), optimizer_impl="fused").optimizer_temporaries_gib == 0
@@ -105,7 +106,7 @@ def test_h200_peak_phases():
 
 
 def test_adamw_bytes_per_param_on_one_gpu():
-    n = memory.parameter_count(make().arch)
+    n = parameter_count(make().arch)
     assert 6.7e9 < n < 6.8e9  # Llama2-7B
     amp = estimate(make())
     ds = estimate(make(), scheme="deepspeed")
@@ -158,7 +159,6 @@ def test_every_published_scenario_fits_on_its_a100(scenario, backend, mode):
 def test_sequence_parallel_engines_as_the_backends_declare_them(scenario):
     """LLaMA-Factory's SP modelled as its v1 FSDP2 trainer (fp32 params, grads and Adam states
     sharded over the world: 16 bytes/param / world, its own foreach AdamW), XTuner's as DeepSpeed."""
-    from framework_bench.measure.memory import parameter_count
     v1 = estimate(scenario, declared=declared("llamafactory"))
     n, world = parameter_count(scenario.arch), scenario.cluster.gpus
     assert v1.scheme == "fsdp2" and v1.optimizer_impl == "foreach"
@@ -169,7 +169,7 @@ def test_sequence_parallel_engines_as_the_backends_declare_them(scenario):
 
 def test_no_backend_name_in_the_memory_model():
     """What differs between backends comes from their declarations and recorded settings."""
-    text = Path(memory.__file__).read_text().lower()
+    text = "".join(Path(m.__file__).read_text().lower() for m in (memory, memory_terms))
     for name in [*plugins.backends(), "llama-factory", "mmengine", "hf trainer"]:
         if name != "torch":  # also the library every term is about
             assert name.lower() not in text, name
@@ -211,7 +211,7 @@ def test_sequence_parallel_divides_activations():
 def test_zero_stages_shrink_the_right_terms_in_order():
     kw = dict(model={"preset": "llama2-70b"}, cluster={"nodes": 4, "gpus_per_node": 8})
     e = {z: estimate(make(zero_stage=z, **kw), scheme="deepspeed") for z in (0, 1, 2, 3)}
-    n = memory.parameter_count(make(**kw).arch)
+    n = parameter_count(make(**kw).arch)
     # stage 1 shards the optimizer states
     assert e[1].optimizer_states_gib == pytest.approx(e[0].optimizer_states_gib / 32, rel=1e-3)
     assert e[1].gradients_gib == e[0].gradients_gib and e[1].parameters_gib == e[0].parameters_gib
@@ -242,10 +242,10 @@ def test_monotonic_in_context_length(preset, zero):
 
 def test_per_token_per_layer_bytes():
     arch = make().arch  # h 4096, kv 4096, i 11008
-    assert memory.layer_activation_bytes_per_token(arch, "deepspeed") == 22 * 4096 + 4 * 4096 + 8 * 11008
-    assert memory.layer_activation_bytes_per_token(arch, "amp") == 28 * 4096 + 4 * 4096 + 8 * 11008
+    assert memory_terms.layer_activation_bytes_per_token(arch, "deepspeed") == 22 * 4096 + 4 * 4096 + 8 * 11008
+    assert memory_terms.layer_activation_bytes_per_token(arch, "amp") == 28 * 4096 + 4 * 4096 + 8 * 11008
     gqa = make(model={"preset": "llama2-70b"}).arch  # kv = 8 x 128 = 1024
-    assert memory.layer_activation_bytes_per_token(gqa, "deepspeed") == 22 * 8192 + 4 * 1024 + 8 * 28672
+    assert memory_terms.layer_activation_bytes_per_token(gqa, "deepspeed") == 22 * 8192 + 4 * 1024 + 8 * 28672
     # no s^2 term: per token it does not depend on the context length
     a = estimate(make(context_length=8192, activation_checkpointing=False))
     b = estimate(make(context_length=65536, activation_checkpointing=False))
@@ -281,19 +281,19 @@ def test_tiny_cpu_scenarios_are_small():
 
 def test_four_bit_weights_with_their_block_scales():
     # half a byte, plus a 64-block's fp32 absmax; double quant: an 8-bit absmax and an fp32 scale per 256 blocks
-    assert memory.four_bit_bytes_per_param(False) == 0.5 + 4 / 64
-    assert memory.four_bit_bytes_per_param(True) == 0.5 + 1 / 64 + 4 / (64 * 256)
+    assert memory_terms.four_bit_bytes_per_param(False) == 0.5 + 4 / 64
+    assert memory_terms.four_bit_bytes_per_param(True) == 0.5 + 1 / 64 + 4 / (64 * 256)
 
 
 def test_frozen_base_by_hand():
     s = load("tiny_cpu_qlora")  # 4 layers, hidden 256, kv 128, intermediate 688, vocab 512, compute fp32
     linear = 4 * (256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * 688)
-    assert memory.linear_parameter_count(s.arch) == linear
+    assert memory_terms.linear_parameter_count(s.arch) == linear
     rest = 2 * 512 * 256 + 4 * 2 * 256 + 256  # embeddings, head, norms
-    assert memory.parameter_count(s.arch) == linear + rest
-    assert memory.frozen_base_bytes(s.arch, s.finetune) == linear * (0.5 + 1 / 64 + 4 / 16384) + rest * 4
+    assert parameter_count(s.arch) == linear + rest
+    assert memory_terms.frozen_base_bytes(s.arch, s.finetune) == linear * (0.5 + 1 / 64 + 4 / 16384) + rest * 4
     lora = load("tiny_cpu_lora")
-    assert memory.frozen_base_bytes(lora.arch, lora.finetune) == 4 * (linear + rest)
+    assert memory_terms.frozen_base_bytes(lora.arch, lora.finetune) == 4 * (linear + rest)
 
 
 def test_lora_estimate_holds_adapter_states_only():
@@ -304,25 +304,25 @@ def test_lora_estimate_holds_adapter_states_only():
     # fp32 adapters: 4 bytes of weights, 4 of gradients, 8 of AdamW m and v; the bf16 base 2 bytes a weight
     assert e.gradients_gib == round(4 * n_adapter / GIB, 3)
     assert e.optimizer_states_gib == round(8 * n_adapter / GIB, 3)
-    assert e.parameters_gib == round((2 * memory.parameter_count(s.arch) + 4 * n_adapter) / GIB, 3)
+    assert e.parameters_gib == round((2 * parameter_count(s.arch) + 4 * n_adapter) / GIB, 3)
     full, qlora = estimate(load("llama2_7b_8k_1gpu")), estimate(load("llama2_7b_8k_1gpu_qlora"))
     assert qlora.scheme == "qlora" and qlora.total_gib < e.total_gib < full.total_gib
     # the 4-bit base saves what its storage does, its activations are the bf16 base's
     assert e.parameters_gib - qlora.parameters_gib == pytest.approx(
-        (memory.frozen_base_bytes(s.arch, s.finetune) - memory.frozen_base_bytes(s.arch, load(
+        (memory_terms.frozen_base_bytes(s.arch, s.finetune) - memory_terms.frozen_base_bytes(s.arch, load(
             "llama2_7b_8k_1gpu_qlora").finetune)) / GIB, abs=2e-3)
     assert e.logits_gib == qlora.logits_gib
 
 
 def test_adapters_checkpointed_or_not():
     s = load("llama2_7b_8k_1gpu_lora")
-    per_layer = memory.adapter_activation_bytes_per_token(s.arch, s.finetune, "deepspeed") * 8192
+    per_layer = memory_terms.adapter_activation_bytes_per_token(s.arch, s.finetune, "deepspeed") * 8192
     # bf16 base: each target keeps its input cast to fp32 and A's fp32 output (r = 64)
     h, i = 4096, 11008
     assert per_layer == 8192 * (4 * (6 * h + i) + 7 * 4 * 64)
     stored = {ckpt: estimate(s.model_copy(update={"activation_checkpointing": ckpt})).stored_activations_gib
               for ckpt in (True, False)}
-    full = {ckpt: memory.stored_activations_bytes(s.arch, "deepspeed", 8192, ckpt) for ckpt in (True, False)}
+    full = {ckpt: memory_terms.stored_activations_bytes(s.arch, "deepspeed", 8192, ckpt) for ckpt in (True, False)}
     assert stored[True] == round(full[True] / GIB, 3)
     assert stored[False] == round((full[False] + 32 * per_layer) / GIB, 3)
 
@@ -330,8 +330,8 @@ def test_adapters_checkpointed_or_not():
 def test_adapter_activations_with_an_fp32_base_and_with_dropout():
     s = load("tiny_cpu_lora")  # fp32, no dropout: lora_A reads the very fp32 input the base linear reads
     assert memory.activation_scheme(s) == "fp32"
-    assert memory.adapter_activation_bytes_per_token(s.arch, s.finetune, "fp32") == 7 * 4 * 8
+    assert memory_terms.adapter_activation_bytes_per_token(s.arch, s.finetune, "fp32") == 7 * 4 * 8
     dropped = s.finetune.model_copy(update={"dropout": 0.1})
     inputs = 6 * 256 + 688  # q, k, v, o, gate, up read hidden; down reads intermediate
     # dropout's fp32 output (lora_A's input) and its 1-byte mask per input element
-    assert memory.adapter_activation_bytes_per_token(s.arch, dropped, "fp32") == 5 * inputs + 7 * 4 * 8
+    assert memory_terms.adapter_activation_bytes_per_token(s.arch, dropped, "fp32") == 5 * inputs + 7 * 4 * 8

@@ -12,9 +12,9 @@ import pytest
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
-from framework_bench.measure import memory, verify
+from framework_bench.measure import verify
 from framework_bench.plugins.contract import StepMetric, WorkerReport
-from framework_bench.spec.models import PRESETS
+from framework_bench.spec.models import PRESETS, parameter_count
 from framework_bench.store.results import ResultStore
 
 
@@ -81,9 +81,9 @@ def test_throughput_disagreement_is_flagged_not_invalid():
 
 def test_expected_parameter_count_of_the_published_models():
     # The published sizes: Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192; Yi-34B 34,388,917,248.
-    assert memory.parameter_count(PRESETS["llama2-7b"]) == 6_738_415_616
-    assert memory.parameter_count(PRESETS["llama2-70b"]) == 68_976_648_192
-    assert memory.parameter_count(PRESETS["yi-34b-200k"]) == 34_388_917_248
+    assert parameter_count(PRESETS["llama2-7b"]) == 6_738_415_616
+    assert parameter_count(PRESETS["llama2-70b"]) == 68_976_648_192
+    assert parameter_count(PRESETS["yi-34b-200k"]) == 34_388_917_248
 
 
 def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ gpus.py, a CPU's peak from cpu_peak.py) are applied in metrics.figures.
 from __future__ import annotations
 
 from framework_bench.measure import gpus
-from framework_bench.spec.models import ModelArch
+from framework_bench.spec.models import ModelArch, parameter_counts
 from framework_bench.spec.finetune import FineTune
 from framework_bench.spec.scenario import Scenario
 
@@ -45,14 +45,12 @@ def model_flops_per_token(
     """Exact matmul FLOPs per trained token: forward x3 (forward + backward), layers x4 with
     recomputation. `mean_attended` is the mean number of keys a query sees: (seq_len + 1) / 2
     for causal attention over a packed row (the default); smaller for varlen attention."""
-    h, L, V = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size
-    kv = arch.num_key_value_heads * arch.head_dim
+    counts = parameter_counts(arch)
     attended = (seq_len + 1) / 2 if mean_attended is None else mean_attended
-    projections = 2 * h * h + 2 * 2 * h * kv + 2 * h * h  # q, k, v, o
-    mlp = 3 * 2 * h * arch.intermediate_size  # gate, up, down
-    attention = 2 * 2 * attended * h  # scores and weighted sum
-    layer_fwd = projections + mlp + attention
-    return (3 + int(recompute)) * L * layer_fwd + 3 * 2 * h * V
+    linears = 2 * counts["layer_linear"]  # q, k, v, o, gate, up, down: 2 FLOPs a weight
+    attention = 2 * 2 * attended * arch.hidden_size  # scores and weighted sum
+    layer_fwd = linears + attention
+    return (3 + int(recompute)) * arch.num_hidden_layers * layer_fwd + 3 * 2 * counts["lm_head"]
 
 
 def lora_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, finetune: FineTune,
@@ -78,13 +76,13 @@ def lora_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, finetun
 
     c = 1 with recomputation. QLoRA's dequantization of the 4-bit weights is elementwise work,
     not counted, as no elementwise work is."""
-    h, L, V = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size
+    counts, L = parameter_counts(arch), arch.num_hidden_layers
     attended = (seq_len + 1) / 2 if mean_attended is None else mean_attended
-    base = 2 * sum(i * o for i, o in arch.linear_shapes.values())
-    attention = 2 * 2 * attended * h
+    base = 2 * counts["layer_linear"]
+    attention = 2 * 2 * attended * arch.hidden_size
     adapters = 2 * finetune.adapter_parameter_count(arch) / L
     c = int(recompute)
-    return L * ((2 + c) * base + (3 + c) * adapters + (3 + c) * attention) + 2 * 2 * h * V
+    return L * ((2 + c) * base + (3 + c) * adapters + (3 + c) * attention) + 2 * 2 * counts["lm_head"]
 
 
 def scenario_model_flops_per_token(scenario: Scenario, recompute: bool | None = None,

@@ -41,10 +41,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from framework_bench.measure.memory import parameter_count
 from framework_bench.worker import initial_weights_host
 from framework_bench.plugins.contract import Job, StepMetric, WorkerReport
 from framework_bench.worker.packed import PackedRows
+from framework_bench.spec.models import parameter_count
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.rows import row_fingerprint
 

@@ -42,11 +42,15 @@ class ModelArch(BaseModel):
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def kv_dim(self) -> int:
+        """The width of K and V: their heads (fewer under GQA) x head_dim."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """Each decoder layer's linear modules by the name peft targets them by, as
         (in_features, out_features); the LM head is not among them (LoRA never targets it here)."""
-        h, i = self.hidden_size, self.intermediate_size
-        kv = self.num_key_value_heads * self.head_dim
+        h, i, kv = self.hidden_size, self.intermediate_size, self.kv_dim
         return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
@@ -71,6 +75,24 @@ class ModelArch(BaseModel):
             "eos_token_id": 2,
             "pad_token_id": 0,
         }
+
+
+def parameter_counts(arch: ModelArch) -> dict[str, int]:
+    """The model's parameters by kind of layer, the one count every memory and FLOPs figure
+    uses: per decoder layer its linear weights (`linear_shapes`) and two RMSNorms, with `layer`
+    their sum; the embeddings and the untied LM head (V x h each) and the final norm once;
+    `model` the whole, num_hidden_layers layers."""
+    h, v = arch.hidden_size, arch.vocab_size
+    linear = sum(i * o for i, o in arch.linear_shapes.values())
+    counts = {"layer_linear": linear, "layer_norms": 2 * h, "layer": linear + 2 * h,
+              "embedding": v * h, "lm_head": v * h, "final_norm": h}
+    return counts | {"model": counts["embedding"] + counts["lm_head"] + arch.num_hidden_layers * counts["layer"]
+                     + counts["final_norm"]}
+
+
+def parameter_count(arch: ModelArch) -> int:
+    """All the model's parameters (`parameter_counts`)."""
+    return parameter_counts(arch)["model"]
 
 
 PRESETS: dict[str, ModelArch] = {
