@@ -39,7 +39,8 @@ def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_
     from framework_bench.run import pipeline
     from framework_bench.run.options import RunOptions
     from framework_bench.data.packing import pack
-    from framework_bench.present.plotting import _slug, plot_results
+    from framework_bench.present.chart_style import slug
+    from framework_bench.present.plotting import plot_results
     from framework_bench.store.results import ResultStore
 
     from test_host_clock import SCENARIO
@@ -58,7 +59,7 @@ def test_an_old_contract_plugin_runs_unverified_when_it_makes_no_claims_ok_when_
         store.add(claimless, SCENARIO)
         rows = store.latest_by_point()
     assert [r["status"] for r in rows] == ["unverified"]
-    spread = f'id="tgs-spread-{_slug("lying_no_claims_contract1")}"'  # drawn only for a plotted figure
+    spread = f'id="tgs-spread-{slug("lying_no_claims_contract1")}"'  # drawn only for a plotted figure
     svg = next(p for p in plot_results(rows, tmp_path / "plots", published=False) if p.suffix == ".svg")
     assert spread not in svg.read_text()
     svg = next(p for p in plot_results(rows, tmp_path / "asked", published=False, include_unverified=True)

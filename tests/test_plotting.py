@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from framework_bench.present import plotting
+from framework_bench.present import chart_style, plotting, published_chart
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultStore
 from framework_bench.spec.scenario import PROJECT_ROOT, load
@@ -76,7 +76,7 @@ def test_published_chart_needs_no_runs(tmp_path):
     with ResultStore(tmp_path / "r.sqlite") as store:
         assert store.list() == []
         assert plotting.plot_results(store.latest_by_point(), tmp_path) == []
-    paths = plotting.plot_published(tmp_path / "out")
+    paths = published_chart.plot_published(tmp_path / "out")
     assert [p.name for p in paths] == ["published_xtuner_a100.png", "published_xtuner_a100.svg"]
     assert paths[0].stat().st_size > 50_000
     svg = paths[1].read_text()
@@ -90,14 +90,14 @@ def test_the_committed_reference_picture_exists():
 
 
 def test_labels():
-    assert [plotting.ctx_label(n) for n in (512, 1024, 8192, 131072, 262144, 1048576, 1000)] == \
+    assert [chart_style.ctx_label(n) for n in (512, 1024, 8192, 131072, 262144, 1048576, 1000)] == \
         ["512", "1k", "8k", "128k", "256k", "1M", "1000"]
     cpu = [{"gpus": 1, "device": "cpu", "manifest": CPU_MANIFEST}]
-    assert plotting.gpus_label(cpu) == "1 process (CPU)"
-    assert plotting.hardware(cpu) == "AMD EPYC CPU x 2, no GPU"
+    assert chart_style.gpus_label(cpu) == "1 process (CPU)"
+    assert chart_style.hardware(cpu) == "AMD EPYC CPU x 2, no GPU"
     gpu = [{"gpus": g, "device": "cuda", "manifest": {"gpu": "NVIDIA H200", "gpu_count": 8}} for g in (8, 32)]
-    assert plotting.gpus_label(gpu) == "8/32 GPUs"
-    assert plotting.hardware(gpu) == "8 x NVIDIA H200"
+    assert chart_style.gpus_label(gpu) == "8/32 GPUs"
+    assert chart_style.hardware(gpu) == "8 x NVIDIA H200"
 
 
 def test_importing_the_modules_does_not_import_matplotlib():

@@ -20,7 +20,8 @@ def plot(
         "--include-unverified", help="also runs of old-contract plugins that did not make every claim")] = False,
 ) -> None:
     """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
-    from framework_bench.present.plotting import plot_published, plot_results
+    from framework_bench.present.plotting import plot_results
+    from framework_bench.present.published_chart import plot_published
     out = common.out_folder(out)
     common.writable_folder(out, "--out")
     if published:

@@ -18,7 +18,7 @@ from framework_bench.measure import flops
 from framework_bench.present.differences import NOT_ALIGNED, speed_relevant
 from framework_bench.run.reference import reference_backend
 from framework_bench.plugins import registry
-from framework_bench.present.plotting import ctx_label, hardware
+from framework_bench.present.chart_style import ctx_label, hardware
 from framework_bench.present.verdict import Points, share_cell
 from framework_bench.spec.scenario import Scenario
 
