@@ -14,7 +14,7 @@ import pytest
 
 from backend_helpers import CPU, tiny
 from fbench_fixtures import LIARS
-from framework_bench.measure import clock, verify
+from framework_bench.measure import clock, clock_checks, verify
 from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
@@ -74,7 +74,7 @@ def test_a_lie_about_time_is_invalid_naming_its_check_and_the_honest_copy_is_ok(
     assert honest.status == "ok", honest.reason
     checks = {c.name: c for c in honest.checks}
     assert {checks[n].status for n in ("clock", "pauses", "cpu")} == {"pass"}, checks
-    assert checks["clock"].figures["share"] >= clock.MIN_CLAIMED_SHARE
+    assert checks["clock"].figures["share"] >= clock_checks.MIN_CLAIMED_SHARE
 
     result = lie_runs(f"lying_{lie}")
     check = CAUGHT_BY[lie]
@@ -108,17 +108,17 @@ def test_the_stamps_judge_a_run_as_written(tmp_path):
                     [2.0, "pause", None, 2.0], [2.5, "end", 2, 2.0],            # window ends at the pause
                     [2.5, "begin", None, 2.0], [3.5, "end", 3, 2.1]]}
     (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"ranks": events}))
-    out = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 0.9, 3: 1.0}}, cpu=True)}
+    out = {c.name: c for c in clock_checks.checks(clock_checks.load_stamps(tmp_path), 1, {0: {2: 0.9, 3: 1.0}}, cpu=True)}
     # observed 1.0 -> 3.5 = 2.5 s, less 0.1 s paused: 2.4 s; claimed 1.9 s is 79 %
     assert out["clock"].status == "fail" and out["clock"].figures["share"] == pytest.approx(1.9 / 2.4, abs=1e-4)
     assert out["pauses"].status == "fail" and out["pauses"].figures["step"] == 2  # 0.1 s of a 1.0 s step
     assert out["cpu"].status == "fail" and out["cpu"].figures["share"] == pytest.approx(1.1 / 2.5, abs=1e-3)
-    fine = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 1.0, 3: 1.3}}, cpu=False)}
+    fine = {c.name: c for c in clock_checks.checks(clock_checks.load_stamps(tmp_path), 1, {0: {2: 1.0, 3: 1.3}}, cpu=False)}
     assert fine["clock"].status == "pass" and "cpu" not in fine
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {}}))
-    assert "no clock lines" in clock.checks(clock.load_stamps(tmp_path / "none"), 1, {}, cpu=True)[0].detail
-    assert "no stamps" in clock.checks(clock.load_stamps(tmp_path / "nothing"), 1, {}, cpu=True)[0].detail
+    assert "no clock lines" in clock_checks.checks(clock_checks.load_stamps(tmp_path / "none"), 1, {}, cpu=True)[0].detail
+    assert "no stamps" in clock_checks.checks(clock_checks.load_stamps(tmp_path / "nothing"), 1, {}, cpu=True)[0].detail
 
 
 FAKE_NVIDIA_SMI = """#!{python}
@@ -148,7 +148,7 @@ def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(t
             lines.write("end", 1)
             time.sleep(0.1)
         lines.close()
-        return clock.checks(clock.load_stamps(run_dir), 0, {0: {1: 0.5}}, cpu=False)[0]
+        return clock_checks.checks(clock_checks.load_stamps(run_dir), 0, {0: {1: 0.5}}, cpu=False)[0]
 
     monkeypatch.setenv("PATH", f"{bin_dir}:{tmp_path / 'nothing'}")
     seen = watched_run(tmp_path / "a", "0,1")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 
 from backend_helpers import tiny
-from framework_bench.measure import clock, verify
+from framework_bench.measure import clock, clock_checks, verify
 from framework_bench.run import compare, pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
 
 # Sixteen measured steps: the forward-only steps of two lies still span more than the CPU
-# share needs to be read (clock.MIN_CPU_SPAN_SECONDS).
+# share needs to be read (clock_checks.MIN_CPU_SPAN_SECONDS).
 SCENARIO = tiny(name="tiny_outside_steps", steps={"warmup": 2, "measured": 16})
 
 # lie -> (the check that must catch it, the checks switched off to show the lie is live). Under
@@ -86,7 +86,7 @@ def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp
 
     def judged(st, claims, cpu=False):
         (tmp_path / clock.STAMPS_FILE).write_text(json.dumps(st))
-        return {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: claims}, cpu=cpu)}
+        return {c.name: c for c in clock_checks.checks(clock_checks.load_stamps(tmp_path), 1, {0: claims}, cpu=cpu)}
 
     steady = [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)]
     fair = judged(stamps(steady), {2: 1.0, 3: 1.0, 4: 1.0})
@@ -94,7 +94,7 @@ def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp
     moved = judged(stamps(steady), {2: 0.5, 3: 0.5, 4: 2.0})  # the same 3.0 s, the median halved
     assert moved["clock"].status == "fail" and moved["clock"].figures["step_step"] == 2
     assert "under 90% of its own window" in moved["clock"].detail
-    jitter = judged(stamps(steady), {2: 0.9 - clock.STAMP_JITTER_SECONDS / 2, 3: 1.0, 4: 1.0})
+    jitter = judged(stamps(steady), {2: 0.9 - clock_checks.STAMP_JITTER_SECONDS / 2, 3: 1.0, 4: 1.0})
     assert jitter["clock"].status == "pass"
     gapped = judged(stamps([(0.0, 1.0), (1.0, 1.9), (2.0, 2.9), (3.0, 3.9)]), {2: 0.9, 3: 0.9, 4: 0.9})
     assert gapped["gaps"].status == "fail" and gapped["gaps"].figures["share"] == pytest.approx(0.2 / 2.9, abs=1e-4)
@@ -117,18 +117,18 @@ def test_the_projection_delay_is_held_to_the_references(tmp_path):
         return RunResult.model_construct(backend=backend, checks=[Check(name="clock", status="pass", figures=figures)])
 
     reference = run("torch", projection_seconds=0.3, median_step_seconds=0.08)
-    ok = clock.projection_delay_check(run("a", projection_seconds=1.1, median_step_seconds=0.1), reference)
+    ok = clock_checks.projection_delay_check(run("a", projection_seconds=1.1, median_step_seconds=0.1), reference)
     assert ok.status == "pass" and ok.figures["limit"] == pytest.approx(1.2)  # 4x the reference's
-    assert clock.projection_delay_check(run("b", projection_seconds=1.3, median_step_seconds=0.1), reference).status == "fail"
-    assert clock.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
+    assert clock_checks.projection_delay_check(run("b", projection_seconds=1.3, median_step_seconds=0.1), reference).status == "fail"
+    assert clock_checks.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
     # an honest run at a busier moment than its reference's: within 6 of its own median steps
     busy = run("f", projection_seconds=6.0, median_step_seconds=2.2)
-    assert clock.projection_delay_check(busy, reference).status == "pass"
+    assert clock_checks.projection_delay_check(busy, reference).status == "pass"
     deferred = run("g", projection_seconds=46.6, median_step_seconds=0.9)
-    late = clock.projection_delay_check(deferred, reference)
+    late = clock_checks.projection_delay_check(deferred, reference)
     assert late.status == "fail" and "work done after the last measured step" in late.detail
-    assert clock.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
-    assert clock.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
+    assert clock_checks.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
+    assert clock_checks.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
 
 
 def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folder(tmp_path):
@@ -153,9 +153,9 @@ def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folde
         renamed = time.monotonic()
         time.sleep(0.2)
     lines.close()
-    stamps = clock.load_stamps(tmp_path)
+    stamps = clock_checks.load_stamps(tmp_path)
     assert abs(stamps["update_claim"]["stamp"] - renamed) < 0.05
-    figures = {c.name: c for c in clock.checks(stamps, 0, {0: {1: 0.05}}, cpu=False)}["clock"].figures
+    figures = {c.name: c for c in clock_checks.checks(stamps, 0, {0: {1: 0.05}}, cpu=False)}["clock"].figures
     assert 0.3 <= figures["projection_seconds"] < 0.4
 
 
@@ -169,11 +169,11 @@ def test_a_cpu_figure_the_host_cannot_read_is_unverified_never_a_pass(tmp_path):
               [0.05, "begin", None, 0.1, 0.1], [0.1, "end", 2, 0.105, 0.105], [0.1, "begin", None, 0.105, 0.105],
               [0.15, "end", 3, 0.11, 0.11]]
     (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {"0": events}}))
-    out = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 0.05, 3: 0.05}}, cpu=True)}
+    out = {c.name: c for c in clock_checks.checks(clock_checks.load_stamps(tmp_path), 1, {0: {2: 0.05, 3: 0.05}}, cpu=True)}
     assert out["cpu"].status == "unverified" and "0.100 s of measured steps is too short" in out["cpu"].detail
     assert out["warmup"].status == "unverified" and "too little to read" in out["warmup"].detail
-    assert set(clock.HOST_MEASURED) == {"cpu", "warmup"}
+    assert set(clock_checks.HOST_MEASURED) == {"cpu", "warmup"}
     no_proc = [e[:3] for e in events]
     (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"ranks": {"0": no_proc}}))
-    out = {c.name: c for c in clock.checks(clock.load_stamps(tmp_path), 1, {0: {2: 0.05, 3: 0.05}}, cpu=True)}
+    out = {c.name: c for c in clock_checks.checks(clock_checks.load_stamps(tmp_path), 1, {0: {2: 0.05, 3: 0.05}}, cpu=True)}
     assert out["cpu"].detail == "unverified: no /proc to read" and out["warmup"].status == "unverified"

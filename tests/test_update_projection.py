@@ -16,7 +16,7 @@ import pytest
 
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.measure import clock, update
+from framework_bench.measure import clock, clock_checks, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.spec import scenario
@@ -52,7 +52,7 @@ def test_the_seed_is_revealed_only_after_every_rank_ended_the_last_step(tmp_path
         write_lines(tmp_path, 1, ("begin", None), ("end", 3))
         assert wait_until(revealed.exists)
     assert json.loads(revealed.read_text()) == {"projection_seed": 12345}
-    stamps = clock.load_stamps(tmp_path)
+    stamps = clock_checks.load_stamps(tmp_path)
     assert stamps["reveal"]["seed"] == 12345
     assert stamps["reveal"]["stamp"] == stamps["ranks"]["1"][-1][0]  # revealed on the stamp of rank 1's end
 

@@ -102,7 +102,7 @@ def _claim(run_dir: Path) -> dict | None:
 
 def check(run_dir: Path, stamps: dict | None, adapters: bool = False):
     """The `update` check of a finished run, from the worker's claim and the host's record of
-    the seed it revealed (`stamps`, the watcher's record: `clock.load_stamps`). With LoRA
+    the seed it revealed (`stamps`, the watcher's record: `clock_checks.load_stamps`). With LoRA
     adapters (`adapters`) two figures more: the frozen base did not move (|dw| exactly 0: an
     element never updated adds exactly 0) and the adapters did."""
     from framework_bench.measure.verify import Check  # here: the node-side watcher imports this module

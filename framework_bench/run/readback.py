@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from framework_bench.measure import clock, flops, losses, metrics, update, verify
+from framework_bench.measure import clock_checks, flops, losses, metrics, update, verify
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import CONTRACT, Job, WorkerReport
@@ -46,7 +46,7 @@ def read_back(result: RunResult, backend: plugins.RegisteredBackend, job: Job, o
     if outcome.status != "ok":
         result.reason = f"exit code {outcome.returncode}\n{outcome.log_tail}" if outcome.returncode else outcome.log_tail
         return
-    stamps = clock.load_stamps(job.run_dir)
+    stamps = clock_checks.load_stamps(job.run_dir)
     try:
         report = call_hook("fbench_read_report", lambda: WorkerReport.model_validate(backend.read_report(job)))
     except HookError as e:
@@ -86,7 +86,7 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
         claimed.setdefault(m.rank, {})[m.step] = m.seconds
     off = verify.unchecked()
     result.checks = [c for c in verify.verify(scenario, report, job.data_dir, result.tgs, job)
-                     + clock.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
+                     + clock_checks.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
                      + [update.check(job.run_dir, stamps, adapters=scenario.finetune.method != "full")]
                      if c.name not in off]
     reason, flags = verify.verdict(result.checks)
@@ -94,9 +94,9 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
     if reason and result.status == "ok":
         result.status, result.reason = "invalid", reason
     unmeasured = [f"{c.name} ({c.detail.removeprefix('unverified: ')})" for c in result.checks
-                  if c.status == "unverified" and c.name in clock.HOST_MEASURED]
+                  if c.status == "unverified" and c.name in clock_checks.HOST_MEASURED]
     unmeasured += [f for f in result.flags if f.startswith(metrics.NO_CEILING)]
-    missing = [c.name for c in result.checks if c.status == "unverified" and c.name not in clock.HOST_MEASURED]
+    missing = [c.name for c in result.checks if c.status == "unverified" and c.name not in clock_checks.HOST_MEASURED]
     parts = []
     if verify.CLAIMS not in off and missing and result.status == "ok":
         said = {name: why for name, why in report.unclaimed.items() if name in missing}

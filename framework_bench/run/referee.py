@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from framework_bench.measure import losses, update, verify
-from framework_bench.measure.clock import projection_delay_check
+from framework_bench.measure.clock_checks import projection_delay_check
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run.hooks import tail_of
 from framework_bench.spec.scenario import Scenario

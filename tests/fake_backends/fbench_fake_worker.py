@@ -78,7 +78,7 @@ def spin(seconds: float) -> None:
 
 
 # Each step's real work, on a CPU: 5 measured steps make 0.25 s, past the host's shortest
-# readable span (framework_bench/measure/clock.py MIN_CPU_SPAN_SECONDS); the step claims its 0.5 s.
+# readable span (framework_bench/measure/clock_checks.py MIN_CPU_SPAN_SECONDS); the step claims its 0.5 s.
 SPIN_SECONDS = 0.05
 job_file, mode = sys.argv[1], sys.argv[2]
 job = load_job(job_file)
