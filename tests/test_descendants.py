@@ -115,6 +115,7 @@ def test_a_torchrun_worker_deaf_to_sigterm_ends_with_the_run(tmp_path, monkeypat
 def test_a_daemon_of_a_host_killed_9_is_ended_by_the_next_commands_sweep(fbench_home, tmp_path):
     """The host's adoptions die with it: the daemon goes to init. The sweep of the dead host's
     run finds it by the run folder in its environment (its command line does not name it)."""
+    from framework_bench.measure import processes
     from framework_bench.run import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000001"
     run_dir.mkdir(parents=True)
@@ -130,7 +131,7 @@ def test_a_daemon_of_a_host_killed_9_is_ended_by_the_next_commands_sweep(fbench_
         while not pid_file.exists():
             assert host.poll() is None and time.monotonic() < deadline, "the worker never started its daemon"
             time.sleep(0.05)
-        (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": host.pid, "started": orphans._start_time(host.pid),
+        (run_dir / orphans.HOST_FILE).write_text(json.dumps({"pid": host.pid, "started": processes.start_time(host.pid),
                                                             "db": None, "hostname": socket.gethostname()}))
         host.kill()
         host.wait()

@@ -27,6 +27,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from framework_bench.measure import processes
+
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
 RUN_ENV = "FBENCH_RUN_DIR"  # the run folder, in the environment the launcher gives the worker
 
@@ -34,41 +36,9 @@ RUN_ENV = "FBENCH_RUN_DIR"  # the run folder, in the environment the launcher gi
 def of_run(pid: int, run_dir: Path) -> bool:
     """Whether the process's environment names `run_dir` as its run (`RUN_ENV`)."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        return f"{RUN_ENV}={run_dir}".encode() in processes.environ(pid)
     except OSError:
         return False
-    return f"{RUN_ENV}={run_dir}".encode() in environ.split(b"\0")
-
-
-def _processes() -> dict[int, tuple[int, str, str]]:
-    """{pid: (parent pid, start time, state)} of every process /proc lists (none without it).
-    The start time (clock ticks since boot) with the pid names one process, never a later one
-    given the same pid."""
-    out = {}
-    try:
-        entries = list(os.scandir("/proc"))
-    except OSError:
-        return out
-    for entry in entries:
-        if entry.name.isdigit():
-            try:
-                fields = Path(entry.path, "stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            out[int(entry.name)] = (int(fields[1]), fields[19], fields[0])
-    return out
-
-
-def _descendants(table: dict[int, tuple[int, str, str]], root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 def _set_subreaper(on: int) -> int | None:
@@ -93,8 +63,8 @@ class RunTree:
         self._workers = workers
 
     def __enter__(self) -> RunTree:
-        table = _processes()
-        self._before = {(pid, table[pid][1]) for pid in _descendants(table, os.getpid())}
+        table = processes.table()
+        self._before = {(pid, table[pid].started) for pid in processes.descendants(table, os.getpid())}
         self._was_subreaper = _set_subreaper(1)
         return self
 
@@ -106,10 +76,10 @@ class RunTree:
         """Reap the run's processes the host adopted that have ended (nothing else would: they
         are no `Popen` of anyone's; a zombie also keeps its process group alive); returns
         {pid: start time} of the run's processes still alive."""
-        table, host = _processes(), os.getpid()
+        table, host = processes.table(), os.getpid()
         workers = {p.pid for p in self._workers}
         alive = {}
-        for pid in _descendants(table, host):
+        for pid in processes.descendants(table, host):
             ppid, started, state = table[pid]
             if (pid, started) in self._before or pid in workers:
                 continue
