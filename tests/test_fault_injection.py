@@ -36,7 +36,7 @@ STAGES = {  # stage: (module, function) the fault is triggered on entering
     "mid_training": ("framework_bench.run.readback", "read_metrics"),
     "worker_exited": ("framework_bench.run.pipeline", "finish"),
     "figures": ("framework_bench.measure.metrics", "figures"),
-    "store": ("framework_bench.store.results", "save"),
+    "store": ("framework_bench.store.unstored", "save"),
     "report": ("framework_bench.cli.common", "charts_and_report"),
 }
 
@@ -46,9 +46,9 @@ import errno, importlib, os, signal, subprocess, sys, time
 from pathlib import Path
 module, function, fault, stage, full, db = sys.argv[1:7]
 from framework_bench import cli
-from framework_bench.store import results
+from framework_bench.store import locks
 from framework_bench.data import packing
-results.LOCK_WAIT, results.LOCK_PATIENCE = 0.5, 1.5
+locks.LOCK_WAIT, locks.LOCK_PATIENCE = 0.5, 1.5
 packing.FREE_SPACE_MARGIN = 0  # the small disks of this test hold the tiny scenario's few kB
 target = importlib.import_module(module)
 original = getattr(target, function)

@@ -17,7 +17,8 @@ from framework_bench.spec import scenario
 from framework_bench.cli import app
 from framework_bench.data import alpaca
 from framework_bench.measure.metrics import RunResult
-from framework_bench.store.results import SCHEMA_VERSION, ResultStore
+from framework_bench.store.results import ResultStore
+from framework_bench.store.schema import SCHEMA_VERSION
 from framework_bench.spec.scenario import DataSource, ScenarioError
 
 TINY = scenario.SCENARIO_DIR / "tiny_cpu.yaml"

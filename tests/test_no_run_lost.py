@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from framework_bench.run.launchers import local
-from framework_bench.store import results
+from framework_bench.store import locks, results, unstored
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
 from fbench_fixtures import end_processes_mentioning as _end, processes_mentioning
@@ -104,8 +104,8 @@ def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing
                                                                                     monkeypatch):
     db = tmp_path / "r.sqlite"
     ResultStore(db).close()
-    monkeypatch.setattr(results, "LOCK_WAIT", 0.2)  # SQLite's own wait, short: the back-off must do the rest
-    monkeypatch.setattr(results, "LOCK_PATIENCE", 60.0)
+    monkeypatch.setattr(locks, "LOCK_WAIT", 0.2)  # SQLite's own wait, short: the back-off must do the rest
+    monkeypatch.setattr(locks, "LOCK_PATIENCE", 60.0)
     held = threading.Event()
     with ResultStore(db) as store:
         thread = _hold_lock(db, 3, held)
@@ -113,7 +113,7 @@ def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing
         held.wait(10)
         from framework_bench.spec import scenario
         started = time.monotonic()
-        results.save(store, results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="failed", reason="x"),
+        unstored.save(store, results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="failed", reason="x"),
                      scenario.load("tiny_cpu"))
         assert time.monotonic() - started > 2  # it waited for the lock rather than failing
     thread.join()
@@ -124,21 +124,21 @@ def test_a_store_locked_past_the_patience_keeps_the_row_for_the_next_command(fak
                                                                             monkeypatch):
     db = tmp_path / "r.sqlite"
     ResultStore(db).close()
-    monkeypatch.setattr(results, "LOCK_WAIT", 0.2)
-    monkeypatch.setattr(results, "LOCK_PATIENCE", 1.0)
+    monkeypatch.setattr(locks, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(locks, "LOCK_PATIENCE", 1.0)
     conn = sqlite3.connect(db, timeout=5)
 
     def lock_once_training_ends(*args, **kwargs):
         conn.execute("BEGIN EXCLUSIVE")  # another process holds the store when the row comes
         return real_save(*args, **kwargs)
 
-    real_save = results.save
-    monkeypatch.setattr(results, "save", lock_once_training_ends)
+    real_save = unstored.save
+    monkeypatch.setattr(unstored, "save", lock_once_training_ends)
     res = run_fake("fake_ok", db)
     assert res.exit_code == 0 and "kept in" in res.stderr and "next fbench command stores it" in res.stderr
     conn.rollback()
     conn.close()
-    monkeypatch.setattr(results, "save", real_save)
+    monkeypatch.setattr(unstored, "save", real_save)
     assert rows(db) == []
     res = cli("results", "list", "--db", str(db))
     assert "recovered the ok run of fake_ok on tiny_cpu" in res.stderr and "database is locked" in res.stderr
@@ -151,16 +151,16 @@ def test_when_neither_the_store_nor_the_folder_beside_it_can_take_a_row_it_is_pr
     db = tmp_path / "r.sqlite"
     ResultStore(db).close()
     (tmp_path / "r.sqlite.unstored").write_text("a file where the fallback folder belongs")
-    monkeypatch.setattr(results, "LOCK_WAIT", 0.2)
-    monkeypatch.setattr(results, "LOCK_PATIENCE", 0.5)
+    monkeypatch.setattr(locks, "LOCK_WAIT", 0.2)
+    monkeypatch.setattr(locks, "LOCK_PATIENCE", 0.5)
     conn = sqlite3.connect(db, timeout=5)
-    real_save = results.save
+    real_save = unstored.save
 
     def lock_then_save(*args, **kwargs):
         conn.execute("BEGIN EXCLUSIVE")
         return real_save(*args, **kwargs)
 
-    monkeypatch.setattr(results, "save", lock_then_save)
+    monkeypatch.setattr(unstored, "save", lock_then_save)
     res = run_fake("fake_ok", db)
     conn.rollback()
     assert res.exit_code == 1 and "printed above as JSON" in res.stderr
@@ -505,13 +505,13 @@ def test_results_list_shows_the_latest_50_unless_asked(tmp_path, fbench_home):
 
 
 # ---------------------------------------------------------------------------------------
-# Issue 28 item 5 (the store's side): a claim on a kept row is released on every exit and a dead
-# command's claim is taken over; every path written into a run folder is absolute.
+# The store's side: a claim on a kept row is released on every exit and a dead command's claim
+# is taken over; every path written into a run folder is absolute.
 
 
 def _keep_a_row(db: Path) -> Path:
     from framework_bench.spec import scenario
-    folder = results.unstored_dir(db)
+    folder = unstored.unstored_dir(db)
     folder.mkdir()
     result = results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="ok")
     path = folder / "20260101-000000-1-1.json"
@@ -528,10 +528,10 @@ def test_a_kept_row_claimed_by_a_command_that_died_is_taken_over_by_the_next(fbe
     dead.wait()
     kept.rename(kept.with_name(f"{kept.name}.{dead.pid}"))  # as `kill -9` left it, mid-claim
     with ResultStore(db) as store:
-        lines = results.recover(store)
+        lines = unstored.recover(store)
         assert [r["backend"] for r in store.list()] == ["fake_ok"]
     assert any("recovered the ok run of fake_ok" in line for line in lines), lines
-    assert list(results.unstored_dir(db).iterdir()) == []
+    assert list(unstored.unstored_dir(db).iterdir()) == []
 
 
 def test_a_kept_row_claimed_by_a_live_command_is_left_to_it(fbench_home, tmp_path):
@@ -541,7 +541,7 @@ def test_a_kept_row_claimed_by_a_live_command_is_left_to_it(fbench_home, tmp_pat
     try:
         kept.rename(kept.with_name(f"{kept.name}.{live.pid}"))
         with ResultStore(db) as store:
-            assert results.recover(store) == [] and store.list() == []
+            assert unstored.recover(store) == [] and store.list() == []
     finally:
         live.kill()
         live.wait()
@@ -557,8 +557,8 @@ def test_ctrl_c_while_storing_a_kept_row_gives_it_back(fbench_home, tmp_path, mo
     with ResultStore(db) as store:
         monkeypatch.setattr(store, "add", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            results.recover(store)
-    assert [p.name for p in results.unstored_dir(db).iterdir()] == [kept.name]
+            unstored.recover(store)
+    assert [p.name for p in unstored.unstored_dir(db).iterdir()] == [kept.name]
 
 
 def test_the_db_written_into_host_json_is_absolute(fbench_home, tmp_path, monkeypatch):

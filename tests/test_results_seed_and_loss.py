@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from framework_bench.store import results
+from framework_bench.store import schema
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultStore
 from framework_bench.spec.scenario import load
@@ -23,16 +23,16 @@ def test_seed_and_loss_curve_round_trip(tmp_path):
 def test_a_version_5_store_migrates_with_its_rows(tmp_path):
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as raw:
-        for migration in results._MIGRATIONS[:5]:
+        for migration in schema.MIGRATIONS[:5]:
             raw.executescript(migration)
         raw.execute("INSERT INTO runs (created_at, backend, scenario, scenario_json, context_length, model, gpus, "
                     "sequence_parallel, device, status, steps_measured, flags, framework_throughput, manifest) "
                     "VALUES ('t', 'xtuner', 'tiny_cpu', '{}', 512, 'tiny-llama', 1, 1, 'cpu', 'ok', 5, '[]', '{}', '{}')")
         raw.execute("PRAGMA user_version = 5")
-        raw.execute(f"PRAGMA application_id = {results.APPLICATION_ID}")
+        raw.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
     with ResultStore(path) as store:
         old = store.list()[0]
         assert old["seed"] is None and old["loss_curve"] == {}
     with sqlite3.connect(path) as raw:
         # every later migration too (schema 7: the trials of a compare)
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == results.SCHEMA_VERSION >= 6
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION >= 6

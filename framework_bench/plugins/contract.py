@@ -139,7 +139,7 @@ class BackendInfo(BaseModel):
         "the no-framework reference whose TGS the report shows the others' as a share of (one installed backend)"))
     manifest_packages: list[str] = Field(default_factory=list, description=(
         "distributions of its env whose versions each run's manifest records, beside the framework package "
-        "and the common stack (`framework_bench/store/results.py`)"))
+        "and the common stack (`framework_bench/store/provenance.py`)"))
     report_notes: list[str] = Field(default_factory=list, description=(
         "what matched settings cannot align because it lives inside the framework's own code: listed in "
         "the report beside the recorded settings"))

@@ -18,30 +18,21 @@ import socket
 import time
 from pathlib import Path
 
+from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.descendants import of_run
 from framework_bench.spec.scenario import Scenario
-from framework_bench.store import results
+from framework_bench.store import results, unstored
 
 HOST_FILE = "host.json"
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the
-    pid, it names one process, never a later one given the same pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, settings_mode: str) -> None:
     """Mark `run_dir` (made here) as this process's to store in `db`, with what its row needs."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / HOST_FILE).write_text(json.dumps({
-        "pid": os.getpid(), "started": _start_time(os.getpid()), "hostname": socket.gethostname(),
+        "pid": os.getpid(), "started": processes.start_time(os.getpid()), "hostname": socket.gethostname(),
         "db": str(Path(db).absolute()) if db else None,  # the next command may run from another folder
         "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json")}))
 
@@ -52,12 +43,12 @@ def release(run_dir: Path | None) -> None:
 
 
 def save(store: results.ResultStore, result: RunResult, scenario: Scenario) -> Path | None:
-    """`results.save`, then the run's claim released: a row stored, kept beside the store, or
+    """`unstored.save`, then the run's claim released: a row stored, kept beside the store, or
     (`Unstored`) printed by the caller as JSON is no orphan, and no later command stores another.
     Any other failure keeps the claim, so the next command stores the run as failed."""
     try:
-        kept = results.save(store, result, scenario)
-    except results.Unstored:
+        kept = unstored.save(store, result, scenario)
+    except unstored.Unstored:
         release(result.run_dir)
         raise
     release(result.run_dir)
@@ -67,32 +58,14 @@ def save(store: results.ResultStore, result: RunResult, scenario: Scenario) -> P
 def _host_alive(record: dict) -> bool:
     """Whether the run's host may still be running it. A run started on another machine sharing
     FBENCH_HOME is that machine's to judge; without /proc, a live pid is taken as the host."""
-    if record.get("hostname") != socket.gethostname():
-        return True
-    if record.get("started") is None:
-        try:
-            os.kill(record["pid"], 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return _start_time(record["pid"]) == record["started"]
+    return record.get("hostname") != socket.gethostname() or processes.alive(record["pid"], record.get("started"))
 
 
 def _naming(run_dir: Path) -> list[int]:
     """Live processes whose command line names `run_dir` (the worker's job file lies there), or
     whose environment names it their run."""
     needle = str(run_dir).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "cmdline").read_bytes() or of_run(int(entry.name), run_dir):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return processes.matching(lambda pid: needle in processes.cmdline(pid) or of_run(pid, run_dir))
 
 
 def end_leftovers(run_dir: Path) -> int:
@@ -120,17 +93,13 @@ def _claim_of_the_dead(path: Path) -> bool:
     """Whether `path` (`host.json.<pid>`) was taken by a recovering command of this machine that
     is gone (`kill -9` during its wait): then the next command takes the run over."""
     pid = path.name[len(HOST_FILE) + 1:]
-    if not pid.isdigit() or int(pid) == os.getpid():
+    if not pid.isdigit():
         return False
     try:
-        if json.loads(path.read_text()).get("hostname") != socket.gethostname():
-            return False
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
+        host = json.loads(path.read_text()).get("hostname")
     except (OSError, ValueError, AttributeError):
         return False
-    return False
+    return isinstance(host, str) and processes.abandoned(int(pid), host)
 
 
 def recover(root: Path) -> list[str]:
