@@ -37,7 +37,7 @@ from framework_bench.measure.verify import Check
 from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN
 from framework_bench.worker.losses import LOSSES_DIR
 
-# Parity of the canonical losses with the reference (issue 20): fp32 / bf16 autocast.
+# Parity of the canonical losses with the reference: fp32 / bf16 autocast.
 PARITY_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
 # Two weights of a token are the same normalisation when this close (relative): float rounding
 # of one arithmetic, never another count (one token of 500 is 2e-3).

@@ -12,9 +12,8 @@ large compiled dependency to every install for one function this short. The gene
 seeded per interval, so the same trials give the same interval on every machine and whatever
 else was computed before.
 
-Calibration (seeded simulation, tests/test_statistics.py): with 5 trials a side an A/A pair's
-interval misses 1.0 in about 2% of compares (nominal 5%); with 3 trials a side in about 11%,
-the percentile bootstrap of a median of 3 being too narrow: a verdict wants 5 trials.
+A verdict wants 5 trials a side: with 3 the percentile bootstrap of a median is too narrow
+(the simulated false-alarm rates: docs/calibration.md).
 
 Trials whose run did not end `ok`, or whose host checks failed one claim, do not count: they
 are named in `Summary.excluded`. Warm-up rounds' trials (round 0 and below) do not count either.

@@ -58,7 +58,7 @@ BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weigh
 # A figure anyone reads is never judged with it.
 UNCHECKED_ENV = "FBENCH_UNCHECKED"
 CLAIMS = "claims"
-# What every worker must record (issue #11); `fbench check-backend` requires them.
+# What every worker must record; `fbench check-backend` requires them.
 REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "attention",
                      "activation_checkpointing", "zero_stage")
 # The plugin contract (`framework_bench.plugins.contract.CONTRACT`) from which each claim is
@@ -265,7 +265,7 @@ class Anchor(BaseModel):
 
 ANCHORS = [
     Anchor(scenario="llama2_7b_8k_1gpu", trainer="torch-loop", gpu="H200", step_seconds=1.170,
-           source="issue 17: plain PyTorch on one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 "
+           source="plain PyTorch on one H200, Llama2-7B random init, batch 1, bf16 autocast over fp32 "
                   "weights, SDPA, activation checkpointing, fused AdamW"),
 ]
 
