@@ -28,35 +28,13 @@ import threading
 import time
 from pathlib import Path
 
+from framework_bench.measure import processes
 from framework_bench.measure.nvml import NvmlSampler
 from framework_bench.measure.update import Reveal
 from framework_bench.worker.files import CLOCK_DIR, UPDATE_FILE
 
 STAMPS_FILE = "host_clock.json"
 POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus scheduling)
-
-
-def _children(pid: int) -> dict[int, list[int]]:
-    """{parent pid: child pids} of every process /proc lists."""
-    out: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rpartition(")")[2].split()[1])
-            out.setdefault(ppid, []).append(int(entry.name))
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    tree, found, todo = _children(pid), [], [pid]
-    while todo:
-        kids = tree.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 def cpu_seconds(pids: list[int]) -> tuple[float, float] | None:
@@ -219,7 +197,7 @@ class Watcher:
         if not self.cpu:
             return None
         if self._pids is None:  # the process tree, found once: the workers exist by their first line
-            self._pids = descendants(os.getpid())
+            self._pids = processes.descendants(processes.table(), os.getpid())
         return cpu_seconds(self._pids)
 
     def _see_update_claim(self) -> None:
