@@ -1,7 +1,8 @@
 """This machine's processes, as /proc lists them (Linux), and files claimed by a process.
 
 A pid with its start time names one process, never a later one given the same pid. Without
-/proc no process is listed and none has a start time; `alive` then asks the pid alone.
+/proc no process is listed and none has a start time: `alive` asks a process recorded so by
+its pid alone (kill 0).
 Stdlib only: the node-side watcher (`clock.py`) uses it with no host dependencies.
 """
 
