@@ -1,4 +1,4 @@
-"""No run lost, no impossible figure stored (issue 19): whatever happens once a worker is
+"""No run lost, no impossible figure stored: whatever happens once a worker is
 launched (a bad metrics line, an exception in the figures, a full disk, a locked store, a
 dead host), exactly one row is stored per run and no process of it is left; figures no
 step can give make the run `invalid`, never `inf`. The fake backends' workers train nothing:
@@ -84,7 +84,7 @@ def test_a_plugin_that_removes_its_run_folder_still_gets_its_row(fakes, fbench_h
     res = run_fake("fake_rm_run_dir", db)
     row = one_row(db, fbench_home)
     # Its report read the consumed rows back from the folder it had removed: a claim not made,
-    # which leaves a contract-1 plugin's run `unverified` (issue 20), stored all the same.
+    # which leaves a contract-1 plugin's run `unverified` (never invalid), stored all the same.
     assert res.exit_code == 0 and row["status"] == "unverified" and "rows" in row["reason"]
     assert any("result.json not written" in n for n in row["notes"])
 

@@ -1,4 +1,4 @@
-"""Time outside the measured steps (issue 28, item 3b): each lie a third-party backend can tell
+"""Time outside the measured steps: each lie a third-party backend can tell
 with the torch reference worker and a few lines changed (tests/lying_backends) - the training
 done after the last measured step, or inside warm-up step 1, the measured steps forward only;
 claimed seconds moved from one step to another, the same total; the optimizer step between two
@@ -161,7 +161,7 @@ def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folde
 
 
 def test_a_cpu_figure_the_host_cannot_read_is_unverified_never_a_pass(tmp_path):
-    """Issue 28 item 2: a span under MIN_CPU_SPAN_SECONDS (or no /proc) makes the cpu check
+    """A span under MIN_CPU_SPAN_SECONDS (or no /proc) makes the cpu check
     `unverified`, saying why; a warm-up's CPU work too little to read, the warmup check."""
     import json
 
