@@ -92,10 +92,10 @@ def _judge(backend: str, s: scenarios_.Scenario, own: RunResult, options: RunOpt
     ref_scn = s.model_copy(update={"zero_stage": 0})
     reference = own if backend == ref_name and s.zero_stage == 0 else pipeline.run_one(ref_name, ref_scn, options)
 
-    def run_reference(scheme: str) -> RunResult:
-        return pipeline.run_one(ref_name, ref_scn, options.model_copy(update={"loss_scheme": scheme}))
+    def run_reference(trained: scenarios_.Scenario, scheme: str | None) -> RunResult:
+        return pipeline.run_one(ref_name, trained, options.model_copy(update={"loss_scheme": scheme}))
     if reference is not own:
-        reference = judging_reference(own, reference, run_reference, {})
+        reference = judging_reference(own, reference, ref_scn, run_reference, {})
     before = len(own.checks)
     referee.judge(own, reference, s, absent=f"no reference backend is installed to judge {backend}")
     pipeline.write_result(own)

@@ -178,3 +178,32 @@ def test_a_worker_copying_the_references_files_passes_only_where_the_reference_r
     assert [r.status for r in liars] == ["invalid", "invalid"], [r.reason for r in liars]
     assert all("update check failed" in r.reason and "the host revealed" in r.reason for r in liars)
     assert all(r.status == "ok" for r in results if r.backend == "torch")
+
+
+def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_path, monkeypatch):
+    """Native mode: a worker that trains the scenario's r=8 adapters while its ledger claims r=64
+    (its trainable and parameter counts claimed to match) is judged against the reference trained
+    with the adapters it claims, at every step and on its update: invalid. Judged at step 1 only,
+    as native adapters were before (the check off), it passes: the lie is live."""
+    from framework_bench.run.reference import NATIVE_ADAPTERS, judging_reference
+    from framework_bench.spec import scenario
+
+    scn = scenario.load("tiny_cpu_lora")
+    options = RunOptions(root=tmp_path / "runs", settings_mode="native")
+    liar = pipeline.run_one("lying_claims_r64", scn, options, machine=CPU)
+    reference = pipeline.run_one("torch", scn, options, machine=CPU)
+    assert liar.status == reference.status == "ok", (liar.reason, reference.reason)
+    assert (liar.settings["lora_rank"], reference.settings["lora_rank"]) == (64, 8)
+    made: dict = {}
+
+    def judged():
+        r = liar.model_copy(deep=True)
+        run_reference = lambda trained, scheme: pipeline.run_one("torch", trained, options, machine=CPU)  # noqa: E731
+        return referee.judge(r, judging_reference(r, reference, scn, run_reference, made), scn)
+
+    caught = judged()
+    assert caught.status == "invalid" and "update_parity" in caught.reason, caught.reason
+    assert any("lora_rank" not in n and "rank 64" in n for n in caught.notes), caught.notes  # the reference's adapters
+    monkeypatch.setenv(UNCHECKED_ENV, NATIVE_ADAPTERS)
+    passed = judged()
+    assert passed.status == "ok", passed.reason

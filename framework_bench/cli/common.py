@@ -142,7 +142,7 @@ def load_scenario(name: str):
 
 
 def check_settings(mode: str) -> None:
-    from framework_bench.run.compare import SETTINGS_MODES
+    from framework_bench.worker.job import SETTINGS_MODES
     if mode not in SETTINGS_MODES:
         fail(f"--settings {mode!r}: use {' or '.join(SETTINGS_MODES)}")
 

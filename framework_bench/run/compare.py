@@ -28,8 +28,6 @@ from framework_bench.spec import scenario as scenarios_
 from framework_bench.spec.scenario import Scenario, ScenarioError
 from framework_bench.store.results import ResultStore
 
-SETTINGS_MODES = ("matched", "native")
-
 
 def expand(patterns: list[str]) -> list[Scenario]:
     """Scenario names, globs over the names in scenarios/ (`tiny_cpu*`), or file paths; in order, no
@@ -120,15 +118,15 @@ def compare(
     orders = design.trial_orders(backend_names, reference_name)
     compare_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its reference's
-    judging: dict[tuple[int, str], RunResult] = {}  # (the round's reference, scheme): its run trained that way
+    judging: dict[tuple, RunResult] = {}  # the round's reference runs trained as a run says it trained
 
     def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, round_options: RunOptions,
                 why: str = absent) -> None:
         if result.backend != reference_name:
-            def run_reference(scheme: str) -> RunResult:
-                return pipeline.run_one(reference.backend, s, round_options.model_copy(
+            def run_reference(trained: Scenario, scheme: str | None) -> RunResult:
+                return pipeline.run_one(reference.backend, trained, round_options.model_copy(
                     update={"loss_scheme": scheme, "db": None}))
-            referee.judge(result, judging_reference(result, reference, run_reference, judging), s, why)
+            referee.judge(result, judging_reference(result, reference, s, run_reference, judging), s, why)
         if kept := pipeline.keep(store, result, s):
             on_kept(kept)
         on_result(result, s)

@@ -10,13 +10,14 @@ from pydantic import BaseModel, Field
 from framework_bench.run.launchers.base import Launcher
 from framework_bench.run.launchers.slurm import SbatchOptions
 from framework_bench.worker.hparams import SEED
+from framework_bench.worker.job import SettingsMode
 
 
 class RunOptions(BaseModel):
     launcher: Launcher | None = Field(None, description="None: local for one process, torchrun for several")
     timeout: float | None = Field(None, description="seconds before a run is stopped (runs here only)")
     force: bool = Field(False, description="run even where the memory estimate says it won't fit")
-    settings_mode: str = Field("matched", description="matched or native (framework_bench/run/compare.py)")
+    settings_mode: SettingsMode = Field("matched", description="matched or native (framework_bench/worker/job.py)")
     seed: int = SEED
     db: Path | None = Field(None, description="the results file the runs are stored in; None: nobody stores them")
     root: Path | None = Field(None, description="the folder of the run folders; None: FBENCH_HOME/runs")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from framework_bench.measure import losses
+from framework_bench.measure import losses, verify
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
+from framework_bench.spec.scenario import Scenario
 
 # Pins the reference to another installed backend (a new reference loop, or a stand-in in tests):
 # the one whose runs judge every other's, named wherever its share is shown.
@@ -44,26 +45,51 @@ def reference_first(backend_names: list[str]) -> tuple[list[str], str | None]:
     return sorted(backend_names, key=lambda b: b != reference_name), reference_name
 
 
-RunReference = Callable[[str], RunResult]  # trains the reference backend with a loss scheme: its result
+# Trains the reference backend on a scenario, with a loss scheme (None: the torch loop's own): its result.
+RunReference = Callable[[Scenario, "str | None"], RunResult]
+NATIVE_ADAPTERS = "native_adapters"  # FBENCH_UNCHECKED name: judge native adapters at step 1 only, as before
 
 
-def judging_reference(result: RunResult, reference: RunResult | None, run_reference: RunReference,
-                      made: dict[tuple[int, str], RunResult]) -> RunResult | None:
-    """The reference run `result` is judged against: the round's, or where `result` normalises the
-    loss otherwise (`losses.needed_reference_scheme`: XTuner's mean of per-micro-batch means at
-    grad_accum 2, HF Trainer's labels counted before the shift), a run of the reference backend
-    trained that way (`run_reference(scheme)`), made once per round reference and scheme (`made`).
-    It judges only: not a trial of the reference's speed, so it is not stored; the run's notes
-    name its folder."""
+def claimed_adapters(result: RunResult, reference: RunResult) -> dict | None:
+    """The `finetune` fields of a reference trained with the adapters `result` claims, where they
+    differ from the reference's (native mode: a framework's own rank, alpha, targets), so that
+    every step and the update are judged against the adapters the run says it trained; None where
+    they agree, or where no reference can train the same (rsLoRA, DoRA, an adapted LM head, or
+    dropout, whose draws no two frameworks share: those stay judged at step 1)."""
+    if NATIVE_ADAPTERS in verify.unchecked() or not losses.native_adapter_differences(result, reference):
+        return None
+    claim = result.settings or {}
+    if claim.get("lora_rslora") or claim.get("lora_dora") or claim.get("lora_head_adapted") or claim.get("lora_dropout"):
+        return None
+    try:
+        return {"rank": int(claim["lora_rank"]), "alpha": float(claim["lora_alpha"]), "dropout": 0.0,
+                "targets": str(claim["lora_targets"]).split(",")}
+    except (KeyError, TypeError, ValueError):  # a ledger short of them: the trainable check says so
+        return None
+
+
+def judging_reference(result: RunResult, reference: RunResult | None, scenario: Scenario,
+                      run_reference: RunReference, made: dict[tuple, RunResult]) -> RunResult | None:
+    """The reference run `result` is judged against: the round's, or a run of the reference
+    backend trained as `result` says it trained where that differs: with its loss normalisation
+    (`losses.needed_reference_scheme`: XTuner's mean of per-micro-batch means at grad_accum 2, HF
+    Trainer's labels counted before the shift) and with its native adapters (`claimed_adapters`).
+    Made once per round reference and what it is trained with (`made`). It judges only: not a
+    trial of the reference's speed, so it is not stored; the run's notes name its folder."""
     if reference is None or reference.status not in ("ok", "unverified") or result.status not in ("ok", "unverified"):
         return reference
     scheme = losses.needed_reference_scheme(result, reference)
-    if scheme is None:
+    adapters = claimed_adapters(result, reference)
+    if scheme is None and adapters is None:
         return reference
-    key = (id(reference), scheme)
+    key = (id(reference), scheme, repr(adapters))
     if key not in made:
-        made[key] = run_reference(scheme)
+        trained = scenario if adapters is None else Scenario.model_validate(
+            {**scenario.model_dump(), "finetune": {**scenario.finetune.model_dump(), **adapters}})
+        made[key] = run_reference(trained, scheme)
     judging = made[key]
-    result.notes.append(f"judged against a run of {reference.backend} trained with loss_scheme {scheme} "
+    how = "; ".join(p for p in (scheme and f"loss_scheme {scheme}", adapters and "the run's own adapters "
+                                + ", ".join(f"{k} {v}" for k, v in adapters.items())) if p)
+    result.notes.append(f"judged against a run of {reference.backend} trained with {how} "
                         f"({judging.status}; not stored, not a trial: {judging.run_dir})")
     return judging

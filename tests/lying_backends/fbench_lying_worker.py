@@ -23,6 +23,7 @@ FORWARD = "                    loss = train_model(input_ids=x, labels=y, num_ite
 BUILT = '    model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
 PARAMS = "        param_count=settings.param_count(model),\n"
 LEDGER = "        settings={**settings_in_effect, **adapters.settings(model)},\n"
+INITIAL = "    initial_weights_worker.report(model, job.seed, job.run_dir)\n"
 WRITE = "    write_report(job, report)\n"
 UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
 OPTIMIZER = ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n        optimizer.step()\n"
@@ -151,6 +152,16 @@ LIES: dict[str, list[tuple[str, str]]] = {
                  "    shutil = __import__('shutil'); shutil.rmtree(job.run_dir / 'losses'); shutil.copytree(ref / 'losses', job.run_dir / 'losses')\n"
                  "    update.wait_for_reveal(job.run_dir, timeout=60)\n"
                  "    shutil.copy(ref / 'update_projection.json', job.run_dir / 'update_projection.json')\n"),
+    ],
+    # Trains the scenario's adapters (r=8) and reports those of a second model built with r=64: its
+    # initial weights, parameter count and ledger (every claim of the larger adapters consistent).
+    "claims_r64": [
+        (BUILT, BUILT + "    job.scenario.finetune.rank = 64\n"
+                        '    claimed = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
+                        "    job.scenario.finetune.rank = 8\n"),
+        (INITIAL, "    initial_weights_worker.report(claimed, job.seed, job.run_dir)\n"),
+        (PARAMS, "        param_count=settings.param_count(claimed),\n"),
+        (LEDGER, "        settings={**settings_in_effect, **adapters.settings(claimed)},\n"),
     ],
     # No lie: the loop normalises as XTuner does (each micro-batch's token mean / their count), honestly.
     "honest_micro_means": [
