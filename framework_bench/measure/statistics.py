@@ -15,8 +15,10 @@ else was computed before.
 A verdict wants 5 trials a side: with 3 the percentile bootstrap of a median is too narrow
 (the simulated false-alarm rates: docs/calibration.md).
 
-Trials whose run did not end `ok`, or whose host checks failed one claim, do not count: they
-are named in `Summary.excluded`. Warm-up rounds' trials (round 0 and below) do not count either.
+Trials whose run did not end `ok` do not count: they are named, with their status, in
+`Summary.excluded`. One rule decides, everywhere a trial is shown: a check that can drop a trial
+is blocking and makes the run `invalid`; a flag (a non-blocking check that failed) is shown
+beside the run and never drops it. Warm-up rounds' trials (round 0 and below) do not count either.
 """
 
 from __future__ import annotations
@@ -49,23 +51,20 @@ class Trial:
     tgs: float | None
     status: str
     label: str
-    failed_checks: tuple[str, ...] = ()
     warmup: bool = False  # a warm-up round's: neither counted nor named
 
     @property
     def counts(self) -> bool:
-        return (self.status == "ok" and not self.failed_checks and self.tgs is not None and self.tgs > 0
-                and not self.warmup)
+        return self.status == "ok" and self.tgs is not None and self.tgs > 0 and not self.warmup
 
     def why_excluded(self) -> str:
-        return f"{self.label} ({self.status if self.status != 'ok' else 'failed ' + ', '.join(self.failed_checks)})"
+        return f"{self.label} ({self.status if self.status != 'ok' else 'no figure'})"
 
     @classmethod
     def from_record(cls, r: dict) -> "Trial":
         """From a stored row or a `RunResult` dump: its checks are dicts with `name` and `status`."""
         label = f"run {r.get('id', r.get('result_id'))}" + (f", round {r['trial_round']}" if r.get("trial_round") else "")
         return cls(r["backend"], r["scenario"], r.get("tgs"), r["status"], label,
-                   tuple(c["name"] for c in r.get("checks") or [] if c["status"] == "fail"),
                    warmup=r.get("trial_round") is not None and r["trial_round"] <= 0)
 
 
