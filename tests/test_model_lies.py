@@ -1,10 +1,10 @@
-"""Lies about the model (issue 20): third-party backends that are the torch reference worker
+"""Lies about the model: third-party backends that are the torch reference worker
 with a few lines changed (tests/lying_backends) — the model fed half of each row, no
 optimizer step, one layer of four with a meta-built full count, every label ignored, no
 model run at all. The update projection after training tells each run that trained otherwise. Each ended `ok` under the host's earlier checks; judged against the torch
 reference's run on the same rows and seed, each now ends `invalid` naming the check that
-caught it, while the honest copy ends `ok`. Only issue 20's checks fail for a lie, so with
-them off (`FBENCH_UNCHECKED`) each passes: the test's lie is live."""
+caught it, while the honest copy ends `ok`. Only the checks of a lie (LIE_CHECKS) fail for one,
+so with them off (`FBENCH_UNCHECKED`) each passes: the test's lie is live."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
 # Real runs of the torch worker's lying copies: end to end, so in the slow part of the suite.
 pytestmark = pytest.mark.slow
 
-# issue 20's checks: the initial weights, parity with the reference, the update projection and
-# the host's clock (a model that never runs leaves steps so short that the time between them is
-# most of the span)
-ISSUE_20_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity",
-                   "gaps", "warmup", "projection_delay"}  # the host clock's of issue 28 too
+# The checks that catch a lie about the model: the initial weights, parity with the reference,
+# the update projection and the host's clock, of the measured steps and of the time around them
+# (a model that never runs leaves steps so short that the time between them is most of the span)
+LIE_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity",
+              "gaps", "warmup", "projection_delay"}
 # The check that catches each lie first (a lie may trip several).
 # No optimizer step, or no label to learn from (weight decay 0): the weights never move, which
 # the update projection says before any reference is compared.
@@ -35,7 +35,7 @@ CAUGHT_BY = {"half_rows": "parity", "no_update": "update", "one_layer": "initial
 
 
 def test_a_model_that_never_runs_claims_figures_above_the_cpus_peak(world):
-    """Issue 28 item 2: steps that compute nothing are faster than this CPU can compute the model:
+    """Steps that compute nothing are faster than this CPU can compute the model:
     the figures are impossible before any check (which is why the lie has no checks-off twin)."""
     r = run(world, "lying_no_model")
     assert r.status == "invalid" and r.reason.startswith("impossible figures:"), r.reason
@@ -80,8 +80,8 @@ def test_the_honest_copy_passes_parity(world):
                                          ("one_layer", "moved otherwise"), ("half_rows", "moved otherwise"),
                                          ("labels_ignored", "the weights never changed")])
 def test_the_update_projection_alone_tells_a_run_that_trained_otherwise(world, lie, detail):
-    """With every other check of issue 20 off, the update checks still make the run invalid."""
-    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(ISSUE_20_CHECKS - {"update", "update_parity"})))
+    """With every other check of a lie off, the update checks still make the run invalid."""
+    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(LIE_CHECKS - {"update", "update_parity"})))
     try:
         r = run(world, f"lying_{lie}")
     finally:
@@ -95,14 +95,14 @@ def test_a_model_lie_ends_invalid_naming_the_check(world, lie):
     r = run(world, f"lying_{lie}")
     assert r.status == "invalid", (lie, r.status, r.reason)
     assert f"{CAUGHT_BY[lie]} check failed" in r.reason, r.reason
-    # Every other blocking check held: without issue 20's checks the run was `ok`.
+    # Every other blocking check held: without the checks of a lie the run would be `ok`.
     failing = {c.name for c in r.checks if c.status == "fail" and c.name in BLOCKING}
-    assert failing and failing <= ISSUE_20_CHECKS, (lie, failing)
+    assert failing and failing <= LIE_CHECKS, (lie, failing)
 
 
 @pytest.mark.parametrize("lie", sorted(CAUGHT_BY))
 def test_with_the_checks_off_each_lie_passes(world, lie):
-    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(ISSUE_20_CHECKS)))
+    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(LIE_CHECKS)))
     try:
         r = run(world, f"lying_{lie}")
     finally:
@@ -111,9 +111,8 @@ def test_with_the_checks_off_each_lie_passes(world, lie):
 
 
 def test_fbench_run_judges_a_lie_as_compare_does(world, home_with_envs, tmp_path):
-    """Issue 28 item 1: `fbench run` had no reference, so the half-rows backend was stored as a
-    clean `ok`; now the reference runs after it and the run ends `invalid` through `run` too, while
-    with --no-reference it is `unverified`, never `ok`."""
+    """`fbench run` runs the reference after the backend, so the half-rows lie ends `invalid`
+    through `run` as in compare; with --no-reference it is `unverified`, never `ok`."""
     import json
 
     from typer.testing import CliRunner
@@ -134,7 +133,7 @@ def test_fbench_run_judges_a_lie_as_compare_does(world, home_with_envs, tmp_path
 
 
 def test_a_backend_normalising_otherwise_is_judged_against_the_reference_trained_its_way(world):
-    """Issue 28 item 3: at grad_accum 2 a loop taking the mean of per-micro-batch means (XTuner's way,
+    """At grad_accum 2 a loop taking the mean of per-micro-batch means (XTuner's way,
     here an honest copy of the torch loop) weighs tokens otherwise than the torch reference: the
     compare judges it against a second reference run trained with loss_scheme micro_mean_mean, made
     after it, at every step and on its update; against the round's reference it could only be unverified."""
@@ -159,7 +158,7 @@ def test_a_backend_normalising_otherwise_is_judged_against_the_reference_trained
 
 
 def test_a_worker_copying_the_references_files_passes_only_where_the_reference_ran_first(world, tmp_path):
-    """Issue 28 item 3b: a worker that trains nothing and copies the loss records and update
+    """A worker that trains nothing and copies the loss records and update
     projection of the newest torch run beside it. Where the reference ran first with the same
     projection vector (the order compare used to have) the copy passes every check: the lie is
     live. In compare the reference runs last in each round and each round projects onto its own
