@@ -47,7 +47,7 @@ def test_the_worker_refuses_a_model_without_xtuners_dispatch():
 import json, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from xtuner.model.modules import dispatch_modules
-from fbench_xtuner.worker import verify_sequence_parallel
+from fbench_xtuner.sp_binding import verify_sequence_parallel
 llm = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                                    attn_implementation="sdpa"))
