@@ -57,10 +57,10 @@ def launcher_for(cfg: Config, device: str) -> str:
     (set by torchrun, or by the plan for one process) and initialises the group. For one
     process without DeepSpeed that launcher would also make mmengine wrap the model in
     MMDistributedDataParallel, whose buckets hold a second copy of every gradient for
-    nothing: ~25 GiB for a 7B model, an out-of-memory run on one H200. So when the plan gave
-    a world of one its process-group variables (every CUDA run: XTuner's dispatched
-    attention calls dist.get_rank()), the worker initialises the group itself and keeps
-    the launcher "none": mmengine then trains the bare model (`ddp_wrapped` false)."""
+    nothing: a 7B model then runs out of memory on one H200 (docs/calibration.md). So when
+    the plan gave a world of one its process-group variables (every CUDA run: XTuner's
+    dispatched attention calls dist.get_rank()), the worker initialises the group itself and
+    keeps the launcher "none": mmengine then trains the bare model (`ddp_wrapped` false)."""
     if dist_info().world_size > 1 or "strategy" in cfg:
         return "pytorch"
     if "MASTER_ADDR" in os.environ:
