@@ -73,7 +73,7 @@ def test_cli_compare_json_table_and_charts(fakes, tmp_path):
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
                                    "--db", str(db), "--out", str(out), "--json"])
     assert res.exit_code == 1, res.output  # a failed run: everything is stored and drawn, and the exit says so
-    records = json.loads(res.stdout)
+    records = json.loads(res.stdout)["runs"]
     assert {r["backend"]: r["status"] for r in records} == {"fake_ok": "ok", "fake_crash": "failed"}
     for r in records:
         assert {"backend", "scenario", "status", "tgs", "tflops", "mfu", "data_sha256", "result_id"} <= r.keys()
@@ -302,4 +302,29 @@ def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_th
     low, high = map(float, re.search(r"fake_noisy_slow is [\d.]+% slower than fake_noisy_twin "
                                      r"\(95% CI ([\d.]+) to ([\d.]+)%, 3 trials each\)", res.output).groups())
     assert low <= 20 <= high
+
+
+def test_compare_json_carries_the_verdicts_and_fail_if_slower_gates_on_them(fakes, tmp_path, monkeypatch):
+    """`--json` is one object: the runs, each backend's summary, each pair's ratio, interval and
+    verdict word. `--fail-if-slower 5` exits 1 where a verdict says a backend is more than 5% slower
+    than the reference (fake_noisy_slow: 25% longer steps), 0 on an A/A pair (fake_noisy beside its
+    twin, the reference here)."""
+    monkeypatch.setenv("FBENCH_REFERENCE", "fake_noisy_twin")
+
+    def compare(backends: str, db: str):
+        return CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", backends, "--repeat", "3",
+                                        "--warmup-rounds", "0", "--db", str(tmp_path / db), "--out",
+                                        str(tmp_path / "plots"), "--json", "--fail-if-slower", "5"])
+    res = compare("fake_noisy,fake_noisy_slow", "slow.sqlite")
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout)
+    assert {r["backend"] for r in out["runs"]} == {"fake_noisy", "fake_noisy_slow", "fake_noisy_twin"}
+    assert {s["backend"] for s in out["summaries"]} == {"fake_noisy", "fake_noisy_slow", "fake_noisy_twin"}
+    assert all(s["trials"] + len(s["excluded"]) == 3 for s in out["summaries"])
+    verdicts = {(p["backend"], p["other"]): p["verdict"] for p in out["pairs"]}
+    assert verdicts["fake_noisy_slow", "fake_noisy_twin"] == "slower"
+    assert verdicts["fake_noisy", "fake_noisy_twin"] == "no difference"
+    assert "fake_noisy_slow" in res.stderr and "fake_noisy (" not in res.stderr
+    aa = compare("fake_noisy", "aa.sqlite")
+    assert aa.exit_code == 0, aa.output
 

@@ -28,7 +28,7 @@ def test_compare_both_real_backends_on_tiny_cpu(tmp_path, home_with_envs):
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "xtuner,llamafactory",
                                    "--db", str(db), "--out", str(out), "--json", "--timeout", "900"])
     assert res.exit_code == 0, res.output
-    records = {r["backend"]: r for r in json.loads(res.stdout)}
+    records = {r["backend"]: r for r in json.loads(res.stdout)["runs"]}
     assert set(records) == {"xtuner", "llamafactory", "torch"}  # the reference, added to judge them
     for r in records.values():
         assert r["status"] == "ok", r["reason"]

@@ -37,7 +37,7 @@ def _compare(tmp_path_factory, mode: str) -> tuple[dict, dict]:
                                        "--settings", mode, "--db", str(root / "results.sqlite"),
                                        "--out", str(root / "plots"), "--json", "--timeout", "900"])
     assert res.exit_code == 0, res.output
-    records = json.loads(res.stdout)
+    records = json.loads(res.stdout)["runs"]
     return {r["backend"]: r for r in records}, differences.setting_differences(records).get("tiny_cpu_lora", [])
 
 

@@ -35,6 +35,9 @@ NoReferenceOption = Annotated[bool, typer.Option(
     "--no-reference", help="do not run the reference backend to judge the others: their runs are stored "
                            "unverified (parity: no reference), never ok")]
 VerboseOption = Annotated[bool, typer.Option("--verbose", help="also each run's start-up breakdown")]
+FailIfSlowerOption = Annotated[Optional[float], typer.Option(
+    "--fail-if-slower", metavar="PCT", min=0,
+    help="exit 1 when a verdict says a backend is slower than the reference by more than PCT percent (a CI gate)")]
 RepeatOption = Annotated[str, typer.Option("--repeat", metavar="N|auto", help=(
     "trials of each backend on each scenario, in rotated orders: from 2, TGS with 95% intervals and verdicts; "
     "5 for a verdict you can trust; auto: 5 to 10 rounds, until every interval is within --precision"))]
@@ -81,16 +84,26 @@ def check_timeout(timeout: float | None) -> None:
         fail(f"--timeout {timeout}: give a number of seconds above 0")
 
 
+# The most rounds --repeat and --warmup-rounds each take: far beyond any useful verdict, and a
+# bound on what the dry run multiplies (a 26-digit count made its estimate ~1e24 hours, then overflowed).
+MAX_ROUNDS = 1000
+
+
 def check_repeat(repeat: str, precision: float | None, warmup_rounds: int | None, launcher: str | None):
-    """--repeat as the trial loop takes it: a count from 1, or "auto" (which needs --precision)."""
+    """--repeat as the trial loop takes it: a count from 1 to MAX_ROUNDS in the digits 0-9 (not
+    "²", which `str.isdigit` accepts and `int` refuses), or "auto" (which needs --precision)."""
     import math
+    if warmup_rounds is not None and warmup_rounds > MAX_ROUNDS:
+        fail(f"--warmup-rounds {warmup_rounds}: at most {MAX_ROUNDS}")
     if repeat == "auto":
         if precision is None or not (math.isfinite(precision) and precision > 0):
             fail("--repeat auto needs --precision P: the 95% interval half-width to reach, in percent above 0")
         trials = "auto"
     else:
-        if not repeat.isdigit() or int(repeat) < 1:
+        if not (repeat.isascii() and repeat.isdigit()) or int(repeat) < 1:
             fail(f"--repeat {repeat!r}: give a number of trials from 1, or auto")
+        if int(repeat) > MAX_ROUNDS:
+            fail(f"--repeat {repeat}: at most {MAX_ROUNDS} trials")
         if precision is not None:
             fail("--precision goes with --repeat auto")
         trials = int(repeat)

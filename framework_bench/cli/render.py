@@ -32,7 +32,7 @@ def result_dict(r) -> dict:
 
 
 # Which columns each table leaves out when the terminal is narrower than all of them, the first
-# named first: the one place this order is kept (issue 29). The width left is then filled with
+# named first: the one place this order is kept. The width left is then filled with
 # the left-out columns that still fit, the last named first. A column not named here is never
 # left out: the names, statuses and headline figures (TGS, % of the reference) each table is for.
 # No cell is ever cut: a column is as wide as its widest cell (headers wrap), and a column that
@@ -187,6 +187,22 @@ def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool 
                   f"{s.reference.tgs:,.1f} ({s.reference.hardware})" if s and s.reference else "-",
                   r["flags"] + [n for n in r["notes"] if verbose or not is_startup_breakdown(n)] + noise_note(summary))
     return t
+
+
+def verdict_object(results) -> dict:
+    """`--json`: the runs, and the verdicts as data (`Points.data`)."""
+    from framework_bench.present.verdict import Points
+    from framework_bench.run.reference import reference_backend
+    runs = [result_dict(r) for r in results]
+    return {"runs": runs, **Points(runs, reference_backend()).data()}
+
+
+def slower_than_reference(results, percent: float) -> list:
+    """The pairs whose verdict says a backend is slower than the reference by more than `percent`."""
+    from framework_bench.present.verdict import Points
+    from framework_bench.run.reference import reference_backend
+    reference = reference_backend()
+    return Points([result_dict(r) for r in results], reference).slower_than(reference, percent)
 
 
 def print_verdicts(results) -> None:

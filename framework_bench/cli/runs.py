@@ -103,12 +103,18 @@ def run(
     _end(results, interrupted)
 
 
-def _end(results: list, interrupted: bool) -> None:
-    """The exit of a command that ran trials: 130 when interrupted, else by the runs' statuses."""
+def _end(results: list, interrupted: bool, fail_if_slower: float | None = None) -> None:
+    """The exit of a command that ran trials: 130 when interrupted, else by the runs' statuses;
+    with `--fail-if-slower PCT`, 1 when a verdict says a backend is slower than the reference by more."""
     if interrupted:
         common.stop_interrupted()
     if code := common.exit_code(results):
         raise typer.Exit(code)
+    if fail_if_slower is not None and (slower := render.slower_than_reference(results, fail_if_slower)):
+        common.err.print(f"slower than the reference by more than {fail_if_slower:g}%: "
+                         + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
+                         highlight=False, markup=False)
+        raise typer.Exit(1)
 
 
 def compare(
@@ -120,7 +126,7 @@ def compare(
     launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON list of run records")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: the runs, summaries, pairs and verdicts")] = False,
     settings: common.SettingsOption = "matched",
     time_limit: common.TimeOption = None,
     cpus_per_task: common.CpusOption = None,
@@ -134,6 +140,7 @@ def compare(
     warmup_rounds: common.WarmupOption = None,
     precision: common.PrecisionOption = None,
     no_reference: common.NoReferenceOption = False,
+    fail_if_slower: common.FailIfSlowerOption = None,
 ) -> None:
     """Run backends over scenarios, the reference last to judge the others; store, tabulate, chart, report."""
     from framework_bench.run import compare as compare_
@@ -166,7 +173,7 @@ def compare(
     results, stops, interrupted = _trial_loop(chosen, names, options.model_copy(update={"db": store.path}), store,
                                               trials, warmup_rounds, precision, no_reference)
     if as_json:
-        print(json.dumps([render.result_dict(r) for r in results], indent=2))
+        print(json.dumps(render.verdict_object(results), indent=2))
     else:
         render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
         render.print_verdicts(results)
@@ -178,7 +185,7 @@ def compare(
         charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
         (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
-    _end(results, interrupted)
+    _end(results, interrupted, fail_if_slower)
 
 
 def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_rounds: int | None,
@@ -230,7 +237,7 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
     results, stops, interrupted = _trial_loop([s], [backend], options, store, trials, warmup_rounds, precision,
                                               no_reference)
     if as_json:
-        print(json.dumps([render.result_dict(r) for r in results], indent=2))
+        print(json.dumps(render.verdict_object(results), indent=2))
     else:
         render.show(render.results_table(results, {s.name: s}, verbose=verbose))
         render.print_verdicts(results)

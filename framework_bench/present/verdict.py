@@ -34,6 +34,14 @@ def _trials(r: Ratio) -> str:
     return f"{a} trials each" if a == b else f"{a} and {b} trials"
 
 
+def word(r: Ratio) -> str:
+    """One pair's verdict as data: `faster`, `slower`, `no difference` (the interval holds 1), or
+    `no interval` (a side with fewer than two counted trials)."""
+    if r.low is None:
+        return "no interval"
+    return "faster" if r.low > 1 else "slower" if r.high < 1 else "no difference"
+
+
 def sentence(r: Ratio) -> str:
     """One pair's verdict: `r.backend` against `r.other`."""
     if r.low is None:
@@ -119,12 +127,14 @@ class Points:
             groups[definition(r["scenario_json"]) if "scenario_json" in r else ""].append(r)
         self.summaries: dict[tuple[str, str], Summary] = {}
         self.shares: dict[tuple[str, str], Ratio] = {}
+        self.pairs: list[Ratio] = []
         self.lines: list[str] = []
         for group in groups.values():
             trials = [Trial.from_record(r) for r in group]
             self.summaries |= statistics.summarise(trials)
-            self.shares |= {(p.scenario, p.backend): p for p in statistics.pairs(trials, reference)
-                            if p.other == reference}
+            pairs = statistics.pairs(trials, reference)
+            self.pairs += pairs
+            self.shares |= {(p.scenario, p.backend): p for p in pairs if p.other == reference}
             # the reference is 100% of itself, exactly: no interval
             self.shares |= {key: Ratio(key[0], reference, reference, (s.trials, s.trials), 1.0)
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
@@ -146,3 +156,22 @@ class Points:
         if spread:
             r.update(tgs_min=min(t["tgs_min"] for t in spread), tgs_max=max(t["tgs_max"] for t in spread))
         return r
+
+    def data(self) -> dict:
+        """The verdicts as data (`--json`): per backend x scenario its summary over the counted
+        trials and the trials left out with why; per pair its ratio, 95% interval and verdict word."""
+        return {
+            "summaries": [{"scenario": s.scenario, "backend": s.backend, "trials": s.trials, "median_tgs": s.median,
+                           "low": s.low, "high": s.high, "cv": s.cv, "excluded": list(s.excluded)}
+                          for s in self.summaries.values()],
+            "pairs": [{"scenario": p.scenario, "backend": p.backend, "other": p.other, "trials": list(p.trials),
+                       "ratio": p.ratio, "low": p.low, "high": p.high, "verdict": word(p), "sentence": sentence(p)}
+                      for p in self.pairs],
+            "verdicts": self.lines,
+        }
+
+    def slower_than(self, reference: str | None, percent: float) -> list[Ratio]:
+        """Each pair against the reference whose verdict is `slower` by more than `percent`."""
+        return [p for p in self.pairs if p.other == reference and word(p) == "slower"
+                and (1 - p.ratio) * 100 > percent]
+

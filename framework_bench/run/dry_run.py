@@ -13,7 +13,7 @@ from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, packed_dir
 from framework_bench.plugins.contract import Machine
 from framework_bench.run import design, pipeline, verdicts
-from framework_bench.run.launchers.slurm import TimeEstimate, _duration, estimate_time
+from framework_bench.run.launchers.slurm_time import TimeEstimate, duration, estimate_time
 from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.packed import TOKENIZER_DIR
@@ -89,10 +89,10 @@ class TrialCost(BaseModel):
         trials = f"{fewest}" if fewest == most else f"{fewest} to {most} (--repeat auto)"
         rounds = [(n + self.warmup) * len(self.backends) for n in (fewest, most)]
         runs = f"{rounds[0]}" if fewest == most else f"{rounds[0]} to {rounds[1]}"
-        hours = " to ".join(dict.fromkeys(_duration(n * self.training_s) for n in rounds))
+        hours = " to ".join(dict.fromkeys(duration(n * self.training_s) for n in rounds))
         return (f"{trials} trials + {self.warmup} warm-up of {len(self.backends)} backend(s) "
                 f"({', '.join(self.backends)}): {runs} runs, ~{hours} of training ({runs} x "
-                f"{_duration(self.training_s)}: steps x the step time of the {self.source}) plus each run's start-up")
+                f"{duration(self.training_s)}: steps x the step time of the {self.source}) plus each run's start-up")
 
 
 def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repeat: int | Literal["auto"],

@@ -21,13 +21,10 @@ from pydantic import BaseModel, Field
 
 from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run.launchers.base import RDZV_PORT, Executor, LaunchOptions, Submission
-from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, duration, estimate_time
+from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, estimate_time
 from framework_bench.run.launchers.torchrun import torchrun_argv
 from framework_bench.run.verdicts import Verdict
 from framework_bench.spec.scenario import Scenario
-
-# for run/compare.py until it imports the new module: `_duration` and `estimate_time` (used here too)
-_duration = duration
 
 
 class SbatchOptions(BaseModel):
