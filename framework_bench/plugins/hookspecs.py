@@ -47,7 +47,7 @@ keeps it by construction):
 - Steps are numbered 1..warmup+measured with no gaps; the first `warmup` are not measured.
 - Beside the lines, `StepTimer` writes its clock events to `RUN_DIR/clock/rank<R>.jsonl` as
   they happen; the host stamps them with its own clock and holds the claimed seconds against
-  what it saw pass (`framework_bench/measure/clock.py`). Backends declaring the current contract
+  what it saw pass (`framework_bench/measure/clock_checks.py`). Backends declaring the current contract
   (`BackendInfo.contract`, `framework_bench.plugins.contract.CONTRACT`) must make every claim,
   or say in the run's report which they cannot make there and why (`WorkerReport.unclaimed`).
 - After the last step, every rank projects its weight update onto the vector of the seed the
