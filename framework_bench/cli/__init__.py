@@ -4,6 +4,8 @@ Heavy imports happen inside commands so `--help` stays fast."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from framework_bench.cli import envs, reports, results, runs, scenarios
@@ -13,8 +15,16 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from framework_bench import __version__
+        typer.echo(f"fbench {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _state_folder(ctx: typer.Context) -> None:
+def _state_folder(ctx: typer.Context, version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print fbench's version and exit")] = False) -> None:
     """An unusable FBENCH_HOME (not UTF-8, too long, not writable) is one line before any command."""
     from framework_bench.cli import common
     from framework_bench.spec import places
