@@ -371,3 +371,35 @@ def test_a_locked_store_says_who_holds_it_and_that_it_waits(fbench_home, tmp_pat
         holder.wait()
     err = capsys.readouterr().err
     assert str(db) in err and f"pid {holder.pid}" in err and "waiting" in err
+
+
+def test_an_ok_run_with_a_failed_flag_counts_in_list_export_verdicts_and_charts(fbench_home, tmp_path, monkeypatch):
+    """One rule for which trials count: an `ok` run whose flag failed (the framework's own
+    throughput off the host's, a non-blocking check) counts in `results list`'s verdicts, the
+    export's aggregates, the table's summary and the chart, none of which names it left out."""
+    from framework_bench.measure.verify import Check
+    from framework_bench.present import plotting
+    from framework_bench.present.verdict import Points
+
+    monkeypatch.setenv("FBENCH_REFERENCE", "torch")
+    monkeypatch.setenv("COLUMNS", "200")
+    db = tmp_path / "r.sqlite"
+    flag = Check(name="throughput", status="fail", detail="framework 3,291.1 vs host 3,718.0 (-11.5%)")
+    with ResultStore(db) as store:
+        for round_ in (1, 2, 3):
+            for backend, tgs in (("llamafactory", 1000.0 + round_), ("torch", 500.0 + round_)):
+                r = trial(backend, tgs, "c1", round_)
+                if backend == "llamafactory" and round_ == 2:
+                    r = r.model_copy(update={"checks": [flag], "flags": [f"throughput: {flag.detail}"]})
+                store.add(r, load("tiny_cpu"), manifest_={})
+        rows = store.latest_by_point()
+    listed = _cli("results", "list", "--db", str(db)).output
+    assert "not counted" not in listed and "3 trials each" in listed, listed
+    exported = {r["backend"]: r for r in json.loads(_cli("results", "export", "--db", str(db), "--format",
+                                                          "json").stdout) if r["trial_round"] == 2}
+    assert exported["llamafactory"]["trials"] == 3
+    points = Points(rows, "torch")
+    assert points.summaries["tiny_cpu", "llamafactory"].trials == 3
+    assert not any("not counted" in line for line in points.lines)
+    svg = next(p for p in plotting.plot_results(rows, tmp_path / "plots") if p.suffix == ".svg").read_text()
+    assert 'id="tgs-line-llamafactory"' in svg
