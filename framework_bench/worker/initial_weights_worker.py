@@ -6,7 +6,8 @@
   overwrite every parameter in place from (seed, canonical name, element index).
 - `report(model, seed, run_dir)`: later, when training is about to start, read the sampled
   elements back from the live parameters into `RUN_DIR/initial_weights.json` (rank 0), so the
-  host sees what the framework really trains from, not what `fill` wrote.
+  host sees what the framework really trains from, not what `fill` wrote; parameters sharded by
+  ZeRO-3 or FSDP2 (DTensors) are read whole (`gathered`, `whole`: collectives every rank enters).
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ def gathered(params, modifier_rank):
             yield
     else:
         yield
+
+
+def whole(p):
+    """The parameter's values, whole: an FSDP2 shard (a DTensor) all-gathered, a collective every
+    rank enters, in the same order; a ZeRO-3 partition is whole inside `gathered`."""
+    import torch
+
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(p.data, DTensor):
+            return p.data.full_tensor()
+    return p.data
 
 
 def standard_normal(indices, key: int):
@@ -89,15 +103,15 @@ def fill(model, seed: int, hf_config: dict) -> None:
                     flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *args))
 
 
-def live_values(p):
-    """(the parameter's values, their dtype's name): a bitsandbytes 4-bit weight (QLoRA's
-    base) dequantized, its dtype its quant type ("nf4", "fp4")."""
+def live_values(p, data):
+    """(the parameter's values, their dtype's name) from `data`, its whole values (`whole`): a
+    bitsandbytes 4-bit weight (QLoRA's base) dequantized, its dtype its quant type ("nf4", "fp4")."""
     state = getattr(p, "quant_state", None)
     if state is None:
-        return p.data, str(p.dtype).removeprefix("torch.")
+        return data, str(p.dtype).removeprefix("torch.")
     import bitsandbytes.functional as F
 
-    return F.dequantize_4bit(p.data, state), state.quant_type
+    return F.dequantize_4bit(data, state), state.quant_type
 
 
 def report(model, seed: int, run_dir: str | Path) -> None:
@@ -109,8 +123,9 @@ def report(model, seed: int, run_dir: str | Path) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             with gathered([p], modifier_rank=None):  # every rank gathers (a collective); rank 0 reads
+                data = whole(p)  # every rank too: an FSDP2 shard's all-gather
                 if rank == 0:
-                    values, dtype = live_values(p)
+                    values, dtype = live_values(p, data)
                     idx = torch.from_numpy(sample_indices(seed, name, values.numel()))
                     tensors[canonical_name(name)] = {
                         "shape": list(values.shape), "dtype": dtype,

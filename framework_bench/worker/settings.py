@@ -193,6 +193,28 @@ def zero_settings(ds_config: dict | None) -> dict[str, Value]:
     return out
 
 
+def fsdp2_settings(model) -> dict[str, Value]:
+    """ZeRO as FSDP2 (`fully_shard`) holds it in the live model: parameters, gradients and AdamW
+    states sharded at both stages; 3 where every unit but the root frees its gathered weights
+    after its forward (`fsdp_reshard_after_forward`), 2 where they stay gathered until its
+    backward; `zero_settings(None)` (ZeRO 0) where nothing is sharded."""
+    import torch
+
+    if not torch.distributed.is_available():
+        return zero_settings(None)
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        return zero_settings(None)
+    layers = [m for m in units if m is not model]
+    # FSDP2 has no getter for it: a unit's parameter group keeps the mesh it reshards onto after forward, or None
+    reshard = bool(layers) and all(m._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
+                                   for m in layers)
+    return {"zero_stage": 3 if reshard else 2, "deepspeed_version": None, "fsdp_reshard_after_forward": reshard,
+            "fsdp_units": len(units)}
+
+
 def precision_recipe(param_dtype: str, ds_config: dict | None) -> dict[str, Value]:
     """Gradient reduce dtype, as DeepSpeed or plain data parallel do it: DeepSpeed reduces in
     `communication_data_type` (else the dtype of its low-precision weights); without it
@@ -243,14 +265,14 @@ def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | No
     the live model (`train_model`: the one the loop calls, DDP wrapper included; default
     `model`) and optimizer say, what the loop tells (its name, clipping, autocast, seed, how
     it normalises the step's loss),
-    and what such a loop is by construction: no loss scaler, no ZeRO, rows fed in order from
-    the main process (no data loader)."""
+    and what such a loop is by construction: no loss scaler, ZeRO only as FSDP2 shards the model
+    (`fsdp2_settings`), rows fed in order from the main process (no data loader)."""
     param_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     trained = model if train_model is None else train_model
     return {"trainer": trainer, **optimizer_settings(optimizer), "grad_clip": grad_clip, **model_settings(model),
             "autocast_dtype": autocast_dtype, "loss_scaler": "none", **precision_recipe(param_dtype, None),
             "master_weights": master_weights(model, optimizer),
-            **zero_settings(None), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
+            **fsdp2_settings(model), "dataloader_workers": 0, "pin_memory": False, "shuffle": False,
             "seed": seed, "compile": type(trained).__name__ == "OptimizedModule",  # torch.compile's wrapper
             **runtime_settings(trained),
             "ddp_find_unused_parameters": getattr(train_model, "find_unused_parameters", None),  # DDP-wrapped only

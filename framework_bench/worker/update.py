@@ -17,7 +17,7 @@ relative to the reference's |dw|, a scale that does not depend on the vector dra
 `w_initial` is recomputed from the compare's seed (`initial_weights_worker.initial_values`, rounded to the
 parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
 element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
-under ZeRO-3, a collective every rank enters) and the sums all-reduced in float64; rank 0
+under ZeRO-3 or FSDP2, a collective every rank enters) and the sums all-reduced in float64; rank 0
 writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"},
 and with LoRA adapters "adapters" and "base": the same two figures over each part alone, so the
 host sees the adapters moved and the frozen base did not).
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from framework_bench.worker.dist import dist_info
 from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
-from framework_bench.worker.initial_weights_worker import chunks, gathered, init_args, initial_values, standard_normal
+from framework_bench.worker.initial_weights_worker import chunks, gathered, init_args, initial_values, standard_normal, whole
 from framework_bench.worker.initial_weights_host import canonical_name, projection_key
 
 # The host writes the seed within a poll of the last step's end; a shared filesystem under
@@ -76,12 +76,13 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str
     with torch.no_grad():
         for i, (name, p) in enumerate(params):
             with gathered([p], modifier_rank=None):  # every rank gathers; one of them projects
+                data = whole(p)  # every rank too: an FSDP2 shard's all-gather
                 # A 4-bit base (QLoRA) cannot move: bitsandbytes stores packed bytes no optimizer
                 # steps, and its dequantized values are not `fill`'s; the frozen rest of the
                 # base (embeddings, norms, head) is projected as any weight.
                 if i % ranks != share or getattr(p, "quant_state", None) is not None:
                     continue
-                flat, key, args = p.data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
+                flat, key, args = data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
                 part = total[int(is_adapter(name))]
                 for lo, idx in chunks(flat.numel(), flat.device):
                     initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
