@@ -239,6 +239,12 @@ def test_repeat_auto_stops_when_no_trial_counts(monkeypatch):
     (["--repeat", "auto", "--precision", "0"], "--repeat auto needs --precision P"),
     (["--repeat", "3", "--precision", "2"], "--precision goes with --repeat auto"),
     (["--repeat", "0"], "give a number of trials from 1, or auto"),
+    (["--repeat", "²"], "give a number of trials from 1, or auto"),  # isdigit, yet int() refuses it
+    (["--repeat", "٣"], "give a number of trials from 1, or auto"),  # an Arabic-Indic 3: digits 0-9 only
+    (["--repeat", "9" * 26], "at most 1000 trials"),  # the dry run's estimate was ~1e24 hours
+    (["--repeat", "9" * 5000], "(5000 digits): at most 1000 trials"),  # beyond what int() reads
+    (["--repeat", "1001"], "--repeat 1001: at most 1000 trials"),
+    (["--warmup-rounds", "9" * 26], "at most 1000"),
     (["--repeat", "2", "--launcher", "slurm"], "with --launcher slurm, submit one compare per trial"),
 ])
 @pytest.mark.parametrize("command", [["compare", "--scenario"], ["run", "--backend", "torch", "--scenario"]])

@@ -94,24 +94,30 @@ def check_repeat(repeat: str, precision: float | None, warmup_rounds: int | None
     "²", which `str.isdigit` accepts and `int` refuses), or "auto" (which needs --precision)."""
     import math
     if warmup_rounds is not None and warmup_rounds > MAX_ROUNDS:
-        fail(f"--warmup-rounds {warmup_rounds}: at most {MAX_ROUNDS}")
+        fail(f"--warmup-rounds {_digits(str(warmup_rounds))}: at most {MAX_ROUNDS}")
     if repeat == "auto":
         if precision is None or not (math.isfinite(precision) and precision > 0):
             fail("--repeat auto needs --precision P: the 95% interval half-width to reach, in percent above 0")
         trials = "auto"
     else:
-        if not (repeat.isascii() and repeat.isdigit()) or int(repeat) < 1:
+        if not (repeat.isascii() and repeat.isdigit()) or not repeat.strip("0"):
             fail(f"--repeat {repeat!r}: give a number of trials from 1, or auto")
-        if int(repeat) > MAX_ROUNDS:
-            fail(f"--repeat {repeat}: at most {MAX_ROUNDS} trials")
+        count = repeat.lstrip("0")  # int() refuses more than 4300 digits: the length first
+        if len(count) > len(str(MAX_ROUNDS)) or int(count) > MAX_ROUNDS:
+            fail(f"--repeat {_digits(count)}: at most {MAX_ROUNDS} trials")
         if precision is not None:
             fail("--precision goes with --repeat auto")
-        trials = int(repeat)
+        trials = int(count)
     if launcher == "slurm" and (trials != 1 or warmup_rounds):
         # each trial would be a job of its own, queued apart: nothing rotates or interleaves them
         fail("--repeat and --warmup-rounds run their trials here, one after the other; with --launcher slurm, "
              "submit one compare per trial")
     return trials
+
+
+def _digits(number: str) -> str:
+    """A number as an error line shows it: a long one cut, its length said."""
+    return number if len(number) <= 12 else f"{number[:12]}… ({len(number)} digits)"
 
 
 def check_local(launcher: str | None, chosen: list) -> None:
