@@ -293,6 +293,25 @@ def test_local_launcher_with_several_processes_is_one_error(tmp_path):
         one_error(cli(*command, "--launcher", "local", "--db", str(tmp_path / "r.sqlite")), "--launcher local")
 
 
+def test_a_backend_name_too_long_for_a_run_folder_is_one_line(fakes, tmp_path, monkeypatch):
+    """A plugin's name is not bounded as a scenario's is: a run folder named after a 250-byte one
+    is over a file name's 255 bytes (the dry run raised an OSError, a run was stored failed)."""
+    long = "b" * 250
+    site = tmp_path / "long-site"
+    site.mkdir()
+    (site / "fbench_long_backend.py").write_text("from fbench_fake_backends import FakeBackend\n"
+                                                 f"plugin = FakeBackend('fake_long', 'ok', info_name={long!r})\n")
+    fakes.register_through_entry_points(site, {long: "fbench_long_backend:plugin"}, distribution="fbench-long")
+    monkeypatch.syspath_prepend(str(site))
+    db = tmp_path / "r.sqlite"
+    for command in (["run", "--backend", long, "--scenario", "tiny_cpu", "--db", str(db)],
+                    ["compare", "--backends", long, "--scenario", "tiny_cpu", "--db", str(db)],
+                    ["compare", "--backends", long, "--scenario", "tiny_cpu", "--dry-run"],
+                    ["check-backend", long]):
+        one_error(cli(*command), "over the 255 a file name may have", "shorter name")
+    assert not db.exists()
+
+
 def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home):
     f = tmp_path / "many.yaml"
     f.write_text(TINY.read_text().replace("gpus_per_node: 1", f"gpus_per_node: {10**9}"))

@@ -120,6 +120,29 @@ def _digits(number: str) -> str:
     return number if len(number) <= 12 else f"{number[:12]}… ({len(number)} digits)"
 
 
+def check_run_folders(backend_names: list[str], chosen: list) -> None:
+    """Fail now when a run folder, named `<time>-<scenario>-<backend>-<n>` (`pipeline.new_run_dir`),
+    would be longer than a file name may be: a plugin's name is not bounded as a scenario's is.
+    Names no backend has are left to the run's own error."""
+    from framework_bench.plugins import registry as plugins
+    from framework_bench.run.pipeline import new_run_dir, runs_root
+    found = plugins.backends()
+    folder = runs_root()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255  # Linux's NAME_MAX
+    for s in chosen:
+        for name in (b for b in backend_names if b in found):
+            size = len(os.fsencode(new_run_dir(name, s, folder).name))
+            if size > limit:
+                fail(f"the backend {name[:40]!r}{'…' if len(name) > 40 else ''} ({len(os.fsencode(name))} bytes) on "
+                     f"{s.name} would write to a run folder whose name is {size} bytes, over the {limit} a file name "
+                     "may have there: the backend needs a shorter name (BackendInfo.name)")
+
+
 def check_local(launcher: str | None, chosen: list) -> None:
     for s in chosen:
         if launcher == "local" and s.cluster.gpus > 1:

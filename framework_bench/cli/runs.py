@@ -25,6 +25,7 @@ def check_backend(
     from framework_bench.run.interrupts import stop_signals_interrupt
     common.check_settings(settings)
     common.check_timeout(timeout)
+    common.check_run_folders([name], [common.load_scenario(scenario)])
     try:
         with stop_signals_interrupt(), common.err.status(f"{name} on {scenario}: running"):
             report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
@@ -72,6 +73,7 @@ def run(
     common.check_settings(settings)
     common.check_local(launcher, [s])
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    common.check_run_folders([backend, *_reference(no_reference)], [s])
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
         _plan_only([backend], [s], options, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
@@ -160,6 +162,7 @@ def compare(
         common.err.print("[yellow]skipped, broken: " + escape("; ".join(f"{n} ({why})" for n, why in plugins.load_errors.items()))
                   + "[/yellow]", highlight=False, soft_wrap=True)
     common.check_local(launcher, chosen)
+    common.check_run_folders([*names, *_reference(no_reference)], chosen)
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
         _plan_only(names, chosen, options, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
@@ -186,6 +189,13 @@ def compare(
         (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
     _end(results, interrupted, fail_if_slower)
+
+
+def _reference(no_reference: bool) -> list[str]:
+    """The reference a run or compare adds to the backends chosen, as a list of none or one."""
+    from framework_bench.run.reference import reference_backend
+    name = None if no_reference else reference_backend()
+    return [name] if name else []
 
 
 def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_rounds: int | None,
