@@ -161,6 +161,18 @@ def test_pack_missing_alpaca_file_is_one_error(tmp_path, fbench_home):
     assert "cannot read Alpaca file" in flat(result.stderr) and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("args", [["scenarios"], ["show", "tiny_cpu", "--json"]])  # rich's table; print()'s JSON
+@pytest.mark.parametrize("stdout", [">&-", ">/dev/full"])
+def test_a_closed_or_full_stdout_is_one_line_on_stderr(args, stdout):
+    """A closed stdout failed at import (sys.stdout is None), a full one in a traceback from rich
+    or from the interpreter's last flush."""
+    fbench = f"{sys.executable} -c 'from framework_bench.cli import app; app()' {' '.join(args)}"
+    out = subprocess.run(f"{fbench} {stdout}", shell=True, stderr=subprocess.PIPE, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: ") and "standard output" in lines[0], lines
+
+
 HEAVY = ("torch", "transformers", "xtuner", "llamafactory", "matplotlib", "datasets", "deepspeed")
 
 

@@ -10,9 +10,10 @@ import typer
 
 from framework_bench.cli import envs, reports, results, runs, scenarios
 from framework_bench.cli.device import device_app
+from framework_bench.cli.stdout import App
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
+app = App(no_args_is_help=True, add_completion=False,
+          help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
 
 
 def _version(shown: bool) -> None:

@@ -48,7 +48,7 @@ PrecisionOption = Annotated[Optional[float], typer.Option("--precision", help=(
 
 # Tables fit the terminal, or COLUMNS when set; piped output without COLUMNS is 160 wide, not
 # rich's 80, so a log keeps most columns (framework_bench/cli/render.py says which go first).
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+console = Console(width=None if (sys.stdout is not None and sys.stdout.isatty()) or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True)
 
 # Exit codes (README, "Exit codes"): 0 every run ok or unsupported; 1 a user error, or any run
