@@ -66,6 +66,38 @@ def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, fbench_hom
     assert "fake_noisy" in out and "interrupted" in out  # the table of what finished
 
 
+def test_ctrl_c_in_a_warm_up_round_leaves_rows_every_command_reads(fakes, fbench_home, tmp_path):
+    """`--repeat 3` on CPU starts with a warm-up round (round 0, never counted): stopped there, its
+    rows are the only runs of their backends, which no trial summarises. The compare raised a
+    KeyError (exit 1, not 130), and so did every later chart, report and listing of that store."""
+    db, out = tmp_path / "r.sqlite", tmp_path / "plots"
+    proc = start_fbench("compare", "--scenario", "tiny_cpu", "--backends", "fake_noisy,fake_hang", "--repeat", "3",
+                        "--db", str(db), "--out", str(out))
+    wait_for_worker(fbench_home, proc, "hang")
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, (stdout, err)
+    with ResultStore(db) as store:
+        assert [(r["backend"], r["trial_round"]) for r in store.list()] == [("fake_noisy", 0), ("fake_hang", 0)]
+    cli = CliRunner()
+    for command in (["plot", "--out", str(out)], ["report", "--out", str(out)], ["results", "list"]):
+        res = cli.invoke(app, [*command, "--db", str(db)])
+        assert res.exit_code == 0 and "Traceback" not in res.output, (command, res.output)
+    res = cli.invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok", "--db", str(db), "--out", str(out)])
+    assert res.exit_code == 0, res.output  # its charts and report read the stopped compare's rows too
+
+
+def test_warm_up_rounds_alone_are_rows_of_no_trial():
+    """Two warm-up rounds stopped before any counted one: `results list` reads them as a compare of
+    several rounds; the table shows each point's own run, 0 trials."""
+    from framework_bench.present.verdict import Points
+    rows = [{"id": i, "backend": b, "scenario": "tiny_cpu", "tgs": 900.0, "status": "ok", "trial_round": r}
+            for i, (r, b) in enumerate(((-1, "a"), (-1, "ref"), (0, "a")), 1)]
+    points = Points(rows, "ref")
+    assert [(r["backend"], r["trials"]) for r in points.rows] == [("a", 0), ("ref", 0)]
+    assert points.summaries["tiny_cpu", "a"].trials == 0 and points.lines == []
+
+
 def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, fbench_home, tmp_path, monkeypatch):
     """The stubborn worker ignores SIGTERM, so stopping it takes the host's whole grace (10 s,
     here 5 s); a second Ctrl-C in that time must neither orphan it nor lose its row or the table."""

@@ -140,6 +140,8 @@ class Points:
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
             self.lines += verdicts(trials, reference)
         newest = {(r["scenario"], r["backend"]): r for r in runs}
+        for scenario, backend in newest:  # runs of warm-up rounds alone (a compare stopped in its first): no trial
+            self.summaries.setdefault((scenario, backend), Summary(backend, scenario, 0, None))
         self.rows = [self._at_median(r, [t for t in runs if (t["scenario"], t["backend"]) == key])
                      for key, r in newest.items()]
 
