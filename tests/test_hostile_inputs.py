@@ -312,6 +312,43 @@ def test_a_backend_name_too_long_for_a_run_folder_is_one_line(fakes, tmp_path, m
     assert not db.exists()
 
 
+@pytest.mark.parametrize("value, said", [
+    ("nope", "FBENCH_REFERENCE='nope' names no installed backend (installed: "),
+    ("fake_broken", "FBENCH_REFERENCE='fake_broken' names a broken backend: ModuleNotFoundError"),
+])
+def test_a_reference_pinned_to_no_working_backend_is_refused_before_any_run(fakes, tmp_path, monkeypatch, value, said):
+    """Every run was stored `unverified`, saying "no reference backend is installed": untrue, and
+    silent about the value. --no-reference still runs without one, as it did."""
+    site = tmp_path / "broken-site"
+    fakes.register_through_entry_points(site, {"fake_broken": "fbench_no_such_module:plugin"}, distribution="fbench-broken")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("FBENCH_REFERENCE", f" {value} ")
+    db = tmp_path / "r.sqlite"
+    for command in (["run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--db", str(db)],
+                    ["compare", "--backends", "fake_ok", "--scenario", "tiny_cpu", "--db", str(db)],
+                    ["compare", "--backends", "fake_ok", "--scenario", "tiny_cpu", "--dry-run"],
+                    ["check-backend", "fake_ok"]):
+        one_error(cli(*command), said)
+    assert not db.exists()
+    res = cli("run", "--backend", "fake_ok", "--scenario", "tiny_cpu", "--db", str(db), "--no-reference")
+    assert "error:" not in res.stderr, res.output
+    with ResultStore(db) as store:
+        [row] = store.list()  # never ok without a reference; on a loaded machine a timing check may fail first
+    assert row["status"] != "ok" and "parity" not in [c["name"] for c in row["checks"]], row
+
+
+def test_a_reference_pinned_with_spaces_around_it_is_that_backend(fakes, tmp_path, monkeypatch):
+    monkeypatch.setenv("FBENCH_REFERENCE", " fake_ok")
+    res = cli("compare", "--backends", "fake_noisy", "--scenario", "tiny_cpu", "--db", str(tmp_path / "r.sqlite"),
+              "--out", str(tmp_path / "plots"))
+    assert "error:" not in res.stderr, res.output
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        rows = store.list()
+    # the reference ran (it judges the round's runs: stored first), and nothing says there was none
+    assert [r["backend"] for r in rows] == ["fake_ok", "fake_noisy"], rows
+    assert "no reference" not in (rows[1]["reason"] or ""), rows[1]
+
+
 def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home):
     f = tmp_path / "many.yaml"
     f.write_text(TINY.read_text().replace("gpus_per_node: 1", f"gpus_per_node: {10**9}"))

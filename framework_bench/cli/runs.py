@@ -25,7 +25,7 @@ def check_backend(
     from framework_bench.run.interrupts import stop_signals_interrupt
     common.check_settings(settings)
     common.check_timeout(timeout)
-    common.check_run_folders([name], [common.load_scenario(scenario)])
+    common.check_run_folders([name, *_reference(False)], [common.load_scenario(scenario)])
     try:
         with stop_signals_interrupt(), common.err.status(f"{name} on {scenario}: running"):
             report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
@@ -192,9 +192,15 @@ def compare(
 
 
 def _reference(no_reference: bool) -> list[str]:
-    """The reference a run or compare adds to the backends chosen, as a list of none or one."""
-    from framework_bench.run.reference import reference_backend
-    name = None if no_reference else reference_backend()
+    """The reference a command adds to the backends chosen, as a list of none or one (none with
+    --no-reference); one error line before anything runs where FBENCH_REFERENCE names no working
+    backend, or two plugins each declare themselves the reference (`reference.refusal`)."""
+    from framework_bench.run import reference
+    if no_reference:
+        return []
+    if problem := reference.refusal():
+        common.fail(problem)
+    name = reference.reference_backend()
     return [name] if name else []
 
 

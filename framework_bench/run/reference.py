@@ -16,21 +16,48 @@ from framework_bench.spec.scenario import Scenario
 REFERENCE_ENV = "FBENCH_REFERENCE"
 
 
+def _pinned() -> str:
+    """`FBENCH_REFERENCE`'s value, spaces around it dropped ('' when unset)."""
+    return os.environ.get(REFERENCE_ENV, "").strip()
+
+
 def reference_backend() -> str | None:
     """The backend every other is judged against and shown as a share of: the one `FBENCH_REFERENCE`
     names (when installed), else the installed backend that declares itself the no-framework
     reference (`BackendInfo.reference`; two such are refused, `plugins.backends`)."""
     found = plugins.backends()
-    pinned = os.environ.get(REFERENCE_ENV)
+    pinned = _pinned()
     if pinned:
         return pinned if pinned in found else None
     return next((name for name, b in found.items() if b.info.reference), None)
 
 
+def refusal() -> str | None:
+    """Why no run can be judged as asked, said before any runs instead of storing each one
+    `unverified` for a reason it does not name: `FBENCH_REFERENCE` names no working backend, or
+    two installed backends each declare themselves the reference (both broken for it). None
+    when there is a reference, or when none is asked for nor declared."""
+    if _pinned():
+        return None if reference_backend() else absent_reason()
+    found = plugins.backends()
+    pm = plugins.manager()
+    declared = set()
+    for _, plugin in pm.list_name_plugin():
+        try:
+            info = plugins.RegisteredBackend(pm, plugin).info
+        except Exception:  # noqa: BLE001 - a plugin's own bug: `plugins.load_errors` says it
+            continue
+        if getattr(info, "reference", False) and info.name not in found:
+            declared.add(info.name)
+    if len(declared) > 1:  # each one's load error names them all
+        return f"no backend can be the reference: {plugins.load_errors[min(declared)]}"
+    return None
+
+
 def absent_reason() -> str:
     """Why no reference runs, naming what was asked for: `FBENCH_REFERENCE`'s value when it names no
     installed backend, else that none declares itself the reference."""
-    pinned = os.environ.get(REFERENCE_ENV)
+    pinned = _pinned()
     if pinned:
         why = plugins.load_errors.get(pinned)
         return (f"{REFERENCE_ENV}={pinned!r} names " + (f"a broken backend: {why}" if why else
