@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from framework_bench.plugins.contract import CONTRACT, AdamWImpl, BackendInfo, Capabilities, EnvSpec, Job, MemoryScheme
+from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
+                                              Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
+from framework_bench.spec.scenario import Scenario
 
 NAME = "torch"
 HERE = Path(__file__).resolve().parent
@@ -20,10 +22,10 @@ def backend_info() -> BackendInfo:
     return BackendInfo(
         name=NAME,
         framework="PyTorch",
-        description="the reference: a plain PyTorch loop (HF model from config, AdamW, autocast, DDP) "
-        "on the shared packed rows",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0], lora=True,
-                                  qlora=True),
+        description="the reference: a plain PyTorch loop (HF model from config, AdamW, autocast, DDP; ZeRO-2/3 "
+        "as FSDP2) on the shared packed rows",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 2, 3],
+                                  lora=True, qlora=True),
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="torch",
@@ -37,19 +39,34 @@ def backend_info() -> BackendInfo:
 
 
 class TorchBackend(Backend):
-    """The reference is one plain loop: what it does not implement (ZeRO sharding, sequence
-    parallel, a per-document varlen kernel) it does not declare, and the host refuses it
-    rather than run something else under the scenario's name; the base checks env and GPUs."""
+    """The reference is one plain loop, ZeRO-2/3 as FSDP2 shards it: what it does not implement
+    (ZeRO-1, sequence parallel, a per-document varlen kernel, adapters on a sharded model) it
+    does not declare or refuses (`check`), rather than run something else under the scenario's
+    name; the base checks env and GPUs."""
 
     # As its plans always were: no CUDA_VISIBLE_DEVICES (the loop takes cuda:LOCAL_RANK), and no
-    # world-of-one variables (the loop joins a process group only when a launcher made one).
+    # world-of-one variables but under ZeRO (the loop joins a process group only when a launcher
+    # or those made one).
     pin_gpus = False
 
     def info(self) -> BackendInfo:
         return backend_info()
 
+    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        if (reason := super().check(scenario, machine, env)) is not None:
+            return reason
+        if scenario.zero_stage and scenario.finetune.method != "full":
+            return (f"{scenario.finetune.method} with ZeRO stage {scenario.zero_stage} is not implemented by the torch "
+                    "reference: it shards full fine-tuning only")
+        return None
+
     def needs_process_group(self, job: Job) -> bool:
-        return False
+        return job.scenario.zero_stage > 0  # FSDP2 shards over a process group, a world of one's too
+
+    def run_env(self, job: Job, env: BackendEnv) -> dict[str, str]:
+        # The base names DeepSpeed's prebuilt ops for a backend declaring ZeRO; this env has no
+        # DeepSpeed (its ZeRO is FSDP2), so its plans name none.
+        return {k: v for k, v in super().run_env(job, env).items() if k != "TORCH_EXTENSIONS_DIR"}
 
     def framework_throughput(self, job: Job, worker: dict) -> dict[str, float]:
         # The loop's own clock over the measured steps (the worker's `loop_throughput`).

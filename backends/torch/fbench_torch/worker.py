@@ -5,7 +5,8 @@ weights made where they train (on the GPU), AdamW with the shared hyper-paramete
 CUDA in both settings modes: less time and memory than foreach; torch's own choice on CPU, as
 every backend's CPU runs), bf16 autocast when the scenario asks, activation checkpointing
 when it asks, DDP when there are several processes (NCCL on GPUs, gloo on CPU); a world of
-one is never wrapped, also inside a process group. A LoRA/QLoRA scenario wraps the model in
+one is never wrapped, also inside a process group. ZeRO-2/3 is FSDP2 (`shard`), in any world,
+a world of one included. A LoRA/QLoRA scenario wraps the model in
 peft's adapters as the scenario sets them (`framework_bench.worker.adapters`); the optimizer
 steps what takes gradients. Rows are read in order from the host's
 packed stream (`Job.batches`).
@@ -38,13 +39,31 @@ def adamw(params, cuda: bool) -> torch.optim.AdamW:
                              fused=True if cuda else None)
 
 
+def shard(model, zero_stage: int) -> None:
+    """ZeRO-2/3 as FSDP2 (`fully_shard`), applied as torchtitan does: each decoder layer a unit,
+    then the root (embeddings, final norm, head; FSDP2 keeps the root gathered after forward:
+    the backward starts there). Parameters, gradients and AdamW states are sharded at both
+    stages; ZeRO-3 frees each layer's gathered weights after its forward and gathers them again
+    for its backward, ZeRO-2 keeps them until then. No mixed-precision policy: fp32 weights are
+    gathered and gradients reduce-scattered in fp32, autocast casting per op, as unsharded."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(model._no_split_modules)  # the decoder layer classes, as accelerate's FSDP wraps them
+    for layer in [m for m in model.modules() if type(m).__name__ in blocks]:
+        fully_shard(layer, reshard_after_forward=zero_stage == 3)
+    fully_shard(model)
+
+
 def main(job_file: str) -> None:
     startup, job, dist = StartupClock(STARTED), load_job(job_file), dist_info()
     rows = job.open_rows()
     startup.mark("data")
-    device, cuda, ddp = join(job.device), job.device == "cuda", dist.world_size > 1
+    device, cuda, zero = join(job.device), job.device == "cuda", job.scenario.zero_stage
+    ddp = dist.world_size > 1 and not zero
     model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)
     startup.mark("model_build")
+    if zero:
+        shard(model, zero)  # in place, after `from_config` filled the shared weights; then the optimizer sees the shards
     train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None) if ddp else model
     optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)
     initial_weights_worker.report(model, job.seed, job.run_dir)
@@ -64,7 +83,8 @@ def main(job_file: str) -> None:
         log.begin(step)
         for i, ((ids, labels), labelled) in enumerate(zip(batch, divisors)):
             x, y = (torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, labels))
-            # DDP all-reduces gradients on the last micro-batch of the step only.
+            # DDP all-reduces gradients on the last micro-batch of the step only; FSDP2
+            # reduce-scatters every micro-batch's (ZeRO-2/3 keep sharded gradients, as DeepSpeed's).
             with nullcontext() if i == len(batch) - 1 or not ddp else train_model.no_sync():
                 with autocast():
                     loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss
@@ -77,16 +97,18 @@ def main(job_file: str) -> None:
     log.close()
     update.report(model, job)  # (final - initial) weights onto the vector the host reveals now
     settings_in_effect = probe.settle(settings.torch_loop_settings(
-        model, optimizer, trainer="torch-loop+ddp" if ddp else "torch-loop", grad_clip=MAX_GRAD_NORM,
+        model, optimizer, trainer="torch-loop+fsdp2" if zero else "torch-loop+ddp" if ddp else "torch-loop",
+        grad_clip=MAX_GRAD_NORM,
         autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
         # What the loop above divides by (the host judges the recorded divisors and scales).
         loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, per rank"))
+    engine = f"FSDP2 (ZeRO-{zero})" if zero else "DDP" if ddp else None
     report = Report(
         framework_version=torch.__version__, attention_used=model.config._attn_implementation,
         settings={**settings_in_effect, **adapters.settings(model)},
         param_count=settings.param_count(model),
         startup_seconds=startup.total, startup_breakdown=startup.phases,
-        notes=[f"DDP over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if ddp else [],
+        notes=[f"{engine} over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if engine else [],
         extra={"loop_throughput": log.throughput(), "torch_version": torch.__version__,
                "transformers_version": transformers.__version__,
                "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})

@@ -1,5 +1,6 @@
 """The torch backend, the plain-PyTorch reference: discovery, refusals, its plan, a real
-single-process run and a real two-process (DDP over gloo) run of its loop on tiny_cpu."""
+single-process run and a real two-process (DDP over gloo) run of its loop on tiny_cpu, and a
+real ZeRO-3 run (FSDP2 over gloo, two processes)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_discovered_through_entry_point(torch_backend):
     assert info.name == "torch" and info.framework == "PyTorch" and info.env.framework_package == "torch"
     assert torch_backend.package == "fbench_torch"
     caps = info.capabilities
-    assert caps.cpu and caps.gpu and not caps.sequence_parallel and not caps.varlen and caps.zero_stages == [0]
+    assert caps.cpu and caps.gpu and not caps.sequence_parallel and not caps.varlen and caps.zero_stages == [0, 2, 3]
     cpu, cuda = (info.env.requirements[f].read_text().splitlines() for f in ("cpu", "cuda"))
     assert "torch==2.13.0" in cpu and "torch==2.13.0, !=2.13.0+cpu" in cuda
     assert "transformers==5.6.0" in cpu and "transformers==5.6.0" in cuda
@@ -47,7 +48,7 @@ def test_refusals_name_what_the_reference_does_not_do(torch_backend):
     assert torch_backend.check(tiny(), CPU, env) is None
     # what the loop does not implement, it declares: the host refuses it before the plugin's check
     declared = torch_backend.info.capabilities
-    assert "ZeRO stages 0; the scenario asks for 3" in declared.refusal(tiny(zero_stage=3), "torch")
+    assert "ZeRO stages 0/2/3; the scenario asks for 1" in declared.refusal(tiny(zero_stage=1), "torch")
     assert "no sequence parallel" in declared.refusal(
         tiny(sequence_parallel=2, cluster={"device": "cpu", "gpus_per_node": 2}), "torch")
     assert "no varlen attention" in declared.refusal(tiny(attention="varlen"), "torch")
@@ -57,12 +58,16 @@ def test_refusals_name_what_the_reference_does_not_do(torch_backend):
     assert "has none" in torch_backend.check(gpu, CPU, ready_env("cuda"))
     missing = BackendEnv(name="torch", path=Path("/x"), python=Path("/x/bin/python"), problem="not created")
     assert "not created" in torch_backend.check(tiny(), CPU, missing)
+    # FSDP2 shards full fine-tuning only
+    assert torch_backend.check(tiny(zero_stage=3), CPU, env) is None
+    lora = {"method": "lora", "rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}
+    assert "lora with ZeRO stage 2 is not implemented" in torch_backend.check(tiny(zero_stage=2, finetune=lora), CPU, env)
 
 
 def test_host_refuses_outside_the_declared_capabilities(torch_backend, fbench_home):
     """The host asks the declared capabilities before the plugin's own check."""
-    r = pipeline.run_one("torch", tiny(zero_stage=2), machine=CPU)
-    assert r.status == "unsupported" and r.reason == "torch: the torch backend declares ZeRO stages 0; the scenario asks for 2"
+    r = pipeline.run_one("torch", tiny(zero_stage=1), machine=CPU)
+    assert r.status == "unsupported" and r.reason == "torch: the torch backend declares ZeRO stages 0/2/3; the scenario asks for 1"
 
 
 def test_plan_runs_the_worker_on_the_host_job(torch_backend, tmp_path):
@@ -71,6 +76,10 @@ def test_plan_runs_the_worker_on_the_host_job(torch_backend, tmp_path):
     plan = torch_backend.plan(job, ready_env("cpu"))
     assert plan.module == "fbench_torch.worker" and plan.args == [str(job.job_file)]
     assert plan.python == Path("/nonexistent/bin/python") and plan.files == {"job": job.job_file}
+    assert "MASTER_ADDR" not in plan.env
+    # ZeRO is FSDP2, which shards over a process group, a world of one's too; no DeepSpeed ops to name
+    zero = torch_backend.plan(helpers.make_job("torch", tmp_path / "zero", tiny(zero_stage=3)), ready_env("cpu")).env
+    assert zero["WORLD_SIZE"] == "1" and zero["MASTER_ADDR"] == "127.0.0.1" and "TORCH_EXTENSIONS_DIR" not in zero
 
 
 def test_worker_refuses_data_other_than_the_job_names(torch_backend, tmp_path):
@@ -124,6 +133,27 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
         s.context_length / max(by_rank[0][i]["seconds"], by_rank[1][i]["seconds"])
         for i in range(s.steps.warmup, s.steps.total))
     assert r.tgs == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_zero3_trains_with_fsdp2_on_two_cpu_processes(torch_backend):
+    """ZeRO-3 as FSDP2: each rank trains its own rows every step, and the ledger, read from the
+    live model, says the sharding (every decoder layer resharded after its forward)."""
+    backend_env_or_skip("torch")
+    s = scenario.load("multiproc_tiny_cpu_zero3")
+    r = pipeline.run_one("torch", s, RunOptions(timeout=900))
+    assert r.status == "ok", r.reason
+    assert "FSDP2 (ZeRO-3) over 2 processes (gloo)" in r.notes
+    assert {k: r.settings[k] for k in ("trainer", "zero_stage", "fsdp_reshard_after_forward", "ddp_wrapped",
+                                       "process_group_size", "deepspeed_version")} == {
+        "trainer": "torch-loop+fsdp2", "zero_stage": 3, "fsdp_reshard_after_forward": True, "ddp_wrapped": False,
+        "process_group_size": 2, "deepspeed_version": None}
+    assert r.settings["fsdp_units"] == s.arch.num_hidden_layers + 1  # each decoder layer, then the root
+    steps = read_metrics(r.run_dir)
+    assert sorted((m["rank"], m["step"]) for m in steps) == [(k, i) for k in (0, 1) for i in range(1, s.steps.total + 1)]
+    # the initial weights and the update were read whole from the shards (DTensor.full_tensor)
+    assert {c.name: c.status for c in r.checks if c.name in ("parameters", "initial_weights", "update")} == {
+        "parameters": "pass", "initial_weights": "pass", "update": "pass"}
 
 
 @pytest.mark.parametrize("form", helpers.PLUGIN_FORMS)
