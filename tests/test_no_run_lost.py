@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from framework_bench.run.launchers import local
 from framework_bench.store import locks, results, unstored
+from env_helpers import sdk_wheels  # noqa: F401 - a fixture
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
 from fbench_fixtures import end_processes_mentioning as _end, processes_mentioning
@@ -368,6 +369,86 @@ def test_sigterm_to_env_create_removes_the_half_built_env_and_its_children(fakes
         assert _gone(fbench_home, 5)
     finally:
         _end(fbench_home)
+
+
+# A requirement whose build waits: pip runs the build backend's hook as its child, in the env.
+SLOW_PROJECT = '[build-system]\nrequires = []\nbuild-backend = "slow_backend"\nbackend-path = ["."]\n' \
+               '[project]\nname = "fbench_slow"\nversion = "0.1"\n'
+SLOW_BACKEND = '''
+import os, time
+
+def _wait(*args, **kwargs):
+    open(os.environ["FBENCH_TEST_BUILDING"], "w").close()
+    time.sleep(600)
+
+get_requires_for_build_wheel = prepare_metadata_for_build_wheel = build_wheel = _wait
+'''
+
+
+def _pip_running(folder: Path) -> list[int]:
+    return [p for p in processes_mentioning(str(folder))
+            if b"\0pip\0install\0" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_kill_9_of_env_create_takes_pip_with_it_and_the_next_create_ends_the_rest(fakes, fbench_home, tmp_path,
+                                                                                 sdk_wheels, monkeypatch):
+    """pip ran on after its fbench was killed, and the next create left the half-built env (and
+    the build step still running from it) where it was when it found the env ready."""
+    project = tmp_path / "slow"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(SLOW_PROJECT)
+    (project / "slow_backend.py").write_text(SLOW_BACKEND)
+    (tmp_path / "slow.txt").write_text(f"{project}\n")
+    monkeypatch.setenv("FBENCH_TEST_BUILDING", str(tmp_path / "building"))
+    proc = _start_host("env", "create", "fake_ok", "--flavour", "cpu", "--no-index", "--find-links", str(sdk_wheels),
+                       "--requirements", str(tmp_path / "slow.txt"))
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "building").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        [building] = (fbench_home / "envs").glob(".fake_ok.building-*")
+        assert _pip_running(building)
+        proc.kill()
+        proc.communicate()
+        deadline = time.monotonic() + 10
+        while _pip_running(building):  # the kernel kills it with its parent
+            assert time.monotonic() < deadline, "pip outlived the fbench that started it"
+            time.sleep(0.1)
+        from framework_bench.envs.creation import sweep_building  # what every create does first
+        assert sweep_building("fake_ok") == [building]
+        assert not building.exists() and _gone(building, 5)  # the build step pip left
+    finally:
+        _end(fbench_home)
+
+
+def test_a_killed_creations_leftovers_go_even_when_the_env_needs_nothing(fbench_home, tmp_path, monkeypatch):
+    """An env already ready with these options: the create said "nothing to do" and left the
+    killed creation's half-built env (gigabytes for a real one) for ever."""
+    from framework_bench.envs import creation, venvs as envs
+    from framework_bench.envs.pip_options import Options
+    from framework_bench.envs.sdk_check import SDK_REQUIREMENTS
+    from framework_bench.plugins.contract import EnvSpec
+
+    (tmp_path / "requirements.txt").write_text("")
+    spec = EnvSpec(requirements={"cpu": tmp_path / "requirements.txt"}, framework_package="fbench_tiny")
+    env = envs.env_path("tiny")
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    for name in SDK_REQUIREMENTS:
+        (site / f"{name}-1.0.dist-info").mkdir(parents=True)
+        (site / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Name: {name}\nVersion: 1.0\n")
+    (env / envs.RECORD).write_text(json.dumps({"flavour": "cpu", "requirements_sha256": envs.requirements_hash(spec, "cpu"),
+                                               "options": Options().model_dump(), "linked": {}}))
+    assert envs.inspect("tiny", spec).ready
+    dead = env.with_name(".tiny.building-4194305")  # above any pid Linux hands out
+    (dead / "bin").mkdir(parents=True)
+    monkeypatch.setattr(creation, "link_packages", lambda python, packages: {})  # no host packages into a fake env
+    said: list[str] = []
+    creation.create("tiny", spec, "cpu", say=said.append)
+    assert said == [f"tiny: removed {dead}, left by a creation that was killed", f"tiny: ready at {env} (nothing to do)"]
+    assert not dead.exists()
 
 
 def test_a_half_built_env_left_by_a_killed_create_is_swept(fbench_home):

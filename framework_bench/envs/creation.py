@@ -2,14 +2,17 @@
 
 Creating again with unchanged requirements and options only refreshes the host packages made
 importable in it (`host_packages`). A creation that fails or is interrupted leaves the old env
-as it was; one that was killed is cleaned up by the next (`sweep_building`).
+as it was; one that was killed is cleaned up by the next (`sweep_building`), whatever that one
+then has to do.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -45,6 +48,8 @@ def create(
     options = options or Options()
     validate(flavour, options)
     flavour = flavour or default_flavour()
+    for stale in sweep_building(name):  # first: an env found ready now still leaves nothing of a killed creation
+        say(f"{name}: removed {stale}, left by a creation that was killed")
     current = inspect(name, spec)
     record_file = current.path / RECORD
     old_options = json.loads(record_file.read_text()).get("options", {}) if record_file.exists() else None
@@ -60,8 +65,6 @@ def create(
         torch_index = torch_index_for(driver_cuda_version())
     requirements = Path(options.requirements) if options.requirements else spec.requirements[flavour]
     path = env_path(name)
-    for stale in sweep_building(name):
-        say(f"{name}: removed {stale}, left by a creation that was killed")
     building = path.with_name(f".{name}.building-{os.getpid()}")
     if building.exists():
         shutil.rmtree(building)
@@ -138,13 +141,14 @@ def sweep_building(name: str) -> list[Path]:
     """Clean up after a creation that was killed before it could: remove its half-built env
     (`.NAME.building-PID`, gigabytes for a real one), and where it died between the swap and
     the new env's record (`.NAME.old-PID` beside an env without one), put the old env back.
-    A live pid's folders stay."""
+    A live pid's folders stay; what still runs from a dead one's is ended first."""
     removed = []
     path = env_path(name)
     for folder in sorted(path.parent.glob(f".{name}.building-*")) + sorted(path.parent.glob(f".{name}.old-*")):
         pid = folder.name.rsplit("-", 1)[1]
-        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+        if not (pid.isascii() and pid.isdigit()) or Path(f"/proc/{pid}").exists():
             continue
+        _end_processes_of(folder)
         if folder.name.startswith(f".{name}.old-") and not (path / RECORD).exists():
             shutil.rmtree(path, ignore_errors=True)
             folder.rename(path)
@@ -172,12 +176,63 @@ def _swap_in(building: Path, path: Path) -> Path | None:
     return aside if aside.exists() else None
 
 
+def _end_processes_of(folder: Path) -> None:
+    """SIGKILL what still runs from a dead creation's folder: pip's build steps (its children, run
+    by the env's Python there, so their command lines name the folder) outlive a pip that died."""
+    mark = os.fsencode(folder) + b"/"
+    try:
+        pids = [e for e in os.listdir("/proc") if e.isascii() and e.isdigit()]
+    except OSError:  # no /proc: nothing to find
+        return
+    for pid in pids:
+        try:
+            if mark in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _dies_with_this_process():
+    """A `preexec_fn` that has the kernel SIGKILL the started process when this one dies (Linux
+    `PR_SET_PDEATHSIG`): a `kill -9` of fbench has no way out to end pip from, and pip would
+    otherwise build on for minutes. None where prctl is not to be had (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # this process died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
 def _run(argv: list[str], log, **kw) -> None:
+    """One step of the build, its output to `log`. It leads a process group of its own, killed
+    whole when the creation stops under it (Ctrl-C, SIGTERM: pip's build steps are its children),
+    and the kernel kills it should fbench die first (`_dies_with_this_process`); a build step that
+    outlives it is ended by the next creation (`sweep_building`)."""
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
-    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, **kw)
-    if proc.returncode:
-        raise EnvError(f"`{' '.join(argv[:4])} ...` exited {proc.returncode}; see {log.name}")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_dies_with_this_process(), **kw)
+    try:
+        code = proc.wait()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # not waited for yet: the group's id is still its leader's
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
+    if code:
+        raise EnvError(f"`{' '.join(argv[:4])} ...` exited {code}; see {log.name}")
 
 
 def _site_dirs(python: Path) -> list[str]:
