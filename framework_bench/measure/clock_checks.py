@@ -11,8 +11,10 @@ against the seconds the worker claims.
   beforehand, there is nothing legitimate to wait for;
 - gaps: the time between measured steps (where a loop fetches the next batch, a trainer runs its
   callbacks) at most `MAX_GAP_SHARE` of the span: work of the steps done there is not timed.
-  Judged on the rank with the least: work moved out of the steps shows on every rank, one rank's
-  own delay on that rank only;
+  Where the host read the workers' CPU run time (CPU runs), the share is of CPU work: the time an
+  honest worker spends descheduled on a loaded machine, which lands between steps as often as in
+  them, is no work; where it did not, of wall time. Judged on the rank with the least: work moved
+  out of the steps shows on every rank, one rank's own delay on that rank only;
 - warmup_time (a flag, every device): a warm-up step's wall time over `WARMUP_FLAG_RATIO` times
   the measured median: compile and autotune do that on GPU;
 - warmup (CPU runs): a warm-up step's CPU work (run time, the wait for a CPU left out) at most
@@ -200,9 +202,7 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
                             step_seconds=round(step_pause.stop - step_pause.begin, 6),
                             share=round(step_pause.paused / max(step_pause.stop - step_pause.begin, 1e-9), 4)),
              lambda p: p["share"])
-        gaps = sum(b.begin - a.stop for a, b in zip(ws, ws[1:]))
-        keep("gaps", dict(rank=rank, gap_seconds=round(gaps, 6), observed_seconds=round(span, 6),
-                          share=round(gaps / span, 4) if span > 0 else 0.0), lambda g: -g["share"])
+        keep("gaps", _gaps(rank, ws, span), lambda g: -g["share"])
         warm = _warmup(rank, [w for w in every[rank] if w.step <= warmup], ws)
         keep("warmup", warm, lambda w: w.get("cpu_seconds", 0) / max(w.get("measured_median_cpu_seconds", 1), 1e-9))
         keep("warmup_time", warm, lambda w: w["ratio"] or 0)
@@ -252,9 +252,24 @@ def _pauses_check(p: dict) -> Check:
                                           "packed beforehand there is nothing to wait for")
 
 
+def _gaps(rank: int, ws: list[StepWindow], span: float) -> dict:
+    """A rank's time between measured steps, wall and (where read) CPU run time, and the share judged."""
+    gaps = sum(b.begin - a.stop for a, b in zip(ws, ws[1:]))
+    out = dict(rank=rank, gap_seconds=round(gaps, 6), observed_seconds=round(span, 6),
+               wall_share=round(gaps / span, 4) if span > 0 else 0.0)
+    ran = [(w.ran_begin, w.ran_stop) for w in ws]
+    if all(b is not None and s is not None for b, s in ran) and ran[-1][1] > ran[0][0]:
+        cpu_gaps = sum(b[0] - a[1] for a, b in zip(ran, ran[1:]))
+        out |= dict(gap_cpu_seconds=round(cpu_gaps, 6), cpu_seconds=round(ran[-1][1] - ran[0][0], 6),
+                    cpu_share=round(cpu_gaps / (ran[-1][1] - ran[0][0]), 4))
+    return out | {"share": out.get("cpu_share", out["wall_share"])}
+
+
 def _gaps_check(g: dict) -> Check:
     detail = (f"rank {g['rank']}: {g['gap_seconds']:.3f} s between measured steps (one's end to the next one's "
               f"begin) in {g['observed_seconds']:.3f} s")
+    if "cpu_share" in g:
+        detail += f"; {g['gap_cpu_seconds']:.3f} s of CPU work there in {g['cpu_seconds']:.3f} s"
     ok = g["share"] <= MAX_GAP_SHARE
     return Check(name="gaps", status="pass" if ok else "fail", figures=g,
                  detail=detail if ok else f"{detail}: above {MAX_GAP_SHARE:.0%}, work of the steps done between them")
