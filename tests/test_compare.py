@@ -272,7 +272,7 @@ def test_run_repeat_is_the_trial_loop_with_one_backend(fakes, tmp_path):
     assert f"tiny_cpu: every 95% interval within ±10% after {design.AUTO_MIN_ROUNDS} rounds" in res.output
 
 
-def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario():
+def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
     from framework_bench.plugins.contract import Machine
     from framework_bench.run.dry_run import DryRun
     from framework_bench.run.launchers.slurm_time import estimate_time
@@ -285,15 +285,32 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario():
 
     planned = [plan("a"), plan("b", machine="no GPU here", memory="GPU memory unknown"), plan("c", check="no ZeRO-3")]
     machine = Machine()
-    cost = dry_run.trial_cost(s, planned, machine, 5, None)
+    cost = dry_run.trial_cost(s, planned, machine, 5, None, reference=None)  # --no-reference
     estimate = estimate_time(s, None)  # no GPU here, none named by the scenario: the weakest GPU's peak
     assert cost.backends == ["a", "b"]  # c refuses the scenario: stored at once; b is judged on this machine
     assert cost.warmup == 0 and cost.training_s == pytest.approx(estimate.steps * estimate.step_seconds)
     assert cost.summary().startswith("5 trials + 0 warm-up of 2 backend(s) (a, b): 10 runs, ~")
-    assert dry_run.trial_cost(s, planned, machine, 3, 1).summary().startswith("3 trials + 1 warm-up of 2 backend(s) (a, b): 8 runs")
-    assert "5 to 10 (--repeat auto) trials" in dry_run.trial_cost(s, planned, machine, "auto", None).summary()
-    assert dry_run.trial_cost(s, planned, machine, 1, None) is None  # one run each: nothing multiplied
-    assert dry_run.trial_cost(scenario.load("tiny_cpu"), planned, machine, 5, None) is None  # GPU scenarios only
+    assert "more" not in cost.summary()
+    assert dry_run.trial_cost(s, planned, machine, 3, 1, reference=None).summary().startswith(
+        "3 trials + 1 warm-up of 2 backend(s) (a, b): 8 runs")
+    assert "5 to 10 (--repeat auto) trials" in dry_run.trial_cost(s, planned, machine, "auto", None,
+                                                                  reference=None).summary()
+    assert dry_run.trial_cost(s, planned, machine, 1, None, reference=None) is None  # one run each: nothing multiplied
+    assert dry_run.trial_cost(scenario.load("tiny_cpu"), planned, machine, 5, None, reference=None) is None  # GPU only
+    # The reference runs in every round, chosen or not (5 runs were said where 10 were made), and
+    # may run once more a round for each other run, to judge it with that run's loss scheme or adapters.
+    assert dry_run.trial_cost(s, planned, machine, 5, None, reference="a").summary().startswith(
+        "5 trials + 0 warm-up of 2 backend(s) (a (the reference), b): 10 runs, ~")
+    refusal: dict = {}
+    monkeypatch.setattr(dry_run.plugins, "get", lambda name: name)
+    monkeypatch.setattr(dry_run.verdicts, "verdict_for", lambda backend, s, machine: (
+        None, Verdict(backend=backend, **refusal)))
+    cost = dry_run.trial_cost(s, [plan("x")], machine, 5, None, reference="torch")
+    assert cost.summary().startswith("5 trials + 0 warm-up of 2 backend(s) (x, torch (the reference)): 10 runs, ~")
+    assert cost.summary().endswith("; up to 5 more of torch, one a round for each run whose loss normalisation or "
+                                   "native adapters differ from its own (it judges that run, and is not stored)")
+    refusal["check"] = "torch: no such GPU"  # a reference that refuses the scenario is stored at once, for nothing
+    assert dry_run.trial_cost(s, [plan("x")], machine, 5, None, reference="torch").backends == ["x"]
 
 
 def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_the_20_percent_slowdown(fakes, tmp_path):

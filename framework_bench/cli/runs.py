@@ -73,10 +73,11 @@ def run(
     common.check_settings(settings)
     common.check_local(launcher, [s])
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
-    common.check_run_folders([backend, *_reference(no_reference)], [s])
+    reference = _reference(no_reference)
+    common.check_run_folders([backend, *reference], [s])
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
-        _plan_only([backend], [s], options, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
+        _plan_only([backend], [s], options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
         return
     if launcher == "slurm":
         _submit_slurm([backend], [s], options.model_copy(update={"db": db}), wait=wait, poll=poll, out=None)
@@ -162,10 +163,11 @@ def compare(
         common.err.print("[yellow]skipped, broken: " + escape("; ".join(f"{n} ({why})" for n, why in plugins.load_errors.items()))
                   + "[/yellow]", highlight=False, soft_wrap=True)
     common.check_local(launcher, chosen)
-    common.check_run_folders([*names, *_reference(no_reference)], chosen)
+    reference = _reference(no_reference)
+    common.check_run_folders([*names, *reference], chosen)
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
-        _plan_only(names, chosen, options, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
+        _plan_only(names, chosen, options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
         return
     if launcher == "slurm":
         _submit_slurm(names, chosen, options.model_copy(update={"db": db}), wait=wait, poll=poll, out=out)
@@ -271,11 +273,12 @@ def _run_options(launcher: str | None, timeout: float | None, force: bool, setti
                       sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg))
 
 
-def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = False, repeat=1,
+def _plan_only(backend_names: list[str], chosen: list, options, reference: list[str], as_json: bool = False, repeat=1,
                warmup_rounds: int | None = None) -> None:
     """--dry-run: print every plan, with every verdict side by side; nothing is launched or
     submitted. With --json, one JSON list of the plans on stdout and nothing else there. On GPU
-    scenarios, what --repeat and the warm-up rounds multiply: runs and training time."""
+    scenarios, what --repeat and the warm-up rounds multiply: runs and training time, the
+    `reference`'s (none or one: `_reference`) counted too."""
     from framework_bench.measure.machine import detect
     from framework_bench.run import dry_run
 
@@ -300,7 +303,11 @@ def _plan_only(backend_names: list[str], chosen: list, options, as_json: bool = 
         for d in mine:
             render.print_plan(d, s, options, show)
     for s in chosen:
-        cost = dry_run.trial_cost(s, [d for d in plans if d.scenario == s.name], machine, repeat, warmup_rounds)
+        try:
+            cost = dry_run.trial_cost(s, [d for d in plans if d.scenario == s.name], machine, repeat, warmup_rounds,
+                                      reference=next(iter(reference), None))
+        except common.user_errors() as e:
+            common.fail(str(e))
         if cost is not None:
             show.print(f"{s.name}: {cost.summary()}", highlight=False, markup=False)
     if as_json:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, packed_dir
+from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Machine
 from framework_bench.run import design, pipeline, verdicts
 from framework_bench.run.launchers.slurm_time import TimeEstimate, duration, estimate_time
@@ -79,8 +80,10 @@ class TrialCost(BaseModel):
     scenario: str
     trials: tuple[int, int] = Field(description="the fewest and the most counted rounds (apart: --repeat auto)")
     warmup: int
-    backends: list[str] = Field(description="those whose own check takes the scenario: one that refuses it is "
-                                            "stored at once, for nothing")
+    backends: list[str] = Field(description="those whose own check takes the scenario, the reference among them "
+                                            "(one that refuses it is stored at once, for nothing)")
+    reference: str | None = Field(description="the reference, when it takes the scenario: it runs in every round, "
+                                              "chosen or not, to judge the others")
     training_s: float = Field(description="one run's expected training: its steps at the estimated step time")
     source: str = Field(description="where the step time comes from")
 
@@ -90,16 +93,23 @@ class TrialCost(BaseModel):
         rounds = [(n + self.warmup) * len(self.backends) for n in (fewest, most)]
         runs = f"{rounds[0]}" if fewest == most else f"{rounds[0]} to {rounds[1]}"
         hours = " to ".join(dict.fromkeys(duration(n * self.training_s) for n in rounds))
-        return (f"{trials} trials + {self.warmup} warm-up of {len(self.backends)} backend(s) "
-                f"({', '.join(self.backends)}): {runs} runs, ~{hours} of training ({runs} x "
-                f"{duration(self.training_s)}: steps x the step time of the {self.source}) plus each run's start-up")
+        names = ", ".join(f"{b} (the reference)" if b == self.reference else b for b in self.backends)
+        judged = len(self.backends) - 1 if self.reference else 0
+        judging = [(n + self.warmup) * judged for n in (fewest, most)]
+        more = f"{judging[0]}" if fewest == most else f"{judging[0]} to {judging[1]}"
+        return (f"{trials} trials + {self.warmup} warm-up of {len(self.backends)} backend(s) ({names}): {runs} runs, "
+                f"~{hours} of training ({runs} x {duration(self.training_s)}: steps x the step time of the "
+                f"{self.source}) plus each run's start-up"
+                + (f"; up to {more} more of {self.reference}, one a round for each run whose loss normalisation or "
+                   "native adapters differ from its own (it judges that run, and is not stored)" if judged else ""))
 
 
 def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repeat: int | Literal["auto"],
-               warmup_rounds: int | None) -> TrialCost | None:
+               warmup_rounds: int | None, *, reference: str | None) -> TrialCost | None:
     """The cost of --repeat on a GPU scenario (None on CPU, or for a single run each): the runs of
-    every backend whose own check takes the scenario, times one run's expected training (the
-    estimate the SLURM time limit starts from, before its margin and start-up)."""
+    every backend whose own check takes the scenario, and of `reference` (None: --no-reference),
+    which every round runs whether chosen or not, times one run's expected training (the estimate
+    the SLURM time limit starts from, before its margin and start-up)."""
     first, last = design.round_range(repeat)
     warm = design.warmup_default(first, scenario) if warmup_rounds is None else warmup_rounds
     if scenario.cluster.device != "cuda" or last + warm <= 1:
@@ -107,6 +117,10 @@ def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repe
     # A backend's own check refuses the scenario wherever it runs (stored unsupported at once, for
     # nothing); this machine, the env's flavour and memory are judged here, not on the GPU node.
     running = [d.backend for d in planned if d.verdict is not None and not d.verdict.check and not d.plan_error]
+    if reference is not None and reference not in (d.backend for d in planned):
+        if verdicts.verdict_for(plugins.get(reference), scenario, machine)[1].check is None:
+            running.append(reference)
     estimate = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
     return TrialCost(scenario=scenario.name, trials=(first, last), warmup=warm, backends=running,
+                     reference=reference if reference in running else None,
                      training_s=estimate.steps * estimate.step_seconds, source=estimate.source)
