@@ -273,6 +273,17 @@ def test_timeouts_must_be_positive_and_finite(tmp_path, timeout):
         one_error(cli(*command, "--timeout", timeout, "--db", str(tmp_path / "r.sqlite")), "--timeout")
 
 
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_scenario_name_is_refused_not_read_as_this_folder(tmp_path, fbench_home, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)  # '' was this folder: "cannot read: not a regular file"
+    db = str(tmp_path / "r.sqlite")
+    for command in (["run", "--backend", "torch", "--db", db, "--scenario", name],
+                    ["compare", "--backends", "torch", "--db", db, "--scenario", "tiny_cpu", "--scenario", name],
+                    ["compare", "--backends", "torch", "--dry-run", "--scenario", name],
+                    ["check-backend", "torch", "--scenario", name], ["show", name], ["pack", name]):
+        one_error(cli(*command), f"an empty scenario name ({name!r})")
+
+
 @pytest.mark.parametrize("option", ["", ",", "xtuner,,llamafactory", " , "])
 def test_empty_backend_names_are_refused(tmp_path, option):
     one_error(cli("compare", "--scenario", "tiny_cpu", "--backends", option, "--dry-run"), "--backends")

@@ -175,8 +175,16 @@ def preflight(store, out: Path | None = None) -> None:
         writable_folder(out, "--out")
 
 
+def check_scenario_names(names: list[str]) -> None:
+    """An empty scenario name is a mistake: as a path it is the folder the command was typed in."""
+    if any(not name.strip() for name in names):
+        fail(f"an empty scenario name ({next(n for n in names if not n.strip())!r}): give a scenario name, glob or "
+             "file (see `fbench scenarios`)")
+
+
 def load_scenario(name: str):
     from framework_bench.spec import scenario
+    check_scenario_names([name])
     try:
         return scenario.load(name)
     except user_errors() as e:

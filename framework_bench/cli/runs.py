@@ -153,6 +153,7 @@ def compare(
     common.check_timeout(timeout)
     common.check_settings(settings)
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    common.check_scenario_names(scenario)
     out = common.out_folder(out)
     try:
         chosen = compare_.expand(scenario)
