@@ -368,6 +368,29 @@ def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home)
     assert "Traceback" not in result.output
 
 
+def test_a_cpu_scenario_beyond_this_machines_memory_is_refused_with_the_figures(fakes, tmp_path):
+    """A LoRA rank of 10^9 passed every check before the run (the dry run's own estimate: ~278,000
+    GiB a process); so did a model of 10^7 layers, here on a backend without LoRA."""
+    from framework_bench.run.verdicts import ram_refusal
+    lora = tmp_path / "huge_rank.yaml"
+    lora.write_text((scenario.SCENARIO_DIR / "tiny_cpu_lora.yaml").read_text().replace("rank: 8", f"rank: {10**9}"))
+    said = ram_refusal(scenario.load(str(lora)), None, "matched")
+    assert said.startswith("1 process(es) x ~278,1") and "would not fit in this machine's" in said, said
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(TINY.read_text().replace("preset: tiny-llama", f"preset: tiny-llama\n  config: {{num_hidden_layers: {10**7}}}"))
+    db = tmp_path / "r.sqlite"
+    result = cli("run", "--backend", "fake_ok", "--scenario", str(deep), "--db", str(db), "--no-reference")
+    assert "Traceback" not in result.output, result.output
+    with ResultStore(db) as store:
+        [row] = store.list()  # refused before packing (failed here, with no fake_ok env made: its setup to finish)
+    reason = " ".join(row["reason"].split())
+    assert row["steps_measured"] in (0, None) and "would not fit in this machine's" in reason, row
+    assert "GiB of memory; --force runs it anyway" in reason
+    plan = cli("compare", "--backends", "fake_ok", "--scenario", str(deep), "--dry-run", "--force")
+    assert plan.exit_code == 0 and "would not fit" not in plan.output, plan.output
+    assert ram_refusal(scenario.load("multiproc_tiny_cpu_1x2"), None, "matched") is None  # what CI runs fits
+
+
 # 7. A damaged env record
 
 @pytest.mark.parametrize("record", ["{not json", "[]", '{"flavour": "gpu", "versions": {}, "requirements_sha256": "x"}',

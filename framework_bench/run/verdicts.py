@@ -23,7 +23,8 @@ class Verdict(BaseModel):
     machine: str | None = Field(None, description="why this machine cannot host the scenario's processes")
     env: str | None = Field(None, description="the backend env here vs what the scenario's nodes need")
     check: str | None = Field(None, description="the backend's own check, on the scenario's nodes")
-    memory: str | None = Field(None, description="the per-GPU memory estimate on the scenario's nodes")
+    memory: str | None = Field(None, description="the per-GPU memory estimate on the scenario's nodes (CPU: all "
+                                                 "processes' in this machine's memory)")
     # Computed once here, for the backend's declared memory scheme in the run's settings mode, and
     # read by every line that shows it (refusals, plans); not part of the plan's JSON.
     estimate: MemoryEstimate | None = Field(None, exclude=True, description="the per-GPU memory estimate (CUDA)")
@@ -46,6 +47,36 @@ def fit_refusal(e: MemoryEstimate, gpu_name: str | None) -> str:
     """Why an estimate refuses: the phase that does not fit first, then every term."""
     return (f"the {e.peak_phase} would not fit on {gpu_name or 'this GPU'} ({e.total_gib:.1f} of "
             f"{e.gpu_memory_gib:.1f} GiB): {e.summary()}; --force runs it anyway")
+
+
+def memory_gib() -> float | None:
+    """This machine's memory (`MemTotal` in /proc/meminfo), GiB; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def ram_refusal(scenario: Scenario, declared: MemoryScheme | None, settings_mode: str) -> str | None:
+    """Why a CPU scenario's processes, all on this machine, would not fit in its memory by the
+    memory estimate less its overhead term (CUDA's context and allocator slack, NCCL: none on a
+    CPU, and most of a tiny model's estimate); None when they fit or the memory is unknown."""
+    have = memory_gib()
+    if have is None:
+        return None
+    e = estimate(scenario, declared=declared, settings_mode=settings_mode)
+    each = e.total_gib - e.overhead_gib
+    n = scenario.cluster.gpus
+    if n * each <= have:
+        return None
+    return (f"{n} process(es) x ~{each:,.1f} GiB at the {e.peak_phase} (params {e.parameters_gib:,.1f} + grads "
+            f"{e.gradients_gib:,.1f} + optim {e.optimizer_states_gib:,.1f}, activations {e.activations_gib:,.1f} GiB: "
+            f"the memory estimate less its {e.overhead_gib:.1f} GiB of CUDA overhead) would not fit in this machine's "
+            f"{have:.1f} GiB of memory; --force runs it anyway")
 
 
 def machine_shortfall(scenario: Scenario, machine: Machine, need: MemoryEstimate | None = None) -> str | None:
@@ -97,4 +128,6 @@ def verdict_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine:
     memory = None
     if not force and check is None and e is not None and e.fits is False:
         memory = fit_refusal(e, target.gpu_name)
+    elif not force and check is None and scenario.cluster.device == "cpu":
+        memory = ram_refusal(scenario, backend.info.memory, settings_mode)
     return env, Verdict(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory, estimate=e)
