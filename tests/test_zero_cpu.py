@@ -1,21 +1,38 @@
 """ZeRO-2 and ZeRO-3 for real on this CPU: 1 node x 2 processes through torchrun (gloo), each
 backend through its own DeepSpeed path (XTuner: FlexibleRunner + DeepSpeedStrategy;
 LLaMA-Factory: HF Trainer + DeepSpeed). The workers check that the engine in effect is
-DeepSpeed at the asked stage; both ranks must train every step on their own rows."""
+DeepSpeed at the asked stage; both ranks must train every step on their own rows; each run is
+judged against the torch reference's FSDP2 run of the stage (one per stage, shared)."""
 
 import pytest
 
 from fbench_fixtures import backend_env_or_skip
-from framework_bench.run import pipeline
+from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
 from framework_bench.worker.files import read_metrics, read_worker_report
 
 
+@pytest.fixture(scope="module")
+def fsdp2_reference():
+    """`fsdp2_reference(stage)`: the torch reference's run of the stage's scenario, made once for
+    both backends (one host process: the same projection vector as theirs)."""
+    runs = {}
+
+    def run(stage: int):
+        if stage not in runs:
+            backend_env_or_skip("torch")
+            runs[stage] = pipeline.run_one("torch", scenario.load(f"multiproc_tiny_cpu_zero{stage}"),
+                                           RunOptions(launcher="torchrun", timeout=600))
+        return runs[stage]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["xtuner", "llamafactory"])
 @pytest.mark.parametrize("stage", [2, 3])
-def test_zero_on_two_cpu_processes(backend, stage):
+def test_zero_on_two_cpu_processes(backend, stage, fsdp2_reference):
     backend_env_or_skip(backend)
     s = scenario.load(f"multiproc_tiny_cpu_zero{stage}")
     assert s.zero_stage == stage and s.cluster.gpus == 2 and s.cluster.device == "cpu"
@@ -29,3 +46,9 @@ def test_zero_on_two_cpu_processes(backend, stage):
         assert all(m["tokens"] == s.context_length for m in mine)  # one rank's rows, not the world's
     assert read_worker_report(r.run_dir)["zero_stage_in_effect"] == stage
     assert r.steps_measured == s.steps.measured and r.tgs > 0
+    reference = fsdp2_reference(stage)
+    assert reference.status == "ok" and reference.settings["zero_stage"] == stage, reference.reason
+    judged = {c.name: c for c in referee.judge(r, reference, s).checks}
+    assert judged["parity"].status != "fail" and judged["update_parity"].status != "fail", r.reason
+    if backend == "xtuner":  # LLaMA-Factory divides by every process's labels: only its step 1 is judged
+        assert r.status == "ok" and judged["parity"].status == judged["update_parity"].status == "pass", r.reason
