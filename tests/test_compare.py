@@ -196,7 +196,7 @@ def _auto(precision, warmup_rounds=0):
     return results, stop
 
 
-PRECISION = 2.5  # with the seed below, the widest interval first gets within it at round 8 (2.69 at 7)
+PRECISION = 3.2  # with the seed below, the widest (paired) interval first gets within it at round 8 (3.58 at 7)
 
 
 def test_repeat_auto_adds_rounds_until_every_interval_is_within_the_precision(monkeypatch):
@@ -315,7 +315,8 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
 
 def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_the_20_percent_slowdown(fakes, tmp_path):
     """Through the whole loop (every check, the store, the table): fake_noisy and fake_noisy_twin
-    draw their trials' step times alike, fake_noisy_slow's steps take 25% longer (TGS 20% lower)."""
+    draw their trials' step times alike, fake_noisy_slow's steps take 25% longer (TGS 20% lower).
+    The compare's rounds pair the trials, and its 6 comparisons are one family (Holm)."""
     import re
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends",
                                    "fake_noisy,fake_noisy_twin,fake_noisy_slow", "--repeat", "3", "--warmup-rounds", "0",
@@ -323,7 +324,7 @@ def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_th
     assert res.exit_code == 0, res.output
     assert "no difference detected between fake_noisy and fake_noisy_twin (95% CI \u2212" in res.output
     low, high = map(float, re.search(r"fake_noisy_slow is [\d.]+% slower than fake_noisy_twin "
-                                     r"\(95% CI ([\d.]+) to ([\d.]+)%, 3 trials each\)", res.output).groups())
+                                     r"\(95% CI ([\d.]+) to ([\d.]+)%, paired over 3 rounds\)", res.output).groups())
     assert low <= 20 <= high
 
 

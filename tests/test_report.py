@@ -113,6 +113,7 @@ def test_framework_tgs_as_a_share_of_the_torch_reference(tmp_path):
 
 
 def test_repeated_trials_open_the_report_with_verdicts_and_show_their_intervals(tmp_path):
+    """The rounds of one compare pair their trials: the verdict says so."""
     with ResultStore(tmp_path / "r.sqlite") as store:
         for round_, wobble in enumerate((1.0, 1.01, 0.99, 1.02, 0.98), 1):
             for backend, tgs in (("torch", 4000.0), ("xtuner", 3000.0)):
@@ -123,7 +124,7 @@ def test_repeated_trials_open_the_report_with_verdicts_and_show_their_intervals(
     md, _ = write_report(rows, tmp_path / "report", [])
     text = md.read_text()
     assert text.index("## Verdicts") < text.index("## Results")
-    assert "- tiny_cpu: xtuner is 25.0% slower than torch (95% CI " in text and "5 trials each)" in text
+    assert "- tiny_cpu: xtuner is 25.0% slower than torch (95% CI " in text and "paired over 5 rounds)" in text
     [xtuner] = [line for line in text.splitlines() if line.startswith("| tiny_cpu") and "| xtuner" in line]
     assert "| 5 | 3,000.0 |" in xtuner and "| 75% (" in xtuner
     assert "median over its trials" in text

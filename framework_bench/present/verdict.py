@@ -1,8 +1,9 @@
 """Verdicts in words, from the statistics over trials (framework_bench/measure/statistics.py).
 
-"xtuner is 4.1% faster than llamafactory (95% CI 2.0 to 6.3%, 5 trials each)" only when the
-whole interval is on one side of 0; otherwise "no difference detected"; from a single trial,
-"1 trial: no interval", never a bare percentage. The table cells that show an interval are
+"xtuner is 4.1% faster than llamafactory (95% CI 2.0 to 6.3%, paired over 5 rounds)" only when
+the whole interval is on one side of 0; otherwise "no difference detected"; from a single trial,
+"1 trial: no interval", never a bare percentage; once, how many comparisons share the family-wise
+95%; and each disturbed round. The table cells that show an interval are
 written here too, and `Points` makes the trials of each point (backend x scenario) one row, so
 a table, the report, the charts and the terminal say the same thing.
 """
@@ -31,6 +32,8 @@ def _signed(x: float) -> str:
 
 def _trials(r: Ratio) -> str:
     a, b = r.trials
+    if r.paired:
+        return f"paired over {r.rounds} rounds" + ("" if a == b == r.rounds else f"; {a} and {b} trials")
     return f"{a} trials each" if a == b else f"{a} and {b} trials"
 
 
@@ -55,11 +58,21 @@ def sentence(r: Ratio) -> str:
             f"(95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})")
 
 
-def verdicts(trials: list[statistics.Trial], reference: str | None) -> list[str]:
-    """Per scenario, each pair's sentence, then each backend's noise and left-out trials."""
+def family(pairs: list[Ratio]) -> list[str]:
+    """The line, said once, that the pairs with an interval are one family (from two of them)."""
+    m = sum(p.low is not None for p in pairs)
+    if m < 2:
+        return []
+    return [f"{m} comparisons, family-wise {statistics.CONFIDENCE:.0%} (Holm): each interval is widened to the "
+            f"level its comparison was tested at, so a difference is said only where Holm finds one"]
+
+
+def verdicts(trials: list[statistics.Trial], pairs: list[Ratio]) -> list[str]:
+    """Per scenario, each pair's sentence (`pairs`: the trials' ratios, adjusted with their family),
+    then each backend's noise and left-out trials, then each disturbed round and what became of it."""
     summaries = statistics.summarise(trials)
     out = []
-    for r in statistics.pairs(trials, reference):
+    for r in pairs:
         out.append(f"{r.scenario}: {sentence(r)}")
     for (scenario, backend), s in sorted(summaries.items()):
         if s.noisy:
@@ -67,20 +80,28 @@ def verdicts(trials: list[statistics.Trial], reference: str | None) -> list[str]
                        f"trials would narrow its interval to ±{statistics.TARGET_HALF_WIDTH:.0%}")
         if s.excluded:
             out.append(f"{scenario}: {backend}: {len(s.excluded)} trial(s) not counted: {'; '.join(s.excluded)}")
+    for d in statistics.disturbed(trials):
+        out.append(f"{d.scenario}: round {d.round} of compare {d.compare_id} was disturbed (outside load?): every run "
+                   f"in it {min(d.drops):.0%} to {max(d.drops):.0%} below its backend's median; kept: a paired "
+                   f"ratio cancels what the whole round shared")
     return out
 
 
-def auto_stop_sentence(stop: AutoStop) -> str:
-    """Why `--repeat auto` stopped on a scenario: the precision reached, or the cap."""
+def auto_stop_sentence(stop: AutoStop, uncounted: list[str] = ()) -> str:
+    """Why `--repeat auto` stopped on a scenario: the precision reached, or the cap; `uncounted`,
+    the scenario's backends none of whose trials counted, are named: they are in no interval."""
     asked = f"±{stop.precision:g}%"
+    none = f"no trial of {' or '.join(uncounted)} counted" if uncounted else "no trial counted"
     if stop.widest is None:
-        return f"{stop.scenario}: --repeat auto stopped after {stop.rounds} rounds: no trial counted, nothing to narrow"
+        return f"{stop.scenario}: --repeat auto stopped after {stop.rounds} rounds: {none}, no interval to narrow"
+    also = f"; {none}: it has no interval" if uncounted else ""
     if stop.capped:
         widest = "one pair still has no interval" if stop.widest == float("inf") else \
             f"the widest 95% interval is ±{stop.widest:.1f}%"
         return (f"{stop.scenario}: --repeat auto stopped at its cap of {stop.rounds} rounds: {widest}, "
-                f"not within {asked}")
-    return f"{stop.scenario}: every 95% interval within {asked} after {stop.rounds} rounds (widest ±{stop.widest:.1f}%)"
+                f"not within {asked}{also}")
+    return (f"{stop.scenario}: every 95% interval within {asked} after {stop.rounds} rounds "
+            f"(widest ±{stop.widest:.1f}%){also}")
 
 
 def tgs_cell(s: Summary | None) -> str:
@@ -129,16 +150,19 @@ class Points:
         self.shares: dict[tuple[str, str], Ratio] = {}
         self.pairs: list[Ratio] = []
         self.lines: list[str] = []
-        for group in groups.values():
-            trials = [Trial.from_record(r) for r in group]
+        trials_of = [[Trial.from_record(r) for r in group] for group in groups.values()]
+        found = [statistics.estimates(trials, reference) for trials in trials_of]
+        adjusted = iter(statistics.holm([e for es in found for e in es]))  # one family: every group's pairs
+        for trials, es in zip(trials_of, found):
             self.summaries |= statistics.summarise(trials)
-            pairs = statistics.pairs(trials, reference)
+            pairs = [next(adjusted) for _ in es]
             self.pairs += pairs
             self.shares |= {(p.scenario, p.backend): p for p in pairs if p.other == reference}
             # the reference is 100% of itself, exactly: no interval
             self.shares |= {key: Ratio(key[0], reference, reference, (s.trials, s.trials), 1.0)
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
-            self.lines += verdicts(trials, reference)
+            self.lines += verdicts(trials, pairs)
+        self.lines[:0] = family(self.pairs)
         newest = {(r["scenario"], r["backend"]): r for r in runs}
         for scenario, backend in newest:  # runs of warm-up rounds alone (a compare stopped in its first): no trial
             self.summaries.setdefault((scenario, backend), Summary(backend, scenario, 0, None))
@@ -167,7 +191,8 @@ class Points:
                            "low": s.low, "high": s.high, "cv": s.cv, "excluded": list(s.excluded)}
                           for s in self.summaries.values()],
             "pairs": [{"scenario": p.scenario, "backend": p.backend, "other": p.other, "trials": list(p.trials),
-                       "ratio": p.ratio, "low": p.low, "high": p.high, "verdict": word(p), "sentence": sentence(p)}
+                       "ratio": p.ratio, "low": p.low, "high": p.high, "level": p.level, "paired": p.paired,
+                       "rounds": p.rounds, "verdict": word(p), "sentence": sentence(p)}
                       for p in self.pairs],
             "verdicts": self.lines,
         }
