@@ -180,12 +180,14 @@ def test_cli_compare_repeat_stores_each_trial_and_shows_the_interval(fakes, tmp_
 
 
 def _synthetic_trials(monkeypatch, tgs):
-    """The loop alone, as above: run_one stands in, each run's TGS from `tgs(name)`."""
+    """The loop alone, as above: run_one stands in, each run's TGS from `tgs(name)`; the referee
+    passes each run as it is (these runs record no losses to judge: `a` would never count)."""
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
     monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
     monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
         backend=name, scenario=s.name, status="ok" if tgs(name) else "failed", tgs=tgs(name)))
+    monkeypatch.setattr(compare.referee, "judge", lambda result, reference, s, absent: result)
 
 
 def _auto(precision, warmup_rounds=0):
@@ -196,22 +198,28 @@ def _auto(precision, warmup_rounds=0):
     return results, stop
 
 
-PRECISION = 3.2  # with the seed below, the widest (paired) interval first gets within it at round 8 (3.58 at 7)
-
 
 def test_repeat_auto_adds_rounds_until_every_interval_is_within_the_precision(monkeypatch):
     import numpy as np
     from framework_bench.measure import statistics
     from framework_bench.measure.statistics import Trial
     from framework_bench.present.verdict import auto_stop_sentence
-    rng = np.random.default_rng(7)  # seeded trial-to-trial noise of 3%
-    _synthetic_trials(monkeypatch, lambda name: 1000.0 * (1 + 0.03 * rng.standard_normal()))
-    results, stop = _auto(precision=PRECISION)
-    assert design.AUTO_MIN_ROUNDS < stop.rounds < design.AUTO_MAX_ROUNDS and not stop.capped
-    assert len(results) == 2 * stop.rounds and stop.widest <= PRECISION
-    before = [Trial.from_record(r.model_dump(mode="json")) for r in results[:-2]]
-    assert statistics.widest_half_width(before, "ref") > PRECISION  # it stopped at the first round that reached it
-    assert auto_stop_sentence(stop) == (f"tiny_cpu: every 95% interval within ±{PRECISION:g}% after {stop.rounds} "
+
+    def noisy() -> None:  # seeded trial-to-trial noise of 3%, the same draws each time
+        rng = np.random.default_rng(7)
+        _synthetic_trials(monkeypatch, lambda name: 1000.0 * (1 + 0.03 * rng.standard_normal()))
+    noisy()
+    results, _ = _auto(precision=1e-9)  # to the cap: the widest interval after each round
+    widest = {n: statistics.widest_half_width([Trial.from_record(r.model_dump(mode="json")) for r in results[:2 * n]],
+                                              "ref") for n in range(design.AUTO_MIN_ROUNDS, design.AUTO_MAX_ROUNDS + 1)}
+    # the precision asked: the first round after the fewest whose interval is narrower than all before it
+    rounds = next(n for n in range(design.AUTO_MIN_ROUNDS + 1, design.AUTO_MAX_ROUNDS)
+                  if widest[n] < min(widest[m] for m in range(design.AUTO_MIN_ROUNDS, n)))
+    precision = widest[rounds]
+    noisy()
+    results, stop = _auto(precision=precision)
+    assert stop.rounds == rounds and not stop.capped and len(results) == 2 * rounds and stop.widest == precision
+    assert auto_stop_sentence(stop) == (f"tiny_cpu: every 95% interval within ±{precision:g}% after {stop.rounds} "
                                         f"rounds (widest ±{stop.widest:.1f}%)")
 
 
@@ -225,6 +233,31 @@ def test_repeat_auto_stops_at_its_cap_and_says_so(monkeypatch):
     assert auto_stop_sentence(stop).startswith(f"tiny_cpu: --repeat auto stopped at its cap of "
                                                f"{design.AUTO_MAX_ROUNDS} rounds: the widest 95% interval is ±")
     assert auto_stop_sentence(stop).endswith("%, not within ±0.5%")
+
+
+def test_repeat_auto_never_takes_the_references_interval_for_a_candidate_none_of_whose_trials_counted(monkeypatch):
+    """The only interval was the reference's own: "every 95% interval within ±2%" was said of a
+    candidate that never counted. Only pairs with trials on both sides count."""
+    from framework_bench.measure import statistics
+    from framework_bench.measure.statistics import Trial
+    from framework_bench.present.verdict import auto_stop_sentence
+    reference = [Trial("ref", "tiny_cpu", 1000.0 + i, "ok", f"run {i}") for i in range(5)]
+    failed = [Trial("a", "tiny_cpu", None, "failed", f"run {i + 5}") for i in range(5)]
+    assert statistics.widest_half_width(reference + failed, "ref") is None
+    assert statistics.widest_half_width(reference, "ref") < 1  # a scenario of one backend alone: its median's
+    _synthetic_trials(monkeypatch, lambda name: 1000.0 if name == "ref" else None)  # a fails every round
+    results, stop = _auto(precision=2)
+    assert stop.rounds == design.AUTO_MIN_ROUNDS and stop.widest is None
+    assert auto_stop_sentence(stop, ["a"]) == (f"tiny_cpu: --repeat auto stopped after {design.AUTO_MIN_ROUNDS} "
+                                               "rounds: no trial of a counted, no interval to narrow")
+
+
+def test_repeat_auto_says_which_backend_no_trial_of_counted(fakes, tmp_path):
+    """fake_crash fails every round, the reference fake_ok never does."""
+    res = CliRunner().invoke(app, ["run", "--backend", "fake_crash", "--scenario", "tiny_cpu", "--repeat", "auto",
+                                   "--precision", "2", "--warmup-rounds", "0", "--db", str(tmp_path / "r.sqlite")])
+    said = " ".join(res.output.split())
+    assert "no trial of fake_crash counted, no interval to narrow" in said and "every 95% interval" not in said, said
 
 
 def test_repeat_auto_stops_when_no_trial_counts(monkeypatch):

@@ -213,11 +213,15 @@ def print_verdicts(results) -> None:
         common.console.print(line, highlight=False, markup=False)
 
 
-def print_auto_stops(stops) -> None:
-    """Below a repeated run's verdicts: where `--repeat auto` stopped, and whether the cap stopped it."""
+def print_auto_stops(stops, results) -> None:
+    """Below a repeated run's verdicts: where `--repeat auto` stopped, whether the cap stopped it,
+    and which backends of the scenario no trial of counted (`results`: the runs)."""
+    from framework_bench.measure.statistics import Trial, summarise
     from framework_bench.present.verdict import auto_stop_sentence
+    summaries = summarise(Trial.from_record(result_dict(r)) for r in results)
     for stop in stops:
-        common.console.print(auto_stop_sentence(stop), highlight=False, markup=False)
+        uncounted = sorted(b for (scenario, b), s in summaries.items() if scenario == stop.scenario and not s.trials)
+        common.console.print(auto_stop_sentence(stop, uncounted), highlight=False, markup=False)
 
 
 def gib(n: int | None) -> str:

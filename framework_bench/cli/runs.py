@@ -183,7 +183,7 @@ def compare(
     else:
         render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
         render.print_verdicts(results)
-        render.print_auto_stops(stops)
+        render.print_auto_stops(stops, results)
         render.print_reasons(results)
         render.print_differences([render.result_dict(r) for r in results], settings)
         common.console.print(f"results stored in {store.path}")
@@ -260,7 +260,7 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
     else:
         render.show(render.results_table(results, {s.name: s}, verbose=verbose))
         render.print_verdicts(results)
-        render.print_auto_stops(stops)
+        render.print_auto_stops(stops, results)
         render.print_reasons(results)
         common.console.print(f"results stored in {store.path}", highlight=False)
     _end(results, interrupted)

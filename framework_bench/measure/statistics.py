@@ -326,15 +326,18 @@ def disturbed(trials: Iterable[Trial]) -> list[Disturbed]:
 
 def widest_half_width(trials: Iterable[Trial], reference: str | None) -> float | None:
     """How far the least sure figure still is from a fixed precision: the widest 95% interval's
-    half-width in percent, over every pair of each scenario (of the ratio, in points of %) or,
-    where one backend alone has counted trials, over its median TGS (relative to the median).
-    `inf` while one of them has no interval yet (a side with one counted trial); None when no
-    trial counts at all, so that nothing more trials could narrow."""
+    half-width in percent, over the pairs of each scenario whose sides both have counted trials
+    (of the ratio, in points of %) or, on a scenario of one backend alone, over its median TGS
+    (relative to the median). `inf` while one of them has no interval yet (a side with one
+    counted trial); None when there is none: no trial counts, or no backend beside another has
+    any (the reference's own interval says nothing of a backend none of whose trials counted)."""
     trials = list(trials)
-    ratios = pairs(trials, reference)
-    widths = [100 * (r.high - r.low) / 2 if r.low is not None else math.inf for r in ratios]
-    paired = {(r.scenario, b) for r in ratios for b in (r.backend, r.other)}
-    for key, s in summarise(trials).items():
-        if s.trials and key not in paired:
+    widths = [100 * (r.high - r.low) / 2 if r.low is not None else math.inf for r in pairs(trials, reference)]
+    backends: dict[str, set[str]] = defaultdict(set)
+    for t in trials:
+        if not t.warmup:
+            backends[t.scenario].add(t.backend)
+    for (scenario, backend), s in summarise(trials).items():
+        if s.trials and backends[scenario] == {backend}:
             widths.append(100 * (s.high - s.low) / 2 / s.median if s.low is not None else math.inf)
     return max(widths, default=None)

@@ -87,17 +87,21 @@ def verdicts(trials: list[statistics.Trial], pairs: list[Ratio]) -> list[str]:
     return out
 
 
-def auto_stop_sentence(stop: AutoStop) -> str:
-    """Why `--repeat auto` stopped on a scenario: the precision reached, or the cap."""
+def auto_stop_sentence(stop: AutoStop, uncounted: list[str] = ()) -> str:
+    """Why `--repeat auto` stopped on a scenario: the precision reached, or the cap; `uncounted`,
+    the scenario's backends none of whose trials counted, are named: they are in no interval."""
     asked = f"±{stop.precision:g}%"
+    none = f"no trial of {' or '.join(uncounted)} counted" if uncounted else "no trial counted"
     if stop.widest is None:
-        return f"{stop.scenario}: --repeat auto stopped after {stop.rounds} rounds: no trial counted, nothing to narrow"
+        return f"{stop.scenario}: --repeat auto stopped after {stop.rounds} rounds: {none}, no interval to narrow"
+    also = f"; {none}: it has no interval" if uncounted else ""
     if stop.capped:
         widest = "one pair still has no interval" if stop.widest == float("inf") else \
             f"the widest 95% interval is ±{stop.widest:.1f}%"
         return (f"{stop.scenario}: --repeat auto stopped at its cap of {stop.rounds} rounds: {widest}, "
-                f"not within {asked}")
-    return f"{stop.scenario}: every 95% interval within {asked} after {stop.rounds} rounds (widest ±{stop.widest:.1f}%)"
+                f"not within {asked}{also}")
+    return (f"{stop.scenario}: every 95% interval within {asked} after {stop.rounds} rounds "
+            f"(widest ±{stop.widest:.1f}%){also}")
 
 
 def tgs_cell(s: Summary | None) -> str:
