@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from framework_bench.measure.losses import canonical_losses, scheme
+from framework_bench.worker.losses import loss_divisors
 
 
 def write(run_dir, rank, records):
@@ -100,3 +102,32 @@ def test_at_grad_accum_1_a_micro_batch_mean_is_the_step_token_mean(tmp_path):
         write(run_dir, 0, [micro(step, 0, s, l, {"labels": l}.get(divisor, s), scale)
                            for step, ((s, l),) in enumerate(one, start=1)])
         assert scheme(run_dir) == "step_token_mean", name
+
+
+def test_every_rank_s_labels_with_the_loss_times_the_ranks_is_world_label_mean(tmp_path):
+    """HF Trainer's average_tokens_across_devices: each rank divides by the labels of every rank
+    (before the shift) and multiplies the loss by the ranks, recorded as divisor labels / ranks.
+    A single rank doing so is step_label_mean; ranks with equal counts are step_label_mean too."""
+    ranks = {0: COUNTS, 1: [((100, 101), (50, 52)), ((7, 8), (40, 41))]}
+
+    def hf_world(run_dir, ranks, off=0):
+        run_dir.mkdir()
+        for rank, counts in ranks.items():
+            world = {step: sum(l for c in ranks.values() for _, l in c[step - 1]) for step in (1, 2)}
+            write(run_dir, rank, [micro(step, i, s, l, world[step] / len(ranks) + off * (rank == 1), 1.0)
+                                  for step, c in enumerate(counts, start=1) for i, (s, l) in enumerate(c)])
+        return scheme(run_dir)
+
+    assert hf_world(tmp_path / "two", ranks) == "world_label_mean"
+    assert hf_world(tmp_path / "one", {0: COUNTS}) == "step_label_mean"
+    assert hf_world(tmp_path / "equal", {0: COUNTS, 1: COUNTS}) == "step_label_mean"
+    assert hf_world(tmp_path / "off", ranks, off=1) == "other"
+
+
+def test_the_torch_loop_divides_by_every_rank_s_labels_over_the_ranks_for_world_label_mean():
+    """The reference's num_items_in_batch: the step's labels before the shift summed over the
+    ranks (`over_ranks`), over the ranks, so the model's loss is HF's times the ranks."""
+    labels = [np.array([[-100, 1, 2, 3]]), np.array([[-100, -100, 5, 6]])]
+    assert loss_divisors("step_label_mean", labels) == [5, 5]
+    assert loss_divisors("world_label_mean", labels, lambda n: (n + 7, 2)) == [6.0, 6.0]
+    assert loss_divisors("world_label_mean", labels) == [5.0, 5.0]  # outside a process group

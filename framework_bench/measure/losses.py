@@ -17,11 +17,14 @@ the logged loss before backward). `scheme` names that weighting from the records
     (mmengine's OptimWrapper or DeepSpeed dividing each micro-batch's mean by the accumulation);
   - "step_label_mean": 1 / the step's labels counted before the shift (HF Trainer's
     `num_items_in_batch`);
+  - "world_label_mean": the ranks / the step's labels counted before the shift on every rank
+    (HF Trainer's `average_tokens_across_devices`; the ranks' gradient average then gives each
+    token 1 / those labels); only ever named for a run of several ranks;
   - "other": none of these; "unknown": no records, or records without `scale` (a worker that
     does not say: an older plugin).
 Two runs with the same known scheme took the same updates when honest: every step is judged.
 Otherwise step 1 is judged and the rest is `unverified`, naming the scheme a reference would
-need (`needed_reference_scheme`: the torch reference trains with any of the three named ones
+need (`needed_reference_scheme`: the torch reference trains with any of the named ones
 through `Job.loss_scheme`); never `skipped` or passed unseen.
 """
 
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN
+from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN, WORLD_LABEL_MEAN
 from framework_bench.worker.losses import LOSSES_DIR
 
 # Parity of the canonical losses with the reference: fp32 / bf16 autocast.
@@ -67,16 +70,18 @@ def canonical_losses(run_dir: Path | None) -> dict[int, float]:
     return {step: (nll[step] / tokens[step] if tokens[step] else math.nan) for step in sorted(nll)}
 
 
-def _expected_weights(name: str, micros: list[dict]) -> list[float | None]:
-    """Per micro-batch of one step on one rank, the weight of a supervised token under `name`
-    (None where the records cannot say: no count before the shift from an older SDK; no
-    supervised token)."""
+def _expected_weights(name: str, micros: list[dict], world: list[dict]) -> list[float | None]:
+    """Per micro-batch of one step on one rank (`micros`; `world`: the step's micro-batches on
+    every rank), the weight of a supervised token under `name` (None where the records cannot
+    say: no count before the shift from an older SDK; no supervised token)."""
     if name == MICRO_MEAN_MEAN:
         return [1 / (m["supervised"] * len(micros)) if m["supervised"] else None for m in micros]
-    if name == STEP_LABEL_MEAN and not all("labelled" in m for m in micros):
+    counted = world if name == WORLD_LABEL_MEAN else micros
+    if name in (STEP_LABEL_MEAN, WORLD_LABEL_MEAN) and not all("labelled" in m for m in counted):
         return [None] * len(micros)
-    total = sum(m["labelled" if name == STEP_LABEL_MEAN else "supervised"] for m in micros)
-    return [1 / total if total else None] * len(micros)
+    total = sum(m["supervised" if name == STEP_TOKEN_MEAN else "labelled"] for m in counted)
+    ranks = len({m["rank"] for m in world}) if name == WORLD_LABEL_MEAN else 1
+    return [ranks / total if total else None] * len(micros)
 
 
 def scheme(run_dir: Path | None) -> str:
@@ -84,14 +89,18 @@ def scheme(run_dir: Path | None) -> str:
     with a supervised token weighs it as that scheme says, `OTHER` where none fits, `UNKNOWN`
     without records or without the factor applied before backward (`scale`)."""
     steps: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    world: dict[int, list[dict]] = defaultdict(list)
     for rank, rec in _records(run_dir):
         steps[rec["step"], rank].append(rec)
+        world[rec["step"]].append({**rec, "rank": rank})
     if not steps or any("scale" not in m for micros in steps.values() for m in micros):
         return UNKNOWN
-    for name in (STEP_TOKEN_MEAN, MICRO_MEAN_MEAN, STEP_LABEL_MEAN):  # at grad_accum 1 the first two coincide
+    several = len({rank for _, rank in steps}) > 1  # one rank's world_label_mean is its step_label_mean
+    # At grad_accum 1 the first two coincide; with equal counts on every rank the last two.
+    for name in (STEP_TOKEN_MEAN, MICRO_MEAN_MEAN, STEP_LABEL_MEAN) + ((WORLD_LABEL_MEAN,) if several else ()):
         if all(expected is not None and m["divisor"] and abs(m["scale"] / m["divisor"] - expected) <= EXACT * expected
-               for micros in steps.values()
-               for m, expected in zip(micros, _expected_weights(name, micros)) if m["supervised"]):
+               for (step, _), micros in steps.items()
+               for m, expected in zip(micros, _expected_weights(name, micros, world[step])) if m["supervised"]):
             return name
     return OTHER
 

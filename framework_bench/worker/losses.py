@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, STEP_LABEL_MEAN
+from collections.abc import Callable
+
+from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, STEP_LABEL_MEAN, WORLD_LABEL_MEAN
 from framework_bench.worker.packed import IGNORE_INDEX
 
 LOSSES_DIR = "losses"
@@ -46,14 +48,21 @@ def labelled_before_shift(labels) -> int:
     return int((labels != IGNORE_INDEX).sum())
 
 
-def loss_divisors(scheme: str | None, labels: list) -> list[int]:
+def loss_divisors(scheme: str | None, labels: list,
+                  over_ranks: Callable[[int], tuple[int, int]] = lambda n: (n, 1)) -> list[float]:
     """Per micro-batch of a step (its `labels`), what a loop that backpropagates the model's
     loss as it returns it (scale 1) passes as `num_items_in_batch` to normalise as `scheme`
-    (None: the step's token mean). Never 0: a step with no supervised token adds nothing."""
+    (None: the step's token mean). `over_ranks(count)`: (its sum over the data-parallel ranks,
+    their number), which world_label_mean divides by. Never 0: a step with no supervised token
+    adds nothing."""
     if scheme == MICRO_MEAN_MEAN:
         return [max(supervised_after_shift(lab), 1) * len(labels) for lab in labels]
-    count = labelled_before_shift if scheme == STEP_LABEL_MEAN else supervised_after_shift
-    return [max(sum(count(lab) for lab in labels), 1)] * len(labels)
+    count = labelled_before_shift if scheme in (STEP_LABEL_MEAN, WORLD_LABEL_MEAN) else supervised_after_shift
+    total = sum(count(lab) for lab in labels)
+    if scheme == WORLD_LABEL_MEAN:  # HF divides by the world's count and multiplies the loss by the ranks
+        world, ranks = over_ranks(total)
+        return [max(world, 1) / ranks] * len(labels)
+    return [max(total, 1)] * len(labels)
 
 
 class MicroLosses:

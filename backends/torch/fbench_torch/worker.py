@@ -39,6 +39,20 @@ def adamw(params, cuda: bool) -> torch.optim.AdamW:
                              fused=True if cuda else None)
 
 
+def summed_over_ranks(device):
+    """count -> (its sum over the process group, the group's size): world_label_mean's divisor,
+    as HF Trainer gathers num_items_in_batch; (count, 1) outside a group."""
+    if not torch.distributed.is_initialized():
+        return lambda count: (count, 1)
+
+    def over_ranks(count: int) -> tuple[int, int]:
+        total = torch.tensor(count, device=device)
+        torch.distributed.all_reduce(total)
+        return int(total), torch.distributed.get_world_size()
+
+    return over_ranks
+
+
 def shard(model, zero_stage: int) -> None:
     """ZeRO-2/3 as FSDP2 (`fully_shard`), applied as torchtitan does: each decoder layer a unit,
     then the root (embeddings, final norm, head; FSDP2 keeps the root gathered after forward:
@@ -77,7 +91,7 @@ def main(job_file: str) -> None:
         # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
         # adds nothing, where a per-micro-batch mean would be 0/0. A job naming another
         # `loss_scheme` (the reference for a framework that normalises otherwise) gets that one.
-        divisors = loss_divisors(job.loss_scheme, [labels for _, labels in batch])
+        divisors = loss_divisors(job.loss_scheme, [labels for _, labels in batch], summed_over_ranks(device))
         if step == 1:
             startup.mark("data")  # the first batch's rows
         log.begin(step)
