@@ -98,11 +98,11 @@ class Backend:
 
     def run_env(self, job: Job, env: BackendEnv) -> dict[str, str]:
         """The worker's environment: output settings, the job's GPUs, the CUDA allocator
-        (plan_env.cuda_allocator_env), DeepSpeed's prebuilt ops for a backend declaring ZeRO,
-        and a process group where `needs_process_group`."""
+        (plan_env.cuda_allocator_env), DeepSpeed's prebuilt ops for a backend whose env builds them
+        (`deepspeed_jit` among its post-install steps), and a process group where `needs_process_group`."""
         run_env = {**(OUTPUT_ENV if self.output_env else {}), **(plan_env.visible_gpus_env(job) if self.pin_gpus else {}),
                    **plan_env.cuda_allocator_env(job)}
-        if self.info().capabilities.zero_stages != [0]:
+        if deepspeed_jit.__name__ in self.info().env.post_install:
             run_env |= deepspeed_jit.run_env(env.path)
         if self.needs_process_group(job):
             run_env |= plan_env.process_group_env(job)

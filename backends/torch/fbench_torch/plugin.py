@@ -63,11 +63,6 @@ class TorchBackend(Backend):
     def needs_process_group(self, job: Job) -> bool:
         return job.scenario.zero_stage > 0  # FSDP2 shards over a process group, a world of one's too
 
-    def run_env(self, job: Job, env: BackendEnv) -> dict[str, str]:
-        # The base names DeepSpeed's prebuilt ops for a backend declaring ZeRO; this env has no
-        # DeepSpeed (its ZeRO is FSDP2), so its plans name none.
-        return {k: v for k, v in super().run_env(job, env).items() if k != "TORCH_EXTENSIONS_DIR"}
-
     def framework_throughput(self, job: Job, worker: dict) -> dict[str, float]:
         # The loop's own clock over the measured steps (the worker's `loop_throughput`).
         return worker.get("loop_throughput", {})
