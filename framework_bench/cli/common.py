@@ -51,8 +51,8 @@ PrecisionOption = Annotated[Optional[float], typer.Option("--precision", help=(
 console = Console(width=None if (sys.stdout is not None and sys.stdout.isatty()) or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True)
 
-# Exit codes (README, "Exit codes"): 0 every run ok or unsupported; 1 a user error, or any run
-# failed / oom / timeout; 130 interrupted (Ctrl-C, SIGTERM, SIGHUP), finished runs stored.
+# Exit codes (docs/commands.md, "Failures and exit codes"): 0 every run ok, unverified or unsupported;
+# 1 a user error, any run invalid / failed / oom / timeout, or --fail-if-slower; 130 interrupted.
 EXIT_INTERRUPTED = 130
 
 

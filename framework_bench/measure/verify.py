@@ -18,9 +18,10 @@ host's packed stream say it must be:
   - anchor, only where one applies (`ANCHORS`): the step time within 10 % of a figure
     measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
     thermals or a regression: the reader should look before trusting the row).
-  - parity, when the run has a reference (`fbench compare` runs the torch reference first on
-    each scenario, `fbench check-backend` always): the canonical step-1 loss equals the
-    reference's on the same rows and seed (`framework_bench/measure/losses.py`);
+  - parity, judged by the referee (`framework_bench/run/referee.py`) against the reference's run
+    on the same rows and seed, which every command runs (last in each round of a compare): the
+    canonical loss at every step where both weigh tokens alike, step 1 otherwise
+    (`framework_bench/measure/losses.py`);
   - update and update_parity: the projection of (final - initial) weights onto a vector whose
     seed the host revealed after the last step, non-zero and (with a reference) equal to the
     reference's (`framework_bench/measure/update.py`); with LoRA adapters, the frozen base's

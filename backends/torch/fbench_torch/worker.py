@@ -34,7 +34,7 @@ from framework_bench.worker.models import from_config
 
 def adamw(params, cuda: bool) -> torch.optim.AdamW:
     """The shared hyper-parameters; fused on CUDA in both settings modes, torch's own choice
-    (the for-loop) on CPU, as every backend's CPU runs (the AdamW table: README)."""
+    (the for-loop) on CPU, as every backend's CPU runs (the AdamW table: docs/fairness.md)."""
     return torch.optim.AdamW(params, lr=LEARNING_RATE, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY,
                              fused=True if cuda else None)
 
