@@ -2,11 +2,13 @@
 backend through its own DeepSpeed path (XTuner: FlexibleRunner + DeepSpeedStrategy;
 LLaMA-Factory: HF Trainer + DeepSpeed). The workers check that the engine in effect is
 DeepSpeed at the asked stage; both ranks must train every step on their own rows; each run is
-judged against the torch reference's FSDP2 run of the stage (one per stage, shared)."""
+judged against the torch reference's FSDP2 run of the stage (one per stage and loss
+normalisation, shared): LLaMA-Factory's against the one that divides by every process's labels."""
 
 import pytest
 
 from fbench_fixtures import backend_env_or_skip
+from framework_bench.measure import losses
 from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.spec import scenario
@@ -15,16 +17,18 @@ from framework_bench.worker.files import read_metrics, read_worker_report
 
 @pytest.fixture(scope="module")
 def fsdp2_reference():
-    """`fsdp2_reference(stage)`: the torch reference's run of the stage's scenario, made once for
-    both backends (one host process: the same projection vector as theirs)."""
+    """`fsdp2_reference(stage, loss_scheme)`: the torch reference's run of the stage's scenario
+    with that loss normalisation, made once for both backends (one host process: the same
+    projection vector as theirs)."""
     runs = {}
 
-    def run(stage: int):
-        if stage not in runs:
+    def run(stage: int, loss_scheme: str | None = None):
+        if (stage, loss_scheme) not in runs:
             backend_env_or_skip("torch")
-            runs[stage] = pipeline.run_one("torch", scenario.load(f"multiproc_tiny_cpu_zero{stage}"),
-                                           RunOptions(launcher="torchrun", timeout=600))
-        return runs[stage]
+            runs[stage, loss_scheme] = pipeline.run_one("torch", scenario.load(f"multiproc_tiny_cpu_zero{stage}"),
+                                                        RunOptions(launcher="torchrun", timeout=600,
+                                                                   loss_scheme=loss_scheme))
+        return runs[stage, loss_scheme]
 
     return run
 
@@ -48,7 +52,11 @@ def test_zero_on_two_cpu_processes(backend, stage, fsdp2_reference):
     assert r.steps_measured == s.steps.measured and r.tgs > 0
     reference = fsdp2_reference(stage)
     assert reference.status == "ok" and reference.settings["zero_stage"] == stage, reference.reason
-    judged = {c.name: c for c in referee.judge(r, reference, s).checks}
-    assert judged["parity"].status != "fail" and judged["update_parity"].status != "fail", r.reason
-    if backend == "xtuner":  # LLaMA-Factory divides by every process's labels: only its step 1 is judged
-        assert r.status == "ok" and judged["parity"].status == judged["update_parity"].status == "pass", r.reason
+    # LLaMA-Factory's HF Trainer divides by every process's labels: judged against the reference
+    # trained so, as the referee does (`judging_reference`)
+    needed = losses.needed_reference_scheme(r, reference)
+    assert needed == ("world_label_mean" if backend == "llamafactory" else None)
+    judging = fsdp2_reference(stage, needed)
+    assert judging.status == "ok", judging.reason
+    judged = {c.name: c for c in referee.judge(r, judging, s).checks}
+    assert r.status == "ok" and judged["parity"].status == judged["update_parity"].status == "pass", r.reason
