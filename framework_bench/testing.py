@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
+from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import judging_reference, reference_backend
@@ -88,8 +89,10 @@ def _judge(backend: str, s: scenarios_.Scenario, own: RunResult, options: RunOpt
     """`own` judged by the referee against the reference's run of `s` (the reference judges its own
     unsharded runs itself); the referee's checks as points named for `label` (default: the scenario)."""
     ref_name = reference_backend()
-    # ZeRO shards the optimizer, not the forward pass: the reference runs the same rows unsharded.
-    ref_scn = s.model_copy(update={"zero_stage": 0})
+    # As a compare judges it: the reference runs the same scenario, ZeRO included where it declares the
+    # stage (FSDP2); a reference that does not shards nothing (ZeRO shards states, not the forward pass).
+    zero = s.zero_stage in plugins.get(ref_name).info.capabilities.zero_stages if ref_name else True
+    ref_scn = s if zero else s.model_copy(update={"zero_stage": 0})
     reference = own if backend == ref_name and s.zero_stage == 0 else pipeline.run_one(ref_name, ref_scn, options)
 
     def run_reference(trained: scenarios_.Scenario, scheme: str | None) -> RunResult:
