@@ -518,3 +518,15 @@ def test_a_huge_alpaca_file_is_refused_by_its_size_before_reading(tmp_path, fben
         fh.truncate(1 << 30)  # 1 GiB, sparse: nothing is written
     with pytest.raises(alpaca.DataError, match="larger than"):
         alpaca.load_source(DataSource(path=str(data)))
+
+
+def test_a_recovery_claim_named_with_odd_digits_is_left_alone_not_a_traceback(fbench_home, tmp_path):
+    """`host.json.²` (str.isdigit accepts it, int() refuses it) in a run folder: every command's
+    start-up recovery passes over it."""
+    from framework_bench.run import pipeline
+    from framework_bench.store.results import ResultStore
+    run_dir = pipeline.runs_root() / "20261203-000000-tiny_cpu-torch-000001"
+    run_dir.mkdir(parents=True)
+    (run_dir / "host.json.\u00b2").write_text("{}")
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        assert pipeline.recover(store) == []

@@ -290,3 +290,12 @@ def test_the_verdicts_of_one_set_say_their_family_once_across_scenario_definitio
                                "comparison was tested at, so a difference is said only where Holm finds one")
     assert sum("family-wise" in line for line in points.lines) == 1
     assert all(p["paired"] and p["rounds"] == 5 for p in points.data()["pairs"])
+
+
+def test_a_point_whose_runs_were_all_warm_up_has_a_summary_of_no_trial():
+    """A compare stopped in its warm-up round leaves such rows: every reader (results export among
+    them) finds the point, with 0 trials, instead of a KeyError."""
+    warm = Trial.from_record({"id": 1, "backend": "torch", "scenario": "tiny_cpu", "tgs": 4000.0, "status": "ok",
+                              "trial_round": 0})
+    s = statistics.summarise([warm])["tiny_cpu", "torch"]
+    assert (s.trials, s.median, s.excluded) == (0, None, ())

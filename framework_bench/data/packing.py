@@ -240,8 +240,8 @@ def _check_free_space(folder: Path, stream: Stream, repeat: int, context_length:
     if need + FREE_SPACE_MARGIN > free:
         raise alpaca.DataError(
             f"packing {tokens:,} tokens (rows of {context_length:,}, dataset repeated {repeat}x) needs "
-            f"{need / 2**30:,.1f} GiB in {folder}, which has {free / 2**30:,.1f} GiB free: free some space "
-            "or set FBENCH_HOME to a larger disk")
+            f"{need / 2**30:,.1f} GiB in {folder}, plus {FREE_SPACE_MARGIN / 2**30:,.0f} GiB kept free, and it has "
+            f"{free / 2**30:,.1f} GiB free: free some space or set FBENCH_HOME to a larger disk")
 
 
 def _owner() -> str:
@@ -258,7 +258,7 @@ def _sweep_abandoned(root: Path) -> None:
         _, _, owner = d.name.partition(".tmp-")
         owner_host, _, rest = owner.rpartition("-")  # rest: the monotonic ns
         h, _, pid = owner_host.rpartition("-")
-        if h == host and pid.isdigit() and not _alive(int(pid)):
+        if h == host and pid.isascii() and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -162,7 +162,7 @@ class Watcher:
             return
         for entry in entries:
             stem = entry.name.removesuffix(".jsonl").removeprefix("rank")
-            if stem.isdigit() and int(stem) not in self._files:
+            if stem.isascii() and stem.isdigit() and int(stem) not in self._files:
                 try:
                     self._files[int(stem)] = (os.open(entry.path, os.O_RDONLY), bytearray())
                 except OSError:

@@ -38,7 +38,7 @@ class NvmlSampler:
         for line in self._proc.stdout:
             stamp = time.monotonic()
             fields = [f.strip() for f in line.split(",")]
-            if len(fields) != 3 or not fields[0].isdigit():
+            if len(fields) != 3 or not (fields[0].isascii() and fields[0].isdigit()):
                 continue
             self.samples.append([stamp, int(fields[0]), _number(fields[1]), _number(fields[2])])
 

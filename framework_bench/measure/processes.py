@@ -61,7 +61,7 @@ def abandoned(pid: int, host: str | None = None) -> bool:
 
 def _pids() -> list[int]:
     try:
-        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+        return [int(e.name) for e in os.scandir("/proc") if e.name.isascii() and e.name.isdigit()]
     except OSError:
         return []
 

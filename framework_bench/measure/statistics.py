@@ -164,9 +164,10 @@ def _percentiles(samples: np.ndarray, level: float = CONFIDENCE) -> tuple[float,
 def summarise(trials: Iterable[Trial]) -> dict[tuple[str, str], Summary]:
     """Per (scenario, backend): the median TGS over counted trials, its interval, CV and exclusions."""
     by_point: dict[tuple[str, str], list[Trial]] = defaultdict(list)
-    for t in trials:
+    for t in trials:  # a point whose runs were all warm-up (a compare stopped then) has 0 trials
+        points = by_point[t.scenario, t.backend]
         if not t.warmup:
-            by_point[t.scenario, t.backend].append(t)
+            points.append(t)
     out = {}
     for (scenario, backend), ts in by_point.items():
         values = np.array([t.tgs for t in ts if t.counts], dtype=float)

@@ -168,7 +168,7 @@ def _claimed(sub: Submission) -> Iterator[bool]:
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             holder = claim.read_text().strip() if claim.exists() else ""
-            if holder.isdigit() and not processes.abandoned(int(holder)):
+            if holder.isascii() and holder.isdigit() and not processes.abandoned(int(holder)):
                 yield False
                 return
             claim.unlink(missing_ok=True)

@@ -93,7 +93,7 @@ def _claim_of_the_dead(path: Path) -> bool:
     """Whether `path` (`host.json.<pid>`) was taken by a recovering command of this machine that
     is gone (`kill -9` during its wait): then the next command takes the run over."""
     pid = path.name[len(HOST_FILE) + 1:]
-    if not pid.isdigit():
+    if not (pid.isascii() and pid.isdigit()):
         return False
     try:
         host = json.loads(path.read_text()).get("hostname")

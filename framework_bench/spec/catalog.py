@@ -152,7 +152,7 @@ def _download(url: str, path: Path, f: File, name: str, named: Named, progress: 
     try:
         with bar, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, tmp.open("wb") as out:
             size = response.headers.get("Content-Length")
-            task = bar.add_task("download", total=int(size) if size and size.isdigit() else None)
+            task = bar.add_task("download", total=int(size) if size and size.isascii() and size.isdigit() else None)
             while chunk := response.read(1 << 20):
                 out.write(chunk)
                 h.update(chunk)

@@ -173,7 +173,7 @@ def kernel_oom_kills() -> int | None:
     except (OSError, StopIteration):
         return None
     counts = dict(l.split() for l in events.splitlines() if len(l.split()) == 2)
-    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
+    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isascii() and counts["oom_kill"].isdigit() else None
 
 
 def _kill_all(procs: list[subprocess.Popen], tree: RunTree) -> None:

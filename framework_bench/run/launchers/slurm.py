@@ -172,7 +172,7 @@ class SlurmExecutor(Executor):
             return sub
         proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
         job_id = proc.stdout.strip().split(";")[0]
-        if proc.returncode != 0 or not job_id.isdigit():
+        if proc.returncode != 0 or not (job_id.isascii() and job_id.isdigit()):
             sub.note = f"sbatch failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
             return sub
         sub.job_id = job_id

@@ -62,8 +62,8 @@ def job_state(sub: Submission) -> JobState:
         state, code, elapsed = (line.split("|") + ["", ""])[:3]
         if state.strip():
             rc = code.split(":")[0]
-            return JobState(state=state.split()[0], exit_code=int(rc) if rc.isdigit() else None,
-                            elapsed=float(elapsed) if elapsed.strip().isdigit() else None)
+            return JobState(state=state.split()[0], exit_code=int(rc) if rc.isascii() and rc.isdigit() else None,
+                            elapsed=float(elapsed) if elapsed.strip().isascii() and elapsed.strip().isdigit() else None)
     exit_file = sub.run_dir / SBATCH_EXIT_FILE
     if exit_file.exists():
         return _exit_status(exit_file)
