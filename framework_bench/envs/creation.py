@@ -8,7 +8,6 @@ then has to do.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from framework_bench.envs import site_layers
+from framework_bench.envs.children import dies_with_this_process
 from framework_bench.envs.errors import EnvError
 from framework_bench.envs.host_packages import link_packages
 from framework_bench.envs.pip_options import Options, pip_argv, validate
@@ -192,36 +192,17 @@ def _end_processes_of(folder: Path) -> None:
             continue
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _dies_with_this_process():
-    """A `preexec_fn` that has the kernel SIGKILL the started process when this one dies (Linux
-    `PR_SET_PDEATHSIG`): a `kill -9` of fbench has no way out to end pip from, and pip would
-    otherwise build on for minutes. None where prctl is not to be had (not Linux)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # this process died before the signal was armed
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return arm
 
 
 def _run(argv: list[str], log, **kw) -> None:
     """One step of the build, its output to `log`. It leads a process group of its own, killed
     whole when the creation stops under it (Ctrl-C, SIGTERM: pip's build steps are its children),
-    and the kernel kills it should fbench die first (`_dies_with_this_process`); a build step that
+    and the kernel kills it should fbench die first (`children.dies_with_this_process`); a build step that
     outlives it is ended by the next creation (`sweep_building`)."""
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_dies_with_this_process(), **kw)
+                            preexec_fn=dies_with_this_process(), **kw)
     try:
         code = proc.wait()
     except BaseException:

@@ -5,7 +5,6 @@ What the worker started outside its group ends with it too (`descendants.py`).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+from framework_bench.envs.children import dies_with_this_process
 from framework_bench.measure import clock, update
 from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run import interrupts
@@ -46,27 +46,9 @@ def node_log(log_path: Path, node: int) -> Path:
 
 
 HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host itself: torchrun's children too
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# Neither is given to a SLURM job: its processes are the scheduler's, ended with the job, and
-# the host that submitted it may well be gone by design (`results collect` later).
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A `preexec_fn` making the started process get SIGTERM when the host dies (Linux
-    `PR_SET_PDEATHSIG`), so a `kill -9` of fbench cannot leave a worker training for ever;
-    None where prctl is not to be had. SIGTERM, not SIGKILL: torchrun then stops its workers."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    host = os.getpid()
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != host:  # the host died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
+# The worker gets SIGTERM should the host die (SIGTERM, not SIGKILL: torchrun then stops its
+# workers). Neither this nor HOST_PID_ENV is given to a SLURM job: its processes are the
+# scheduler's, ended with the job, and the host that submitted it may well be gone by design.
 
 
 
@@ -99,7 +81,7 @@ def execute(
                 try:
                     procs.append(subprocess.Popen(argv, cwd=cwd, env=child_env, stdout=log, stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL, start_new_session=True,
-                                                  preexec_fn=_parent_death_signal()))
+                                                  preexec_fn=dies_with_this_process(signal.SIGTERM)))
                 except (OSError, ValueError, subprocess.SubprocessError) as e:  # no such Python, a NUL, E2BIG
                     _kill_all(procs, tree)
                     return Outcome("failed", None, time.monotonic() - started,
