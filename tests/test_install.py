@@ -60,6 +60,6 @@ def test_an_installed_fbench_runs_tiny_cpu_outside_the_checkout(tmp_path):
     state = home / ".local/share/fbench"
     assert (state / "envs/torch").is_dir()  # the user data folder: no checkout beside the package
     out = run(str(fbench), "compare", "--scenario", "tiny_cpu", "--backends", "torch", "--json", timeout=1800)
-    (record,) = json.loads(out.stdout)
+    (record,) = json.loads(out.stdout)["runs"]
     assert record["status"] == "ok", record["reason"]
     assert (state / "results").is_dir() and not (repo / ".fbench").exists() and not (work / ".fbench").exists()
