@@ -99,6 +99,14 @@ def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp
     gapped = judged(stamps([(0.0, 1.0), (1.0, 1.9), (2.0, 2.9), (3.0, 3.9)]), {2: 0.9, 3: 0.9, 4: 0.9})
     assert gapped["gaps"].status == "fail" and gapped["gaps"].figures["share"] == pytest.approx(0.2 / 2.9, abs=1e-4)
     assert gapped["clock"].status == "pass"  # 2.7 of 2.9 s: within the sum's slack
+    gapped_cpu = [(0, 1.0), (1.0, 1.9), (2.0, 2.9), (3.0, 3.9)]
+    worked = judged(stamps([(0.0, 1.0), (1.0, 1.9), (2.0, 2.9), (3.0, 3.9)], cpu=gapped_cpu), {2: 0.9, 3: 0.9, 4: 0.9}, cpu=True)
+    assert worked["gaps"].status == "fail"  # CPU work and wall time between the steps
+    descheduled = judged(stamps([(0.0, 1.0), (1.0, 1.9), (2.0, 2.9), (3.0, 3.9)], cpu=[(0, 1.0), (1.0, 1.9), (1.9, 2.8), (2.8, 3.7)]),
+                         {2: 0.9, 3: 0.9, 4: 0.9}, cpu=True)
+    assert descheduled["gaps"].status == "pass" and descheduled["gaps"].figures["wall_share"] > clock_checks.MAX_GAP_SHARE
+    stale = judged(stamps(steady, cpu=[(0, 0.9), (1.0, 1.8), (2.0, 2.7), (3.0, 3.6)]), {2: 1.0, 3: 1.0, 4: 1.0}, cpu=True)
+    assert stale["gaps"].status == "pass" and stale["gaps"].figures["cpu_share"] > clock_checks.MAX_GAP_SHARE
 
     slow_warmup = [(0.0, 25.0), (25.0, 26.0), (26.0, 27.0), (27.0, 28.0)]
     hidden = judged(stamps(slow_warmup, cpu=[(0, 25), (25, 25.1), (25.1, 25.2), (25.2, 25.3)]), {2: 1, 3: 1, 4: 1}, cpu=True)

@@ -11,9 +11,10 @@ against the seconds the worker claims.
   beforehand, there is nothing legitimate to wait for;
 - gaps: the time between measured steps (where a loop fetches the next batch, a trainer runs its
   callbacks) at most `MAX_GAP_SHARE` of the span: work of the steps done there is not timed.
-  Where the host read the workers' CPU run time (CPU runs), the share is of CPU work: the time an
-  honest worker spends descheduled on a loaded machine, which lands between steps as often as in
-  them, is no work; where it did not, of wall time. Judged on the rank with the least: work moved
+  Where the host read the workers' CPU run time (CPU runs), the share is the lesser of CPU work's
+  and wall time's: the time an honest worker spends descheduled on a loaded machine is no work,
+  and a run time read late carries a step's work into the gap after it; where it did not, of
+  wall time. Judged on the rank with the least: work moved
   out of the steps shows on every rank, one rank's own delay on that rank only;
 - warmup_time (a flag, every device): a warm-up step's wall time over `WARMUP_FLAG_RATIO` times
   the measured median: compile and autotune do that on GPU;
@@ -262,7 +263,9 @@ def _gaps(rank: int, ws: list[StepWindow], span: float) -> dict:
         cpu_gaps = sum(b[0] - a[1] for a, b in zip(ran, ran[1:]))
         out |= dict(gap_cpu_seconds=round(cpu_gaps, 6), cpu_seconds=round(ran[-1][1] - ran[0][0], 6),
                     cpu_share=round(cpu_gaps / (ran[-1][1] - ran[0][0]), 4))
-    return out | {"share": out.get("cpu_share", out["wall_share"])}
+    # Work moved out of the steps shows in both; an honest worker's time descheduled shows in wall
+    # time only, and a CPU reading a scheduler tick stale moves a step's work into a short gap.
+    return out | {"share": min(out.get("cpu_share", out["wall_share"]), out["wall_share"])}
 
 
 def _gaps_check(g: dict) -> Check:
