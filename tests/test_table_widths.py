@@ -105,7 +105,7 @@ def compare_results() -> tuple[list[RunResult], dict]:
 @pytest.mark.parametrize("width", WIDTHS)
 def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
     results, by_name = compare_results()
-    text = rendered(render.results_table(results, by_name), width)
+    text = rendered(render.results_table(render.points(results), by_name), width)
     body = assert_fits(text, width, len(results))
     header = flat(text.split("┡")[0])
     reference = {r.scenario: r.tgs for r in results if r.backend == reference_backend() and r.status == "ok"}
@@ -138,7 +138,7 @@ def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
 
 def test_compare_wide_and_verbose_show_every_column_and_the_start_up_breakdown():
     results, by_name = compare_results()
-    text = rendered(render.results_table(results, by_name, wide=True, verbose=True), 80)
+    text = rendered(render.results_table(render.points(results), by_name, wide=True, verbose=True), 80)
     assert_fits(text, 80, len(results), wide=True)
     assert not more_columns(text)
     for header in ("TGS min–max", "TFLOPs/GPU", "MFU", "peak mem", "reserved", "start-up"):

@@ -47,7 +47,7 @@ def check(
     from framework_bench.spec import scenario
 
     results = device_check.check(out, budget, device, say=lambda s: console.print(s, markup=False))
-    render.show(render.results_table(results, {name: scenario.load(name) for name in {r.scenario for r in results}}))
+    render.show(render.results_table(render.points(results), {name: scenario.load(name) for name in {r.scenario for r in results}}))
     render.print_reasons(results)
     console.print(f"every column, with the GPU's clock and power, the budget and each env's versions: {out / 'table.txt'}",
                   markup=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
@@ -14,6 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from framework_bench.cli import common
+
+if TYPE_CHECKING:
+    from framework_bench.present.verdict import Points
 
 
 def fmt(x: float | None, spec: str = ",.1f") -> str:
@@ -160,16 +163,22 @@ def is_startup_breakdown(note: str) -> bool:
     return note.startswith("start-up ") and ": " in note
 
 
-def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool = False) -> FittedTable:
+def points(results) -> Points:
+    """A command's runs as the trials of their points, built once for its table, its verdicts,
+    `--json` and `--fail-if-slower`."""
+    from framework_bench.present.verdict import Points
+    from framework_bench.run.reference import reference_backend
+    return Points([result_dict(r) for r in results], reference_backend())
+
+
+def results_table(points: Points, scenarios_by_name, wide: bool = False, verbose: bool = False) -> FittedTable:
     """The runs of a compare (and of the device check), one row per backend x scenario over its
     trials: the median TGS and % of the reference with their 95% intervals from two trials,
     headline figures first, notes as footnotes."""
-    from framework_bench.present.verdict import Points, noise_note, share_cell, tgs_cell
-    from framework_bench.run.reference import reference_backend
-    points = Points([result_dict(r) for r in results], reference_backend())
+    from framework_bench.present.verdict import noise_note, share_cell, tgs_cell
     t = FittedTable("compare", [
         Col("scenario"), Col("backend"), Col("status"), Col("trials", "right"), Col("TGS", "right"),
-        Col(f"% of {reference_backend() or 'reference'}", "right"), Col("TGS min–max", "right"),
+        Col(f"% of {points.reference or 'reference'}", "right"), Col("TGS min–max", "right"),
         Col("TFLOPs/GPU", "right"), Col("MFU", "right"), Col("peak mem", "right"), Col("reserved", "right"),
         Col("start-up", "right"), Col("published TGS", "right"), Col("notes", kind="notes")],
         title="fbench compare", wide=wide)
@@ -189,27 +198,14 @@ def results_table(results, scenarios_by_name, wide: bool = False, verbose: bool 
     return t
 
 
-def verdict_object(results) -> dict:
+def verdict_object(points: Points) -> dict:
     """`--json`: the runs, and the verdicts as data (`Points.data`)."""
-    from framework_bench.present.verdict import Points
-    from framework_bench.run.reference import reference_backend
-    runs = [result_dict(r) for r in results]
-    return {"runs": runs, **Points(runs, reference_backend()).data()}
+    return {"runs": points.runs, **points.data()}
 
 
-def slower_than_reference(results, percent: float) -> list:
-    """The pairs whose verdict says a backend is slower than the reference by more than `percent`."""
-    from framework_bench.present.verdict import Points
-    from framework_bench.run.reference import reference_backend
-    reference = reference_backend()
-    return Points([result_dict(r) for r in results], reference).slower_than(reference, percent)
-
-
-def print_verdicts(results) -> None:
+def print_verdicts(points: Points) -> None:
     """Below a compare's table: each pair's verdict, each noisy backend, each trial not counted."""
-    from framework_bench.present.verdict import Points
-    from framework_bench.run.reference import reference_backend
-    for line in Points([result_dict(r) for r in results], reference_backend()).lines:
+    for line in points.lines:
         common.console.print(line, highlight=False, markup=False)
 
 

@@ -106,14 +106,15 @@ def run(
     _end(results, interrupted)
 
 
-def _end(results: list, interrupted: bool, fail_if_slower: float | None = None) -> None:
+def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, points=None) -> None:
     """The exit of a command that ran trials: 130 when interrupted, else by the runs' statuses;
-    with `--fail-if-slower PCT`, 1 when a verdict says a backend is slower than the reference by more."""
+    with `--fail-if-slower PCT`, 1 when a verdict (of `points`) says a backend is slower than the
+    reference by more."""
     if interrupted:
         common.stop_interrupted()
     if code := common.exit_code(results):
         raise typer.Exit(code)
-    if fail_if_slower is not None and (slower := render.slower_than_reference(results, fail_if_slower)):
+    if fail_if_slower is not None and (slower := points.slower_than(fail_if_slower)):
         common.err.print(f"slower than the reference by more than {fail_if_slower:g}%: "
                          + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
                          highlight=False, markup=False)
@@ -178,11 +179,12 @@ def compare(
     by_name = {s.name: s for s in chosen}
     results, stops, interrupted = _trial_loop(chosen, names, options.model_copy(update={"db": store.path}), store,
                                               trials, warmup_rounds, precision, no_reference)
+    points = render.points(results)
     if as_json:
-        print(json.dumps(render.verdict_object(results), indent=2))
+        print(json.dumps(render.verdict_object(points), indent=2))
     else:
-        render.show(render.results_table(results, by_name, wide=wide, verbose=verbose))
-        render.print_verdicts(results)
+        render.show(render.results_table(points, by_name, wide=wide, verbose=verbose))
+        render.print_verdicts(points)
         render.print_auto_stops(stops, results)
         render.print_reasons(results)
         render.print_differences([render.result_dict(r) for r in results], settings)
@@ -191,7 +193,7 @@ def compare(
         charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
         (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
-    _end(results, interrupted, fail_if_slower)
+    _end(results, interrupted, fail_if_slower, points)
 
 
 def _reference(no_reference: bool) -> list[str]:
@@ -255,11 +257,12 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
     with the median's interval and % of the reference."""
     results, stops, interrupted = _trial_loop([s], [backend], options, store, trials, warmup_rounds, precision,
                                               no_reference)
+    points = render.points(results)
     if as_json:
-        print(json.dumps(render.verdict_object(results), indent=2))
+        print(json.dumps(render.verdict_object(points), indent=2))
     else:
-        render.show(render.results_table(results, {s.name: s}, verbose=verbose))
-        render.print_verdicts(results)
+        render.show(render.results_table(points, {s.name: s}, verbose=verbose))
+        render.print_verdicts(points)
         render.print_auto_stops(stops, results)
         render.print_reasons(results)
         common.console.print(f"results stored in {store.path}", highlight=False)
@@ -359,7 +362,7 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
         return
     waited, interrupted = wait_for_jobs(submitted, lambda sub: store, poll)
     results += waited
-    common.console.print(render.results_table(results, by_name))
+    common.console.print(render.results_table(render.points(results), by_name))
     render.print_reasons(results)
     common.console.print(f"results stored in {store.path}")
     if out is not None and results:

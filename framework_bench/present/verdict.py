@@ -143,6 +143,7 @@ class Points:
     edited between them) are never paired."""
 
     def __init__(self, runs: list[dict], reference: str | None):
+        self.runs, self.reference = runs, reference
         groups: dict[str, list[dict]] = defaultdict(list)
         for r in runs:  # a compare's results carry no definition: they ran one
             groups[definition(r["scenario_json"]) if "scenario_json" in r else ""].append(r)
@@ -197,8 +198,8 @@ class Points:
             "verdicts": self.lines,
         }
 
-    def slower_than(self, reference: str | None, percent: float) -> list[Ratio]:
+    def slower_than(self, percent: float) -> list[Ratio]:
         """Each pair against the reference whose verdict is `slower` by more than `percent`."""
-        return [p for p in self.pairs if p.other == reference and word(p) == "slower"
+        return [p for p in self.pairs if p.other == self.reference and word(p) == "slower"
                 and (1 - p.ratio) * 100 > percent]
 
