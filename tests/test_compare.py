@@ -43,6 +43,7 @@ def test_a_crashing_backend_is_a_failed_row_and_the_other_survives(fakes, tmp_pa
     assert store.get(rows[0]["id"])["steps"][0]["tokens"] == 512
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_hanging_backend_times_out(fakes, tmp_path):
     results, store = _run(["fake_hang", "fake_ok"], tmp_path, timeout=3)
     assert [r.status for r in results] == ["timeout", "ok"]
@@ -68,6 +69,7 @@ def test_ctrl_c_keeps_the_finished_rows(fakes, tmp_path):
     assert conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 7
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_cli_compare_json_table_and_charts(fakes, tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "plots"
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash",
@@ -166,6 +168,7 @@ def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_refe
     assert judged == [("a", 1, None), ("a", 2, None)]  # judged without a reference: never ok
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_cli_compare_repeat_stores_each_trial_and_shows_the_interval(fakes, tmp_path, monkeypatch):
     monkeypatch.setenv("FBENCH_REFERENCE", "fake_ok")
     db = tmp_path / "r.sqlite"
@@ -252,6 +255,7 @@ def test_repeat_auto_never_takes_the_references_interval_for_a_candidate_none_of
                                                "rounds: no trial of a counted, no interval to narrow")
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_repeat_auto_says_which_backend_no_trial_of_counted(fakes, tmp_path):
     """fake_crash fails every round, the reference fake_ok never does."""
     res = CliRunner().invoke(app, ["run", "--backend", "fake_crash", "--scenario", "tiny_cpu", "--repeat", "auto",
@@ -286,6 +290,7 @@ def test_repeat_options_that_cannot_hold_are_one_clear_error(command, argv, said
     assert res.exit_code == 1 and said in " ".join(res.output.split()), res.output
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_run_repeat_is_the_trial_loop_with_one_backend(fakes, tmp_path):
     """fake_noisy's trials draw their step time from a seeded distribution (3% apart): five rounds
     give its median an interval narrower than 10%, so --repeat auto stops at its fewest rounds."""
@@ -346,6 +351,7 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
     assert dry_run.trial_cost(s, [plan("x")], machine, 5, None, reference="torch").backends == ["x"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_the_20_percent_slowdown(fakes, tmp_path):
     """Through the whole loop (every check, the store, the table): fake_noisy and fake_noisy_twin
     draw their trials' step times alike, fake_noisy_slow's steps take 25% longer (TGS 20% lower).
@@ -361,6 +367,7 @@ def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_th
     assert low <= 20 <= high
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_compare_json_carries_the_verdicts_and_fail_if_slower_gates_on_them(fakes, tmp_path, monkeypatch):
     """`--json` is one object: the runs, each backend's summary, each pair's ratio, interval and
     verdict word. `--fail-if-slower 5` exits 1 where a verdict says a backend is more than 5% slower

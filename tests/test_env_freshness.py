@@ -77,6 +77,7 @@ def test_an_env_whose_python_lacks_numpy_is_never_ready(fbench_home, tiny_spec):
     assert refusal and "No module named 'numpy'" in refusal
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_env_create_installs_the_sdk_requirements_and_refuses_an_env_where_it_does_not_import(
         fbench_home, tiny_spec, tmp_path, sdk_wheels):
     house = tmp_path / "house"
@@ -118,6 +119,7 @@ class Probe(Backend):
 """
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
         fbench_home, tiny_spec, tmp_path, sdk_wheels, monkeypatch):
     """A plugin installed as files (non-editable, one module here) is copied into its env: its

@@ -42,6 +42,7 @@ def offline(house: Path, **kw) -> Options:
     return Options(find_links=[str(house)], no_index=True, **kw)
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_wheelhouse_with_and_reinspection(fbench_home, tiny_spec, wheelhouse, tmp_path):
     env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
     assert env.ready and env.version("fbench_tiny_a") == "0.1" and not env.has("fbench_tiny_b")
@@ -60,6 +61,7 @@ def test_wheelhouse_with_and_reinspection(fbench_home, tiny_spec, wheelhouse, tm
     assert record["options"]["with_specs"] == [str(extra)] and record["smoke_test"] is None
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_system_site_packages(fbench_home, tiny_spec, wheelhouse):
     """This test's host Python is a venv (.venv): the env must see *its* packages (not the base
     interpreter's) behind the env's own."""
@@ -80,6 +82,7 @@ def test_system_site_packages(fbench_home, tiny_spec, wheelhouse):
     assert env.version("typer") and env.version("fbench_tiny_a") == "0.1"
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_bad_arguments_touch_nothing(fbench_home, tiny_spec, wheelhouse):
     env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
     before = sorted(p.name for p in env.path.iterdir())
@@ -91,6 +94,7 @@ def test_bad_arguments_touch_nothing(fbench_home, tiny_spec, wheelhouse):
     assert envs.inspect("tiny", tiny_spec).ready
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_failed_creation_leaves_the_old_env(fbench_home, tiny_spec, wheelhouse):
     env = create("tiny", tiny_spec, "cpu", options=offline(wheelhouse))
     # pip fails (a package the wheelhouse lacks): the old env stays, no half-built folder is left
@@ -132,6 +136,7 @@ def test_smoke_test_without_gpu_is_not_a_pass(tmp_path):
     assert smoke_test(Path("/nonexistent/python"), gpu_here=False) == {"status": "not run: no GPU here"}
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_path, monkeypatch):
     """Run in a real env (torch's): no CUDA here, so it fails on that alone; a deepspeed that is
     installed but fails to import is recorded as such, an absent flash-attn as absent."""
@@ -148,6 +153,7 @@ def test_smoke_test_records_deepspeed_and_flash_attn_never_requires_them(tmp_pat
     assert found["flash_attn"] == "absent"
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_an_optional_package_that_failed_to_import_is_not_counted(fbench_home, tiny_spec, wheelhouse):
     """`env.has` reads metadata: a deepspeed the cuda smoke test saw fail to import must not make
     the plugins accept ZeRO scenarios. (The record is written as a cuda env's smoke test writes it:

@@ -10,10 +10,13 @@ import difflib
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent / "golden"))
 import golden  # noqa: E402
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_cli_output_equals_the_golden_files():
     pinned = {str(p.relative_to(golden.FILES)): p.read_text()
               for p in golden.FILES.rglob("*") if p.is_file()}

@@ -327,6 +327,7 @@ def test_a_backend_name_too_long_for_a_run_folder_is_one_line(fakes, tmp_path, m
     ("nope", "FBENCH_REFERENCE='nope' names no installed backend (installed: "),
     ("fake_broken", "FBENCH_REFERENCE='fake_broken' names a broken backend: ModuleNotFoundError"),
 ])
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_reference_pinned_to_no_working_backend_is_refused_before_any_run(fakes, tmp_path, monkeypatch, value, said):
     """Every run was stored `unverified`, saying "no reference backend is installed": untrue, and
     silent about the value. --no-reference still runs without one, as it did."""
@@ -348,6 +349,7 @@ def test_a_reference_pinned_to_no_working_backend_is_refused_before_any_run(fake
     assert row["status"] != "ok" and "parity" not in [c["name"] for c in row["checks"]], row
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_reference_pinned_with_spaces_around_it_is_that_backend(fakes, tmp_path, monkeypatch):
     monkeypatch.setenv("FBENCH_REFERENCE", " fake_ok")
     res = cli("compare", "--backends", "fake_noisy", "--scenario", "tiny_cpu", "--db", str(tmp_path / "r.sqlite"),
@@ -468,6 +470,7 @@ def test_an_invalid_scenario_of_the_users_leaves_the_others_usable(tmp_path, fbe
     assert result.exit_code == 0 and "invalid" in result.output
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_an_invalid_scenario_of_the_users_fails_neither_compare_nor_report(fakes, fbench_home, tmp_path):
     (fbench_home / "scenarios").mkdir(parents=True)
     (fbench_home / "scenarios" / "broken.yaml").write_text("model: {preset: nope}\n")

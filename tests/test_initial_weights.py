@@ -66,6 +66,7 @@ def torch_filled(tmp_path_factory):
     return scn, json.loads((run_dir / iw.REPORT_FILE).read_text())
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_the_torch_twin_fills_what_the_host_computes(torch_filled):
     scn, report = torch_filled
     status, detail = iw.check(report, 1024, scn.model_config_for_run, expected_param_count(scn.arch))

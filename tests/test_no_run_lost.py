@@ -58,6 +58,7 @@ def one_row(db: Path, home: Path) -> dict:
 # 1-6: rows lost
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_garbage_line_read_during_the_run_is_one_failed_row(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     res = run_fake("fake_garbage_line", db)
@@ -65,6 +66,7 @@ def test_a_garbage_line_read_during_the_run_is_one_failed_row(fakes, fbench_home
     assert res.exit_code == 1 and row["status"] == "failed" and "fbench_read_report" in row["reason"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_seconds_that_are_no_number_are_one_failed_row(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     res = run_fake("fake_slow_seconds", db)
@@ -101,6 +103,7 @@ def _hold_lock(db: Path, seconds: float, held: threading.Event) -> threading.Thr
     return threading.Thread(target=hold, daemon=True)
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing_off(fakes, fbench_home, tmp_path,
                                                                                     monkeypatch):
     db = tmp_path / "r.sqlite"
@@ -121,6 +124,7 @@ def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing
     assert [r["reason"] for r in rows(db)] == ["x"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_store_locked_past_the_patience_keeps_the_row_for_the_next_command(fakes, fbench_home, tmp_path,
                                                                             monkeypatch):
     db = tmp_path / "r.sqlite"
@@ -171,6 +175,7 @@ def test_when_neither_the_store_nor_the_folder_beside_it_can_take_a_row_it_is_pr
 
 
 @pytest.mark.parametrize("backend", ["fake_huge_tokens", "fake_huge_memory", "fake_negative_rank"])
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_values_sqlite_cannot_hold_are_one_failed_row(fakes, fbench_home, tmp_path, backend):
     db = tmp_path / "r.sqlite"
     res = run_fake(backend, db)
@@ -186,6 +191,7 @@ def test_a_context_no_row_can_hold_is_refused_when_the_scenario_is_read(tmp_path
 
 
 @pytest.mark.parametrize("first", ["fake_inf_seconds", "fake_zero_tokens"])
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_steps_without_a_rate_do_not_abort_the_compare(fakes, fbench_home, tmp_path, first):
     db = tmp_path / "r.sqlite"
     res = cli("compare", "--scenario", "tiny_cpu", "--backends", f"{first},fake_ok", "--db", str(db),
@@ -269,6 +275,7 @@ def test_kill_9_of_the_host_ends_its_worker(fakes, fbench_home, tmp_path):
         _end(fbench_home)
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_the_next_command_stores_the_run_of_a_dead_host_and_says_so(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     proc = _start_host("run", "--backend", "fake_deaf", "--scenario", "tiny_cpu", "--db", str(db))
@@ -390,6 +397,7 @@ def _pip_running(folder: Path) -> list[int]:
             if b"\0pip\0install\0" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_kill_9_of_env_create_takes_pip_with_it_and_the_next_create_ends_the_rest(fakes, fbench_home, tmp_path,
                                                                                  sdk_wheels, monkeypatch):
     """pip ran on after its fbench was killed, and the next create left the half-built env (and
@@ -466,6 +474,7 @@ def test_a_half_built_env_left_by_a_killed_create_is_swept(fbench_home):
 # 9: impossible figures
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_step_too_short_to_time_makes_the_run_invalid_never_inf(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     res = run_fake("fake_tiny_seconds", db)
@@ -475,6 +484,7 @@ def test_a_step_too_short_to_time_makes_the_run_invalid_never_inf(fakes, fbench_
     assert "Infinity" not in cli("results", "export", "--format", "json", "--db", str(db)).stdout
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_nan_loss_is_stored_as_nan_not_as_no_loss(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     run_fake("fake_nan_loss", db)
@@ -557,6 +567,7 @@ def test_a_full_disk_under_out_is_one_line_after_the_rows_are_stored(fakes, fben
     assert [r["status"] for r in rows(db)] == ["ok"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_worker_writing_200k_extra_steps_gets_a_short_reason(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     run_fake("fake_extra_steps", db)

@@ -80,6 +80,7 @@ def test_cuda_plans_set_expandable_segments_unless_the_user_did(backend, mode, t
     assert "PYTORCH_CUDA_ALLOC_CONF" not in plugins.get(backend).plan(job, ready_env(backend, VERSIONS[backend], "cpu")).env
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_torch_reference_adamw_is_fused_for_cuda(tmp_path):
     """The torch reference has no generated file: its worker's own `adamw`, asked for a CUDA
     run (on CPU tensors, which fused AdamW also takes), read back as the host reads it."""

@@ -78,6 +78,7 @@ def torch_python():
     return backend_env_or_skip("torch").python
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_job_json_is_the_hosts_on_the_torchrun_launcher(torch_python, fakes, tmp_path, monkeypatch):
     # torchrun needs torch: the plan's Python is the torch env's (the fake worker needs nothing more)
     monkeypatch.setenv("FBENCH_FAKE_PYTHON", str(torch_python))
@@ -118,6 +119,7 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_slurm_submit_and_collect_keep_the_hook_guarantees(cluster, fakes, tmp_path):
     db = tmp_path / "r.sqlite"
     res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_plan_raises,fake_plan_writes_job",
@@ -144,6 +146,7 @@ def _seed_of(run_dir) -> int:
     return json.loads((Path(run_dir) / "job.json").read_text())["seed"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_the_seed_reaches_the_workers_job_on_every_path(cluster, fakes, tmp_path):
     """`--seed` is the job's, not only the row's: before, every worker got the default 1024."""
     tiny = scenario.load("tiny_cpu")

@@ -28,6 +28,7 @@ def _judged_checks(result: RunResult | dict) -> list[str]:
     return sorted(c.name if hasattr(c, "name") else c["name"] for c in checks)
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_compare_run_check_backend_and_collect_judge_with_the_same_checks(fakes, home_with_envs, tmp_path,
                                                                          monkeypatch):
     tiny = scenario.load("tiny_cpu")

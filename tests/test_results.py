@@ -353,6 +353,7 @@ def test_the_first_write_migrates_an_older_store_after_a_backup_beside_it(tmp_pa
     assert len(backups) == 1 and backups[0].read_bytes() == before
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_locked_store_says_who_holds_it_and_that_it_waits(fbench_home, tmp_path, monkeypatch, capsys):
     import subprocess
     import sys

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.spec import scenario
@@ -32,6 +34,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_the_kv_repeat_probe_reads_the_first_attention_call_where_the_rule_assumed_no_mask():
     env = backend_env_or_skip("torch")
     cfg = scenario.load("tiny_cpu").model_config_for_run
@@ -67,6 +70,7 @@ print(json.dumps([settings.master_weights(model, o) for o in (own, Wrapper(own),
 """
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_master_weights_are_read_from_what_the_optimizer_steps():
     env = backend_env_or_skip("torch")
     out = subprocess.run([str(env.python), "-c", MASTER], capture_output=True, text=True, timeout=300)

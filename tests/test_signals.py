@@ -50,6 +50,7 @@ def test_a_stop_signal_to_run_stops_the_worker_and_stores_the_run(fakes, fbench_
         assert [r["status"] for r in store.list()] == ["interrupted"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, fbench_home, tmp_path):
     db = tmp_path / "r.sqlite"
     proc = start_fbench("compare", "--scenario", "tiny_cpu", "--backends", "fake_noisy,fake_hang,fake_ok",
@@ -66,6 +67,7 @@ def test_sighup_to_compare_keeps_finished_rows_and_prints_them(fakes, fbench_hom
     assert "fake_noisy" in out and "interrupted" in out  # the table of what finished
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_ctrl_c_in_a_warm_up_round_leaves_rows_every_command_reads(fakes, fbench_home, tmp_path):
     """`--repeat 3` on CPU starts with a warm-up round (round 0, never counted): stopped there, its
     rows are the only runs of their backends, which no trial summarises. The compare raised a
@@ -98,6 +100,7 @@ def test_warm_up_rounds_alone_are_rows_of_no_trial():
     assert points.summaries["tiny_cpu", "a"].trials == 0 and points.lines == []
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_second_ctrl_c_while_the_worker_stops_loses_nothing(fakes, fbench_home, tmp_path, monkeypatch):
     """The stubborn worker ignores SIGTERM, so stopping it takes the host's whole grace (10 s,
     here 5 s); a second Ctrl-C in that time must neither orphan it nor lose its row or the table."""
@@ -140,6 +143,7 @@ def wait_for_stubborn(home: Path) -> None:
 
 # 12. Exit codes
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_exit_codes_of_run(fakes, fbench_home, tmp_path):
     db = ["--db", str(tmp_path / "r.sqlite")]
     assert CliRunner().invoke(app, ["run", "--backend", "fake_ok", "--scenario", "tiny_cpu", *db]).exit_code == 0

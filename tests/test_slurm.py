@@ -103,6 +103,7 @@ def _rows(db: Path) -> dict[str, dict]:
     return rows
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_submitted_jobs_come_back_as_rows_however_they_end(cluster, fakes, tmp_path):
     db = tmp_path / "results.sqlite"
     res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_crash", "--launcher", "slurm",
@@ -300,6 +301,7 @@ def test_one_unreadable_submission_does_not_stop_the_others(cluster, fakes, tmp_
     assert [slurm_cpu_row_ok(r) for r in _rows(db).values()] == [True]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_a_submission_whose_plugin_is_gone_does_not_stop_the_others(cluster, fakes, tmp_path):
     db = tmp_path / "r.sqlite"
     gone_id, gone_dir = _submit(db)
@@ -337,6 +339,7 @@ def _ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_home_of_cluster, tmp_path):
     import os
     import signal
@@ -437,6 +440,7 @@ def _checks(row: dict) -> dict[str, dict]:
     return {c["name"]: c for c in json.loads((Path(row["run_dir"]) / "result.json").read_text())["checks"]}
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes, tmp_path, monkeypatch):
     """As a compare here does: the reference submitted first, each other run judged against its
     result when collected (before, runs collected from SLURM were never judged)."""

@@ -185,6 +185,7 @@ print(json.dumps({"untouched": untouched, "moved": moved, "norm": norm, "up": mo
 """
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_the_torch_projection_is_the_numpy_sum_over_the_changed_elements():
     """Elements never updated add exactly 0 (the initial values are recomputed as `fill` stored
     them); the changed ones add their change times the seed's vector, as numpy computes it, and
@@ -226,6 +227,7 @@ print(json.dumps({"zero_b": zero_b, "untouched": untouched, "after_adapter": aft
 """
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_with_peft_adapters_the_projection_parts_base_and_adapters():
     """peft's names (`base_model.model.`, `.base_layer.`, `.lora_B.default.`) are the canonical
     ones: the fill leaves B zero, and a change shows in the part it was made in only."""

@@ -117,6 +117,7 @@ def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path, monkeypatch):
     assert not crashed.passed and crashed.points[0].detail.startswith("status failed")
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_compare_names_each_setting_that_differs_and_the_invalid_run(fakes, tmp_path):
     from typer.testing import CliRunner
 

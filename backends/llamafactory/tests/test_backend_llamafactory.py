@@ -161,6 +161,7 @@ def test_framework_throughput_from_the_trainers_runtime(tmp_path):
     assert figures == {"tokens_per_sec_whole_run": 512 * 5 / 10.0, "train_runtime": 10.0}
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_v1_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     """LLaMA-Factory's own v1 parser accepts the SP plan (training it needs GPUs and flash-attn)."""
     env = backend_env_or_skip("llamafactory")

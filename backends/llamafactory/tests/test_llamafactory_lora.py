@@ -79,6 +79,7 @@ def test_adapter_refusals(llamafactory):
     assert "v1 trainer" in llamafactory.check(lora_sp, H100x8, env)
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_adapter_arguments_parse_with_llamafactory(llamafactory, tmp_path):
     """LLaMA-Factory's own parser takes the QLoRA and native LoRA plans (QLoRA trains on CUDA only)."""
     env = backend_env_or_skip("llamafactory")

@@ -53,6 +53,7 @@ def test_kv_heads_divisible_by_sp_pass(llamafactory):
         assert llamafactory.check(s, H100x8, _env()) is None, name
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_v1_model_engine_builds_from_config_rank0_in_host_memory_others_on_meta(llamafactory, tmp_path):
     """In the llamafactory env: LLaMA-Factory's own `get_args` + `DistributedInterface`, and
     the worker's model engine on a tiny config (sdpa: the CPU has no flash-attn). Rank 0

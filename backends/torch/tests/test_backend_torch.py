@@ -82,6 +82,7 @@ def test_plan_runs_the_worker_on_the_host_job(torch_backend, tmp_path):
     assert zero["WORLD_SIZE"] == "1" and zero["MASTER_ADDR"] == "127.0.0.1" and "TORCH_EXTENSIONS_DIR" not in zero
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_worker_refuses_data_other_than_the_job_names(torch_backend, tmp_path):
     from framework_bench.data.packing import pack
 
@@ -157,6 +158,7 @@ def test_zero3_trains_with_fsdp2_on_two_cpu_processes(torch_backend):
 
 
 @pytest.mark.parametrize("form", helpers.PLUGIN_FORMS)
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
     report read back by the plugin CONTRIBUTING shows (and by the module-hook plugin it showed

@@ -143,6 +143,7 @@ def test_settings_modes_pick_the_precision_recipe(xtuner, tmp_path):
     assert ast.literal_eval(llms["native"]["keep_fp32_weights"]) is False
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_matched_builder_keeps_fp32_weights_when_xtuner_asks_for_bf16(xtuner, tmp_path):
     env = backend_env_or_skip("xtuner")
     job = make_job(tmp_path, tiny())
@@ -155,6 +156,7 @@ def test_matched_builder_keeps_fp32_weights_when_xtuner_asks_for_bf16(xtuner, tm
     assert out.stdout.split() == ["torch.float32", "torch.bfloat16"]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_published_config_parses_in_mmengine(xtuner, tmp_path):
     """mmengine's lazy-import mode rejects any call at parse time: parse it for real."""
     env = backend_env_or_skip("xtuner")
@@ -168,6 +170,7 @@ def test_published_config_parses_in_mmengine(xtuner, tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [8, 1, 3, 56]
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_worker_refuses_data_other_than_the_job_names(xtuner, tmp_path):
     from framework_bench.data.packing import pack
 

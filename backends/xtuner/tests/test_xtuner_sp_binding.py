@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from fbench_fixtures import backend_env_or_skip
 
 from fbench_xtuner.sp_binding import sequence_parallel_problems
@@ -39,6 +41,7 @@ def test_each_way_it_could_lie_is_named():
                          sp_group_size=1)) == 4
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_the_worker_refuses_a_model_without_xtuners_dispatch():
     """In the xtuner env: a tiny Llama through XTuner's own dispatch (no flash-attn here, so
     nothing is dispatched) fails the worker's check for SP 2, and passes for SP 1."""
