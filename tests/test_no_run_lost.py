@@ -332,6 +332,22 @@ def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_h
         other.kill()
 
 
+def test_a_host_killed_between_storing_the_row_and_ending_its_claim_is_stored_once(fbench_home, tmp_path):
+    from framework_bench.measure.metrics import RunResult
+    from framework_bench.run import orphans
+    from framework_bench.spec import scenario
+    db, tiny = tmp_path / "r.sqlite", scenario.load("tiny_cpu")
+    run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000004"
+    orphans.claim(run_dir, db, "fake_ok", tiny, "matched")
+    with ResultStore(db) as store:
+        store.add(RunResult(backend="fake_ok", scenario="tiny_cpu", status="ok", run_dir=run_dir), tiny, {})
+    record = json.loads((run_dir / orphans.HOST_FILE).read_text())
+    (run_dir / orphans.HOST_FILE).write_text(json.dumps({**record, "pid": 2**22 + 1}))  # its host is gone
+    lines = orphans.recover(fbench_home / "runs")
+    assert len(lines) == 1 and "its row was stored" in lines[0], lines
+    assert [r["status"] for r in rows(db)] == ["ok"] and not (run_dir / orphans.HOST_FILE).exists()
+
+
 def test_a_run_of_another_machine_sharing_fbench_home_is_left_alone(fbench_home, tmp_path):
     from framework_bench.run import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000003"

@@ -62,7 +62,7 @@ def ingest(sub: Submission, state: JobState, reference: RunResult | None = None)
         return result
     absent = ("no reference job was submitted beside it" if sub.reference is None else
               f"the reference's job ({sub.reference}) left no result")
-    return pipeline.write_result(referee.judge(result, reference, scenario_of(sub), absent))
+    return referee.judge(result, reference, scenario_of(sub), absent)
 
 
 def job_damage(sub: Submission) -> str | None:
@@ -215,12 +215,15 @@ def _stored_earlier(sub: Submission) -> tuple[RunResult, Path] | None:
 
 
 def _store(sub: Submission, result: RunResult, store: ResultStore, scenario: Scenario) -> None:
-    """Store the run's row, named in the run folder first (`STORING`)."""
+    """Store the run's row through the pipeline's `keep`, named in the run folder first (`STORING`):
+    a collect that dies before `slurm.json` records the row leaves the next one to find it."""
     marker = sub.run_dir / STORING
     written = marker.with_name(f".{STORING}.{os.getpid()}")
     written.write_text(_Storing(db=store.path, result=result).model_dump_json())
     os.replace(written, marker)
-    store.add(result, scenario, node_manifest(sub))
+    if kept := pipeline.keep(store, result, scenario, node_manifest(sub)):
+        raise OSError(f"{store.path} could not take the row now: kept in {kept}, stored by the next command; "
+                      "the next collect records it")
 
 
 def _record(sub: Submission, result: RunResult, db: Path) -> None:

@@ -42,12 +42,12 @@ def release(run_dir: Path | None) -> None:
         (Path(run_dir) / HOST_FILE).unlink(missing_ok=True)
 
 
-def save(store: results.ResultStore, result: RunResult, scenario: Scenario) -> Path | None:
+def save(store: results.ResultStore, result: RunResult, scenario: Scenario, manifest: dict | None = None) -> Path | None:
     """`unstored.save`, then the run's claim released: a row stored, kept beside the store, or
     (`Unstored`) printed by the caller as JSON is no orphan, and no later command stores another.
     Any other failure keeps the claim, so the next command stores the run as failed."""
     try:
-        kept = unstored.save(store, result, scenario)
+        kept = unstored.save(store, result, scenario, manifest)
     except unstored.Unstored:
         release(result.run_dir)
         raise
@@ -150,6 +150,9 @@ def _recover_one(run_dir: Path, record: dict, taken: Path, host_file: Path) -> s
                                settings_mode=record["settings_mode"], data_sha256=sha,
                                reason=f"the fbench host (pid {record['pid']}) died {stage}")
             with results.ResultStore(record["db"]) as store, held():  # the row and the claim's end, together
+                if (stored := store.id_of_run(run_dir)) is not None:  # it died between the row and the claim's end
+                    taken.unlink(missing_ok=True)
+                    return f"{what}: its row was stored (result {stored} in {record['db']})"
                 kept = save(store, result, scenario)
                 taken.unlink(missing_ok=True)
             what += f": kept in {kept} for the next command" if kept else \

@@ -214,10 +214,12 @@ def finish(prepared: Prepared, outcome: Outcome) -> RunResult:
     return write_result(result)
 
 
-def keep(store: results.ResultStore | None, result: RunResult, scenario: Scenario) -> Path | None:
-    """The end of a run's life: its result.json, its row in `store` (None: nobody stores it), its
-    claim on the run folder released. Returns the file the row was kept in for the next command
-    when the store could not take it now; raises `unstored.Unstored` when that failed too."""
+def keep(store: results.ResultStore | None, result: RunResult, scenario: Scenario,
+         manifest: dict | None = None) -> Path | None:
+    """The end of a run's life: its result.json, its row in `store` (None: nobody stores it) with
+    `manifest` (default: this machine's), its claim on the run folder released. Returns the file
+    the row was kept in for the next command when the store could not take it now; raises
+    `unstored.Unstored` when that failed too."""
     note = getattr(scenario, "shadow_note", None)  # a user's scenario over a bundled one: said on its runs
     if note and note not in result.notes:
         result.notes.append(note)
@@ -226,7 +228,7 @@ def keep(store: results.ResultStore | None, result: RunResult, scenario: Scenari
         orphans.release(result.run_dir)
         return None
     with held():  # a second Ctrl-C now must not lose this run's row
-        return orphans.save(store, result, scenario)
+        return orphans.save(store, result, scenario, manifest)
 
 
 def recover(store: results.ResultStore) -> list[str]:

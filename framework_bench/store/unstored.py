@@ -33,12 +33,13 @@ class Unstored(Exception):
         self.record = record
 
 
-def save(store: ResultStore, result: RunResult, scenario: Scenario) -> Path | None:
-    """Store the run; when the store cannot take it, keep it in `unstored_dir` for the next
-    command and return that file. Raises `Unstored` when that fails too. The run's claim on
-    its folder is the run layer's to release (`framework_bench/run/orphans.py` `save`)."""
+def save(store: ResultStore, result: RunResult, scenario: Scenario, manifest_: dict | None = None) -> Path | None:
+    """Store the run with `manifest_` (default: this machine's for its backend); when the store
+    cannot take it, keep it in `unstored_dir` for the next command and return that file. Raises
+    `Unstored` when that fails too. The run's claim on its folder is the run layer's to release
+    (`framework_bench/run/orphans.py` `save`)."""
     try:
-        manifest_ = manifest(result.backend)
+        manifest_ = manifest(result.backend) if manifest_ is None else manifest_
     except Exception as e:  # noqa: BLE001 - a manifest is worth less than the row
         manifest_ = {"error": f"the manifest could not be read: {type(e).__name__}: {e}"}
     try:
