@@ -16,6 +16,7 @@ from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
 from framework_bench.run import pipeline, referee
+from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
 
@@ -76,23 +77,37 @@ def test_the_honest_copy_passes_parity(world):
     assert checks["update_parity"].figures["relative"] < 1e-9
 
 
+@pytest.fixture(scope="module")
+def lies(world):
+    """Each lie's run, once: {lie: judged RunResult}."""
+    return {lie: run(world, f"lying_{lie}") for lie in CAUGHT_BY}
+
+
+def judged_again(world, result, unchecked: set[str]):
+    """The run's folder read back and judged again with `unchecked` off: `FBENCH_UNCHECKED` is read
+    by the host only, so this is what running the lie with those checks off would give."""
+    scn, _, _, reference, mp = world
+    mp.setenv(UNCHECKED_ENV, ",".join(sorted(unchecked)))
+    try:
+        return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
+                                             launch.Outcome("ok", 0, result.wall_seconds, "")), reference, scn)
+    finally:
+        mp.delenv(UNCHECKED_ENV)
+
+
 @pytest.mark.parametrize("lie, detail", [("no_update", "the weights never changed"),
                                          ("one_layer", "moved otherwise"), ("half_rows", "moved otherwise"),
                                          ("labels_ignored", "the weights never changed")])
-def test_the_update_projection_alone_tells_a_run_that_trained_otherwise(world, lie, detail):
+def test_the_update_projection_alone_tells_a_run_that_trained_otherwise(world, lies, lie, detail):
     """With every other check of a lie off, the update checks still make the run invalid."""
-    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(LIE_CHECKS - {"update", "update_parity"})))
-    try:
-        r = run(world, f"lying_{lie}")
-    finally:
-        world[4].delenv(UNCHECKED_ENV)
+    r = judged_again(world, lies[lie], LIE_CHECKS - {"update", "update_parity"})
     assert r.status == "invalid", (r.status, r.reason)
     assert detail in r.reason, r.reason
 
 
 @pytest.mark.parametrize("lie", sorted(CAUGHT_BY))
-def test_a_model_lie_ends_invalid_naming_the_check(world, lie):
-    r = run(world, f"lying_{lie}")
+def test_a_model_lie_ends_invalid_naming_the_check(lies, lie):
+    r = lies[lie]
     assert r.status == "invalid", (lie, r.status, r.reason)
     assert f"{CAUGHT_BY[lie]} check failed" in r.reason, r.reason
     # Every other blocking check held: without the checks of a lie the run would be `ok`.
@@ -101,12 +116,8 @@ def test_a_model_lie_ends_invalid_naming_the_check(world, lie):
 
 
 @pytest.mark.parametrize("lie", sorted(CAUGHT_BY))
-def test_with_the_checks_off_each_lie_passes(world, lie):
-    world[4].setenv(UNCHECKED_ENV, ",".join(sorted(LIE_CHECKS)))
-    try:
-        r = run(world, f"lying_{lie}")
-    finally:
-        world[4].delenv(UNCHECKED_ENV)
+def test_with_the_checks_off_each_lie_passes(world, lies, lie):
+    r = judged_again(world, lies[lie], LIE_CHECKS)
     assert r.status == "ok", r.reason
 
 
