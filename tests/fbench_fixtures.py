@@ -15,13 +15,6 @@ FAKES = Path(__file__).parent / "fake_backends"
 # tests never download them.
 ALPACA_DIR = Path(os.environ.get("FBENCH_DATA") or Path(__file__).resolve().parents[1] / "data/alpaca-demo")
 
-# One OpenMP thread per worker process (torch's intra-op pool): with two test workers on two
-# cores, pools spinning for cores the other worker holds doubled the CPU time of the suite.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The CLI's width where its output is no terminal (cli/common.py), in an xdist worker as in one
-# process: the tests read its lines and tables at that width.
-os.environ.setdefault("COLUMNS", "160")
-
 
 @pytest.fixture(autouse=True, scope="session")
 def fbench_data():
