@@ -178,6 +178,9 @@ def test_a_worker_copying_the_references_files_passes_only_where_the_reference_r
     from framework_bench.run import compare
 
     scn, data, _, _, _ = world
+    # Forward-only steps: 15 of them span more than the CPU share needs to be read on a quiet machine
+    # (clock_checks.MIN_CPU_SPAN_SECONDS); 5 spanned 0.17 s, leaving the copy `unverified`.
+    scn = scn.model_copy(update={"steps": scn.steps.model_copy(update={"measured": 15})})
     root = tmp_path / "runs"  # the liar's neighbours: only what this test made
     first = pipeline.run_one("torch", scn, RunOptions(root=root), data=data, machine=CPU)
     copier = referee.judge(pipeline.run_one("lying_copies_reference", scn, RunOptions(root=root), data=data,
