@@ -221,6 +221,41 @@ def test_without_accounting_the_state_comes_from_the_run_folder(tmp_path, monkey
     assert slurm_queue.job_state(sub).state == "FAILED"
 
 
+def test_a_run_waits_for_a_reference_whose_job_ended_after_this_collect_saw_it_running(tmp_path, monkeypatch):
+    """The reference's job ends between the collect's look at it (running: left waiting) and its
+    look at the run judged against it: the run waits for the reference's row, never judged
+    without it (a compare's parity fail once read unverified so)."""
+    from framework_bench.run import collect
+    from framework_bench.run.launchers import base, slurm_queue
+
+    def submitted(name: str, reference: Path | None = None) -> base.Submission:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        sub = base.Submission(job_id=name, backend=name, scenario="tiny_cpu", run_dir=run_dir,
+                              submitted_at="now", time_limit="00:11:00", reference=reference)
+        sub.save()
+        return sub
+
+    ref = submitted("reference")
+    other = submitted("other", reference=ref.run_dir)
+    asked: list[str] = []
+
+    def job_state(sub):  # the reference runs when first asked, and has ended by the next question
+        asked.append(sub.job_id)
+        running = sub.job_id == "reference" and asked.count("reference") == 1
+        return slurm_queue.JobState(state="RUNNING" if running else "COMPLETED", exit_code=None if running else 0)
+
+    monkeypatch.setattr(collect, "job_state", job_state)
+    stored = []
+    waiting = collect.collect([other, ref], store_for=lambda sub: pytest.fail("nothing is stored yet"),
+                              scenario_of=lambda sub: scenario.load("tiny_cpu"),
+                              on_result=lambda r, sub: stored.append(sub.job_id),
+                              on_problem=lambda sub, why: pytest.fail(why))
+    assert [(sub.job_id, state.state) for sub, state in waiting] == [
+        ("reference", "RUNNING"), ("other", "waiting for the reference's job (RUNNING)")]
+    assert stored == [] and asked[0] == "reference"
+
+
 def test_a_script_submitted_by_hand_is_collected_too(cluster, fakes, tmp_path, monkeypatch):
     """Where this machine has no sbatch, the script is written for submitting on the
     cluster; `results collect` then finds the job by the output it wrote."""

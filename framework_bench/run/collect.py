@@ -88,12 +88,16 @@ def _damage(e: OSError | ValueError) -> str:
     return f"is damaged ({e})"
 
 
-def reference_of(sub: Submission) -> RunResult | str | None:
+def reference_of(sub: Submission, waiting: dict[Path, str] | None = None) -> RunResult | str | None:
     """The reference's result `sub` is judged against once collected; while the reference's job
     has not ended, its state (the run waits for it); None when there is none to judge against
-    (no reference submitted beside it, or its job ended without a result)."""
+    (no reference submitted beside it, or its job ended without a result). `waiting`: the runs
+    this collect left waiting, with their state: a reference among them is waited for even if
+    its job ended since (its result is stored by the next collect, not yet)."""
     if sub.reference is None:
         return None
+    if waiting and (state := waiting.get(sub.reference)):
+        return state
     try:
         ref = Submission.load(sub.reference)
         if ref.result_id is None and ((state := job_state(ref)).active or state.state == "UNKNOWN"):
@@ -282,7 +286,7 @@ def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultSto
             if state.active or state.state == "UNKNOWN":
                 waiting.append((sub, JobState(state=f"unknown ({state.note})") if state.note else state))
                 continue
-            reference = reference_of(sub)
+            reference = reference_of(sub, {s.run_dir: state.state for s, state in waiting})
             if isinstance(reference, str):
                 waiting.append((sub, JobState(state=f"waiting for the reference's job ({reference})")))
                 continue
