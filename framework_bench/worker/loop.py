@@ -35,13 +35,14 @@ class StepLog:
             self._measured_from = time.perf_counter()
         self.timer.begin()
 
-    def micro(self, ids, labels, loss, divisor, scale=None) -> None:
+    def micro(self, ids, labels, loss, divisor, scale=None, tokens=None) -> None:
         """One micro-batch fed: `loss` is the framework's (a tensor is read at `end`), `divisor`
         what it divided the summed token loss by, `scale` the factor the loop applied to `loss`
         before backward (1: backpropagated as it is; None: not said, MicroLosses);
-        `ids`/`labels` the whole rows fed."""
+        `ids`/`labels` the whole rows fed; `tokens` this rank's share of them (default all:
+        under sequence parallel, its slice)."""
         self.losses.add(loss, divisor, labels, scale)
-        self.timer.add_tokens(ids.numel() if hasattr(ids, "numel") else ids.size)
+        self.timer.add_tokens(tokens if tokens is not None else ids.numel() if hasattr(ids, "numel") else ids.size)
         self._fed.append((ids, labels, loss, divisor))
 
     def end(self, step: int) -> dict:

@@ -260,7 +260,8 @@ def dataloader_settings(loader) -> dict[str, Value]:
 
 def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | None,
                         autocast_dtype: str | None = None, seed: int | None = None,
-                        train_model=None, loss_normalization: str | None = None) -> dict[str, Value]:
+                        train_model=None, loss_normalization: str | None = None,
+                        sequence_parallel: int = 1) -> dict[str, Value]:
     """The settings of a plain PyTorch loop (no framework), `REQUIRED_SETTINGS` included: what
     the live model (`train_model`: the one the loop calls, DDP wrapper included; default
     `model`) and optimizer say, what the loop tells (its name, clipping, autocast, seed, how
@@ -276,8 +277,8 @@ def torch_loop_settings(model, optimizer, *, trainer: str, grad_clip: float | No
             "seed": seed, "compile": type(trained).__name__ == "OptimizedModule",  # torch.compile's wrapper
             **runtime_settings(trained),
             "ddp_find_unused_parameters": getattr(train_model, "find_unused_parameters", None),  # DDP-wrapped only
-            # a plain loop has no sequence parallel, and counts its tokens with no collective
-            "sequence_parallel": 1, "token_count_sync": False,
+            # its sequence parallel as the loop says (Ulysses in the reference); tokens counted with no collective
+            "sequence_parallel": sequence_parallel, "token_count_sync": False,
             **versions(), **({"loss_normalization": loss_normalization} if loss_normalization else {})}
 
 

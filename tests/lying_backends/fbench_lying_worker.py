@@ -17,10 +17,11 @@ from pathlib import Path
 MAX_CHANGED_LINES = 10
 
 TIMER = "    log = StepLog(job, dist.rank)\n"
-BACKWARD = "                loss.backward()\n"
+BACKWARD = "                share.backward()\n"
 CLOSE = "    log.close()\n"
-FORWARD = "                    loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss\n"
-BUILT = '    model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
+FORWARD = "                        share = loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss\n"
+BUILT = ('    model = from_config(job, device, attn_implementation=ulysses.register(lay) if lay else "sdpa", '
+         'dtype=torch.float32)\n')
 PARAMS = "        param_count=settings.param_count(model),\n"
 LEDGER = "        settings={**settings_in_effect, **adapters.settings(model)},\n"
 INITIAL = "    initial_weights_worker.report(model, job.seed, job.run_dir)\n"
@@ -94,7 +95,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # The model never runs: a made-up loss, no backward; rows, tokens, settings and count still claimed.
     "no_model": [
-        (FORWARD, "                    loss = torch.tensor(6.2)\n"),
+        (FORWARD, "                        share = loss = torch.tensor(6.2)\n"),
         (BACKWARD, ""),
     ],
     # SGD for AdamW, recording XTuner's loss_normalization words (the checks judge the records, never the words).
@@ -111,7 +112,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # At grad_accum 2 each step's second micro-batch fed and recorded, never backpropagated.
     "dropped_micro": [
-        (BACKWARD, "                loss.backward() if i == 0 else None\n"),
+        (BACKWARD, "                share.backward() if i == 0 else None\n"),
     ],
     # Forward only inside the timed steps; the real training after the last step's clock line, untimed.
     "train_after_steps": [

@@ -23,8 +23,8 @@ def backend_info() -> BackendInfo:
         name=NAME,
         framework="PyTorch",
         description="the reference: a plain PyTorch loop (HF model from config, AdamW, autocast, DDP; ZeRO-2/3 "
-        "as FSDP2) on the shared packed rows",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 2, 3],
+        "as FSDP2; sequence parallel as DeepSpeed-Ulysses) on the shared packed rows",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=False, zero_stages=[0, 2, 3],
                                   lora=True, qlora=True),
         env=EnvSpec(
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
@@ -32,15 +32,18 @@ def backend_info() -> BackendInfo:
         ),
         # The reference has no framework default to keep: fused AdamW on CUDA in both modes
         # (the worker sets `fused=True` there), torch's own choice on CPU.
-        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}),
+        # Its sequence parallel shards as its ZeRO does: FSDP2 over fp32 weights.
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")},
+                            sequence_parallel="fsdp2"),
         contract=CONTRACT,  # every claim made: the step timer's clock lines included
         reference=True,
     )
 
 
 class TorchBackend(Backend):
-    """The reference is one plain loop, ZeRO-2/3 as FSDP2 shards it: what it does not implement
-    (ZeRO-1, sequence parallel, a per-document varlen kernel, adapters on a sharded model) it
+    """The reference is one plain loop, ZeRO-2/3 as FSDP2 shards it, sequence parallel as
+    Ulysses splits it: what it does not implement (ZeRO-1, a per-document varlen kernel,
+    adapters on a sharded model) it
     does not declare or refuses (`check`), rather than run something else under the scenario's
     name; the base checks env and GPUs."""
 

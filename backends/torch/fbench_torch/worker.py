@@ -6,7 +6,7 @@ CUDA in both settings modes: less time and memory than foreach; torch's own choi
 every backend's CPU runs), bf16 autocast when the scenario asks, activation checkpointing
 when it asks, DDP when there are several processes (NCCL on GPUs, gloo on CPU); a world of
 one is never wrapped, also inside a process group. ZeRO-2/3 is FSDP2 (`shard`), in any world,
-a world of one included. A LoRA/QLoRA scenario wraps the model in
+a world of one included; sequence parallel is DeepSpeed-Ulysses (`ulysses`). A LoRA/QLoRA scenario wraps the model in
 peft's adapters as the scenario sets them (`framework_bench.worker.adapters`); the optimizer
 steps what takes gradients. Rows are read in order from the host's
 packed stream (`Job.batches`).
@@ -30,6 +30,8 @@ from framework_bench.worker import (ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRA
                                     update, write_report)
 from framework_bench.worker.losses import loss_divisors
 from framework_bench.worker.models import from_config
+
+from fbench_torch import ulysses
 
 
 def adamw(params, cuda: bool) -> torch.optim.AdamW:
@@ -72,9 +74,10 @@ def main(job_file: str) -> None:
     startup, job, dist = StartupClock(STARTED), load_job(job_file), dist_info()
     rows = job.open_rows()
     startup.mark("data")
-    device, cuda, zero = join(job.device), job.device == "cuda", job.scenario.zero_stage
+    device, cuda, zero, sp = join(job.device), job.device == "cuda", job.scenario.zero_stage, job.scenario.sequence_parallel
     ddp = dist.world_size > 1 and not zero
-    model = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)
+    lay = ulysses.layout(sp, dist.rank, dist.world_size) if sp > 1 else None
+    model = from_config(job, device, attn_implementation=ulysses.register(lay) if lay else "sdpa", dtype=torch.float32)
     startup.mark("model_build")
     if zero:
         shard(model, zero)  # in place, after `from_config` filled the shared weights; then the optimizer sees the shards
@@ -86,7 +89,9 @@ def main(job_file: str) -> None:
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
     log = StepLog(job, dist.rank)
     probe = settings.KvRepeatProbe().install()  # how the first attention call gets grouped K/V heads
-    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):
+    # Under SP every rank of a group reads the group's rows (each trains its slice of them).
+    dp_rank, dp_world = (lay.dp_rank, lay.dp_world) if lay else (dist.rank, dist.world_size)
+    for step, batch in enumerate(job.batches(rows, dp_rank, dp_world), start=1):
         # The step's loss is the mean over its labelled tokens, whichever micro-batch holds
         # them (as HF Trainer's num_items_in_batch does): a micro-batch of prompt rows only
         # adds nothing, where a per-micro-batch mean would be 0/0. A job naming another
@@ -101,9 +106,13 @@ def main(job_file: str) -> None:
             # reduce-scatters every micro-batch's (ZeRO-2/3 keep sharded gradients, as DeepSpeed's).
             with nullcontext() if i == len(batch) - 1 or not ddp else train_model.no_sync():
                 with autocast():
-                    loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss
-                loss.backward()
-            log.micro(ids, labels, loss, labelled, scale=1.0)  # backward took the loss as it is; rows read once the clock stopped
+                    if lay:  # this rank's share of the row's loss to backpropagate; the row's loss to log
+                        share, loss = ulysses.loss(train_model, model.loss_function, x, y, labelled, lay)
+                    else:
+                        share = loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss
+                share.backward()
+            # the row's loss as backward weighed it (scale 1); rows read once the clock stopped
+            log.micro(ids, labels, loss, labelled, scale=1.0, tokens=ids.size // sp)
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -112,7 +121,7 @@ def main(job_file: str) -> None:
     update.report(model, job)  # (final - initial) weights onto the vector the host reveals now
     settings_in_effect = probe.settle(settings.torch_loop_settings(
         model, optimizer, trainer="torch-loop+fsdp2" if zero else "torch-loop+ddp" if ddp else "torch-loop",
-        grad_clip=MAX_GRAD_NORM,
+        grad_clip=MAX_GRAD_NORM, sequence_parallel=sp,
         autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
         # What the loop above divides by (the host judges the recorded divisors and scales).
         loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, per rank"))
@@ -122,7 +131,8 @@ def main(job_file: str) -> None:
         settings={**settings_in_effect, **adapters.settings(model)},
         param_count=settings.param_count(model),
         startup_seconds=startup.total, startup_breakdown=startup.phases,
-        notes=[f"{engine} over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"] if engine else [],
+        notes=[f"{engine} over {dist.world_size} processes ({'nccl' if cuda else 'gloo'})"
+               + (f", Ulysses sequence parallel over groups of {sp}" if lay else "")] if engine else [],
         extra={"loop_throughput": log.throughput(), "torch_version": torch.__version__,
                "transformers_version": transformers.__version__,
                "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})
