@@ -56,3 +56,49 @@ def report(
     _, md, page = common.charts_and_report(rows, out)
     common.console.print(f"{md}\n{page}", highlight=False)
 
+
+
+def diff(
+    before: Annotated[Optional[str], typer.Argument(help="the earlier compare's id, or a start of it only it has "
+                                                         "(default: the second newest)")] = None,
+    after: Annotated[Optional[str], typer.Argument(help="the later compare's id (default: the newest)")] = None,
+    scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob): by default the "
+                                                         "newest two compares that ran one")] = None,
+    db: common.DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: pairs, changes and verdicts")] = False,
+    fail_if_slower: Annotated[Optional[float], typer.Option(
+        "--fail-if-slower", metavar="PCT", min=0,
+        help="exit 1 when a verdict says a backend is slower in the later compare by more than PCT percent")] = None,
+) -> None:
+    """Two stored compares side by side: each backend's TGS in the later one over the earlier,
+    with its 95% interval and verdict, what changed between their runs, and where the loss curves part."""
+    import json
+
+    from framework_bench.present.diff import Diff, compares, pick
+    if (before is None) != (after is None):
+        common.fail("give both compares' ids, or neither (the newest two)")
+    store = reading_store(db)
+    found = compares(store.list(scenario))
+    say_damaged(store)
+    if before is None:
+        if len(found) < 2:
+            common.fail(f"{len(found)} stored compare(s)" + (f" ran {scenario}" if scenario else "")
+                        + ": diff needs two (run `fbench compare` again)")
+        before, after = list(found)[-2:]
+    else:
+        try:
+            before, after = pick(found, before), pick(found, after)
+        except ValueError as e:
+            common.fail(str(e))
+    d = Diff(before, found[before], after, found[after])
+    if as_json:
+        print(json.dumps(d.data(), indent=2))
+    else:
+        common.console.print(f"{after} against {before}", highlight=False, markup=False)
+        for line in d.lines():
+            common.console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if fail_if_slower is not None and (slower := d.slower_than(fail_if_slower)):
+        common.err.print(f"slower in {after} than in {before} by more than {fail_if_slower:g}%: "
+                         + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
+                         highlight=False, markup=False)
+        raise typer.Exit(1)

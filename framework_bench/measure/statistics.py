@@ -301,6 +301,21 @@ def pairs(trials: Iterable[Trial], reference: str | None) -> list[Ratio]:
     return holm(estimates(trials, reference))
 
 
+def between(before: Iterable[Trial], after: Iterable[Trial]) -> list[Ratio]:
+    """Each backend on each scenario counted in both sets (two compares): `after`'s TGS over
+    `before`'s (`Ratio.backend` and `other` name the same backend), unpaired (no round is
+    shared), one family adjusted by `holm`."""
+    def counted(trials: Iterable[Trial]) -> dict[tuple[str, str], list[float]]:
+        out: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for t in trials:
+            if t.counts:
+                out[t.scenario, t.backend].append(t.tgs)
+        return out
+
+    old, new = counted(before), counted(after)
+    return holm([_unpaired(new[k], old[k], (k[0], k[1], k[1])) for k in sorted(old.keys() & new.keys())])
+
+
 def disturbed(trials: Iterable[Trial]) -> list[Disturbed]:
     """The rounds (two counted runs or more) whose every run fell below its backend's median on
     the scenario by more than DISTURBED_MADS robust deviations and NOISY_CV: load from outside

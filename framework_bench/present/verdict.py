@@ -58,6 +58,18 @@ def sentence(r: Ratio) -> str:
             f"(95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})")
 
 
+def between_sentence(r: Ratio) -> str:
+    """One backend's verdict between two compares (`statistics.between`): the later over the earlier."""
+    if r.low is None:
+        return f"{r.backend}: fewer than 2 trials in a compare: no interval (later / earlier {_signed((r.ratio - 1) * 100)}%)"
+    pct, low, high = ((x - 1) * 100 for x in (r.ratio, r.low, r.high))
+    if low > 0:
+        return f"{r.backend} is {pct:.1f}% faster in the later compare (95% CI {low:.1f} to {high:.1f}%, {_trials(r)})"
+    if high < 0:
+        return f"{r.backend} is {-pct:.1f}% slower in the later compare (95% CI {-high:.1f} to {-low:.1f}%, {_trials(r)})"
+    return f"no difference detected for {r.backend} (95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})"
+
+
 def family(pairs: list[Ratio]) -> list[str]:
     """The line, said once, that the pairs with an interval are one family (from two of them)."""
     m = sum(p.low is not None for p in pairs)

@@ -128,6 +128,8 @@ noisy_twin = FakeBackend("fake_noisy_twin", "noisy")
 noisy_slow = FakeBackend("fake_noisy_slow", "noisy_slow")
 ENTRY_POINTS |= {b.name: f"fbench_fake_backends:{attr}" for attr, b in
                  [("noisy", noisy), ("noisy_twin", noisy_twin), ("noisy_slow", noisy_slow)]}
+# fake_noisy after an upgrade that slowed its steps by 25% (installed in its place: `fbench diff`).
+noisy_upgraded = FakeBackend("fake_noisy", "noisy_slow")
 
 # Two plugins of one distribution answering to one backend name: both broken, none runs.
 twin_a = FakeBackend("fake_twin_a", "ok", info_name="fake_twin")

@@ -1,0 +1,119 @@
+"""`fbench diff`: two stored compares side by side ("did the upgrade slow us down?"). Per backend
+and scenario run in both: the later compare's TGS over the earlier's, with its interval and
+verdict (`statistics.between`); what changed between their runs (the framework's version, the
+settings in effect, the seed); and where their loss curves part, when both started from one seed.
+A scenario whose definition changed between them is not compared: its TGS measures another run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from framework_bench.measure import statistics
+from framework_bench.measure.losses import PARITY_TOLERANCE, relative_difference
+from framework_bench.measure.statistics import Ratio, Trial
+from framework_bench.present.verdict import between_sentence, definition, family, word
+
+Point = tuple[str, str]  # (scenario, backend)
+
+
+def compares(rows: list[dict]) -> dict[str, list[dict]]:
+    """Stored runs by their compare's id, the oldest compare first (a run outside any compare: none)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: r["id"]):
+        if r.get("compare_id"):
+            out[r["compare_id"]].append(r)
+    return dict(out)
+
+
+def pick(found: dict[str, list[dict]], wanted: str) -> str:
+    """The compare id `wanted` names: whole, or a start of it that only one id has."""
+    if wanted in found:
+        return wanted
+    matches = [c for c in found if c.startswith(wanted)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"{wanted!r} starts {len(matches)} compares' ids: {', '.join(matches[-5:])}; give more of it")
+    newest = ", ".join(list(found)[-5:]) or "none"
+    raise ValueError(f"no compare {wanted!r} in the store (the newest: {newest})")
+
+
+def _changes(old: dict, new: dict) -> list[str]:
+    """What differs between two runs of one point: version, settings in effect, seed."""
+    out = []
+    if old.get("framework_version") != new.get("framework_version"):
+        out.append(f"framework version {old.get('framework_version')} -> {new.get('framework_version')}")
+    before, after = old.get("settings") or {}, new.get("settings") or {}
+    for key in sorted(before.keys() | after.keys()):
+        if before.get(key) != after.get(key):
+            out.append(f"{key} {before.get(key)} -> {after.get(key)}")
+    return out
+
+
+def _losses(old: dict, new: dict) -> str:
+    """Where the canonical loss curves part (relative difference over the parity tolerance of
+    the scenario's precision), when both runs started from one seed."""
+    if old.get("seed") is None or old.get("seed") != new.get("seed"):
+        return f"seeds {old.get('seed')} and {new.get('seed')}: loss curves not compared"
+    a, b = ({int(k): v for k, v in (r.get("loss_curve") or {}).items()} for r in (old, new))
+    steps = sorted(a.keys() & b.keys())
+    if not steps:
+        return "no loss curve in both: not compared"
+    tolerance = PARITY_TOLERANCE[new["scenario_json"].get("precision", "bf16")]
+    for step in steps:
+        if a[step] is None or b[step] is None or relative_difference(a[step], b[step]) > tolerance:
+            return f"loss curves part at step {step}: {a[step]} vs {b[step]} (seed {new['seed']})"
+    return f"loss curves agree over {len(steps)} steps (seed {new['seed']}, within {tolerance:g})"
+
+
+class Diff:
+    """Compare `after` against compare `before` (their stored runs)."""
+
+    def __init__(self, before: str, before_runs: list[dict], after: str, after_runs: list[dict]):
+        self.before, self.after = before, after
+        newest = [{(r["scenario"], r["backend"]): r for r in runs} for runs in (before_runs, after_runs)]
+        points = sorted(newest[0].keys() & newest[1].keys())
+        self.redefined = [p for p in points if definition(newest[0][p]["scenario_json"]) != definition(newest[1][p]["scenario_json"])]
+        self.only = {name: sorted(set(mine) - set(other)) for name, mine, other in
+                     ((before, newest[0], newest[1]), (after, newest[1], newest[0]))}
+        kept = [p for p in points if p not in self.redefined]
+        trials = [[Trial.from_record(r) for r in runs if (r["scenario"], r["backend"]) in kept]
+                  for runs in (before_runs, after_runs)]
+        self.summaries = [statistics.summarise(t) for t in trials]
+        self.pairs: list[Ratio] = statistics.between(*trials)
+        self.changes = {p: _changes(newest[0][p], newest[1][p]) for p in kept}
+        self.losses = {p: _losses(newest[0][p], newest[1][p]) for p in kept}
+
+    def lines(self) -> list[str]:
+        """Each pair's verdict, then per point what changed and the loss curves; then what was not compared."""
+        out = family(self.pairs)
+        for r in self.pairs:
+            out.append(f"{r.scenario}: {between_sentence(r)}")
+        for (scenario, backend), changes in self.changes.items():
+            said = "; ".join(changes) if changes else "no change in version or settings"
+            out.append(f"{scenario}: {backend}: {said}; {self.losses[scenario, backend]}")
+        for scenario, backend in self.redefined:
+            out.append(f"{scenario}: {backend}: not compared: the scenario's definition changed between the compares")
+        for name, points in self.only.items():
+            if points:
+                out.append(f"only in {name}: " + ", ".join(f"{b} on {s}" for s, b in points))
+        return out
+
+    def data(self) -> dict:
+        """The diff as data (`--json`)."""
+        return {
+            "before": self.before, "after": self.after,
+            "pairs": [{"scenario": r.scenario, "backend": r.backend, "trials": list(r.trials), "ratio": r.ratio,
+                       "low": r.low, "high": r.high, "level": r.level, "verdict": word(r),
+                       "sentence": between_sentence(r)} for r in self.pairs],
+            "points": [{"scenario": s, "backend": b, "changes": c, "losses": self.losses[s, b]}
+                       for (s, b), c in self.changes.items()],
+            "redefined": [{"scenario": s, "backend": b} for s, b in self.redefined],
+            "only": {name: [{"scenario": s, "backend": b} for s, b in points] for name, points in self.only.items()},
+            "verdicts": self.lines(),
+        }
+
+    def slower_than(self, percent: float) -> list[Ratio]:
+        """Each pair whose verdict is `slower` in the later compare by more than `percent`."""
+        return [r for r in self.pairs if word(r) == "slower" and (1 - r.ratio) * 100 > percent]
