@@ -45,29 +45,28 @@ def word(r: Ratio) -> str:
     return "faster" if r.low > 1 else "slower" if r.high < 1 else "no difference"
 
 
+def _worded(r: Ratio, than: str, alike: str) -> str:
+    """`r.backend` faster or slower `than` the other side, with its interval; else `alike`."""
+    pct, low, high = ((x - 1) * 100 for x in (r.ratio, r.low, r.high))
+    if low > 0:
+        return f"{r.backend} is {pct:.1f}% faster {than} (95% CI {low:.1f} to {high:.1f}%, {_trials(r)})"
+    if high < 0:
+        return f"{r.backend} is {-pct:.1f}% slower {than} (95% CI {-high:.1f} to {-low:.1f}%, {_trials(r)})"
+    return f"{alike} (95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})"
+
+
 def sentence(r: Ratio) -> str:
     """One pair's verdict: `r.backend` against `r.other`."""
     if r.low is None:
         return f"{r.backend} vs {r.other}: 1 trial: no interval"
-    pct, low, high = ((x - 1) * 100 for x in (r.ratio, r.low, r.high))
-    if low > 0:
-        return f"{r.backend} is {pct:.1f}% faster than {r.other} (95% CI {low:.1f} to {high:.1f}%, {_trials(r)})"
-    if high < 0:
-        return f"{r.backend} is {-pct:.1f}% slower than {r.other} (95% CI {-high:.1f} to {-low:.1f}%, {_trials(r)})"
-    return (f"no difference detected between {r.backend} and {r.other} "
-            f"(95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})")
+    return _worded(r, f"than {r.other}", f"no difference detected between {r.backend} and {r.other}")
 
 
 def between_sentence(r: Ratio) -> str:
     """One backend's verdict between two compares (`statistics.between`): the later over the earlier."""
     if r.low is None:
         return f"{r.backend}: fewer than 2 trials in a compare: no interval (later / earlier {_signed((r.ratio - 1) * 100)}%)"
-    pct, low, high = ((x - 1) * 100 for x in (r.ratio, r.low, r.high))
-    if low > 0:
-        return f"{r.backend} is {pct:.1f}% faster in the later compare (95% CI {low:.1f} to {high:.1f}%, {_trials(r)})"
-    if high < 0:
-        return f"{r.backend} is {-pct:.1f}% slower in the later compare (95% CI {-high:.1f} to {-low:.1f}%, {_trials(r)})"
-    return f"no difference detected for {r.backend} (95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})"
+    return _worded(r, "in the later compare", f"no difference detected for {r.backend}")
 
 
 def family(pairs: list[Ratio]) -> list[str]:
