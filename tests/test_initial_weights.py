@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -29,6 +30,17 @@ def test_values_are_random_access_and_hf_distributed():
     assert np.all(iw.expected_values(7, "lm_head.bias", [64], np.arange(64), 0.02, None) == 0.0)
     embed = iw.expected_values(7, "model.embed_tokens.weight", [10, 8], np.arange(80), 0.02, pad_token_id=2)
     assert np.all(embed[16:24] == 0.0) and np.all(embed[:16] != 0.0)
+
+
+def test_every_32_bit_seed_keys_its_tensors_as_the_wrapped_int64_arithmetic_does(recwarn):
+    """A compare draws any 32-bit seed: the scalar key is the low 32 bits of the same arithmetic
+    the arrays do in int64 (wrapping), with no overflow warning."""
+    name = "model.layers.0.mlp.up_proj.weight"
+    for seed in (0, 2, 1024, 2**31 + 7, 3_000_000_000, 2**32 - 1):  # 2 overflowed a numpy int64 scalar
+        x = np.array([seed], dtype=np.int64)
+        mixed = np.array([(zlib.crc32(name.encode()) ^ int(iw.hash32(x)[0])) & iw.MASK32], dtype=np.int64)
+        assert iw.tensor_key(seed, name) == int(iw.hash32(mixed)[0])
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 def test_keys_follow_seed_and_canonical_name():

@@ -77,7 +77,8 @@ def canonical_name(name: str) -> str:
 
 def tensor_key(seed: int, name: str) -> int:
     """The per-tensor key: the seed and the canonical name, hashed (a Python int < 2**32)."""
-    mixed = np.array([(zlib.crc32(canonical_name(name).encode()) ^ int(hash32(np.int64(seed & MASK32)))) & MASK32],
+    # Python ints for the scalar: exact, where a numpy int64 scalar's product warns on overflow
+    mixed = np.array([(zlib.crc32(canonical_name(name).encode()) ^ hash32(seed & MASK32)) & MASK32],
                      dtype=np.int64)
     return int(hash32(mixed)[0])
 
