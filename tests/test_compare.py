@@ -392,3 +392,29 @@ def test_compare_json_carries_the_verdicts_and_fail_if_slower_gates_on_them(fake
     aa = compare("fake_noisy", "aa.sqlite")
     assert aa.exit_code == 0, aa.output
 
+
+
+@pytest.mark.slow  # starts the fakes' worker processes
+def test_each_compare_draws_a_fresh_seed_each_round_its_own_shared_by_its_backends(fakes, tmp_path):
+    """No run can replay an earlier compare's training (same weights, same rows): unless pinned,
+    a compare draws its seed, and each round derives its own from it; every backend of a round,
+    the reference judging them included, starts from the round's. A pinned seed is the first
+    round's, and each row says that replay is then not excluded."""
+    tiny = scenario.load("tiny_cpu")
+
+    def seeds(options: RunOptions) -> tuple[list[list[int]], list]:
+        results = compare.compare([tiny], ["fake_noisy", "fake_ok"], options, repeat=2, warmup_rounds=0)
+        assert [r.status for r in results] == ["ok"] * 4 and all(r.reason is None for r in results)
+        by_round: dict[int, list[int]] = {}
+        for r in results:
+            by_round.setdefault(r.trial_round, []).append(r.seed)
+        return [by_round[1], by_round[2]], results
+
+    (first, drawn), (second, _) = seeds(RunOptions()), seeds(RunOptions())
+    for rounds in (first, second):
+        assert all(len(set(seeds_)) == 1 for seeds_ in rounds) and rounds[0][0] != rounds[1][0]
+    assert first[0][0] != second[0][0]
+    assert not any(design.PINNED_SEED_NOTE in r.notes for r in drawn)
+    rounds, pinned = seeds(RunOptions(seed=7))
+    assert rounds == [[7, 7], [design.round_seed(7, 1)] * 2]
+    assert all(design.PINNED_SEED_NOTE in r.notes for r in pinned)

@@ -17,9 +17,10 @@ OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for cha
 SettingsOption = Annotated[str, typer.Option(
     "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
                        "native: each as its own docs and examples configure it")]
-SeedOption = Annotated[int, typer.Option(
-    "--seed", min=0, max=2**32 - 1, help="one per compare: every backend starts from the same initial weights "
-                                          "drawn from it (checked by the host) and seeds its framework with it")]
+SeedOption = Annotated[Optional[int], typer.Option(
+    "--seed", min=0, max=2**32 - 1, help="pin the seed every backend's initial weights are drawn from (checked by "
+                                          "the host) and its framework is seeded with; default: a fresh one per "
+                                          "compare, each round its own")]
 TimeOption = Annotated[Optional[str], typer.Option(
     "--time", help="slurm: the job's time limit, [D-]HH:MM:SS (default: estimated from the scenario, shown in the plan)")]
 CpusOption = Annotated[Optional[int], typer.Option(

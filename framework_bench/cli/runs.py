@@ -11,7 +11,6 @@ import typer
 from rich.markup import escape
 
 from framework_bench.cli import common, render
-from framework_bench.worker.hparams import SEED
 
 
 def check_backend(
@@ -57,7 +56,7 @@ def run(
     sbatch_arg: common.SbatchArgOption = None,
     wait: common.WaitOption = False,
     poll: common.PollOption = 30.0,
-    seed: common.SeedOption = SEED,
+    seed: common.SeedOption = None,
     verbose: common.VerboseOption = False,
     repeat: common.RepeatOption = "1",
     warmup_rounds: common.WarmupOption = None,
@@ -137,7 +136,7 @@ def compare(
     sbatch_arg: common.SbatchArgOption = None,
     wait: common.WaitOption = False,
     poll: common.PollOption = 30.0,
-    seed: common.SeedOption = SEED,
+    seed: common.SeedOption = None,
     wide: common.WideOption = False,
     verbose: common.VerboseOption = False,
     repeat: common.RepeatOption = "1",
@@ -269,7 +268,7 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
     _end(results, interrupted)
 
 
-def _run_options(launcher: str | None, timeout: float | None, force: bool, settings: str, seed: int,
+def _run_options(launcher: str | None, timeout: float | None, force: bool, settings: str, seed: int | None,
                  time_limit: str | None, cpus_per_task: int | None, sbatch_arg: list[str] | None):
     """The command line's choices as one `RunOptions` (checked by the callers first)."""
     from framework_bench.run.options import RunOptions

@@ -112,6 +112,7 @@ def compare(
         raise ValueError("repeat='auto' goes with a precision, and a precision with repeat='auto'")
     first, last = design.round_range(repeat)
     options = options or RunOptions()
+    seed = design.compare_seed(options.seed)
     results: list[RunResult] = []
     reference_name = None if no_reference else reference_backend()
     absent = "--no-reference" if no_reference else absent_reason()
@@ -138,13 +139,16 @@ def compare(
             for i, round_ in enumerate(range(1 - warm, last + 1)):
                 # A projection vector of the round's own: a run cannot pass with an earlier round's
                 # reference projection, read from its folder (framework_bench/measure/update.py).
-                round_options = options.model_copy(update={"projection_round": update.new_round()})
+                round_options = options.model_copy(update={"projection_round": update.new_round(),
+                                                           "seed": design.round_seed(seed, i)})
                 for position, name in enumerate(orders[i % len(orders)], 1):
                     on_start(name, s)
                     # run_one packs only when the backend can run the scenario; the packed data is
                     # cached by its inputs, so every trial reads the very same files.
                     result = pipeline.run_one(name, s, round_options, on_step=on_step)
                     result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
+                    if options.seed is not None:
+                        result.notes.append(design.PINNED_SEED_NOTE)
                     results.append(result)
                     trials.append(result)
                     if name == reference_name:

@@ -1,9 +1,29 @@
-"""The design of a compare's trials: the order of each round's runs, the warm-up rounds, and how
-many rounds `--repeat auto` may take."""
+"""The design of a compare's trials: the order of each round's runs, the warm-up rounds, how
+many rounds `--repeat auto` may take, and each round's seed."""
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+
 from framework_bench.spec.scenario import Scenario
+
+PINNED_SEED_NOTE = ("seed pinned with --seed: every compare with it starts from these initial weights, so a run "
+                    "replaying an earlier compare's results is not excluded")
+
+
+def compare_seed(pinned: int | None) -> int:
+    """The seed a compare starts from: the one pinned with `--seed`, else a fresh one, so that no
+    run can replay what it trained in an earlier compare (the same weights and rows)."""
+    return secrets.randbelow(2**32) if pinned is None else pinned
+
+
+def round_seed(seed: int, index: int) -> int:
+    """The seed of a compare's `index`-th round (0: its first, warm-up rounds included), shared by
+    every backend of the round: the compare's own, then one derived from it per round."""
+    if index == 0:
+        return seed
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=4).digest(), "big")
 
 # `--repeat auto`: rounds until every pair's interval is narrow enough. It judges only from
 # AUTO_MIN_ROUNDS on (with fewer trials a side the bootstrap's intervals are too narrow, so an early

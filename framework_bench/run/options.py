@@ -9,7 +9,6 @@ from pydantic import BaseModel, Field
 
 from framework_bench.run.launchers.base import Launcher
 from framework_bench.run.launchers.slurm import SbatchOptions
-from framework_bench.worker.hparams import SEED
 from framework_bench.worker.job import SettingsMode
 
 
@@ -18,7 +17,9 @@ class RunOptions(BaseModel):
     timeout: float | None = Field(None, description="seconds before a run is stopped (runs here only)")
     force: bool = Field(False, description="run even where the memory estimate says it won't fit")
     settings_mode: SettingsMode = Field("matched", description="matched or native (framework_bench/worker/job.py)")
-    seed: int = SEED
+    seed: int | None = Field(None, description=(
+        "the initial weights' seed; None: a compare draws a fresh one per round (`design.round_seed`), "
+        "a run outside a compare (check-backend) takes SEED"))
     db: Path | None = Field(None, description="the results file the runs are stored in; None: nobody stores them")
     root: Path | None = Field(None, description="the folder of the run folders; None: FBENCH_HOME/runs")
     sbatch: SbatchOptions = Field(default_factory=SbatchOptions, description="slurm: the batch script's options")

@@ -92,8 +92,8 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
     (framework_bench/run/orphans.py) before packing.
     `on_verdict` hears the verdict, every refusal on its own, whatever comes of it."""
     backend, machine = plugins.get(backend_name), machine or detect()
-    identity = Identity(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode,
-                        seed=options.seed)
+    seed = SEED if options.seed is None else options.seed  # a compare sets its round's
+    identity = Identity(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode, seed=seed)
     executor = executor_for(options.launcher or default_launcher(scenario))
     try:
         env, verdict = call_hook("fbench_check", verdicts.verdict_for, backend, scenario, machine, force=options.force,
@@ -112,7 +112,7 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
                  and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return identity.result("failed" if setup else "unsupported", reason=refusal)
     if dry:
-        job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=options.seed,
+        job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=seed,
                        loss_scheme=options.loss_scheme)
         job.write()
     else:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import orphans, pipeline, verdicts
+from framework_bench.run import design, orphans, pipeline, verdicts
 from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.slurm import SBATCH_FILE
 from framework_bench.run.launchers.slurm_time import TimeEstimate
@@ -63,6 +63,7 @@ def submit_all(
     reference first (jobs run side by side there, in no order of ours); each other run records the reference's run folder, so `results collect`
     judges it for parity with the reference's result."""
     ordered, reference_name = reference_first(backend_names)
+    options = options.model_copy(update={"seed": design.compare_seed(options.seed)})  # one round: every job's
     for s in scenarios:
         on_scenario(s)
         reference = None
