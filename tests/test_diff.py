@@ -18,17 +18,17 @@ def test_diff_finds_no_difference_between_alike_compares_and_the_slowdown_an_upg
     monkeypatch.setenv("FBENCH_REFERENCE", "fake_noisy_twin")
     db = str(tmp_path / "r.sqlite")
 
-    def compare() -> None:
+    def compare(*seed: str) -> None:
         res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_noisy", "--repeat", "3",
-                                       "--warmup-rounds", "0", "--db", db, "--out", str(tmp_path / "plots")])
+                                       "--warmup-rounds", "0", "--db", db, "--out", str(tmp_path / "plots"), *seed])
         assert res.exit_code == 0, res.output
 
     def diff(*args: str):
         return CliRunner().invoke(app, ["diff", "--db", db, "--fail-if-slower", "5", *args])
 
-    compare()
+    compare("--seed", "7")  # pinned: the loss curves are compared
     assert "diff needs two" in diff().stderr
-    compare()
+    compare("--seed", "7")
     same = diff("--json")
     assert same.exit_code == 0, same.output
     out = json.loads(same.stdout)
@@ -40,13 +40,15 @@ def test_diff_finds_no_difference_between_alike_compares_and_the_slowdown_an_upg
     # fake_noisy upgraded: the entry point now names a plugin of the same name whose steps take 25% longer
     fakes.register_through_entry_points(tmp_path / "site", {**fakes.ENTRY_POINTS,
                                                              "fake_noisy": "fbench_fake_backends:noisy_upgraded"})
-    compare()
+    compare()  # a fresh seed: no loss curve to compare with the earlier one's
     slower = diff()
     assert slower.exit_code == 1, slower.output
     low, high = map(float, re.search(r"tiny_cpu: fake_noisy is [\d.]+% slower in the later compare "
                                      r"\(95% CI ([\d.]+) to ([\d.]+)%, 3 trials each\)", slower.stdout).groups())
     assert low <= 20 <= high
     assert "no difference detected for fake_noisy_twin" in slower.stdout
+    assert ("fake_noisy_twin: no change in version or settings; no run of one compare started from a seed of the "
+            "other's: loss curves not compared") in slower.stdout
     assert "slower in" in slower.stderr and "fake_noisy (" in slower.stderr and "fake_noisy_twin" not in slower.stderr
     # named by a start of their ids, the first two compares again: no difference
     assert diff(first[:-2], second).exit_code == 0

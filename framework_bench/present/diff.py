@@ -1,7 +1,7 @@
 """`fbench diff`: two stored compares side by side ("did the upgrade slow us down?"). Per backend
 and scenario run in both: the later compare's TGS over the earlier's, with its interval and
 verdict (`statistics.between`); what changed between their runs (the framework's version, the
-settings in effect, the seed); and where their loss curves part, when both started from one seed.
+settings in effect); and where their loss curves part, where runs of both started from one seed.
 A scenario whose definition changed between them is not compared: its TGS measures another run.
 """
 
@@ -51,11 +51,15 @@ def _changes(old: dict, new: dict) -> list[str]:
     return out
 
 
-def _losses(old: dict, new: dict) -> str:
+def _losses(old_runs: list[dict], new_runs: list[dict]) -> str:
     """Where the canonical loss curves part (relative difference over the parity tolerance of
-    the scenario's precision), when both runs started from one seed."""
-    if old.get("seed") is None or old.get("seed") != new.get("seed"):
-        return f"seeds {old.get('seed')} and {new.get('seed')}: loss curves not compared"
+    the scenario's precision), between the first runs of the two compares that started from one
+    seed (a round of each, under one pinned `--seed`)."""
+    pair = next(((old, new) for old in old_runs for new in new_runs
+                 if old.get("seed") is not None and old.get("seed") == new.get("seed")), None)
+    if pair is None:
+        return "no run of one compare started from a seed of the other's: loss curves not compared"
+    old, new = pair
     a, b = ({int(k): v for k, v in (r.get("loss_curve") or {}).items()} for r in (old, new))
     steps = sorted(a.keys() & b.keys())
     if not steps:
@@ -83,7 +87,8 @@ class Diff:
         self.summaries = [statistics.summarise(t) for t in trials]
         self.pairs: list[Ratio] = statistics.between(*trials)
         self.changes = {p: _changes(newest[0][p], newest[1][p]) for p in kept}
-        self.losses = {p: _losses(newest[0][p], newest[1][p]) for p in kept}
+        self.losses = {p: _losses(*([r for r in runs if (r["scenario"], r["backend"]) == p]
+                                    for runs in (before_runs, after_runs))) for p in kept}
 
     def lines(self) -> list[str]:
         """Each pair's verdict, then per point what changed and the loss curves; then what was not compared."""
