@@ -120,6 +120,7 @@ def test_percent_of_the_reference_needs_an_ok_reference_row_on_the_same_scenario
     assert {key: r.ratio * 100 for key, r in shares.items()} == {("a", "torch"): 100.0, ("a", "xtuner"): 75.0}
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, monkeypatch):
     """fake_ok standing in as the reference: every fake_ok-like row on the scenario is 100 %."""
     monkeypatch.setenv("FBENCH_REFERENCE", "fake_ok")

@@ -86,6 +86,7 @@ def test_expected_parameter_count_of_the_published_models():
     assert parameter_count(PRESETS["yi-34b-200k"]) == 34_388_917_248
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -104,6 +105,7 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
     assert "fail" in liar.output and "reports 1024 tokens" in liar.output
 
 
+@pytest.mark.slow  # starts a framework's or the host's own process
 def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path, monkeypatch):
     from framework_bench import testing
 
