@@ -210,7 +210,8 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
         keep("warmup", warm, lambda w: w.get("cpu_seconds", 0) / max(w.get("measured_median_cpu_seconds", 1), 1e-9))
         keep("warmup_time", warm, lambda w: w["ratio"] or 0)
         if cpu and (read := [w for w in ws if w.cpu_begin is not None and w.cpu_stop is not None and w.stop > w.begin]):
-            used = ws[-1].cpu_stop - ws[0].cpu_begin if read[0] is ws[0] and read[-1] is ws[-1] else None
+            ends_read = ws[0].cpu_begin is not None and ws[-1].cpu_stop is not None
+            used = ws[-1].cpu_stop - ws[0].cpu_begin if ends_read else None
             # The median step's share, as TGS is the median step's: one step stalled on the disk
             # (a lazy import on a cold cache) is no lie, and a lie in most steps shows in the median.
             share = statistics.median((w.cpu_stop - w.cpu_begin) / (w.stop - w.begin) for w in read)

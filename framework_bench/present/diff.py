@@ -14,9 +14,6 @@ from framework_bench.measure.losses import PARITY_TOLERANCE, relative_difference
 from framework_bench.measure.statistics import Ratio, Trial
 from framework_bench.present.verdict import between_sentence, definition, family, word
 
-Point = tuple[str, str]  # (scenario, backend)
-
-
 def compares(rows: list[dict]) -> dict[str, list[dict]]:
     """Stored runs by their compare's id, the oldest compare first (a run outside any compare: none)."""
     out: dict[str, list[dict]] = defaultdict(list)
@@ -40,7 +37,7 @@ def pick(found: dict[str, list[dict]], wanted: str) -> str:
 
 
 def _changes(old: dict, new: dict) -> list[str]:
-    """What differs between two runs of one point: version, settings in effect, seed."""
+    """What differs between two runs of one point: framework version, settings in effect."""
     out = []
     if old.get("framework_version") != new.get("framework_version"):
         out.append(f"framework version {old.get('framework_version')} -> {new.get('framework_version')}")
@@ -84,7 +81,6 @@ class Diff:
         kept = [p for p in points if p not in self.redefined]
         trials = [[Trial.from_record(r) for r in runs if (r["scenario"], r["backend"]) in kept]
                   for runs in (before_runs, after_runs)]
-        self.summaries = [statistics.summarise(t) for t in trials]
         self.pairs: list[Ratio] = statistics.between(*trials)
         self.changes = {p: _changes(newest[0][p], newest[1][p]) for p in kept}
         self.losses = {p: _losses(*([r for r in runs if (r["scenario"], r["backend"]) == p]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.nn.functional import all_to_all_single
 
+from framework_bench.worker.packed import IGNORE_INDEX
+
 ATTENTION = "sdpa_ulysses"  # the attention implementation the model runs under SP (transformers' registry)
 
 
@@ -77,7 +79,7 @@ def local(lay: Layout, ids, labels):
     row: the slice's last token predicts the next slice's first)."""
     n = ids.shape[-1] // lay.sp
     lo, hi = lay.rank * n, (lay.rank + 1) * n
-    shifted = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
+    shifted = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
     positions = torch.arange(lo, hi, device=ids.device).expand(ids.shape[0], n)
     return ids[..., lo:hi], positions, shifted[..., lo:hi]
 
