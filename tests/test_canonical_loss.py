@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from framework_bench.measure.losses import canonical_losses, scheme
+from framework_bench.measure.losses import canonical_losses
+from framework_bench.worker.loss_weighting import scheme
 from framework_bench.worker.losses import loss_divisors
 
 

@@ -30,79 +30,28 @@ through `Job.loss_scheme`); never `skipped` or passed unseen.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN, WORLD_LABEL_MEAN
-from framework_bench.worker.losses import LOSSES_DIR
+from framework_bench.worker.loss_schemes import SCHEMES
+from framework_bench.worker.loss_weighting import OTHER, UNKNOWN, needed, records, scheme
 
 # Parity of the canonical losses with the reference: fp32 / bf16 autocast.
 PARITY_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
-# Two weights of a token are the same normalisation when this close (relative): float rounding
-# of one arithmetic, never another count (one token of 500 is 2e-3).
-EXACT = 1e-9
-OTHER, UNKNOWN = "other", "unknown"
-
-
-def _records(run_dir: Path | None) -> list[tuple[int, dict]]:
-    """(rank, record) of every micro-batch the workers recorded."""
-    if run_dir is None:
-        return []
-    found = []
-    for path in sorted((Path(run_dir) / LOSSES_DIR).glob("rank*.jsonl")):
-        rank = int(path.stem.removeprefix("rank"))
-        found += [(rank, json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-    return found
 
 
 def canonical_losses(run_dir: Path | None) -> dict[int, float]:
     """{step: token-mean loss over all ranks' micro-batches}; empty when no worker wrote records."""
     nll: dict[int, float] = defaultdict(float)
     tokens: dict[int, int] = defaultdict(int)
-    for _, rec in _records(run_dir):
+    for _, rec in records(run_dir):
         if rec["divisor"]:  # a micro-batch with no label: its loss is 0/0 and adds nothing
             nll[rec["step"]] += rec["loss"] * rec["divisor"]
         tokens[rec["step"]] += rec["supervised"]
     return {step: (nll[step] / tokens[step] if tokens[step] else math.nan) for step in sorted(nll)}
-
-
-def _expected_weights(name: str, micros: list[dict], world: list[dict]) -> list[float | None]:
-    """Per micro-batch of one step on one rank (`micros`; `world`: the step's micro-batches on
-    every rank), the weight of a supervised token under `name` (None where the records cannot
-    say: no count before the shift from an older SDK; no supervised token)."""
-    if name == MICRO_MEAN_MEAN:
-        return [1 / (m["supervised"] * len(micros)) if m["supervised"] else None for m in micros]
-    counted = world if name == WORLD_LABEL_MEAN else micros
-    if name in (STEP_LABEL_MEAN, WORLD_LABEL_MEAN) and not all("labelled" in m for m in counted):
-        return [None] * len(micros)
-    total = sum(m["supervised" if name == STEP_TOKEN_MEAN else "labelled"] for m in counted)
-    ranks = len({m["rank"] for m in world}) if name == WORLD_LABEL_MEAN else 1
-    return [ranks / total if total else None] * len(micros)
-
-
-def scheme(run_dir: Path | None) -> str:
-    """The loss normalisation the run's records show: one of `SCHEMES` where every micro-batch
-    with a supervised token weighs it as that scheme says, `OTHER` where none fits, `UNKNOWN`
-    without records or without the factor applied before backward (`scale`)."""
-    steps: dict[tuple[int, int], list[dict]] = defaultdict(list)
-    world: dict[int, list[dict]] = defaultdict(list)
-    for rank, rec in _records(run_dir):
-        steps[rec["step"], rank].append(rec)
-        world[rec["step"]].append({**rec, "rank": rank})
-    if not steps or any("scale" not in m for micros in steps.values() for m in micros):
-        return UNKNOWN
-    several = len({rank for _, rank in steps}) > 1  # one rank's world_label_mean is its step_label_mean
-    # At grad_accum 1 the first two coincide; with equal counts on every rank the last two.
-    for name in (STEP_TOKEN_MEAN, MICRO_MEAN_MEAN, STEP_LABEL_MEAN) + ((WORLD_LABEL_MEAN,) if several else ()):
-        if all(expected is not None and m["divisor"] and abs(m["scale"] / m["divisor"] - expected) <= EXACT * expected
-               for (step, _), micros in steps.items()
-               for m, expected in zip(micros, _expected_weights(name, micros, world[step])) if m["supervised"]):
-            return name
-    return OTHER
 
 
 def scheme_of(run: RunResult) -> str:
@@ -114,8 +63,7 @@ def needed_reference_scheme(run: RunResult, reference: RunResult) -> str | None:
     """The `Job.loss_scheme` a second reference run needs for `run` to be judged at every step
     and on its update: the run's scheme where it differs from the reference's and the reference
     worker can train with it; None where they agree or no reference can (other, unknown)."""
-    mine = scheme_of(run)
-    return mine if mine in SCHEMES and mine != scheme_of(reference) else None
+    return needed(run.run_dir, reference.run_dir)
 
 
 def alike(run: RunResult, reference: RunResult) -> tuple[bool, str]:
