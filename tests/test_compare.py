@@ -283,7 +283,8 @@ def test_repeat_auto_stops_when_no_trial_counts(monkeypatch):
     (["--repeat", "9" * 5000], "(5000 digits): at most 1000 trials"),  # beyond what int() reads
     (["--repeat", "1001"], "--repeat 1001: at most 1000 trials"),
     (["--warmup-rounds", "9" * 26], "at most 1000"),
-    (["--repeat", "2", "--launcher", "slurm"], "with --launcher slurm, submit one compare per trial"),
+    (["--repeat", "auto", "--precision", "5", "--launcher", "slurm"], "--repeat auto and --warmup-rounds run here only"),
+    (["--warmup-rounds", "1", "--launcher", "slurm"], "--repeat auto and --warmup-rounds run here only"),
 ])
 @pytest.mark.parametrize("command", [["compare", "--scenario"], ["run", "--backend", "torch", "--scenario"]])
 def test_repeat_options_that_cannot_hold_are_one_clear_error(command, argv, said):

@@ -196,3 +196,30 @@ def test_an_mfu_above_80_percent_of_the_dense_bf16_peak_is_impossible():
     above = metrics.figures(s, steps, peak_tflops=model_tflops / 0.81, gpu_name="NVIDIA H200")
     assert "MFU 81% is above the peak a GPU sustains, 80% of the NVIDIA H200's dense bf16" in above["impossible"]
     assert above.get("mfu") is None and above.get("tgs") is None
+
+
+def test_the_slurm_watcher_ends_on_sigterm_with_its_stamps_written_and_reveals_the_seed_it_was_given(tmp_path):
+    """The batch script pipes the round's projection seed to each run's watcher and stops it with
+    SIGTERM once the workers end: it must end each time (a handler setting an Event deadlocked now
+    and then, leaving the job waiting forever), having stamped the lines and revealed that seed."""
+    import signal
+    import subprocess
+    import time
+
+    for attempt in range(5):
+        run_dir = tmp_path / f"run{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "framework_bench.measure.clock", str(run_dir), "0", "1", "1"],
+                                stdin=subprocess.PIPE, text=True)
+        proc.stdin.write("424242\n")
+        proc.stdin.close()
+        deadline = time.monotonic() + 30
+        while not (run_dir / "clock").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.05 * attempt)
+        (run_dir / "clock" / "rank0.jsonl").write_text(json.dumps({"event": "end", "step": 1}) + "\n")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        stamps = json.loads((run_dir / clock.STAMPS_FILE).read_text())
+        assert stamps["ranks"]["0"][0][1:3] == ["end", 1] and stamps["reveal"]["seed"] == 424242

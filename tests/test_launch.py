@@ -41,21 +41,21 @@ def test_local_launcher_refuses_several_processes(tmp_path):
 
 def test_sbatch_for_yi34b_128k(tmp_path):
     job = _job("yi34b_128k", tmp_path)
-    text = slurm.sbatch_script(PLAN, job)
+    text = slurm.sbatch_script([(PLAN, job)])
     assert "#SBATCH --nodes=4" in text
     assert "#SBATCH --gpus-per-node=8" in text
     assert "#SBATCH --ntasks-per-node=1" in text
     srun = [l.strip() for l in text.splitlines() if l.strip().startswith("srun ") and "torch.distributed.run" in l]
     assert len(srun) == 1 and "--nodes=4 --ntasks-per-node=1" in srun[0]
     assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun[0]  # the node's CPUs, not srun's one per task
-    check = [l for l in text.splitlines() if l.startswith("srun ") and "fbench-shared-paths" in l]
+    check = [l.strip() for l in text.splitlines() if l.strip().startswith("srun ") and "fbench-shared-paths" in l]
     assert len(check) == 1 and str(job.run_dir) in check[0] and "/envs/xtuner/bin/python" in check[0]
     assert "--nnodes 4 --nproc-per-node 8" in srun[0]
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-endpoint "$head_node:29500" --rdzv-id "$SLURM_JOB_ID" -m fbench_xtuner.worker' in srun[0]
     # the plan's environment goes into the script, quoted
     assert "export DS_CONFIG='/run/ds config.json'" in text
-    text = slurm.sbatch_script(PLAN, job, "3-04:00:00", cpus_per_task=64, extra=("--partition=gpu", "--qos=high"))
+    text = slurm.sbatch_script([(PLAN, job)], "3-04:00:00", cpus_per_task=64, extra=("--partition=gpu", "--qos=high"))
     assert "#SBATCH --time=3-04:00:00" in text and "#SBATCH --cpus-per-task=64" in text
     assert "#SBATCH --partition=gpu\n#SBATCH --qos=high" in text and "--cpus-per-task=64 --kill-on-bad-exit" in text
 

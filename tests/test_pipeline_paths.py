@@ -126,7 +126,9 @@ def test_slurm_submit_and_collect_keep_the_hook_guarantees(cluster, fakes, tmp_p
                   "--launcher", "slurm", "--db", str(db))
     assert res.exit_code == 0, res.output
     # the raising plan: a failed row at once, nothing submitted for it
-    assert len(re.findall(r"submitted: SLURM job (\d+)", res.stdout)) == 1
+    # submitted: the plan that overwrote job.json and the reference after it, in one job
+    assert re.findall(r"(\w+) via slurm", res.stdout) == ["fake_plan_raises", "fake_plan_writes_job", "fake_ok"]
+    assert re.findall(r"submitted: SLURM job (\d+)", res.stdout) == ["1000", "1000"]
     row = _rows(db)["fake_plan_raises"]
     assert row["status"] == "failed" and row["reason"].startswith(f"{RAISED} tiny_cpu"), row["reason"]
     _is_the_hosts(row["run_dir"], "fake_plan_raises", "tiny_cpu")

@@ -147,18 +147,57 @@ def test_a_refused_backend_is_never_submitted(cluster, fakes, tmp_path):
 
 
 @pytest.mark.slow
-def test_llamafactory_through_slurm_then_results_collect(cluster, tmp_path):
+def test_a_llamafactory_round_is_one_job_with_the_reference_and_its_judging_reference(cluster, tmp_path):
+    """One job runs LLaMA-Factory, then the torch reference, then the reference trained as HF
+    Trainer weighs tokens (step_label_mean), all on one allocation: the collected row is judged
+    at every step and on its update against that run, projected on the round's one vector."""
     backend_env_or_skip("llamafactory")
+    backend_env_or_skip("torch")
     db = tmp_path / "results.sqlite"
     res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "llamafactory", "--launcher", "slurm",
                   "--db", str(db))
-    assert res.exit_code == 0 and "submitted: SLURM job" in res.stdout, res.output
+    assert res.exit_code == 0, res.output
+    assert re.findall(r"submitted: SLURM job (\d+)", res.stdout) == ["1000", "1000"]  # the reference added, one job
+    assert "round 1/1: one job runs llamafactory, torch, in that order" in res.stdout
     _collect_until_done(db)
-    row = _rows(db)["llamafactory"]
-    assert slurm_cpu_row_ok(row), row["reason"]
+    rows = _rows(db)
+    row, reference = rows["llamafactory"], rows["torch"]
+    assert slurm_cpu_row_ok(row) and slurm_cpu_row_ok(reference), (row["reason"], reference["reason"])
     assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0 and row["step_unit"] == "optimizer"
     assert row["tokens_measured"] == 5 * 512
+    assert row["compare_id"] == reference["compare_id"] and (row["trial_round"], reference["trial_round"]) == (1, 1)
+    sub = json.loads((Path(row["run_dir"]) / "slurm.json").read_text())
+    judging = Path(sub["judging"]["step_label_mean"])
+    assert (judging / "slurm-exit-code").read_text().strip() == "0"  # trained in the job, after the reference
+    assert all(not (Path(d) / "slurm-exit-code").exists() for k, d in sub["judging"].items() if k != "step_label_mean")
+    checks = _checks(row)
+    assert checks["parity"]["status"] == "pass" and checks["update"]["status"] == "pass", checks
+    assert f"trained with loss_scheme step_label_mean" in row["notes"] and str(judging) in row["notes"]
     assert "slurm-1000.out" in {p.name for p in Path(row["run_dir"]).iterdir()}
+
+
+@pytest.mark.slow  # starts the fakes' processes
+def test_repeat_under_slurm_submits_one_job_per_round_in_rotated_orders(cluster, fakes, tmp_path):
+    """`--repeat 3`: three jobs, each a round with its own seed (the backends' orders rotated, the
+    reference last), collected as the trials of one compare."""
+    db = tmp_path / "results.sqlite"
+    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok,fake_noisy,fake_noisy_twin", "--launcher",
+                  "slurm", "--repeat", "3", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    orders = re.findall(r"round \d/3: one job runs (.+), in that order", res.stdout)
+    assert orders == ["fake_noisy, fake_noisy_twin, fake_ok", "fake_noisy_twin, fake_noisy, fake_ok",
+                      "fake_noisy, fake_noisy_twin, fake_ok"], orders
+    jobs = re.findall(r"submitted: SLURM job (\d+)", res.stdout)
+    assert jobs == [j for j in ("1000", "1001", "1002") for _ in range(3)]
+    _collect_until_done(db)
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT backend, status, compare_id, trial_round, trial_position, seed FROM runs").fetchall()
+    assert len(rows) == 9 and len({r[2] for r in rows}) == 1
+    assert sorted((r[3], r[4]) for r in rows) == [(i, p) for i in (1, 2, 3) for p in (1, 2, 3)]
+    assert all(r[4] == 3 for r in rows if r[0] == "fake_ok")  # the reference last in each round
+    seeds = {r[3]: r[5] for r in rows}
+    assert len(set(seeds.values())) == 3 and all(r[5] == seeds[r[3]] for r in rows)  # one seed a round
+    assert all(r[1] != "failed" for r in rows), rows
 
 
 @pytest.mark.slow
@@ -188,11 +227,12 @@ def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_pat
               device="cpu")
     job.run_dir.mkdir()
     plan = LaunchPlan(python=tmp_path / "not-shared" / "bin" / "python", module="fbench_fake_worker")
-    script = slurm.write_sbatch(plan, job)
+    script = slurm.write_sbatch([(plan, job)])
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_CPUS_ON_NODE": "2"}
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 3
-    assert f"fbench: {plan.python} is missing on" in proc.stdout and "shares, at the same path" in proc.stdout
+    said = (job.run_dir / "slurm-7.out").read_text()  # the run's own output, which its row quotes
+    assert f"fbench: {plan.python} is missing on" in said and "shares, at the same path" in said
     assert (job.run_dir / slurm.SBATCH_EXIT_FILE).read_text().strip() == "3"
 
 
@@ -477,8 +517,8 @@ def _checks(row: dict) -> dict[str, dict]:
 
 @pytest.mark.slow  # starts a framework's or the host's own process
 def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes, tmp_path, monkeypatch):
-    """As a compare here does: the reference submitted first, each other run judged against its
-    result when collected (before, runs collected from SLURM were never judged)."""
+    """As a compare here does: one job runs the round, the reference last, and each other run is
+    judged against the reference's result when collected."""
     import fbench_fake_backends
     from framework_bench.run import compare
 
@@ -493,7 +533,8 @@ def test_collected_runs_are_judged_for_parity_with_the_reference(cluster, fakes,
     res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "fake_apart,fake_alike,fake_reference",
                   "--launcher", "slurm", "--db", str(db))
     assert res.exit_code == 0, res.output
-    assert re.findall(r"fake_\w+(?= via slurm)", res.stdout) == ["fake_reference", "fake_apart", "fake_alike"]
+    assert re.findall(r"fake_\w+(?= via slurm)", res.stdout) == ["fake_apart", "fake_alike", "fake_reference"]
+    assert len(set(re.findall(r"submitted: SLURM job (\d+)", res.stdout))) == 1  # the round is one job
     _collect_until_done(db)
     rows = _rows(db)
     assert slurm_cpu_row_ok(rows["fake_reference"]) and "parity" not in _checks(rows["fake_reference"])

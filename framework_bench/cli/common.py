@@ -109,10 +109,11 @@ def check_repeat(repeat: str, precision: float | None, warmup_rounds: int | None
         if precision is not None:
             fail("--precision goes with --repeat auto")
         trials = int(count)
-    if launcher == "slurm" and (trials != 1 or warmup_rounds):
-        # each trial would be a job of its own, queued apart: nothing rotates or interleaves them
-        fail("--repeat and --warmup-rounds run their trials here, one after the other; with --launcher slurm, "
-             "submit one compare per trial")
+    if launcher == "slurm" and (trials == "auto" or warmup_rounds):
+        # each round is a job of its own, on nodes of its own: a warm-up round would warm other
+        # nodes, and `auto` would need each round's figures before submitting the next
+        fail("with --launcher slurm, --repeat takes a number of rounds (one job each); --repeat auto and "
+             "--warmup-rounds run here only")
     return trials
 
 

@@ -79,7 +79,8 @@ def run(
         _plan_only([backend], [s], options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
         return
     if launcher == "slurm":
-        _submit_slurm([backend], [s], options.model_copy(update={"db": db}), wait=wait, poll=poll, out=None)
+        _submit_slurm([backend], [s], options.model_copy(update={"db": db}), wait=wait, poll=poll, out=None,
+                      repeat=trials, no_reference=no_reference)
         return
     store = common.open_store(db)
     common.preflight(store)
@@ -171,7 +172,8 @@ def compare(
         _plan_only(names, chosen, options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
         return
     if launcher == "slurm":
-        _submit_slurm(names, chosen, options.model_copy(update={"db": db}), wait=wait, poll=poll, out=out)
+        _submit_slurm(names, chosen, options.model_copy(update={"db": db}), wait=wait, poll=poll, out=out,
+                      repeat=trials, no_reference=no_reference)
         return
     store = common.open_store(db)
     common.preflight(store, out)
@@ -318,10 +320,10 @@ def _plan_only(backend_names: list[str], chosen: list, options, reference: list[
 
 
 def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool, poll: float,
-                  out: Path | None) -> None:
-    """--launcher slurm: judge, write and submit each run (never for a backend that refused, or
-    whose hooks raised); those are stored at once, submitted runs when their jobs end (--wait,
-    or `results collect`)."""
+                  out: Path | None, repeat: int = 1, no_reference: bool = False) -> None:
+    """--launcher slurm: judge, write and submit each round as one job (never a backend that
+    refused, or whose hooks raised); those are stored at once, submitted runs when their job
+    ends (--wait, or `results collect`)."""
     from framework_bench.run import pipeline, submit
     from framework_bench.run.interrupts import stop_signals_interrupt
     from framework_bench.store.unstored import Unstored
@@ -332,6 +334,10 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
 
     def on_scenario(s) -> None:
         common.console.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+
+    def on_round(s, i, order) -> None:
+        if repeat > 1 or len(order) > 1:
+            common.console.print(f"round {i}/{repeat}: one job runs {', '.join(order)}, in that order", highlight=False)
 
     def on_planned(name, s, p) -> None:
         render.print_submission(name, p, options)
@@ -348,7 +354,8 @@ def _submit_slurm(backend_names: list[str], chosen: list, options, *, wait: bool
 
     try:
         with stop_signals_interrupt():
-            submit.submit_all(chosen, backend_names, options, on_scenario=on_scenario, on_planned=on_planned)
+            submit.submit_all(chosen, backend_names, options, repeat=repeat, no_reference=no_reference,
+                              on_scenario=on_scenario, on_round=on_round, on_planned=on_planned)
     except common.user_errors() as e:
         common.fail(str(e))
     except KeyboardInterrupt:  # while judging, packing or submitting: what was submitted stays recorded
@@ -381,19 +388,19 @@ def wait_for_jobs(subs: list, store_for, poll: float) -> tuple[list, bool]:
     results = []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=common.err, transient=False)
-    tasks = {sub.job_id: progress.add_task(f"job {sub.job_id} · {sub.backend} · {sub.scenario}",
-                                           total=collect.scenario_of(sub).steps.total, note="submitted") for sub in subs}
+    tasks = {sub.run_dir: progress.add_task(f"job {sub.job_id} · {sub.backend} · {sub.scenario}",
+                                            total=collect.scenario_of(sub).steps.total, note="submitted") for sub in subs}
 
     def on_result(r, sub) -> None:
         results.append(r)
-        progress.update(tasks[sub.job_id], completed=collect.steps_done(sub),
+        progress.update(tasks[sub.run_dir], completed=collect.steps_done(sub),
                         note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else "") + f" · stored as {r.result_id}")
 
     def on_problem(sub, why: str) -> None:
-        progress.update(tasks[sub.job_id], note=f"not stored: {why}")
+        progress.update(tasks[sub.run_dir], note=f"not stored: {why}")
 
     def on_waiting(sub, state) -> None:
-        progress.update(tasks[sub.job_id], completed=collect.steps_done(sub), note=state.state.lower())
+        progress.update(tasks[sub.run_dir], completed=collect.steps_done(sub), note=state.state.lower())
 
     with progress:
         left = collect.wait(subs, store_for, poll, on_result, on_problem, on_waiting)

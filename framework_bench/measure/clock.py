@@ -10,9 +10,10 @@ reveals the update projection's seed once every rank ended the last step
 (`STAMPS_FILE`); `clock_checks.py` judges them after the run.
 
 Under SLURM the batch script runs the watcher on the job's first node, beside the workers
-(`python -m framework_bench.measure.clock RUN_DIR WARMUP STEPS RANKS [all]`, stopped by SIGTERM
-once they end): lines of ranks on other nodes reach it through the shared filesystem, read
-every 0.1 s, and no CPU time is read there (the workers are no descendants of the watcher).
+(`python -m framework_bench.measure.clock RUN_DIR WARMUP STEPS RANKS [all]`, its projection seed
+on its standard input, stopped by SIGTERM once they end): lines of ranks on other nodes reach it
+through the shared filesystem, read every 0.1 s, and no CPU time is read there (the workers are
+no descendants of the watcher).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import secrets
 import select
 import signal
 import sys
@@ -219,14 +219,16 @@ class Watcher:
 
 
 def _watch_until_terminated(run_dir: str, warmup: str, steps: str, ranks: str, gpus: str | None = None) -> None:
-    """The watcher on a SLURM job's first node: its projection seed is its own draw (no run
-    there is judged against a reference's projection)."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=secrets.randbits(31))
+    """The watcher on a SLURM job's first node. Its projection seed is the first line of its
+    standard input: the batch script draws one per job and pipes it to the watcher of each run
+    it holds (a SLURM round), so that the round's runs share one projection vector, while no
+    worker can read it (never in an argument or the environment)."""
+    # SIGTERM waited for, not handled: a handler setting an Event can deadlock on the lock the
+    # main thread holds inside Event.wait, leaving the batch script waiting for the watcher forever.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=int(sys.stdin.readline()))
     with Watcher(Path(run_dir), int(warmup), cpu=False, gpus=gpus, reveal=reveal):
-        while not stop.wait(0.5):
-            pass
+        signal.sigwait({signal.SIGTERM})
 
 
 if __name__ == "__main__":

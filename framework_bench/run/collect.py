@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -34,10 +35,10 @@ from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Job
 from framework_bench.run import pipeline, referee
-from framework_bench.run.reference import reference_backend
+from framework_bench.run.reference import RunReference, judging_reference, reference_backend
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
-from framework_bench.run.launchers.slurm import SBATCH_EXIT_FILE, SBATCH_FILE, written_for
+from framework_bench.run.launchers.slurm import ROUND_LINE, SBATCH_EXIT_FILE, SBATCH_FILE, written_for
 from framework_bench.run.launchers.slurm_queue import JobState, job_state, node, outcome_of
 from framework_bench.spec.scenario import Scenario
 from framework_bench.spec.scenario import load as load_scenario
@@ -58,11 +59,38 @@ def ingest(sub: Submission, state: JobState, reference: RunResult | None = None)
         return RunResult(backend=sub.backend, scenario=sub.scenario, status="failed", run_dir=sub.run_dir,
                          wall_seconds=round(outcome.seconds, 2), reason=referee.shortened(reason.strip()))
     result = pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome)
+    result.compare_id, result.trial_round, result.trial_position = sub.compare_id, sub.trial_round, sub.trial_position
     if sub.backend == reference_backend():
         return result
-    absent = ("no reference job was submitted beside it" if sub.reference is None else
-              f"the reference's job ({sub.reference}) left no result")
-    return referee.judge(result, reference, scenario_of(sub), absent)
+    absent = ("no reference run was submitted beside it" if sub.reference is None else
+              f"the reference's run ({sub.reference}) left no result")
+    scenario = scenario_of(sub)
+    return referee.judge(result, judging_reference(result, reference, scenario, _judging_runs(sub, scenario), {}),
+                         scenario, absent)
+
+
+def _judging_runs(sub: Submission, scenario: Scenario) -> RunReference:
+    """The reference runs of `sub`'s round trained with another loss normalisation (`sub.judging`),
+    read back as `judging_reference` asks for one: trained in the same job, after the reference,
+    where a run of the round showed that normalisation (framework_bench/run/submit.py). None is
+    trained with a run's own adapters there: such a run is judged as the reference's run allows,
+    saying so."""
+    def read_back(trained: Scenario, scheme: str | None) -> RunResult:
+        name = reference_backend() or "the reference"
+        unjudged = RunResult(backend=name, scenario=sub.scenario, status="unsupported")
+        if trained.finetune != scenario.finetune:
+            unjudged.reason = ("a SLURM round trains no reference with a run's own adapters (native settings): "
+                               "judge them with --settings matched, or on the local launcher")
+            return unjudged
+        folder = sub.judging.get(scheme or "")
+        if folder is None or not (folder / SBATCH_EXIT_FILE).exists():
+            unjudged.status = "failed"
+            unjudged.reason = (f"its round's reference run with loss_scheme {scheme} did not run"
+                               + (f" ({folder})" if folder else ": none was submitted with it"))
+            return unjudged
+        run = sub.model_copy(update={"backend": name, "run_dir": folder, "reference": None, "judging": {}})
+        return pipeline.finish(pipeline.Prepared.of_run_dir(folder, name, node(run)[1]), outcome_of(run, job_state(run)))
+    return read_back
 
 
 def job_damage(sub: Submission) -> str | None:
@@ -155,8 +183,10 @@ def _hand_submitted(run_dir: Path, output: Path, script: Path) -> Submission:
             raise ValueError(f"its {JOB_FILE} {_damage(e)}, and {script.name} does not say what it runs") from None
         scenario, backend = written
     limit = next((line.split("=", 1)[1] for line in text.splitlines() if line.startswith("#SBATCH --time=")), "?")
+    in_round = re.search(ROUND_LINE, text, re.M)
     return Submission(job_id=output.stem.removeprefix("slurm-"), backend=backend, scenario=scenario,
-                      run_dir=run_dir, submitted_at="(by hand)", time_limit=limit)
+                      run_dir=run_dir, submitted_at="(by hand)", time_limit=limit,
+                      round_runs=int(in_round[1]) if in_round else 1)
 
 
 COLLECTING = "collecting"  # in a run folder while one `collect` stores it: the pid of that process

@@ -9,8 +9,6 @@ judged, so Ctrl-C or a crash loses only the run in flight.
 from __future__ import annotations
 
 import fnmatch
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -117,7 +115,7 @@ def compare(
     reference_name = None if no_reference else reference_backend()
     absent = "--no-reference" if no_reference else absent_reason()
     orders = design.trial_orders(backend_names, reference_name)
-    compare_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    compare_id = design.new_compare_id()
     pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its reference's
     judging: dict[tuple, RunResult] = {}  # the round's reference runs trained as a run says it trained
 

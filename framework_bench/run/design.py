@@ -4,7 +4,9 @@ many rounds `--repeat auto` may take, and each round's seed."""
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import time
 
 from framework_bench.spec.scenario import Scenario
 
@@ -16,6 +18,11 @@ def compare_seed(pinned: int | None) -> int:
     """The seed a compare starts from: the one pinned with `--seed`, else a fresh one, so that no
     run can replay what it trained in an earlier compare (the same weights and rows)."""
     return secrets.randbelow(2**32) if pinned is None else pinned
+
+
+def new_compare_id() -> str:
+    """The id every trial of one compare is stored with: its start and the process."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def round_seed(seed: int, index: int) -> int:

@@ -65,13 +65,6 @@ def absent_reason() -> str:
     return f"no reference backend is installed ({REFERENCE_ENV} or BackendInfo.reference)"
 
 
-def reference_first(backend_names: list[str]) -> tuple[list[str], str | None]:
-    """The backends with the reference first, and the reference's name: the order a SLURM
-    compare submits them, so that every other run records the reference's run folder."""
-    reference_name = reference_backend()
-    return sorted(backend_names, key=lambda b: b != reference_name), reference_name
-
-
 # Trains the reference backend on a scenario, with a loss scheme (None: the torch loop's own): its result.
 RunReference = Callable[[Scenario, "str | None"], RunResult]
 NATIVE_ADAPTERS = "native_adapters"  # FBENCH_UNCHECKED name: judge native adapters at step 1 only, as before

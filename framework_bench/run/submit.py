@@ -1,6 +1,12 @@
 """`--launcher slurm`: runs prepared as `framework_bench/run/pipeline.py` prepares every run, then
-handed to SLURM (`submit_all`: every backend on every scenario, the reference first);
-`framework_bench/run/collect.py` finishes each when its job ends."""
+handed to SLURM a round at a time (`submit_all`): one batch job per round runs that round's
+backends one after another on the same nodes, in the rotated order a compare here runs them, the
+reference last, and after it any reference run needed to judge a run trained otherwise.
+`framework_bench/run/collect.py` finishes each run when its job ends.
+
+`--repeat N` makes N rounds, N jobs: a round shares one allocation (its runs are paired on the
+same nodes, as `measure/statistics.py` pairs a round's runs), while rounds queue apart, so that
+one lost node costs one round and each job's time limit stays that of one round."""
 
 from __future__ import annotations
 
@@ -16,8 +22,9 @@ from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.slurm import SBATCH_FILE
 from framework_bench.run.launchers.slurm_time import TimeEstimate
 from framework_bench.run.options import RunOptions
-from framework_bench.run.reference import reference_first
+from framework_bench.run.reference import reference_backend
 from framework_bench.spec.scenario import Scenario
+from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, WORLD_LABEL_MEAN
 
 
 class Planned(BaseModel):
@@ -31,24 +38,58 @@ class Planned(BaseModel):
     note: str | None = None
 
 
-def submit(backend_name: str, scenario: Scenario, options: RunOptions, machine: Machine | None = None,
-           reference: Path | None = None) -> Planned:
-    """Prepare and start on SLURM: write the sbatch script, submitted where sbatch exists here.
-    Nothing is written or submitted for a backend that refused, or whose hooks raised (a
-    result then, as on every launcher); the job ends on the cluster and
-    `framework_bench/run/collect.py` finishes it, judged for parity with the run in `reference`."""
-    options = options.model_copy(update={"launcher": "slurm"})
-    heard: list[verdicts.Verdict] = []
-    p = pipeline.prepare(backend_name, scenario, options, machine=machine, on_verdict=heard.append)
-    if isinstance(p, RunResult):  # the caller stores it, which releases its claim
-        return Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=backend_name, check=p.reason), result=p)
-    sub = p.executor.start(p.plan, p.job, options, p.gpu_name, lambda: None)
-    orphans.release(p.job.run_dir)  # its job is `results collect`'s to store now
-    if sub.job_id is not None and reference is not None:
-        sub.reference = reference
-        sub.save()
-    return Planned(verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=p.executor.time_limit(scenario, p.gpu_name),
-                   submission=sub if sub.job_id else None, note=sub.note)
+def judging_schemes(scenario: Scenario) -> list[str]:
+    """The loss normalisations a run of `scenario` can show apart from the others (micro-batch
+    means only with accumulation, every process's labels only with several): a round's reference
+    is prepared to train with each, and trains with those its runs showed."""
+    return [s for s in SCHEMES if (s != MICRO_MEAN_MEAN or scenario.grad_accum > 1)
+            and (s != WORLD_LABEL_MEAN or scenario.cluster.gpus > 1)]
+
+
+def submit_round(order: list[str], scenario: Scenario, options: RunOptions, reference_name: str | None,
+                 on_planned: Callable[[str, Scenario, Planned], None], machine: Machine | None = None,
+                 compare_id: str | None = None, trial_round: int | None = None) -> None:
+    """Prepare the round's runs in `order` (the reference last) and submit them as one job. A
+    backend that refused, or whose hooks raised, is a result at once (the caller stores it) and
+    never submitted. Each submitted run records the reference's run folder and the judging runs'
+    (the reference prepared with each loss normalisation a run may show), and is judged against
+    them when collected. Nothing is started when no run is left."""
+    prepared: list[tuple[int, pipeline.Prepared]] = []
+    for position, name in enumerate(order, 1):
+        heard: list[verdicts.Verdict] = []
+        p = pipeline.prepare(name, scenario, options, machine=machine, on_verdict=heard.append)
+        if isinstance(p, RunResult):
+            p.compare_id, p.trial_round, p.trial_position = compare_id, trial_round, position
+            on_planned(name, scenario, Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=name, check=p.reason),
+                                               result=p))
+        else:
+            prepared.append((position, p))
+    if not prepared:
+        return
+    reference = prepared[-1][1] if prepared[-1][1].identity.backend == reference_name else None
+    judging: dict[str, pipeline.Prepared] = {}
+    if reference is not None and len(prepared) > 1:
+        for scheme in judging_schemes(scenario):
+            p = pipeline.prepare(reference.identity.backend, scenario, options.model_copy(update={"loss_scheme": scheme}),
+                                 machine=machine)
+            if not isinstance(p, RunResult):
+                judging[scheme] = p
+    executor, gpu_name = prepared[0][1].executor, prepared[0][1].gpu_name
+    subs = executor.submit_round([(p.plan, p.job) for _, p in prepared], {k: (p.plan, p.job) for k, p in judging.items()},
+                                 options, gpu_name)
+    for p in judging.values():
+        orphans.release(p.job.run_dir)  # a judging run is never stored: its candidate's notes name it
+    time = executor.time_limit(scenario, gpu_name, len(prepared) + min(len(judging), len(prepared) - 1))
+    for (position, p), sub in zip(prepared, subs):
+        orphans.release(p.job.run_dir)  # its job is `results collect`'s to store now
+        sub.compare_id, sub.trial_round, sub.trial_position = compare_id, trial_round, position
+        if reference is not None and p is not reference:
+            sub.reference = reference.job.run_dir
+            sub.judging = {scheme: j.job.run_dir for scheme, j in judging.items()}
+        if sub.job_id is not None:
+            sub.save()
+        on_planned(p.identity.backend, scenario, Planned(verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=time,
+                                                         submission=sub if sub.job_id else None, note=sub.note))
 
 
 def submit_all(
@@ -56,19 +97,24 @@ def submit_all(
     backend_names: list[str],
     options: RunOptions,
     *,
+    repeat: int = 1,
+    no_reference: bool = False,
     on_scenario: Callable[[Scenario], None] = lambda s: None,
+    on_round: Callable[[Scenario, int, list[str]], None] = lambda s, i, order: None,
     on_planned: Callable[[str, Scenario, Planned], None] = lambda b, s, p: None,
 ) -> None:
-    """`compare --launcher slurm`: every backend on every scenario written and submitted, the
-    reference first (jobs run side by side there, in no order of ours); each other run records the reference's run folder, so `results collect`
-    judges it for parity with the reference's result."""
-    ordered, reference_name = reference_first(backend_names)
-    options = options.model_copy(update={"seed": design.compare_seed(options.seed)})  # one round: every job's
+    """`compare --launcher slurm`: on every scenario, `repeat` rounds, each one job
+    (`submit_round`): the backends in the order of `design.trial_orders` (rotated round after
+    round), the reference added and last unless `no_reference`. Each round has its own seed,
+    derived from the compare's (`design.round_seed`), as a compare here has."""
+    options = options.model_copy(update={"launcher": "slurm"})
+    reference_name = None if no_reference else reference_backend()
+    orders = design.trial_orders(backend_names, reference_name)
+    seed, compare_id = design.compare_seed(options.seed), design.new_compare_id()
     for s in scenarios:
         on_scenario(s)
-        reference = None
-        for name in ordered:
-            planned = submit(name, s, options, reference=reference)
-            if name == reference_name and planned.submission is not None:
-                reference = planned.submission.run_dir
-            on_planned(name, s, planned)
+        for i in range(repeat):
+            order = orders[i % len(orders)]
+            on_round(s, i + 1, order)
+            submit_round(order, s, options.model_copy(update={"seed": design.round_seed(seed, i)}), reference_name,
+                         on_planned, compare_id=compare_id, trial_round=i + 1)

@@ -50,7 +50,8 @@ def sbatch_path(job: Job) -> Path:
     return job.run_dir / SBATCH_FILE
 
 
-SBATCH_EXIT_FILE = "slurm-exit-code"  # the job's srun exit status, for clusters without accounting (sacct)
+SBATCH_EXIT_FILE = "slurm-exit-code"  # the run's srun exit status: how it ended, in a round of several or without sacct
+ROUND_OUTPUT = "round-%j.out"  # the job's own output, in its first run's folder; each run's goes to its slurm-JOBID.out
 
 
 NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its GPU's name (none on CPU)
@@ -58,76 +59,128 @@ NODE_FILE = "node.txt"  # the batch script's first node: its hostname, then its 
 
 WRITTEN_FOR = "# Written by fbench: scenario {scenario}, backend {backend}."
 
+ROUND_LINE = r"^# A round of (\d+) runs on one allocation"  # how a script submitted by hand says it holds several
+
+
 def written_for(script: str) -> tuple[str, str] | None:
     """(scenario, backend) a batch script says it was written for; None where it does not."""
     found = re.search(r"^# Written by fbench: scenario (.+), backend (.+)\.$", script, re.M)
     return (found[1], found[2]) if found else None
 
 
-def sbatch_script(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
-                  extra: tuple[str, ...] = ()) -> str:
-    """A submit-ready sbatch script: one srun task per node, each running torchrun over that
-    node's GPUs (a one-process run starts the worker itself); the rendezvous endpoint is the
-    allocation's first host. `extra` lines (`--partition=...`) become `#SBATCH` lines.
-
-    Every node must see the run folder, the packed data and the backend env's Python at the
-    same paths (a shared filesystem): the job checks that on each node before it starts."""
+def _run_block(plan: LaunchPlan, job: Job, cpus: str, title: str) -> list[str]:
+    """One run of the job, in a subshell of its own (its environment, its folder), all it prints
+    in its run folder's `slurm-JOBID.out`: the node's name, the shared paths checked on every
+    node, then the workers with the host's clock watcher beside them, and its exit status."""
     if job.nnodes * job.nprocs == 1:
         command = shlex.join([str(plan.python), "-m", plan.module, *plan.args])
     else:
         # Placeholders survive quoting, then become shell expansions the allocation fills in.
         command = shlex.join(torchrun_argv(plan, job, endpoint="@ENDPOINT@", rdzv_id="@JOBID@"))
         command = command.replace("@ENDPOINT@", f'"$head_node:{RDZV_PORT}"').replace("@JOBID@", '"$SLURM_JOB_ID"')
+    srun = f"srun --nodes={job.nnodes} --ntasks-per-node=1"
+    shared = [str(job.run_dir), str(job.data_dir), str(plan.python)]
+    watcher = [str(plan.python), "-m", "framework_bench.measure.clock", str(job.run_dir), str(job.scenario.steps.warmup),
+               str(job.scenario.steps.total), str(job.scenario.cluster.gpus)] + (["all"] if job.device == "cuda" else [])
+    run_dir = shlex.quote(str(job.run_dir))
+    return [
+        f"# {title}: {job.backend}",
+        "(",
+        f"  cd {run_dir}",
+        *(f"  export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
+        "  # What ran it, for its figures (MFU against this GPU's peak) and its manifest.",
+        f"  {{ hostname; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1; }} > {NODE_FILE} || true",
+        "  # fbench assumes a filesystem shared by every node: check the paths on each node first.",
+        f"  {srun} bash -c 'for p in \"$@\"; do [ -e \"$p\" ] || {{ echo \"fbench: $p is missing on $(hostname): "
+        "the run folder, the packed data and the backend env must be on a filesystem every node shares, at the "
+        "same path\"; exit 3; }; done' fbench-shared-paths " + shlex.join(shared),
+        "  status=$?",
+        "  if [ $status -eq 0 ]; then",
+        "    # The host's clock, beside the workers: stamps their clock lines as they arrive, and reveals the",
+        "    # round's projection seed (its standard input) after the last step (framework_bench/measure/clock.py).",
+        f"    printf '%s\\n' \"$seed\" | {shlex.join(watcher)} &",
+        "    clock_watcher=$!",
+        f"    # One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
+        f"    {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
+        "    status=$?",
+        "    kill -TERM $clock_watcher; wait $clock_watcher",
+        "  fi",
+        f"  echo $status > {SBATCH_EXIT_FILE}",
+        "  exit $status",
+        f') > {run_dir}/"slurm-$SLURM_JOB_ID.out" 2>&1',
+    ]
+
+
+def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:00", cpus_per_task: int | None = None,
+                  extra: tuple[str, ...] = (), judging: dict[str, tuple[LaunchPlan, Job]] | None = None,
+                  written_for: Job | None = None) -> str:
+    """A submit-ready sbatch script running `runs` one after another on one allocation (a SLURM
+    round: its last is the reference, whose files no earlier run can read), each as
+    `_run_block` says: one srun task per node, torchrun over the node's GPUs (a one-process run
+    starts the worker itself), the rendezvous endpoint the allocation's first host. Every run's
+    clock watcher reveals one projection seed, drawn here, so each run's update is projected as
+    the reference's. Then, for each loss normalisation a run of the round showed that the
+    reference's differs from (`framework_bench/worker/loss_weighting.py`, asked on the node),
+    its `judging` run: the reference trained that way, to judge it at every step.
+    `extra` lines (`--partition=...`) become `#SBATCH` lines; `written_for`: the run whose
+    folder holds this copy (named in its header).
+
+    Every node must see the run folders, the packed data and the backend envs' Python at the
+    same paths (a shared filesystem): each run checks that on every node before it starts."""
+    judging = judging or {}
+    plan, job = runs[0]
+    mine = written_for or job
     # The one task per node starts every worker of that node: give it the node's CPUs
     # (srun's default of one CPU per task would pin all workers to one core).
     cpus = str(cpus_per_task) if cpus_per_task else '"$SLURM_CPUS_ON_NODE"'
-    srun = f"srun --nodes={job.nnodes} --ntasks-per-node=1"
-    shared = [str(job.run_dir), str(job.data_dir), str(plan.python)]
+    name = job.backend if len(runs) == 1 else "round"
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=fbench-{job.scenario.name}-{job.backend}",
+        f"#SBATCH --job-name=fbench-{job.scenario.name}-{name}",
         f"#SBATCH --nodes={job.nnodes}",
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gpus-per-node={job.nprocs}"] if job.device == "cuda" else []),
         *([f"#SBATCH --cpus-per-task={cpus_per_task}"] if cpus_per_task else []),
         "#SBATCH --exclusive",
         f"#SBATCH --time={time_limit}",
-        f"#SBATCH --output={job.run_dir}/slurm-%j.out",
+        f"#SBATCH --output={job.run_dir}/{ROUND_OUTPUT}",
         *(f"#SBATCH {arg}" for arg in extra),
-        WRITTEN_FOR.format(scenario=job.scenario.name, backend=job.backend),
-        "set -euo pipefail",
-        f"cd {shlex.quote(str(job.run_dir))}",
-        *(f"export {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
+        WRITTEN_FOR.format(scenario=mine.scenario.name, backend=mine.backend),
+        *([f"# A round of {len(runs)} runs on one allocation, in this order: "
+           + ", ".join(j.backend for _, j in runs) + "."] if len(runs) > 1 else []),
+        "set -uo pipefail  # no -e: every ending leaves its exit status in its run folder",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "# What ran the job, for its figures (MFU against this GPU's peak) and its manifest.",
-        f"{{ hostname; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1; }} > {NODE_FILE} || true",
-        "set +e  # from here on, every ending leaves its exit status in the run folder",
-        "# fbench assumes a filesystem shared by every node: check the paths on each node first.",
-        f"{srun} bash -c 'for p in \"$@\"; do [ -e \"$p\" ] || {{ echo \"fbench: $p is missing on $(hostname): "
-        "the run folder, the packed data and the backend env must be on a filesystem every node shares, at the "
-        "same path\"; exit 3; }; done' fbench-shared-paths " + shlex.join(shared),
-        "status=$?",
-        f"# One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
-        "if [ $status -eq 0 ]; then",
-        "  # The host's clock, beside the workers: stamps their clock lines as they arrive, and reveals the",
-        "  # update projection's seed after the last step (framework_bench/measure/clock.py).",
-        f"  {shlex.join([str(plan.python), '-m', 'framework_bench.measure.clock', str(job.run_dir), str(job.scenario.steps.warmup), str(job.scenario.steps.total), str(job.scenario.cluster.gpus)] + (['all'] if job.device == 'cuda' else []))} &",
-        "  clock_watcher=$!",
-        f"  {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
-        "  status=$?",
-        "  kill -TERM $clock_watcher; wait $clock_watcher",
-        "fi",
-        f"echo $status > {SBATCH_EXIT_FILE}",
-        "exit $status",
+        "# The round's update-projection seed: never in an argument or the environment, where a worker could read it.",
+        f"seed=$({shlex.quote(str(plan.python))} -c 'import secrets; print(secrets.randbits(31))')",
+        "worst=0",
     ]
+    for i, (run_plan, run_job) in enumerate(runs, 1):
+        lines += _run_block(run_plan, run_job, cpus, f"{i}/{len(runs)}")
+        lines.append("status=$?; [ $status -eq 0 ] || [ $worst -ne 0 ] || worst=$status")
+    if judging:
+        ref_plan, ref_job = runs[-1]
+        ask = [str(ref_plan.python), "-m", "framework_bench.worker.loss_weighting", str(ref_job.run_dir),
+               *(str(j.run_dir) for _, j in runs[:-1])]
+        lines += ["# The reference trained as each run of the round normalised its loss, where that differs from its",
+                  "# own (framework_bench/worker/loss_weighting.py): judging runs, never trials.",
+                  "if [ $status -eq 0 ]; then",
+                  f"  for scheme in $({shlex.join(ask)}); do",
+                  '    case "$scheme" in']
+        for scheme, (j_plan, j_job) in sorted(judging.items()):
+            lines += [f"      {scheme})", *("        " + line for line in _run_block(j_plan, j_job, cpus,
+                                                                                 f"judging, loss_scheme {scheme}")),
+                      "        ;;"]
+        lines += ["    esac", "  done", "fi"]
+    lines.append("exit $worst")
     return "\n".join(lines) + "\n"
 
 
-def write_sbatch(plan: LaunchPlan, job: Job, time_limit: str = "02:00:00", cpus_per_task: int | None = None,
-                 extra: tuple[str, ...] = ()) -> Path:
-    path = sbatch_path(job)
-    path.write_text(sbatch_script(plan, job, time_limit, cpus_per_task, extra))
-    return path
+def write_sbatch(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:00", cpus_per_task: int | None = None,
+                 extra: tuple[str, ...] = (), judging: dict[str, tuple[LaunchPlan, Job]] | None = None) -> Path:
+    """The round's script in each of its runs' folders (each copy naming its run); the first's is submitted."""
+    for _, job in runs:
+        sbatch_path(job).write_text(sbatch_script(runs, time_limit, cpus_per_task, extra, judging, written_for=job))
+    return sbatch_path(runs[0][1])
 
 
 
@@ -145,39 +198,54 @@ class SlurmExecutor(Executor):
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
         return ["sbatch", str(sbatch_path(job))]
 
-    def time_limit(self, scenario: Scenario, gpu_name: str | None) -> TimeEstimate:
-        return estimate_time(scenario, gpu_name)
+    def time_limit(self, scenario: Scenario, gpu_name: str | None, runs: int = 1) -> TimeEstimate:
+        return estimate_time(scenario, gpu_name, runs)
 
     def write(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None) -> dict[str, Path]:
         sbatch: SbatchOptions = options.sbatch
-        return {"sbatch": write_sbatch(plan, job, self._limit(options, job.scenario, gpu_name), sbatch.cpus_per_task,
+        return {"sbatch": write_sbatch([(plan, job)], self._limit(options, job.scenario, gpu_name), sbatch.cpus_per_task,
                                        tuple(sbatch.extra))}
 
-    def _limit(self, options: LaunchOptions, scenario: Scenario, gpu_name: str | None) -> str:
-        return options.sbatch.time_limit or self.time_limit(scenario, gpu_name).limit
+    def _limit(self, options: LaunchOptions, scenario: Scenario, gpu_name: str | None, runs: int = 1) -> str:
+        return options.sbatch.time_limit or self.time_limit(scenario, gpu_name, runs).limit
 
     def start(self, plan: LaunchPlan, job: Job, options: LaunchOptions, gpu_name: str | None,
               poll: Callable[[], None]) -> Submission:
         """Write the script and submit it where sbatch exists here (recorded in the run folder);
         otherwise, or when sbatch refuses it, a `Submission` without a job id saying why."""
-        script = self.write(plan, job, options, gpu_name)["sbatch"]
-        warnings = shared_path_warnings(job, plan.python)
-        sub = Submission(job_id=None, backend=job.backend, scenario=job.scenario.name, run_dir=job.run_dir,
-                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         time_limit=self._limit(options, job.scenario, gpu_name), gpu_name=gpu_name,
-                         db=str(options.db) if options.db else None, note="; ".join(warnings) or None)
+        return self.submit_round([(plan, job)], {}, options, gpu_name)[0]
+
+    def submit_round(self, runs: list[tuple[LaunchPlan, Job]], judging: dict[str, tuple[LaunchPlan, Job]],
+                     options: LaunchOptions, gpu_name: str | None) -> list[Submission]:
+        """One job for the round's runs, one after another (`sbatch_script`): its script written into
+        each run's folder and submitted once where sbatch exists here. A `Submission` per run, all of
+        one job id (each recorded in its run folder), or, where sbatch is missing or refuses, none
+        saying why. Its time limit covers every run and the judging runs it may add."""
+        sbatch: SbatchOptions = options.sbatch
+        scenario = runs[0][1].scenario
+        limit = self._limit(options, scenario, gpu_name, len(runs) + min(len(judging), len(runs) - 1))
+        script = write_sbatch(runs, limit, sbatch.cpus_per_task, tuple(sbatch.extra), judging)
+        warnings = list(dict.fromkeys(w for plan, job in [*runs, *judging.values()]
+                                      for w in shared_path_warnings(job, plan.python)))
+        subs = [Submission(job_id=None, backend=job.backend, scenario=scenario.name, run_dir=job.run_dir,
+                           submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), time_limit=limit, gpu_name=gpu_name,
+                           db=str(options.db) if options.db else None, note="; ".join(warnings) or None,
+                           round_runs=len(runs)) for _, job in runs]
         if not sbatch_available():
-            sub.note = "; ".join([*warnings, f"sbatch not found here: submit {script} on the cluster, "
-                                  "then `fbench results collect` stores it when it ends"])
-            return sub
-        proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
-        job_id = proc.stdout.strip().split(";")[0]
-        if proc.returncode != 0 or not (job_id.isascii() and job_id.isdigit()):
-            sub.note = f"sbatch failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
-            return sub
-        sub.job_id = job_id
-        sub.save()
-        return sub
+            note = "; ".join([*warnings, f"sbatch not found here: submit {script} on the cluster, "
+                              "then `fbench results collect` stores it when it ends"])
+        else:
+            proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+            job_id = proc.stdout.strip().split(";")[0]
+            if proc.returncode == 0 and job_id.isascii() and job_id.isdigit():
+                for sub in subs:
+                    sub.job_id = job_id
+                    sub.save()
+                return subs
+            note = f"sbatch failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
+        for sub in subs:
+            sub.note = note
+        return subs
 
 
 def sbatch_available() -> bool:

@@ -57,14 +57,20 @@ def job_state(sub: Submission) -> JobState:
     queue = _ask(["squeue", "-h", "-j", sub.job_id, "-o", "%T"])
     if queue is not None and queue.returncode == 0 and (queued := queue.stdout.split()):
         return JobState(state=queued[0])
+    exit_file = sub.run_dir / SBATCH_EXIT_FILE
+    if sub.round_runs > 1 and exit_file.exists():  # one run of a round: its own ending, not the job's
+        return _exit_status(exit_file)
     accounting = _ask(["sacct", "-n", "-P", "-X", "-j", sub.job_id, "-o", "State,ExitCode,ElapsedRaw"])
     for line in (accounting.stdout if accounting is not None and accounting.returncode == 0 else "").splitlines():
         state, code, elapsed = (line.split("|") + ["", ""])[:3]
         if state.strip():
+            if sub.round_runs > 1:  # the job's ending, where this run left none: it never ended itself
+                return JobState(state="FAILED" if state.startswith("COMPLETED") else state.split()[0], note=(
+                    f"ended {state.split()[0]} before this run of its round ended (no {SBATCH_EXIT_FILE} in its "
+                    "run folder)"))
             rc = code.split(":")[0]
             return JobState(state=state.split()[0], exit_code=int(rc) if rc.isascii() and rc.isdigit() else None,
                             elapsed=float(elapsed) if elapsed.strip().isascii() and elapsed.strip().isdigit() else None)
-    exit_file = sub.run_dir / SBATCH_EXIT_FILE
     if exit_file.exists():
         return _exit_status(exit_file)
     # No accounting and no exit status: a job killed by SLURM says so in its output.
@@ -121,7 +127,7 @@ def outcome_of(sub: Submission, state: JobState) -> Outcome:
     """How the job ended, as the local launchers classify a process."""
     log = slurm_output(sub)
     last = tail(log)
-    seconds = state.elapsed if state.elapsed is not None else _output_span(sub)
+    seconds = state.elapsed if state.elapsed is not None and sub.round_runs == 1 else _output_span(sub)
     if state.state == "COMPLETED" and state.exit_code in (0, None):
         return Outcome("ok", 0, seconds, last)
     note = f"[fbench] SLURM job {sub.job_id} {state.note or f'ended {state.state}'}"
@@ -132,12 +138,18 @@ def outcome_of(sub: Submission, state: JobState) -> Outcome:
 
 
 def _output_span(sub: Submission) -> float:
-    """Without accounting: from the job file's writing to the SLURM output's last write
-    (queue time included)."""
+    """Without accounting, or for one run of a round: from its start (its node file's writing;
+    else its job file's, queue time included) to its SLURM output's last write."""
     try:
-        return max(0.0, slurm_output(sub).stat().st_mtime - (sub.run_dir / "job.json").stat().st_mtime)
+        end = slurm_output(sub).stat().st_mtime
     except OSError:
         return 0.0
+    for start in (NODE_FILE, "job.json"):
+        try:
+            return max(0.0, end - (sub.run_dir / start).stat().st_mtime)
+        except OSError:
+            continue
+    return 0.0
 
 
 def node(sub: Submission) -> tuple[str | None, str | None]:

@@ -39,17 +39,20 @@ class TimeEstimate(BaseModel):
     unit: str
     startup_seconds: int
     source: str = Field(description="where the step time comes from")
+    runs: int = Field(1, description="the runs the job holds, one after another (a SLURM round)")
     hint: str | None = None
 
     def summary(self) -> str:
-        return (f"--time={self.limit}: {self.steps} {self.unit} steps x {duration(self.step_seconds)} "
-                f"({self.source}) x {MARGIN:g} margin + {duration(self.startup_seconds)} start-up"
+        each = (f"{self.steps} {self.unit} steps x {duration(self.step_seconds)} ({self.source}) x {MARGIN:g} margin "
+                f"+ {duration(self.startup_seconds)} start-up")
+        return (f"--time={self.limit}: " + (f"{self.runs} runs x ({each})" if self.runs > 1 else each)
                 + (f"; {self.hint}" if self.hint else ""))
 
 
-def estimate_time(scenario: Scenario, gpu_name: str | None = None) -> TimeEstimate:
-    """The SLURM time limit for `scenario`: its steps x the step time its published TGS
-    implies, or else its FLOPs at an assumed MFU of the target GPU; with margin."""
+def estimate_time(scenario: Scenario, gpu_name: str | None = None, runs: int = 1) -> TimeEstimate:
+    """The SLURM time limit for `runs` runs of `scenario` one after another: its steps x the step
+    time its published TGS implies, or else its FLOPs at an assumed MFU of the target GPU; with
+    margin, and start-up for each run."""
     tokens = scenario.tokens_per_gpu_step
     device = scenario.cluster.device
     if scenario.reference:
@@ -67,13 +70,14 @@ def estimate_time(scenario: Scenario, gpu_name: str | None = None) -> TimeEstima
             tgs, source = ASSUMED_CPU_GFLOPS * 1e9 / per_token, f"model FLOPs at an assumed {ASSUMED_CPU_GFLOPS:g} GFLOP/s per CPU process"
     step = tokens / tgs
     steps = scenario.steps.total
-    seconds = math.ceil((MARGIN * steps * step + STARTUP_S[device]) / 60) * 60
+    seconds = math.ceil(runs * (MARGIN * steps * step + STARTUP_S[device]) / 60) * 60
     hint = None
     if seconds > LONG_JOB_S and scenario.steps.unit == "optimizer" and scenario.grad_accum > 1:
         micro = scenario.model_copy(update={"steps": scenario.steps.model_copy(update={"unit": "micro"})})
-        hint = f"with steps.unit micro: {estimate_time(micro, gpu_name).limit}"
+        hint = f"with steps.unit micro: {estimate_time(micro, gpu_name, runs).limit}"
     return TimeEstimate(limit=format_time(seconds), seconds=seconds, step_seconds=step, steps=steps,
-                        unit=scenario.steps.unit, startup_seconds=STARTUP_S[device], source=source, hint=hint)
+                        unit=scenario.steps.unit, startup_seconds=STARTUP_S[device], source=source, runs=runs,
+                        hint=hint)
 
 
 def limit_seconds(limit: str) -> int | None:
