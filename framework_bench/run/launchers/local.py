@@ -52,6 +52,18 @@ HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host its
 
 
 
+# The backend envs are installed without bytecode (pip --no-compile, for install time): a worker
+# writes it on its first import, as a plain pip install would have it, even where the shell says
+# not to. Otherwise every run compiles torch, transformers and its framework from source before
+# its first step (docs/calibration.md: LLaMA-Factory's imports took 25 s so, 9 s from bytecode).
+NO_BYTECODE = "PYTHONDONTWRITEBYTECODE"
+
+
+def _inherited() -> dict[str, str]:
+    """This process's environment for a worker, less `NO_BYTECODE` (a plan may still set it)."""
+    return {k: v for k, v in os.environ.items() if k != NO_BYTECODE}
+
+
 def execute(
     argvs: list[list[str]],
     env: dict[str, str],
@@ -70,7 +82,7 @@ def execute(
     logs = [node_log(log_path, i) for i in range(len(argvs))]
     procs: list[subprocess.Popen] = []
     first_bad: int | None = None
-    child_env = {**os.environ, **env, HOST_PID_ENV: str(os.getpid()), RUN_ENV: str(cwd)}
+    child_env = {**_inherited(), **env, HOST_PID_ENV: str(os.getpid()), RUN_ENV: str(cwd)}
     with ExitStack() as stack:
         tree = stack.enter_context(RunTree(procs))
         try:  # starting too: an interrupt between two nodes' starts must stop the first

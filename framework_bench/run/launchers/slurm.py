@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run.launchers.base import RDZV_PORT, Executor, LaunchOptions, Submission
+from framework_bench.run.launchers.local import NO_BYTECODE
 from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, estimate_time
 from framework_bench.run.launchers.torchrun import torchrun_argv
 from framework_bench.run.verdicts import Verdict
@@ -149,6 +150,7 @@ def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:0
         *([f"# A round of {len(runs)} runs on one allocation, in this order: "
            + ", ".join(j.backend for _, j in runs) + "."] if len(runs) > 1 else []),
         "set -uo pipefail  # no -e: every ending leaves its exit status in its run folder",
+        f"unset {NO_BYTECODE}  # workers write the envs' bytecode on their first import (launchers/local.py)",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "# The round's update-projection seed: never in an argument or the environment, where a worker could read it.",
         f"seed=$({shlex.quote(str(plan.python))} -c 'import secrets; print(secrets.randbits(31))')",
