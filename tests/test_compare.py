@@ -85,6 +85,19 @@ def test_cli_compare_json_table_and_charts(fakes, tmp_path):
     assert "fake_ok" in svg and "failed" in svg
 
 
+def test_a_one_trial_compare_ends_with_the_fastest_framework_and_how_to_get_an_interval(fakes, tmp_path):
+    import re
+    res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "fake_noisy,fake_noisy_slow",
+                                   "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    *_, answer, hint, closing = res.output.splitlines()
+    fastest, ahead, other = re.fullmatch(r"tiny_cpu: (\S+) fastest, ([\d.]+)% above (\S+) on one trial each: no "
+                                         r"interval; \d+% of fake_ok", answer).groups()
+    assert {fastest, other} == {"fake_noisy", "fake_noisy_slow"} and float(ahead) >= 0
+    assert hint.startswith("one trial per backend gives no interval: --repeat 3")
+    assert closing.startswith("3 run(s): 3 ok · exit 0")
+
+
 def test_cli_compare_unknown_backend_is_one_clear_error(fakes, tmp_path):
     res = CliRunner().invoke(app, ["compare", "--scenario", "tiny_cpu", "--backends", "nope",
                                    "--db", str(tmp_path / "r.sqlite")])
@@ -130,6 +143,8 @@ def test_cli_compare_table_shows_the_share_of_the_reference(fakes, tmp_path, mon
     assert "% of fake_ok" in res.output
     row = next(line for line in res.output.splitlines() if "│ fake_ok" in line)
     assert "100%" in row
+    # the last line counts the runs as pytest's does, and says what the exit code means
+    assert res.output.splitlines()[-1] == "2 run(s): 1 ok, 1 failed · exit 1: a run failed or was judged invalid (why above)"
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
@@ -367,6 +382,12 @@ def test_compare_repeat_on_seeded_fakes_finds_no_difference_in_an_aa_pair_and_th
     low, high = map(float, re.search(r"fake_noisy_slow is [\d.]+% slower than fake_noisy_twin "
                                      r"\(95% CI ([\d.]+) to ([\d.]+)%, paired over 3 rounds\)", res.output).groups())
     assert low <= 20 <= high
+    # the answer last: the fastest framework, against the next, no faster than its A/A twin
+    *_, answer, closing = res.output.splitlines()
+    assert re.fullmatch(r"tiny_cpu: no difference detected between (fake_noisy|fake_noisy_twin) and "
+                        r"(fake_noisy_twin|fake_noisy) \(95% CI \S+ to \S+%, paired over 3 rounds\); \d+% \(.+\) of fake_ok",
+                        answer), answer
+    assert re.fullmatch(r"12 run\(s\): 12 ok · exit 0: .+", closing), closing
 
 
 @pytest.mark.slow  # starts a framework's or the host's own process

@@ -289,3 +289,14 @@ def test_gpu_check_dry_finds_the_checkouts_own_fbench(tmp_path):
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[0].startswith("compare --scenario tiny_cuda") and "--dry-run" in calls[0]
     assert calls[1] == "device estimate --budget 420"
+
+
+def test_runs_of_a_scenario_that_ended_alike_for_one_reason_share_one_line():
+    why = "QLoRA runs on CUDA only: bitsandbytes has no CPU 4-bit kernels"
+    runs = [RunResult(backend=b, scenario="tiny_cpu_qlora", status="unsupported", reason=f"{b}: {why}")
+            for b in ("torch", "llamafactory", "xtuner")]
+    runs.append(RunResult(backend="xtuner", scenario="tiny_cpu", status="failed", reason="xtuner: it fell over\ntail 1"))
+    with common.console.capture() as said:
+        render.print_reasons(runs)
+    assert said.get().splitlines() == [f"tiny_cpu_qlora / torch, llamafactory, xtuner: unsupported: {why}",
+                                       "tiny_cpu / xtuner: failed: it fell over", "    tail 1"]

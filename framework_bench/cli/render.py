@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -263,14 +264,41 @@ def print_differences(records: list[dict], mode: str, show: Console | None = Non
 
 
 def print_reasons(results: list) -> None:
-    """Below a results table: why each run that is not ok ended so (first line, then the log tail)."""
+    """Below a results table: why each run that is not ok ended so (first line, then the log tail);
+    the backends of a scenario that ended alike for one reason (three QLoRA refusals) on one line."""
+    said: dict[tuple, list] = {}
     for r in results:
         if r.status != "ok":
             lines = (r.reason or "").splitlines()
-            common.console.print(f"[yellow]{r.scenario} / {r.backend}: {r.status}[/yellow]: {escape(lines[0] if lines else '')}",
-                          highlight=False)
-            for line in lines[1:][-8:]:
-                common.console.print(f"    {line}", highlight=False, markup=False)
+            first = (lines[0] if lines else "").removeprefix(f"{r.backend}: ")
+            said.setdefault((r.scenario, r.status, first) + (() if len(lines) <= 1 else (id(r),)), []).append(r)
+    for (scenario, status, first, *_), runs in said.items():
+        common.console.print(f"[yellow]{escape(scenario)} / {escape(', '.join(r.backend for r in runs))}: {status}[/yellow]: "
+                             f"{escape(first)}", highlight=False)
+        for line in (runs[0].reason or "").splitlines()[1:][-8:]:
+            common.console.print(f"    {line}", highlight=False, markup=False)
+
+
+def print_answers(points: Points) -> None:
+    """A compare's last lines: per scenario, the fastest framework, by how much, how sure."""
+    answers = points.answers()
+    if answers:
+        common.console.rule("the answer", style="bold")
+        for line in answers:
+            common.console.print(line, highlight=False, markup=False)
+
+
+# The statuses in the order a closing line counts them.
+_STATUS_ORDER = ("ok", "unverified", "invalid", "failed", "oom", "timeout", "interrupted", "unsupported")
+
+
+def closing_line(results: list, code: int, why: str | None = None) -> str:
+    """`15 runs: 12 ok, 3 unsupported · exit 0: ...`, as pytest's last line counts its tests."""
+    counts = Counter(r.status for r in results)
+    parts = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: (_STATUS_ORDER + (s,)).index(s)))
+    meaning = why or {0: "no run failed or was judged invalid (unverified and unsupported runs say why above)",
+                      1: "a run failed or was judged invalid (why above)", 130: "interrupted"}.get(code, "")
+    return f"{len(results)} run(s): {parts or 'none'} · exit {code}: {meaning}"
 
 
 def time_line(estimate, options) -> str:

@@ -106,19 +106,25 @@ def run(
     _end(results, interrupted)
 
 
-def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, points=None) -> None:
+def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, points=None,
+         closing: bool = False, as_json: bool = False) -> None:
     """The exit of a command that ran trials: 130 when interrupted, else by the runs' statuses;
     with `--fail-if-slower PCT`, 1 when a verdict (of `points`) says a backend is slower than the
-    reference by more."""
+    reference by more. `closing`: its last line counts the runs by status and says what the exit
+    code means (on stderr under `--json`)."""
     if interrupted:
         common.stop_interrupted()
-    if code := common.exit_code(results):
-        raise typer.Exit(code)
-    if fail_if_slower is not None and (slower := points.slower_than(fail_if_slower)):
+    code, why = common.exit_code(results), None
+    if not code and fail_if_slower is not None and (slower := points.slower_than(fail_if_slower)):
         common.err.print(f"slower than the reference by more than {fail_if_slower:g}%: "
                          + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
                          highlight=False, markup=False)
-        raise typer.Exit(1)
+        code, why = 1, f"a backend slower than the reference by more than {fail_if_slower:g}%"
+    if closing:
+        (common.err if as_json else common.console).print(render.closing_line(results, code, why), highlight=False,
+                                                          markup=False)
+    if code:
+        raise typer.Exit(code)
 
 
 def compare(
@@ -194,7 +200,9 @@ def compare(
         charts, md, page = common.charts_and_report(common.stored_rows(store, by_name, settings), out)
         (common.err if as_json else common.console).print(f"charts: {', '.join(str(c) for c in charts if c.suffix == '.png')}; "
                                             f"report: {md}, {page}", highlight=False, markup=False)
-    _end(results, interrupted, fail_if_slower, points)
+    if not as_json:
+        render.print_answers(points)
+    _end(results, interrupted, fail_if_slower, points, closing=True, as_json=as_json)
 
 
 def _reference(no_reference: bool) -> list[str]:

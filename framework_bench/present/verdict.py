@@ -209,6 +209,50 @@ class Points:
             "verdicts": self.lines,
         }
 
+    def answers(self) -> list[str]:
+        """Per scenario, the answer a compare exists to give: the fastest framework (the reference
+        aside) and by how much over the next, how sure (its interval, Holm-adjusted as the verdicts
+        are), and its share of the reference; then, once, how to get an interval where a pair has
+        none."""
+        out, without = [], False
+        for scenario in dict.fromkeys(sc for sc, _ in self.summaries):
+            ranked = sorted((s for (sc, b), s in self.summaries.items()
+                             if sc == scenario and b != self.reference and s.median is not None), key=lambda s: -s.median)
+            if not ranked:
+                continue
+            best = ranked[0]
+            share = self.shares.get((scenario, best.backend))
+            of_reference = f"; {share_cell(share)} of {self.reference}" if share and self.reference else ""
+            if len(ranked) == 1:
+                out.append(f"{scenario}: {best.backend} alone counted{of_reference}")
+                continue
+            pair = self._pair(scenario, best.backend, ranked[1].backend)
+            if pair is None or pair.low is None:
+                without = True
+                ahead = (best.median / ranked[1].median - 1) * 100
+                out.append(f"{scenario}: {best.backend} fastest, {ahead:.1f}% above {ranked[1].backend} on one trial "
+                           f"each: no interval{of_reference}")
+            else:
+                out.append(f"{scenario}: " + _worded(pair, f"than {pair.other}",
+                                                     f"no difference detected between {pair.backend} and {pair.other}")
+                           + of_reference)
+        if without:
+            out.append("one trial per backend gives no interval: --repeat 3 or more gives each pair a 95% interval")
+        return out
+
+    def _pair(self, scenario: str, backend: str, other: str) -> Ratio | None:
+        """The pair's ratio `backend` over `other`, inverted where the statistics made it the other way."""
+        for p in self.pairs:
+            if p.scenario != scenario:
+                continue
+            if (p.backend, p.other) == (backend, other):
+                return p
+            if (p.backend, p.other) == (other, backend):
+                return Ratio(scenario, backend, other, p.trials[::-1], 1 / p.ratio,
+                             None if p.high is None else 1 / p.high, None if p.low is None else 1 / p.low,
+                             p.paired, p.rounds, p.level)
+        return None
+
     def slower_than(self, percent: float) -> list[Ratio]:
         """Each pair against the reference whose verdict is `slower` by more than `percent`."""
         return [p for p in self.pairs if p.other == self.reference and word(p) == "slower"
