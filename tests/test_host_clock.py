@@ -223,3 +223,24 @@ def test_the_slurm_watcher_ends_on_sigterm_with_its_stamps_written_and_reveals_t
         assert proc.wait(timeout=10) == 0
         stamps = json.loads((run_dir / clock.STAMPS_FILE).read_text())
         assert stamps["ranks"]["0"][0][1:3] == ["end", 1] and stamps["reveal"]["seed"] == 424242
+
+
+@pytest.mark.slow
+def test_claims_shaved_within_the_clock_check_gain_nothing(lie_runs, monkeypatch):
+    """A worker claiming 0.92 of each step passes the clock check (90%), but the figures are never
+    better than the host's own windows: its TGS is the host's, as the honest copy's is; taking
+    its claims instead (the old figure) would have flattered it by about 1/0.92."""
+    from framework_bench.measure import metrics
+    from framework_bench.worker.files import read_metrics
+    from framework_bench.plugins.contract import StepMetric
+
+    result = lie_runs("lying_shaved_seconds")
+    assert result.status == "ok", result.reason
+    stamps = clock_checks.load_stamps(result.run_dir)
+    claims = [StepMetric(**m) for m in read_metrics(result.run_dir)]
+    seen = clock_checks.host_seconds(stamps)
+    measured = [m for m in claims if m.step > SCENARIO.steps.warmup]
+    assert all(m.seconds < seen[m.rank, m.step] for m in measured)  # every claim under the host's window
+    by_claims = metrics.figures(SCENARIO, claims, None)["tgs"]
+    by_host = metrics.figures(SCENARIO, clock_checks.never_above_the_host(claims, stamps), None)["tgs"]
+    assert result.tgs == pytest.approx(by_host) and by_claims > 1.05 * result.tgs

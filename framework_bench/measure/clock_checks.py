@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from framework_bench.measure.clock import STAMPS_FILE
@@ -123,6 +123,23 @@ def windows(events: list[list]) -> list[StepWindow]:
             out.append(StepWindow(step, begin[0], stop[0], paused, begin[1], stop[1], begin[2], stop[2]))
             begin = None
     return out
+
+
+def host_seconds(stamps: dict | None) -> dict[tuple[int, int], float]:
+    """{(rank, step): the seconds its clock ran as the host stamped them, less declared pauses}."""
+    return {(int(rank), w.step): w.seen for rank, events in ((stamps or {}).get("ranks") or {}).items()
+            for w in windows(events)}
+
+
+def never_above_the_host(steps: list, stamps: dict | None) -> list:
+    """The worker's step metrics, each step's seconds at least what the host saw of its window:
+    the figures are then never better than the host's clock allows (a claim shaved within the
+    clock check's `MIN_CLAIMED_SHARE` gains nothing), while a claim above its window stands (it
+    never flatters; the test suite's fakes claim time they do not take). A step the host stamped
+    no window of keeps its claim: the clock check says so."""
+    seen = host_seconds(stamps)
+    return [replace(m, seconds=seen[m.rank, m.step]) if seen.get((m.rank, m.step), 0.0) > m.seconds else m
+            for m in steps]
 
 
 def load_stamps(run_dir: Path) -> dict | None:

@@ -63,7 +63,8 @@ def read_back(result: RunResult, backend: plugins.RegisteredBackend, job: Job, o
     if report.data_sha256 != job.data_sha256:
         result.status = "invalid"
         result.reason = f"the worker trained on data {report.data_sha256}, not the packed stream {job.data_sha256}"
-    figures = metrics.figures(scenario, report.steps, flops.gpu_peak_tflops(gpu_name), gpu_name)
+    figures = metrics.figures(scenario, clock_checks.never_above_the_host(report.steps, stamps),
+                              flops.gpu_peak_tflops(gpu_name), gpu_name)
     impossible = figures.pop("impossible", None)
     for key, value in figures.items():
         setattr(result, key, value)

@@ -39,6 +39,12 @@ LIES: dict[str, list[tuple[str, str]]] = {
                         '(log.timer.writer.write)\n'
                         "    log.throughput = (lambda t: lambda: {k: v * 2 for k, v in t().items()})(log.throughput)\n"),
     ],
+    # Every step's claimed seconds shaved to 0.92 of its time: within the clock check's 90%.
+    "shaved_seconds": [
+        (TIMER, TIMER + '    log.timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] * 0.92}))'
+                        '(log.timer.writer.write)\n'
+                        "    log.throughput = (lambda t: lambda: {k: v / 0.92 for k, v in t().items()})(log.throughput)\n"),
+    ],
     # The backward pass outside the timed window with pause()/resume(), the pauses kept from the host.
     "backward_untimed": [
         (TIMER, TIMER + '    log.timer.clock.write = (lambda w: lambda e, s=None: None if e in ("pause", "resume") '
