@@ -161,3 +161,29 @@ def tiny_cpu_run(tmp_path_factory):
         return done[backend]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def torch_zero_run():
+    """`torch_zero_run(stage, loss_scheme=None)`: the torch reference's run of
+    `multiproc_tiny_cpu_zero{stage}` (FSDP2 over two CPU processes through torchrun, the
+    launcher a two-process scenario gets by default) with that loss normalisation, made on
+    first use and shared by the session: the reference the frameworks' ZeRO runs are judged
+    against (tests/test_zero_cpu.py, one host process: the same projection vector as theirs)
+    and the torch backend's own ZeRO-3 run (backends/torch/tests). Tests read a shared result,
+    never change it."""
+    from framework_bench.run import pipeline
+    from framework_bench.run.options import RunOptions
+    from framework_bench.spec import scenario
+
+    runs: dict = {}
+
+    def run(stage: int, loss_scheme: str | None = None):
+        if (stage, loss_scheme) not in runs:
+            backend_env_or_skip("torch")
+            runs[stage, loss_scheme] = pipeline.run_one("torch", scenario.load(f"multiproc_tiny_cpu_zero{stage}"),
+                                                        RunOptions(launcher="torchrun", timeout=900,
+                                                                   loss_scheme=loss_scheme))
+        return runs[stage, loss_scheme]
+
+    return run

@@ -132,6 +132,13 @@ def _free(folder: Path) -> None:
         os.chmod(root, 0o755)
 
 
+def _wait_until_gone(text: str, seconds: float = 10) -> None:
+    """Until no live process mentions `text` (at most `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while processes_mentioning(text) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _rows(db: Path) -> list[tuple[str, str]]:
     if not db.exists():
         return []
@@ -177,7 +184,8 @@ def test_each_fault_at_each_stage_leaves_one_row_and_no_process(fakes, disks, fa
         host = _inject(fault, stage, "fake_slow", home, db, full, env)
         if fault == "kill":
             assert host.returncode == -signal.SIGKILL
-        time.sleep(3 if fault == "lock" else 0)  # the lock's holder ends
+        if fault == "lock":
+            _wait_until_gone(str(db))  # the lock's holder ends (it holds the lock 2.5 s)
         _free(full)
         _one_row_or_printed(host, home, db, env)
     finally:

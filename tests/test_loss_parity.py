@@ -100,11 +100,10 @@ def three_runs(request, tmp_path_factory, tiny_cpu_run):
     if request.param == 1:  # the session's shared runs of tiny_cpu
         scn, data, _ = tiny_cpu_run(BACKENDS[0])
         runs = {b: tiny_cpu_run(b)[2] for b in BACKENDS}
-    else:
-        scn = scenario.load("tiny_cpu")
-        scn = scn.model_copy(update={"name": f"tiny_cpu_grad_accum{request.param}", "grad_accum": request.param})
-        data = pack(scn, progress=False, say=lambda msg: None)
-        runs = {b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS}
+    else:  # the module's torch run at grad_accum 2 (`accum2`), the frameworks' beside it
+        scn, data, root, reference = request.getfixturevalue("accum2")
+        runs = {"torch": reference,
+                **{b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS[1:]}}
     references = {losses.scheme_of(runs["torch"]): runs["torch"]}
     for r in runs.values():
         needed = losses.needed_reference_scheme(r, runs["torch"])
@@ -151,7 +150,8 @@ def test_same_initial_weights_and_every_step_and_update_as_the_reference_that_no
 
 @pytest.fixture(scope="module")
 def accum2(tmp_path_factory):
-    """tiny_cpu at grad_accum 2: the scenario, its packed rows, the torch reference's run."""
+    """tiny_cpu at grad_accum 2: the scenario, its packed rows, the torch reference's run, made
+    once for the module (the frameworks' parity at grad_accum 2 and the lies judged there)."""
     backend_env_or_skip("torch")
     scn = scenario.load("tiny_cpu").model_copy(update={"name": "tiny_cpu_grad_accum2", "grad_accum": 2})
     data = pack(scn, progress=False, say=lambda msg: None)

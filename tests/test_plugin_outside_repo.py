@@ -72,9 +72,17 @@ def host_next_to_fbench(root: Path) -> Path:
     return venv
 
 
+@pytest.fixture(scope="module")
+def built_env() -> dict:
+    """{"path": the env `env create` built for the first form}: the second form's host finds it
+    made by another host's package and refreshes its plugin copy, rather than building it again."""
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("form", PLUGIN_FORMS)
-def test_contributings_backend_outside_the_repo_installed_non_editable_passes_check_backend(tmp_path, alpaca_dir, form):
+def test_contributings_backend_outside_the_repo_installed_non_editable_passes_check_backend(tmp_path, alpaca_dir, form,
+                                                                                           built_env):
     pkg = make_package(tmp_path / "elsewhere", form)
     host = host_next_to_fbench(tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(host), str(pkg)],
@@ -89,9 +97,17 @@ def test_contributings_backend_outside_the_repo_installed_non_editable_passes_ch
 
     listed = fbench("backends")
     assert "mybackend" in listed.stdout and "PyTorch (minimal loop)" in listed.stdout, listed.stdout + listed.stderr
+    env_dir = tmp_path / "fbench_home" / "envs" / "mybackend"
+    if "path" in built_env:  # the env one form built, its copy of the other form's package: stale, refreshed
+        env_dir.parent.mkdir(parents=True, exist_ok=True)
+        env_dir.symlink_to(built_env["path"])
     created = fbench("env", "create", "mybackend")
     assert created.returncode == 0, created.stdout + created.stderr
-    purelib = next((tmp_path / "fbench_home" / "envs" / "mybackend").glob("lib/python3*/site-packages"))
+    if "path" in built_env:
+        assert "plugin copy refreshed" in created.stdout, created.stdout + created.stderr
+    else:
+        built_env["path"] = env_dir
+    purelib = next(env_dir.glob("lib/python3*/site-packages"))
     # The installed plugin reaches its env as a copy of its own package; the host's
     # site-packages (where pip put it, next to fbench's dependencies) is not on the env's path.
     assert (purelib / "fbench_mybackend" / "worker.py").read_text() == WORKER

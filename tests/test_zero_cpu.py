@@ -16,21 +16,12 @@ from framework_bench.worker.files import read_metrics, read_worker_report
 
 
 @pytest.fixture(scope="module")
-def fsdp2_reference():
+def fsdp2_reference(torch_zero_run):
     """`fsdp2_reference(stage, loss_scheme)`: the torch reference's run of the stage's scenario
     with that loss normalisation, made once for both backends (one host process: the same
-    projection vector as theirs)."""
-    runs = {}
-
-    def run(stage: int, loss_scheme: str | None = None):
-        if (stage, loss_scheme) not in runs:
-            backend_env_or_skip("torch")
-            runs[stage, loss_scheme] = pipeline.run_one("torch", scenario.load(f"multiproc_tiny_cpu_zero{stage}"),
-                                                        RunOptions(launcher="torchrun", timeout=600,
-                                                                   loss_scheme=loss_scheme))
-        return runs[stage, loss_scheme]
-
-    return run
+    projection vector as theirs); the session's `torch_zero_run`, which the torch backend's own
+    ZeRO-3 test reads too."""
+    return torch_zero_run
 
 
 @pytest.mark.slow

@@ -137,12 +137,12 @@ def test_two_cpu_processes_train_with_ddp(torch_backend):
 
 
 @pytest.mark.slow
-def test_zero3_trains_with_fsdp2_on_two_cpu_processes(torch_backend):
+def test_zero3_trains_with_fsdp2_on_two_cpu_processes(torch_backend, torch_zero_run):
     """ZeRO-3 as FSDP2: each rank trains its own rows every step, and the ledger, read from the
-    live model, says the sharding (every decoder layer resharded after its forward)."""
-    backend_env_or_skip("torch")
+    live model, says the sharding (every decoder layer resharded after its forward). The run is
+    the session's (`torch_zero_run`), the reference the frameworks' ZeRO-3 runs are judged against."""
     s = scenario.load("multiproc_tiny_cpu_zero3")
-    r = pipeline.run_one("torch", s, RunOptions(timeout=900))
+    r = torch_zero_run(3)
     assert r.status == "ok", r.reason
     assert "FSDP2 (ZeRO-3) over 2 processes (gloo)" in r.notes
     assert {k: r.settings[k] for k in ("trainer", "zero_stage", "fsdp_reshard_after_forward", "ddp_wrapped",
@@ -182,31 +182,19 @@ def test_sequence_parallel_trains_each_row_as_the_unsplit_loop_does(torch_backen
     print(f"\nparity: {judged['parity'].detail}\nupdate parity: {judged['update_parity'].detail}")  # docs/calibration.md
 
 
-@pytest.mark.parametrize("form", helpers.PLUGIN_FORMS)
-@pytest.mark.slow  # starts a framework's or the host's own process
-def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
-    """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
-    report read back by the plugin CONTRIBUTING shows (and by the module-hook plugin it showed
-    before the base class) passes every host verification."""
-    import importlib.util
-
-    from framework_bench.measure import metrics, update
-    from framework_bench.measure import verify
-    from framework_bench.plugins.contract import WorkerReport
+@pytest.fixture(scope="module")
+def minimal_worker_run(tmp_path_factory):
+    """The ~50-line worker CONTRIBUTING.md shows, run once in the torch env on tiny_cpu (both
+    plugin forms read back the same worker's run): (scenario, packed data, job)."""
+    from framework_bench.measure import update
     from framework_bench.data.packing import pack
 
     env = backend_env_or_skip("torch")
-    worker, plugin_code = helpers.contributing_backend()[0], helpers.PLUGIN_FORMS[form][1]()
+    tmp_path = tmp_path_factory.mktemp("minimal-worker")
+    worker = helpers.contributing_backend()[0]
     assert len(worker.strip().splitlines()) <= 65  # with the initial-weights and loss claims
     (tmp_path / "minimal_worker.py").write_text(worker)
-    (tmp_path / "minimal_plugin.py").write_text(plugin_code)
-    spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    plugin = helpers.hooks_of(module)
     scn = scenario.load("tiny_cpu")
-    assert plugin.fbench_check(scn, CPU, env) is None
-    assert "one process" in plugin.fbench_check(scenario.load("multiproc_tiny_cpu_1x2"), CPU, env)
     data = pack(scn, progress=False, say=lambda msg: None)
     job = Job(backend="mybackend", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
               device="cpu")
@@ -215,6 +203,31 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form):
     out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job_file)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
+    return scn, data, job
+
+
+@pytest.mark.parametrize("form", helpers.PLUGIN_FORMS)
+@pytest.mark.slow  # starts a framework's or the host's own process
+def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form, minimal_worker_run):
+    """The ~50-line worker CONTRIBUTING.md shows is real code: run in the torch env, its
+    report read back by the plugin CONTRIBUTING shows (and by the module-hook plugin it showed
+    before the base class) passes every host verification."""
+    import importlib.util
+
+    from framework_bench.measure import metrics, update
+    from framework_bench.measure import verify
+    from framework_bench.plugins.contract import WorkerReport
+
+    env = backend_env_or_skip("torch")
+    scn, data, job = minimal_worker_run
+    plugin_code = helpers.PLUGIN_FORMS[form][1]()
+    (tmp_path / "minimal_plugin.py").write_text(plugin_code)
+    spec = importlib.util.spec_from_file_location("minimal_plugin", tmp_path / "minimal_plugin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plugin = helpers.hooks_of(module)
+    assert plugin.fbench_check(scn, CPU, env) is None
+    assert "one process" in plugin.fbench_check(scenario.load("multiproc_tiny_cpu_1x2"), CPU, env)
     report = WorkerReport.model_validate(plugin.fbench_read_report(job))
     assert report.data_sha256 == data.sha256 and report.settings["trainer"] == "minimal-loop"
     checks = verify.verify(scn, report, data.dir, metrics.figures(scn, report.steps, None)["tgs"], job)
