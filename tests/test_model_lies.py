@@ -15,6 +15,7 @@ import pytest
 from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
+from framework_bench.data.packing import pack
 from framework_bench.run import pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 # The checks that catch a lie about the model: the initial weights, parity with the reference,
 # the update projection and the host's clock, of the measured steps and of the time around them
 # (a model that never runs leaves steps so short that the time between them is most of the span)
-LIE_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity",
+LIE_CHECKS = {"initial_weights", "parity", "clock", "pauses", "cpu", "update", "update_parity", "update_parts",
               "gaps", "warmup", "projection_delay"}
 # The check that catches each lie first (a lie may trip several).
 # No optimizer step, or no label to learn from (weight decay 0): the weights never move, which
@@ -220,3 +221,34 @@ def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_pat
     monkeypatch.setenv(UNCHECKED_ENV, NATIVE_ADAPTERS)
     passed = judged()
     assert passed.status == "ok", passed.reason
+
+
+def test_frozen_embeddings_in_bf16_fail_the_parts_of_the_update(world):
+    """A copy that never updates the embeddings, in bf16: the loss parity (1e-2) cannot see it, and
+    the whole update's projection barely, but the embeddings' own |dw| is 0 against the
+    reference's. With `update_parts` off the lie passes: it is live."""
+    scn, _, root, _, mp = world
+    # 1k tokens a row: a bf16 loop's first step on CPU costs seconds of kernel set-up, which at 512
+    # made an honest copy's warm-up heavier than 16 of its measured steps (the `warmup` check)
+    bf16 = scn.model_copy(update={"name": "tiny_cpu_bf16", "precision": "bf16", "context_length": 1024})
+    data = pack(bf16, progress=False, say=lambda msg: None)
+    reference = pipeline.run_one("torch", bf16, RunOptions(root=root), data=data, machine=CPU)
+    assert reference.status == "ok", reference.reason
+    r = referee.judge(pipeline.run_one("lying_frozen_embeddings", bf16, RunOptions(root=root), data=data, machine=CPU),
+                      reference, bf16)
+    checks = {c.name: c for c in r.checks}
+    assert r.status == "invalid" and "update_parts check failed" in r.reason, r.reason
+    assert "embeddings |dw| 0.000e+00" in checks["update_parts"].detail and "(frozen)" in checks["update_parts"].detail
+    assert checks["parity"].status == "pass", checks["parity"].detail  # the losses hide it in bf16
+    honest = referee.judge(pipeline.run_one("lying_honest", bf16, RunOptions(root=root), data=data, machine=CPU),
+                           reference, bf16)
+    assert honest.status == "ok", honest.reason
+    assert {c.name: c.status for c in honest.checks}["update_parts"] == "pass"
+    unchecked = {"update_parts"} | ({"update_parity"} if checks["update_parity"].status == "fail" else set())
+    mp.setenv(UNCHECKED_ENV, ",".join(sorted(unchecked)))
+    try:
+        off = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
+                                            launch.Outcome("ok", 0, r.wall_seconds, "")), reference, bf16)
+    finally:
+        mp.delenv(UNCHECKED_ENV)
+    assert off.status == "ok", off.reason

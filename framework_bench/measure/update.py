@@ -83,8 +83,10 @@ def _claim(run_dir: Path) -> dict | None:
         norm = claim.get("norm")  # absent from an older worker SDK's claim
         parts = {f"{part}_{figure}": float(claim[part][figure]) for part in ("adapters", "base") if part in claim
                  for figure in ("projection", "norm")}  # LoRA: each part alone
+        model_parts = {f"{PART}{part}:{figure}": float(value[figure]) for part, value in claim.get("parts", {}).items()
+                       for figure in ("projection", "norm")}  # absent from an older worker SDK's
         return {"projection_seed": int(claim["projection_seed"]), "projection": float(claim["projection"]),
-                "norm": None if norm is None else float(norm), "seconds": claim.get("seconds"), **parts}
+                "norm": None if norm is None else float(norm), "seconds": claim.get("seconds"), **parts, **model_parts}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -127,14 +129,69 @@ def check(run_dir: Path, stamps: dict | None, adapters: bool = False):
                  detail=f"{detail}; base unchanged (|dw| 0), adapters |dw| {adapted:.3e}")
 
 
+# A part of the model moved as the reference's part when its |dw| is within this factor of the
+# reference's: wide, for bf16's noise and the frameworks' reduction orders; a frozen part is 0,
+# one trained at a tenth of the rate far outside (docs/calibration.md).
+PART_NORM_RATIO = 2.0
+PART = "part:"  # the `update` check's figures of one part: "part:<name>:norm", "part:<name>:projection"
+
+
+def _part_norms(figures: dict) -> dict[str, float]:
+    """{part: |dw|} from an `update` check's figures (empty from an older worker SDK's)."""
+    return {key[len(PART):].rsplit(":", 1)[0]: value for key, value in figures.items()
+            if key.startswith(PART) and key.endswith(":norm")}
+
+
+def _passed(result) -> dict | None:
+    return next((c.figures for c in result.checks if c.name == "update" and c.status == "pass"), None)
+
+
+def parts_parity(run, reference, name: str = "update_parts"):
+    """Each part of the model (embeddings, each decoder layer, final norm, head, adapters:
+    `framework_bench/worker/update.py`) moved as the reference's did: its |dw| within
+    `PART_NORM_RATIO` of the reference's part, a part the reference left unmoved unmoved. A frozen
+    part fails however small its share of the whole (the embeddings in bf16 hide in the whole
+    projection's tolerance). None where `update_parity` has nothing to compare (no passed update,
+    other vectors, native adapters) or the reference reports no parts (an older worker SDK)."""
+    from framework_bench.measure import losses
+    from framework_bench.measure.verify import Check
+
+    mine, theirs = _passed(run), _passed(reference)
+    if (mine is None or theirs is None or mine["projection_seed"] != theirs["projection_seed"]
+            or losses.native_adapter_differences(run, reference)):
+        return None
+    ours, ref_parts = _part_norms(mine), _part_norms(theirs)
+    if not ref_parts:
+        return None
+    if not ours:
+        return Check(name=name, status="unverified", detail=(
+            f"the reference {reference.backend} reports |dw| per part of the model, the run does not (an older worker SDK)"))
+    ratios, off = {}, []
+    for part in sorted(set(ref_parts) | set(ours)):
+        ref_norm, norm = ref_parts.get(part, 0.0), ours.get(part, 0.0)
+        if ref_norm == 0.0 and norm == 0.0:
+            continue
+        ratio = norm / ref_norm if ref_norm else math.inf
+        ratios[part] = ratio
+        if not 1 / PART_NORM_RATIO <= ratio <= PART_NORM_RATIO:  # NaN fails too
+            off.append(f"{part} |dw| {norm:.3e} against {ref_norm:.3e}" + (" (frozen)" if norm == 0.0 else ""))
+    figures = {f"ratio:{part}": ratio for part, ratio in ratios.items()}
+    if off:
+        return Check(name=name, status="fail", figures=figures, detail=(
+            f"parts of the model moved otherwise than {reference.backend}'s (|dw| not within {PART_NORM_RATIO:g}x): "
+            + "; ".join(off)))
+    spread = f"{min(ratios.values()):.3f}-{max(ratios.values()):.3f}" if ratios else "none moved"
+    return Check(name=name, status="pass", figures=figures, detail=(
+        f"each of {len(ratios)} parts moved as {reference.backend}'s: |dw| ratios {spread}"))
+
+
 def parity(run, reference, precision: str, name: str = "update_parity"):
     """The run's update projection against the reference's (`RunResult`s), or None when either
     has no passed `update` check to compare (the run's own checks say why)."""
     from framework_bench.measure import losses
     from framework_bench.measure.verify import Check
 
-    mine, theirs = (next((c.figures for c in r.checks if c.name == "update" and c.status == "pass"), None)
-                    for r in (run, reference))
+    mine, theirs = _passed(run), _passed(reference)
     if mine is None or theirs is None:
         return None
     if mine["projection_seed"] != theirs["projection_seed"]:

@@ -25,7 +25,8 @@ host's packed stream say it must be:
   - update and update_parity: the projection of (final - initial) weights onto a vector whose
     seed the host revealed after the last step, non-zero and (with a reference) equal to the
     reference's (`framework_bench/measure/update.py`); with LoRA adapters, the frozen base's
-    part exactly 0 and the adapters' non-zero;
+    part exactly 0 and the adapters' non-zero; update_parts: each part of the model (embeddings,
+    each decoder layer, final norm, head, adapters) moved as the reference's part did;
 A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
 plugin does not report (one written before these checks) is `unverified` and only flagged.
 A throughput disagreement is flagged, not invalidating: the frameworks time other windows.
@@ -52,7 +53,8 @@ from framework_bench.worker.rows import row_fingerprint
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weights", "parity",
-            "clock", "pauses", "gaps", "warmup", "cpu", "projection_delay", "update", "update_parity")
+            "clock", "pauses", "gaps", "warmup", "cpu", "projection_delay", "update", "update_parity",
+            "update_parts")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
 # out the rule of the current contract that every claim be made (one not made is then a flag).

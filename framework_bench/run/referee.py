@@ -61,6 +61,7 @@ def _parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None
     the run `invalid`; one that could not be judged leaves it `unverified`, saying why."""
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
                           update.parity(result, reference, scenario.precision),
+                          update.parts_parity(result, reference),
                           projection_delay_check(result, reference)) if c is not None]
     result.checks += checks
     reason, flags = verify.verdict(checks)

@@ -18,14 +18,17 @@ relative to the reference's |dw|, a scale that does not depend on the vector dra
 parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
 element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
 under ZeRO-3 or FSDP2, a collective every rank enters) and the sums all-reduced in float64; rank 0
-writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"},
-and with LoRA adapters "adapters" and "base": the same two figures over each part alone, so the
-host sees the adapters moved and the frozen base did not).
+writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"};
+"parts": the same two figures over each part of the model alone (`part_of`: embeddings, each
+decoder layer, final norm, head, adapters), so the host sees every part move as the reference's,
+a frozen one too small to show in the whole included; with LoRA adapters "adapters" and "base",
+so the host sees the adapters moved and the frozen base did not).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -59,9 +62,25 @@ def is_adapter(name: str) -> bool:
     return ".lora_A." in canonical_name(name) or ".lora_B." in canonical_name(name)
 
 
+def part_of(name: str) -> str:
+    """The part of the model a parameter belongs to, for the per-part figures: the adapters, the
+    embeddings, one decoder layer, the final norm, the head, or other."""
+    if is_adapter(name):
+        return "adapters"
+    canonical = canonical_name(name)
+    if canonical.startswith("model.embed_tokens."):
+        return "embeddings"
+    if layer := re.match(r"model\.layers\.(\d+)\.", canonical):
+        return f"layer {layer[1]}"
+    if canonical.startswith("model.norm."):
+        return "final norm"
+    return "head" if canonical.startswith("lm_head.") else "other"
+
+
 def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str, tuple[float, float]]:
-    """{"all" and, with adapters, "adapters" and "base": ((final - initial weights) . v,
-    |final - initial weights|)} over those parameters (tied ones once), summed over ranks."""
+    """{"all", each part of the model (`part_of`) and, with adapters, "base": ((final - initial
+    weights) . v, |final - initial weights|)} over those parameters (tied ones once), summed over
+    ranks."""
     import torch
 
     dist = dist_info()
@@ -70,9 +89,9 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str
     params = list(model.named_parameters())
     if not params:
         return {"all": (0.0, 0.0)}
-    # [projection, squared norm] of the base, then of the adapters; on the parameters' device:
-    # a ZeRO-3 partition is on it too
-    total = torch.zeros(2, 2, dtype=torch.float64, device=params[0][1].device)
+    parts = sorted({part_of(name) for name, _ in params})  # every rank holds every name (ZeRO-3, FSDP2 too)
+    # [projection, squared norm] of each part; on the parameters' device: a ZeRO-3 partition is on it too
+    total = torch.zeros(len(parts), 2, dtype=torch.float64, device=params[0][1].device)
     with torch.no_grad():
         for i, (name, p) in enumerate(params):
             with gathered([p], modifier_rank=None):  # every rank gathers; one of them projects
@@ -83,7 +102,7 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str
                 if i % ranks != share or getattr(p, "quant_state", None) is not None:
                     continue
                 flat, key, args = data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
-                part = total[int(is_adapter(name))]
+                part = total[parts.index(part_of(name))]
                 for lo, idx in chunks(flat.numel(), flat.device):
                     initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
                     moved = flat[lo:lo + idx.numel()].to(torch.float64) - initial
@@ -92,10 +111,10 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str
         if grouped and ranks > 1:
             torch.distributed.all_reduce(total)
     figures = lambda t: (float(t[0]), float(t[1]) ** 0.5)  # noqa: E731
-    parts = {"all": figures(total.sum(dim=0))}
-    if any(is_adapter(name) for name, _ in params):
-        parts.update(base=figures(total[0]), adapters=figures(total[1]))
-    return parts
+    out = {"all": figures(total.sum(dim=0)), **{part: figures(total[i]) for i, part in enumerate(parts)}}
+    if "adapters" in parts:
+        out["base"] = figures(total[[i for i, part in enumerate(parts) if part != "adapters"]].sum(dim=0))
+    return out
 
 
 def report(model, job) -> None:
@@ -113,7 +132,10 @@ def report(model, job) -> None:
         path = Path(job.run_dir) / UPDATE_FILE
         tmp = path.with_suffix(".tmp")
         value, norm = parts.pop("all")
+        base = parts.pop("base", None)
+        whole_parts = {"adapters": parts["adapters"], "base": base} if base else {}
         tmp.write_text(json.dumps({"projection_seed": projection_seed, "projection": value, "norm": norm,
-                                   **{part: {"projection": p, "norm": n} for part, (p, n) in parts.items()},
+                                   **{part: {"projection": p, "norm": n} for part, (p, n) in whole_parts.items()},
+                                   "parts": {part: {"projection": p, "norm": n} for part, (p, n) in parts.items()},
                                    "seconds": round(time.monotonic() - started, 3)}))
         tmp.replace(path)

@@ -39,6 +39,9 @@ LIES: dict[str, list[tuple[str, str]]] = {
                         '(log.timer.writer.write)\n'
                         "    log.throughput = (lambda t: lambda: {k: v * 2 for k, v in t().items()})(log.throughput)\n"),
     ],
+    # The embeddings never updated (their gradient dropped before each optimizer step), every
+    # claim and count as the honest loop's: in bf16 the whole update's tolerance hides it.
+    "frozen_embeddings": [(OPTIMIZER, "        model.get_input_embeddings().weight.grad = None\n" + OPTIMIZER)],
     # Every step's claimed seconds shaved to 0.92 of its time: within the clock check's 90%.
     "shaved_seconds": [
         (TIMER, TIMER + '    log.timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] * 0.92}))'
