@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from framework_bench.measure import flops
+from framework_bench.plugins import registry
+from framework_bench.plugins.contract import Job, WorkerReport
 from framework_bench.spec import scenario
 from framework_bench.spec.finetune import FineTune
 from framework_bench.spec.models import PRESETS, ModelArch
@@ -367,15 +369,24 @@ def test_this_machines_cpu_peak_is_read():
     assert peak.cpus >= len(os.sched_getaffinity(0)) and peak.tflops("fp32") > 0
 
 
-def test_a_plugin_claiming_5ms_steps_on_tiny_cpu_ends_invalid_naming_the_ceiling(fakes, tmp_path):
+def test_a_plugin_claiming_5ms_steps_on_tiny_cpu_gets_the_hosts_figure_and_fails_the_clock(fakes, tmp_path):
+    """It spins 50 ms a step and claims 5 ms, figures above this CPU's peak: the figures are never
+    better than the host's windows, so its TGS is the host's (under the ceiling), and the claim
+    fails the clock check. A step the host saw as short (a model that never runs) still meets
+    the ceiling: tests/test_model_lies.py."""
+    from framework_bench.measure import metrics
     from framework_bench.run import pipeline
     from framework_bench.run.options import RunOptions
 
-    result = pipeline.run_one("fake_too_fast", scenario.load("tiny_cpu"), RunOptions(root=tmp_path / "runs"))
+    tiny = scenario.load("tiny_cpu")
+    result = pipeline.run_one("fake_too_fast", tiny, RunOptions(root=tmp_path / "runs"))
     assert result.status == "invalid", (result.status, result.reason)
-    assert "above the peak of the CPU that ran it" in result.reason
-    assert cpu_peak.this_machine().describe("fp32") in result.reason
-    assert result.tgs is None and result.model_tflops is None
+    assert result.reason.startswith("clock check failed"), result.reason
+    assert 0 < result.tgs < tiny.context_length / 0.04  # the host saw each step take its 50 ms
+    job = Job.model_validate_json((result.run_dir / "job.json").read_text())
+    claims = WorkerReport.model_validate(registry.get("fake_too_fast").read_report(job)).steps
+    claimed = metrics.figures(tiny, claims, None)
+    assert "above the peak of the CPU that ran it" in claimed["impossible"]  # what its claims alone would give
 
 
 # ---------------------------------------------------------------------------------------
