@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from framework_bench.measure import gpus
+
 DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
 OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for charts and the report (default: plots/ in FBENCH_HOME)")]
 SettingsOption = Annotated[str, typer.Option(
@@ -46,6 +48,9 @@ WarmupOption = Annotated[Optional[int], typer.Option("--warmup-rounds", min=0, h
     "rounds run first and not counted (default: 1 on CPU scenarios with --repeat 2 or more, else 0)"))]
 PrecisionOption = Annotated[Optional[float], typer.Option("--precision", help=(
     "with --repeat auto: the 95% interval half-width, in percent, every pair must reach (e.g. 2)"))]
+GpuOption = Annotated[Optional[str], typer.Option(
+    "--gpu", metavar="NAME", help=f"judge memory and time on this GPU ({', '.join(gpus.MODELS)}; any case), "
+                                  "e.g. --gpu H200")]
 
 # Tables fit the terminal, or COLUMNS when set; piped output without COLUMNS is 160 wide, not
 # rich's 80, so a log keeps most columns (framework_bench/cli/render.py says which go first).
@@ -191,6 +196,16 @@ def load_scenario(name: str):
         return scenario.load(name)
     except user_errors() as e:
         fail(str(e))
+
+
+def gpu_named(name: str | None) -> str | None:
+    """--gpu as the GPU table names it (h200 -> H200, A100-80GB -> A100-80G); one error line
+    naming the known ones when it names none."""
+    if name is None:
+        return None
+    if (model := gpus.named(name)) is None:
+        fail(f"--gpu {name!r}: no GPU of that name; known: {', '.join(gpus.MODELS)}")
+    return model
 
 
 def check_settings(mode: str) -> None:

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from framework_bench.measure import gpus
+
 device_app = typer.Typer(no_args_is_help=True, help="The offline one-GPU machine: bundle, check, estimate.")
 console = Console(highlight=False)
 
@@ -36,7 +38,8 @@ def bundle(
 @device_app.command("check")
 def check(
     out: Annotated[Path, typer.Option(help="results.sqlite, runs.json, report.html, logs.txt, table.txt")],
-    budget: Annotated[float, typer.Option(help="seconds for all runs; a run that cannot fit is not started")] = 420.0,
+    budget: Annotated[float, typer.Option(
+        help="seconds for all runs; a run that could not finish within what is left is not started")] = 420.0,
     device: Annotated[str, typer.Option(help="cuda (the GPU check) or cpu (its rehearsal: tiny_cpu)")] = "cuda",
 ) -> None:
     """The one-GPU check: tiny first, then the 7B runs, bounded by the budget; --out rewritten after each run."""
@@ -58,8 +61,12 @@ def check(
 @device_app.command("estimate")
 def estimate(
     budget: Annotated[float, typer.Option(help="seconds for all runs")] = 420.0,
+    gpu: Annotated[str, typer.Option(
+        "--gpu", metavar="NAME", help=f"the GPU to estimate on ({', '.join(gpus.MODELS)}; any case), "
+                                      "e.g. --gpu A100-80G")] = "H200",
 ) -> None:
-    """The check's runs and their estimated seconds on one H200."""
+    """The check's runs and their estimated seconds on one GPU (the check's H200 unless --gpu)."""
+    from framework_bench.cli import common
     from framework_bench.device import check as device_check
-    for line in device_check.dry_lines(budget):
+    for line in device_check.dry_lines(budget, common.gpu_named(gpu)):
         typer.echo(line)

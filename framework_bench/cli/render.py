@@ -353,6 +353,12 @@ def print_run(r, db: Path, verbose: bool = False) -> None:
         console.print(f"stored as result {r.result_id} in {db}", highlight=False, markup=False)
 
 
+def estimate_line(e, gpu: str | None) -> str:
+    """A backend's memory estimate as a dry run heads its plans: with --gpu, the answer first
+    ('fits on H200 ...'), then what it is made of."""
+    return e.summary() if gpu is None else f"{e.fit_line(gpu)}\n  {e.breakdown()}"
+
+
 def print_plan(d, s, options, show) -> None:
     """One dry-run plan: the verdicts, then the command, its environment and the files it wrote."""
     import shlex

@@ -62,6 +62,7 @@ def run(
     warmup_rounds: common.WarmupOption = None,
     precision: common.PrecisionOption = None,
     no_reference: common.NoReferenceOption = False,
+    gpu: common.GpuOption = None,
 ) -> None:
     """Run one backend on one scenario, then the reference to judge it; store both, and report TGS / TFLOPs.
 
@@ -72,11 +73,13 @@ def run(
     common.check_settings(settings)
     common.check_local(launcher, [s])
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    gpu = _dry_gpu(gpu, dry_run)
     reference = _reference(no_reference)
     common.check_run_folders([backend, *reference], [s])
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
-        _plan_only([backend], [s], options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
+        _plan_only([backend], [s], options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds,
+                   gpu=gpu)
         return
     if launcher == "slurm":
         _submit_slurm([backend], [s], options.model_copy(update={"db": db}), wait=wait, poll=poll, out=None,
@@ -151,6 +154,7 @@ def compare(
     precision: common.PrecisionOption = None,
     no_reference: common.NoReferenceOption = False,
     fail_if_slower: common.FailIfSlowerOption = None,
+    gpu: common.GpuOption = None,
 ) -> None:
     """Run backends over scenarios, the reference last to judge the others; store, tabulate, chart, report."""
     from framework_bench.run import compare as compare_
@@ -160,6 +164,7 @@ def compare(
     common.check_timeout(timeout)
     common.check_settings(settings)
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    gpu = _dry_gpu(gpu, dry_run)
     common.check_scenario_names(scenario)
     out = common.out_folder(out)
     try:
@@ -175,7 +180,8 @@ def compare(
     common.check_run_folders([*names, *reference], chosen)
     options = _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task, sbatch_arg)
     if dry_run:
-        _plan_only(names, chosen, options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds)
+        _plan_only(names, chosen, options, reference, as_json=as_json, repeat=trials, warmup_rounds=warmup_rounds,
+                   gpu=gpu)
         return
     if launcher == "slurm":
         _submit_slurm(names, chosen, options.model_copy(update={"db": db}), wait=wait, poll=poll, out=out,
@@ -203,6 +209,14 @@ def compare(
     if not as_json:
         render.print_answers(points)
     _end(results, interrupted, fail_if_slower, points, closing=True, as_json=as_json)
+
+
+def _dry_gpu(gpu: str | None, dry_run: bool) -> str | None:
+    """--gpu as the GPU table names it; it asks what a plan would meet on that GPU, so it goes
+    with --dry-run (a run meets the GPU it gets)."""
+    if gpu is not None and not dry_run:
+        common.fail("--gpu goes with --dry-run: a run is judged on the GPUs it gets")
+    return common.gpu_named(gpu)
 
 
 def _reference(no_reference: bool) -> list[str]:
@@ -287,29 +301,31 @@ def _run_options(launcher: str | None, timeout: float | None, force: bool, setti
 
 
 def _plan_only(backend_names: list[str], chosen: list, options, reference: list[str], as_json: bool = False, repeat=1,
-               warmup_rounds: int | None = None) -> None:
+               warmup_rounds: int | None = None, gpu: str | None = None) -> None:
     """--dry-run: print every plan, with every verdict side by side; nothing is launched or
     submitted. With --json, one JSON list of the plans on stdout and nothing else there. On GPU
     scenarios, what --repeat and the warm-up rounds multiply: runs and training time, the
-    `reference`'s (none or one: `_reference`) counted too."""
+    `reference`'s (none or one: `_reference`) counted too. `gpu` (--gpu): memory and time are
+    judged on it, each estimate answering whether it fits."""
     from framework_bench.measure.machine import detect
     from framework_bench.run import dry_run
 
     machine = detect()
     show = common.err if as_json else common.console  # with --json, stdout holds the JSON alone
     try:
-        plans = dry_run.plans(chosen, backend_names, options, machine)
+        plans = dry_run.plans(chosen, backend_names, options, machine, gpu)
     except common.user_errors() as e:
         common.fail(str(e))
     for s in chosen:
         mine = [d for d in plans if d.scenario == s.name]
-        show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}")
+        show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}"
+                  + (f", judged on {gpu}" if gpu else ""))
         # Each backend's own estimate in this settings mode (its declared AdamW and sequence-parallel
         # engine), the figure of its verdict and plan lines below; one line per distinct estimate.
         by_estimate: dict[str, list[str]] = {}
         for d in mine:
             if d.verdict is not None and d.verdict.estimate is not None:
-                by_estimate.setdefault(d.verdict.estimate.summary(), []).append(d.backend)
+                by_estimate.setdefault(render.estimate_line(d.verdict.estimate, gpu), []).append(d.backend)
         for summary, names in by_estimate.items():
             show.print(f"{', '.join(names)} ({options.settings_mode} settings): {summary}", highlight=False,
                        markup=False)
@@ -318,7 +334,7 @@ def _plan_only(backend_names: list[str], chosen: list, options, reference: list[
     for s in chosen:
         try:
             cost = dry_run.trial_cost(s, [d for d in plans if d.scenario == s.name], machine, repeat, warmup_rounds,
-                                      reference=next(iter(reference), None))
+                                      reference=next(iter(reference), None), gpu=gpu)
         except common.user_errors() as e:
             common.fail(str(e))
         if cost is not None:

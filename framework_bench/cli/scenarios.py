@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -33,7 +33,13 @@ def scenarios(wide: common.WideOption = False) -> None:
     render.show(t)
 
 
-def scenario_summary(s) -> dict:
+def hardware(s) -> str | None:
+    """The GPU a scenario is judged on without --gpu: its published reference's."""
+    return s.reference.hardware if s.reference else None
+
+
+def scenario_summary(s, gpu: str | None = None) -> dict:
+    """What `show` prints, judged on `gpu` (--gpu, a `gpus.MODELS` name) or the scenario's hardware."""
     from framework_bench.measure import flops
     from framework_bench.measure.memory import estimate
     recompute = s.activation_checkpointing
@@ -47,7 +53,7 @@ def scenario_summary(s) -> dict:
         "flops": {"xtuner_per_token": mha, "model_per_token": model},
         "scenario": s.model_dump(mode="json"),
         "model": s.arch.model_dump(),
-        "memory": estimate(s, gpu=s.reference.hardware if s.reference else None),
+        "memory": estimate(s, gpu=gpu or hardware(s)),
     }
     if s.reference:
         out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, mha)
@@ -55,10 +61,19 @@ def scenario_summary(s) -> dict:
     return out
 
 
-def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False) -> None:
-    """Show a validated scenario with its FLOPs per token by both formulas."""
-    s = common.load_scenario(name)
-    info = scenario_summary(s)
+def show(
+    name: Annotated[Optional[str], typer.Argument(help="scenario name or file (or --scenario)")] = None,
+    scenario: Annotated[Optional[str], typer.Option(
+        "--scenario", help="scenario name or file, as compare takes it, e.g. --scenario llama2_7b_32k_1gpu")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    gpu: common.GpuOption = None,
+) -> None:
+    """Show a validated scenario with its FLOPs per token by both formulas; with --gpu, whether it fits on that GPU."""
+    if (name is None) == (scenario is None):
+        common.fail("give the scenario once: `fbench show NAME` or `fbench show --scenario NAME`")
+    s = common.load_scenario(name if name is not None else scenario)
+    gpu = common.gpu_named(gpu)
+    info = scenario_summary(s, gpu)
     if as_json:
         print(json.dumps({**info, "memory": info["memory"].model_dump()}, indent=2))
         return
@@ -77,10 +92,14 @@ def show(name: str, as_json: Annotated[bool, typer.Option("--json", help="one JS
     f = info["flops"]
     model = "model (GQA-exact, frozen base + adapters)" if adapters else "model (GQA-exact)"
     common.console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} {f['model_per_token']:.4g}")
-    common.console.print(f"memory     {info['memory'].summary()}",
-                  highlight=False)
+    memory = info["memory"]
+    if gpu:  # the answer first, then what it is made of
+        common.console.print(f"memory     {memory.fit_line(gpu)}\n           {memory.breakdown()}", highlight=False,
+                             markup=False)
+    else:
+        common.console.print(f"memory     {memory.summary()}", highlight=False)
     from framework_bench.run.launchers.slurm_time import estimate_time
-    common.console.print(f"slurm      {estimate_time(s, s.reference.hardware if s.reference else None).summary()}",
+    common.console.print(f"slurm      {estimate_time(s, gpu or hardware(s)).summary()}",
                   highlight=False, markup=False)
     if s.reference:
         r = s.reference

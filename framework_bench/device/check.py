@@ -4,8 +4,8 @@ Order (the device machine is lent for 15 minutes, start-up and install included,
 `tiny_cuda` for every backend first (a backend that fails it skips its 7B runs), then
 `llama2_7b_8k_1gpu`, then `llama2_7b_32k_1gpu`, each for every backend, then
 `llama2_7b_8k_1gpu_zero3` only if 2 minutes remain and deepspeed imports in the env. 7B runs take
-1 warm-up + 3 measured steps. Each run has a timeout; a run whose estimate no longer fits the
-budget is stored `unsupported` ("check budget") without starting. On a machine without a GPU
+1 warm-up + 3 measured steps. Each run has a timeout; a run whose estimate could no longer finish
+within the budget is stored `unsupported` ("check budget") without starting. On a machine without a GPU
 (the CPU rehearsal) the plan is `tiny_cpu` for every backend.
 
 `--out` holds exactly: results.sqlite, runs.json, report.html (charts inlined), logs.txt (every
@@ -29,7 +29,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from framework_bench.envs import venvs as envs
-from framework_bench.measure import flops
+from framework_bench.measure import flops, gpus
+from framework_bench.measure.memory import estimate
 from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario as scenario_mod
 from framework_bench.present.verdict import Points, share_cell, tgs_cell
@@ -46,13 +47,14 @@ SEVEN_B_STEPS = {"warmup": 1, "measured": 3}
 LOG_TAIL_LINES = 60
 
 # The estimate (`--dry`). Steps: the published XTuner figure of the same context on A100
-# (scenarios/llama2_7b_<ctx>.yaml, per GPU, batch 1 as here) scaled to the H200 by the ratio of
-# dense bf16 peaks (989/312), then x1.5 for safety: 1.27 s at 8k, 5.5 s at 32k (a plain PyTorch
-# loop measured 1.17 s and 6.04 s on one H200: shared/notes/backend-facts.md). ZeRO-3 on one GPU
-# adds its gathers and offload-free partitioning overhead: x1.5 again.
+# (scenarios/llama2_7b_<ctx>.yaml, per GPU, batch 1 as here) scaled to the GPU estimated for
+# (`fbench device estimate --gpu`, the H200 by default: the check's machine) by the ratio of dense
+# bf16 peaks (H200: 989/312), then x1.5 for safety: 1.27 s at 8k, 5.5 s at 32k on the H200 (a
+# plain PyTorch loop measured 1.17 s and 6.04 s on one H200: shared/notes/backend-facts.md).
+# ZeRO-3 on one GPU adds its gathers and offload-free partitioning overhead: x1.5 again.
 PUBLISHED = {"llama2_7b_8k_1gpu": "llama2_7b_8k", "llama2_7b_32k_1gpu": "llama2_7b_32k",
              ZERO3: "llama2_7b_8k"}
-H200_OVER_A100 = flops.GPU_PEAK_TFLOPS["H200"] / flops.GPU_PEAK_TFLOPS["A100"]
+CHECK_GPU = "H200"
 STEP_SAFETY = 1.5
 ZERO3_FACTOR = 1.5
 TINY_STEP_S = 0.1
@@ -86,11 +88,17 @@ def rehearsal_startups() -> dict[str, float]:
     return json.loads(STARTUP_FILE.read_text())["tiny_cpu_wall_seconds"]
 
 
-def estimate_s(backend: str, s: Scenario, startups: dict[str, float]) -> float:
+def peak_ratio(gpu: str, published: Scenario) -> float:
+    """How much faster `gpu` (a `gpus.MODELS` name) steps than the GPU a published figure was
+    measured on, by their dense bf16 peaks."""
+    return gpus.MODELS[gpu].peak_tflops / flops.gpu_peak_tflops(published.reference.hardware)
+
+
+def estimate_s(backend: str, s: Scenario, startups: dict[str, float], gpu: str = CHECK_GPU) -> float:
     startup = startups[backend] * STARTUP_FACTOR + RUN_OVERHEAD_S
     if s.name in PUBLISHED:
-        ref = scenario_mod.load(PUBLISHED[s.name]).reference
-        step = s.tokens_per_gpu_step / (ref.tgs * H200_OVER_A100) * STEP_SAFETY
+        published = scenario_mod.load(PUBLISHED[s.name])
+        step = s.tokens_per_gpu_step / (published.reference.tgs * peak_ratio(gpu, published)) * STEP_SAFETY
         step *= ZERO3_FACTOR if s.name == ZERO3 else 1.0
         return startup + MODEL_7B_BUILD_S + s.steps.total * step
     return startup + s.steps.total * TINY_STEP_S
@@ -102,10 +110,10 @@ def installed_backends() -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda b: (not found[b].info.reference, b)))
 
 
-def plan(device: str, backends: tuple[str, ...] | None = None) -> list[Planned]:
-    """Every run the check may start, in order (ZeRO-3 last, conditional). A run outside its
-    backend's declared capabilities (the torch reference has no ZeRO) costs nothing: it is
-    stored `unsupported` at once."""
+def plan(device: str, backends: tuple[str, ...] | None = None, gpu: str = CHECK_GPU) -> list[Planned]:
+    """Every run the check may start, in order (ZeRO-3 last, conditional), its time estimated on
+    `gpu`. A run outside its backend's declared capabilities (the torch reference has no ZeRO)
+    costs nothing: it is stored `unsupported` at once."""
     startups = rehearsal_startups()
     names = [TINY[device]] + (list(SEVEN_B) + [ZERO3] if device == "cuda" else [])
     planned = []
@@ -114,27 +122,41 @@ def plan(device: str, backends: tuple[str, ...] | None = None) -> list[Planned]:
         s = load_scenario(n)
         for b in backends:
             refused = plugins.get(b).info.capabilities.refusal(s, b) is not None
-            planned.append(Planned(backend=b, scenario=n, estimate_s=0.0 if refused else round(estimate_s(b, s, startups), 1)))
+            planned.append(Planned(backend=b, scenario=n,
+                                   estimate_s=0.0 if refused else round(estimate_s(b, s, startups, gpu), 1)))
     return planned
 
 
-def dry_lines(budget_s: float) -> list[str]:
-    """The H200 estimate, run by run, and which would be refused by the budget."""
-    lines, used = [], 0.0
-    planned = plan("cuda")
+def dry_lines(budget_s: float, gpu: str = CHECK_GPU) -> list[str]:
+    """The estimate on one `gpu`, run by run: which its memory refuses (at once, for nothing) and
+    which could not finish within the budget."""
+    lines, used, every = [], 0.0, 0.0
+    planned = plan("cuda", gpu=gpu)
     for p in planned:
-        fits = used + p.estimate_s <= budget_s and (p.scenario != ZERO3 or budget_s - used >= ZERO3_MIN_LEFT_S)
-        used += p.estimate_s if fits else 0.0
-        lines.append(f"{p.scenario:28} {p.backend:13} {p.estimate_s:6.1f} s  "
+        memory = memory_refusal(p, gpu) if p.estimate_s else None
+        cost = 0.0 if memory else p.estimate_s
+        finishes = used + cost <= budget_s and (p.scenario != ZERO3 or budget_s - used >= ZERO3_MIN_LEFT_S)
+        used += cost if finishes else 0.0
+        every += cost
+        lines.append(f"{p.scenario:28} {p.backend:13} {cost:6.1f} s  "
                      + ("(refused by its capabilities)" if not p.estimate_s else
-                        "" if fits else "(would not fit: stored unsupported, check budget)"))
-    lines.append(f"every run above: {sum(p.estimate_s for p in planned) / 60:.1f} minutes; the budget refuses what "
-                 "no longer fits when its turn comes (runs faster than estimated leave room for more)")
-    lines.append(f"estimated on one H200: {used / 60:.1f} minutes of runs inside the {budget_s / 60:.1f}-minute budget "
-                 f"(steps: published A100 figures x{H200_OVER_A100:.2f} peak ratio x{STEP_SAFETY} safety; start-up: "
+                        f"(refused: memory {memory})" if memory else
+                        "" if finishes else "(would not finish within the budget: stored unsupported, check budget)"))
+    lines.append(f"every run above: {every / 60:.1f} minutes; the budget refuses what could no longer finish within "
+                 "it when its turn comes (runs faster than estimated leave room for more)")
+    ratios = "/".join(dict.fromkeys(f"x{peak_ratio(gpu, scenario_mod.load(n)):.2f}" for n in PUBLISHED.values()))
+    lines.append(f"estimated on one {gpu}: {used / 60:.1f} minutes of runs inside the {budget_s / 60:.1f}-minute budget "
+                 f"(steps: published A100 figures {ratios} peak ratio x{STEP_SAFETY} safety; start-up: "
                  f"the CPU rehearsal's tiny_cpu wall time x{STARTUP_FACTOR:g} + {MODEL_7B_BUILD_S:.0f} s to build a 7B + "
                  f"{RUN_OVERHEAD_S:.0f} s per run)")
     return lines
+
+
+def memory_refusal(p: Planned, gpu: str) -> str | None:
+    """'does not fit on A100-40G (40 GiB) by 75.6 GiB' where the backend's memory estimate of the
+    run refuses it on `gpu` (the check's own run would be stored `unsupported` at once); None where it fits."""
+    e = estimate(load_scenario(p.scenario), declared=plugins.get(p.backend).info.memory, gpu=gpu)
+    return None if e.fits else e.fit_line(gpu)
 
 
 class GpuSampler:

@@ -80,6 +80,14 @@ class MemoryEstimate(BaseModel):
         return " / ".join(f"{name} {gib:.1f}" for name, gib in self.phases.items()) + " GiB"
 
     def summary(self) -> str:
+        head = self.breakdown()
+        if self.gpu_memory_gib is None:
+            return head + ", GPU memory unknown"
+        verdict = "fits" if self.fits else "does NOT fit"
+        return f"{head} {verdict} in {self.gpu_memory_gib:.1f} GiB"
+
+    def breakdown(self) -> str:
+        """The peak, its phase and every term: the summary without its verdict."""
         terms = (
             f"params {self.parameters_gib:.1f} + grads {self.gradients_gib:.1f} + "
             f"optim {self.optimizer_states_gib:.1f}"
@@ -90,14 +98,19 @@ class MemoryEstimate(BaseModel):
             f"step temporaries {self.optimizer_temporaries_gib:.1f} ({self.optimizer_impl} AdamW), "
             f"overhead {self.overhead_gib:.1f}"
         )
-        head = (
+        return (
             f"~{self.total_gib:.1f} GiB per GPU at the {self.peak_phase} ({self.phases_line()}; {self.scheme}, "
             f"ZeRO-{self.zero_stage} over {self.sharding_group}, {self.local_tokens} tokens/GPU; {terms})"
         )
-        if self.gpu_memory_gib is None:
-            return head + ", GPU memory unknown"
-        verdict = "fits" if self.fits else "does NOT fit"
-        return f"{head} {verdict} in {self.gpu_memory_gib:.1f} GiB"
+
+    def fit_line(self, gpu: str) -> str:
+        """The answer to `--gpu`: 'fits on H200 (140.4 GiB): ~115.6 GiB per GPU, 24.8 GiB to spare',
+        or 'does not fit on A100-40G (40 GiB) by 75.6 GiB'. The margin is taken between the figures
+        shown, so that they add up."""
+        have, need = round(self.gpu_memory_gib, 1), round(self.total_gib, 1)
+        if self.fits:
+            return f"fits on {gpu} ({have:g} GiB): ~{need:.1f} GiB per GPU, {max(have - need, 0):.1f} GiB to spare"
+        return f"does not fit on {gpu} ({have:g} GiB) by {max(need - have, 0.1):.1f} GiB"
 
 
 # ---------------------------------------------------------------------------------------

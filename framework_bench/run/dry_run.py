@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.data import tokenizer
 from framework_bench.data.packing import PackedData, packed_dir
+from framework_bench.measure import memory
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Machine
 from framework_bench.run import design, pipeline, verdicts
@@ -37,22 +38,39 @@ class DryRun(BaseModel):
 
 
 def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = None,
-            machine: Machine | None = None) -> DryRun:
+            machine: Machine | None = None, gpu: str | None = None) -> DryRun:
     """`prepare` without packing, described: the verdict, the command, its environment and the
     files the plan and the launcher wrote. The run folder is under `options.root`, or
-    FBENCH_HOME/runs/dry-run."""
+    FBENCH_HOME/runs/dry-run. `gpu` (--gpu, a `gpus.MODELS` name): the memory and the time are
+    judged on it instead of the scenario's nodes' GPU (`on_gpu`)."""
     options = options or RunOptions()
     options = options.model_copy(update={"root": options.root or pipeline.runs_root() / "dry-run"})
     p = pipeline.prepare(backend_name, scenario, options, machine=machine, data=unpacked(scenario, options.root),
                          dry=True)
+    verdict, refusal, gpu_name = p.verdict, p.refusal, gpu or p.gpu_name
+    if gpu and verdict is not None:
+        verdict = on_gpu(verdict, scenario, options, gpu)
+        refusal = p.executor.refusal(verdict)
     files = {"job": p.job.job_file}
-    head = dict(backend=backend_name, scenario=scenario.name, launcher=p.executor.name, check=p.refusal,
-                verdict=p.verdict, run_dir=p.job.run_dir)
+    head = dict(backend=backend_name, scenario=scenario.name, launcher=p.executor.name, check=refusal,
+                verdict=verdict, run_dir=p.job.run_dir)
     if p.plan is None:
         return DryRun(**head, plan_error=p.plan_error, argv=[], env={}, files=files)
-    files |= p.plan.files | p.executor.write(p.plan, p.job, options, p.gpu_name)
-    return DryRun(**head, time=p.executor.time_limit(scenario, p.gpu_name), argv=p.executor.argv(p.plan, p.job),
+    files |= p.plan.files | p.executor.write(p.plan, p.job, options, gpu_name)
+    return DryRun(**head, time=p.executor.time_limit(scenario, gpu_name), argv=p.executor.argv(p.plan, p.job),
                   env=p.plan.env, files=files)
+
+
+def on_gpu(verdict: verdicts.Verdict, scenario: Scenario, options: RunOptions, gpu: str) -> verdicts.Verdict:
+    """The verdict with its memory judged on `gpu` (the backend's own estimate, and its refusal
+    unless --force) where `verdicts.verdict_for` judged the scenario's nodes' GPU: the question a
+    dry run with --gpu asks. The rest stands as judged; a CPU scenario has no GPU to judge on."""
+    if verdict.estimate is None:
+        return verdict
+    e = memory.estimate(scenario, declared=plugins.get(verdict.backend).info.memory,
+                        settings_mode=options.settings_mode, gpu=gpu)
+    refused = not options.force and verdict.check is None and e.fits is False
+    return verdict.model_copy(update={"estimate": e, "memory": verdicts.fit_refusal(e, gpu) if refused else None})
 
 
 def unpacked(scenario: Scenario, root: Path) -> PackedData:
@@ -69,10 +87,11 @@ def plans(
     backend_names: list[str],
     options: RunOptions,
     machine: Machine,
+    gpu: str | None = None,
 ) -> list[DryRun]:
-    """`--dry-run`: every backend's plan on every scenario, in the order given; nothing is packed,
-    launched or submitted."""
-    return [dry_run(name, s, options, machine) for s in scenarios for name in backend_names]
+    """`--dry-run`: every backend's plan on every scenario, in the order given, judged on `gpu`
+    where named (--gpu); nothing is packed, launched or submitted."""
+    return [dry_run(name, s, options, machine, gpu) for s in scenarios for name in backend_names]
 
 
 class TrialCost(BaseModel):
@@ -105,11 +124,12 @@ class TrialCost(BaseModel):
 
 
 def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repeat: int | Literal["auto"],
-               warmup_rounds: int | None, *, reference: str | None) -> TrialCost | None:
+               warmup_rounds: int | None, *, reference: str | None, gpu: str | None = None) -> TrialCost | None:
     """The cost of --repeat on a GPU scenario (None on CPU, or for a single run each): the runs of
     every backend whose own check takes the scenario, and of `reference` (None: --no-reference),
     which every round runs whether chosen or not, times one run's expected training (the estimate
-    the SLURM time limit starts from, before its margin and start-up)."""
+    the SLURM time limit starts from, before its margin and start-up) on `gpu` (--gpu), or the
+    scenario's nodes' GPU."""
     first, last = design.round_range(repeat)
     warm = design.warmup_default(first, scenario) if warmup_rounds is None else warmup_rounds
     if scenario.cluster.device != "cuda" or last + warm <= 1:
@@ -120,7 +140,7 @@ def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repe
     if reference is not None and reference not in (d.backend for d in planned):
         if verdicts.verdict_for(plugins.get(reference), scenario, machine)[1].check is None:
             running.append(reference)
-    estimate = estimate_time(scenario, verdicts.target_machine(scenario, machine).gpu_name)
+    estimate = estimate_time(scenario, gpu or verdicts.target_machine(scenario, machine).gpu_name)
     return TrialCost(scenario=scenario.name, trials=(first, last), warmup=warm, backends=running,
                      reference=reference if reference in running else None,
                      training_s=estimate.steps * estimate.step_seconds, source=estimate.source)
