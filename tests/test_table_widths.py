@@ -300,3 +300,39 @@ def test_runs_of_a_scenario_that_ended_alike_for_one_reason_share_one_line():
         render.print_reasons(runs)
     assert said.get().splitlines() == [f"tiny_cpu_qlora / torch, llamafactory, xtuner: unsupported: {why}",
                                        "tiny_cpu / xtuner: failed: it fell over", "    tail 1"]
+
+
+def repeated_results() -> tuple[list[RunResult], dict]:
+    """`compare_results`' points, each over three rounds of one compare (figures 3% apart)."""
+    results, by_name = compare_results()
+    repeated = []
+    for round_ in (1, 2, 3):
+        for r in results:
+            scale = 1 + (round_ - 2) * 0.03
+            repeated.append(r.model_copy(update={
+                "compare_id": "c1", "trial_round": round_, "result_id": len(repeated) + 1,
+                **({k: getattr(r, k) * scale for k in ("tgs", "tgs_min", "tgs_max")} if r.tgs else {})}))
+    return repeated, by_name
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_repeat_table_keeps_each_interval_whole(width):
+    """With --repeat every point shows its median with its 95% interval and its share of the
+    reference with its own: at 80 columns too, each part whole within its cell (wrapped at a
+    space, at 80 also after an interval's dash: rows of up to three lines)."""
+    results, by_name = repeated_results()
+    points = render.points(results)
+    text = rendered(render.results_table(points, by_name), width)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
+    body = table_rows(text)
+    assert len(body) == len(points.rows) and all(len(row) <= 3 for row in body), text
+    for row, r in zip(body, points.rows):
+        joined = " ".join(" ".join(cells(line)[i] for line in row) for i in range(len(cells(row[0]))))
+        joined = joined.replace("– ", "–")  # at 80 columns an interval breaks after its dash
+        summary = points.summaries[r["scenario"], r["backend"]]
+        if summary.trials >= 2:
+            low, high = f"{summary.low:,.1f}", f"{summary.high:,.1f}"
+            assert f"{summary.median:,.1f}" in joined and f"({low}–{high})" in flat(joined), (joined, row)
+        share = points.shares.get((r["scenario"], r["backend"]))
+        if share is not None and share.low is not None:
+            assert f"({share.low * 100:.0f}–{share.high * 100:.0f}%)" in flat(joined), (joined, row)

@@ -106,13 +106,20 @@ class FittedTable:
             kept = fitted
         # headers on one line where the width allows it, else wrapped between words
         whole = self.wide or self._needed(console, options, kept, cells, whole_headers=True) <= options.max_width
+        # figures that cannot all stand whole on one line (a median with its interval at 80
+        # columns) wrap at their spaces, each part whole: "12,345.7" over "(11,975.3–12,716.0)"
+        split = not self.wide and self._needed(console, options, kept, cells, whole_headers=whole) > options.max_width
+        if split and self._needed(console, options, kept, cells, whole_headers=whole, split=True) > options.max_width:
+            # narrower still: an interval may also break after its dash, "(11,975.3–" over "12,716.0)"
+            cells = {c: [Text(cell.plain.replace("–", "– "), style=cell.style) if c.kind == "figure" else cell
+                         for cell in column] for c, column in cells.items()}
         if not self.wide:
-            spare = options.max_width - self._needed(console, options, kept, cells, whole_headers=whole)
+            spare = options.max_width - self._needed(console, options, kept, cells, whole_headers=whole, split=split)
             for c in kept:
                 if c.kind == "prose":  # a sentence longer than two lines moves under the table
                     cells[c] = [cell if len(cell.wrap(console, PROSE_MIN + spare, overflow="fold")) <= 2
                                 else mark([cell.plain]) for cell in cells[c]]
-        table = self._table(kept, cells, whole_headers=whole)
+        table = self._table(kept, cells, whole_headers=whole, split=split)
         if self.wide:  # its full width, whatever the terminal's: the lines are left long
             table.width = Measurement.get(console, options.update_width(10**6), table).maximum
         yield table
@@ -126,15 +133,22 @@ class FittedTable:
                 grid.add_row(Text(f"[{n}]"), Text(text))
             yield grid
 
-    def _table(self, kept: list[Col], cells: dict, prose_width: int | None = None, whole_headers: bool = False) -> Table:
+    def _table(self, kept: list[Col], cells: dict, prose_width: int | None = None, whole_headers: bool = False,
+               split: bool = False) -> Table:
+        """`split`: a figure with spaces may wrap there (never within a word), at least its longest
+        part wide."""
         table = Table(title=self.title)
         for c in kept:
-            header = Text(c.header, no_wrap=False)  # headers wrap between words; figures never do
+            header = Text(c.header, no_wrap=False)  # headers wrap between words; figures only where `split`
             if c.kind == "prose" and prose_width is None:
                 table.add_column(header, justify=c.justify, overflow="fold", min_width=PROSE_MIN)
                 continue
             header_width = [len(c.header)] if whole_headers else [len(word) for word in c.header.split()]
             widest = max([cell.cell_len for cell in cells[c]] + header_width)
+            if split and c.kind == "figure" and any(" " in cell.plain.strip() for cell in cells[c]):
+                part = max([len(word) for cell in cells[c] for word in cell.plain.split()] + header_width)
+                table.add_column(header, justify=c.justify, overflow="fold", min_width=part, max_width=widest)
+                continue
             table.add_column(header, justify=c.justify, no_wrap=True, overflow="fold",
                              width=prose_width if c.kind == "prose" else widest)
         for row in zip(*(cells[c] for c in kept)):
@@ -142,9 +156,9 @@ class FittedTable:
         return table
 
     def _needed(self, console: Console, options: ConsoleOptions, kept: list[Col], cells: dict,
-                whole_headers: bool = False) -> int:
+                whole_headers: bool = False, split: bool = False) -> int:
         """The width the kept columns need, a sentence column at its narrowest (rich's measure)."""
-        table = self._table(kept, cells, prose_width=PROSE_MIN, whole_headers=whole_headers)
+        table = self._table(kept, cells, prose_width=PROSE_MIN, whole_headers=whole_headers, split=split)
         return Measurement.get(console, options.update_width(10**6), table).minimum
 
 
