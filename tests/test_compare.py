@@ -95,6 +95,7 @@ def test_a_one_trial_compare_ends_with_the_fastest_framework_and_how_to_get_an_i
                                          r"interval; \d+% of fake_ok", answer).groups()
     assert {fastest, other} == {"fake_noisy", "fake_noisy_slow"} and float(ahead) >= 0
     assert hint.startswith("one trial per backend gives no interval: --repeat 3")
+    assert "1 trial: no interval" not in res.output  # said once, in the answer, not per pair
     assert closing.startswith("3 run(s): 3 ok · exit 0")
 
 

@@ -299,3 +299,11 @@ def test_a_point_whose_runs_were_all_warm_up_has_a_summary_of_no_trial():
                               "trial_round": 0})
     s = statistics.summarise([warm])["tiny_cpu", "torch"]
     assert (s.trials, s.median, s.excluded) == (0, None, ())
+
+
+def test_a_run_refused_as_unsupported_is_no_trial_left_out_but_a_failed_one_is():
+    from framework_bench.present.verdict import Points
+    runs = [{"backend": "torch", "scenario": "s", "status": "unsupported", "tgs": None, "id": 1},
+            {"backend": "x", "scenario": "s", "status": "failed", "tgs": None, "id": 2}]
+    lines = Points(runs, "torch").lines
+    assert lines == ["s: x: 1 trial(s) not counted: run 2 (failed)"], lines

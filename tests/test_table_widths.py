@@ -336,3 +336,16 @@ def test_the_repeat_table_keeps_each_interval_whole(width):
         share = points.shares.get((r["scenario"], r["backend"]))
         if share is not None and share.low is not None:
             assert f"({share.low * 100:.0f}–{share.high * 100:.0f}%)" in flat(joined), (joined, row)
+
+
+def test_scenarios_whose_backends_differ_alike_share_one_grid():
+    """A context sweep: the same settings differ the same way on every context, said once."""
+    settings = {"trainer": ("torch-loop", "mmengine-runner", "hf-trainer")}
+    records = [{"scenario": s, "backend": b, "settings": {k: v[i] for k, v in settings.items()} | {"lora_rank": r}}
+               for s, r in (("tiny_cpu", 8), ("tiny_cpu_1k", 8), ("tiny_cpu_lora", 8)) for i, b in enumerate(BACKENDS)]
+    records[-1]["settings"]["lora_rank"] = 64  # one scenario differs otherwise
+    console = Console(width=100, record=True, file=open(os.devnull, "w"), color_system=None)
+    render.print_differences(records, "matched", console)
+    heads = [line for line in console.export_text().splitlines() if "differ between backends" in line]
+    assert heads == ["tiny_cpu, tiny_cpu_1k: 1 setting(s) differ between backends (matched settings)",
+                     "tiny_cpu_lora: 2 setting(s) differ between backends (matched settings)"]

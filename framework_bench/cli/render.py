@@ -219,8 +219,9 @@ def verdict_object(points: Points) -> dict:
 
 
 def print_verdicts(points: Points) -> None:
-    """Below a compare's table: each pair's verdict, each noisy backend, each trial not counted."""
-    for line in points.lines:
+    """Below a compare's table: each pair's verdict with an interval, each noisy backend, each trial
+    not counted (the pairs with none are said once, in the answer: `print_answers`)."""
+    for line in points.with_intervals:
         common.console.print(line, highlight=False, markup=False)
 
 
@@ -257,10 +258,16 @@ def print_checks(checks) -> None:
 
 def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:
     """Per scenario, the settings that differ between its backends: one setting per row, each
-    backend's value in its own column, wrapped to the width (a long value folds, never cut)."""
+    backend's value in its own column, wrapped to the width (a long value folds, never cut).
+    Scenarios whose backends differ alike (a context sweep) share one grid."""
     from framework_bench.present.differences import setting_differences
     show = show or common.console
-    for name, diffs in setting_differences(records).items():
+    alike: dict[str, list[str]] = {}
+    found = setting_differences(records)
+    for name, diffs in found.items():
+        alike.setdefault(repr(diffs), []).append(name)
+    for names in alike.values():
+        diffs, name = found[names[0]], ", ".join(names)
         show.print(f"[bold]{escape(name)}[/bold]: {len(diffs)} setting(s) differ between backends "
                    f"({mode} settings)" if diffs else f"[bold]{escape(name)}[/bold]: same settings on every backend",
                    highlight=False)

@@ -289,7 +289,8 @@ def _run_trials(backend: str, s, options, store, trials, warmup_rounds: int | No
         render.print_auto_stops(stops, results)
         render.print_reasons(results)
         common.console.print(f"results stored in {store.path}", highlight=False)
-    _end(results, interrupted)
+        render.print_answers(points)
+    _end(results, interrupted, closing=True, as_json=as_json)
 
 
 def _run_options(launcher: str | None, timeout: float | None, force: bool, settings: str, seed: int | None,

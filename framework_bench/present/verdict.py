@@ -78,19 +78,22 @@ def family(pairs: list[Ratio]) -> list[str]:
             f"level its comparison was tested at, so a difference is said only where Holm finds one"]
 
 
-def verdicts(trials: list[statistics.Trial], pairs: list[Ratio]) -> list[str]:
-    """Per scenario, each pair's sentence (`pairs`: the trials' ratios, adjusted with their family),
-    then each backend's noise and left-out trials, then each disturbed round and what became of it."""
+def verdicts(trials: list[statistics.Trial], pairs: list[Ratio], unpaired: bool = True) -> list[str]:
+    """Per scenario, each pair's sentence (`pairs`: the trials' ratios, adjusted with their family;
+    `unpaired`: those with no interval too), then each backend's noise and left-out trials (a run
+    refused as unsupported trained nothing: its refusal says so, not this), then each disturbed
+    round and what became of it."""
     summaries = statistics.summarise(trials)
     out = []
     for r in pairs:
-        out.append(f"{r.scenario}: {sentence(r)}")
+        if unpaired or r.low is not None:
+            out.append(f"{r.scenario}: {sentence(r)}")
     for (scenario, backend), s in sorted(summaries.items()):
         if s.noisy:
             out.append(f"{scenario}: {backend} is noisy: trial-to-trial CV {s.cv:.1%}; about {s.trials_for_target} "
                        f"trials would narrow its interval to ±{statistics.TARGET_HALF_WIDTH:.0%}")
-        if s.excluded:
-            out.append(f"{scenario}: {backend}: {len(s.excluded)} trial(s) not counted: {'; '.join(s.excluded)}")
+        if excluded := [why for why in s.excluded if not why.endswith("(unsupported)")]:
+            out.append(f"{scenario}: {backend}: {len(excluded)} trial(s) not counted: {'; '.join(excluded)}")
     for d in statistics.disturbed(trials):
         out.append(f"{d.scenario}: round {d.round} of compare {d.compare_id} was disturbed (outside load?): every run "
                    f"in it {min(d.drops):.0%} to {max(d.drops):.0%} below its backend's median; kept: a paired "
@@ -162,6 +165,7 @@ class Points:
         self.shares: dict[tuple[str, str], Ratio] = {}
         self.pairs: list[Ratio] = []
         self.lines: list[str] = []
+        self.with_intervals: list[str] = []  # `lines` less the pairs with no interval: a compare's answer says those once
         trials_of = [[Trial.from_record(r) for r in group] for group in groups.values()]
         found = [statistics.estimates(trials, reference) for trials in trials_of]
         adjusted = iter(statistics.holm([e for es in found for e in es]))  # one family: every group's pairs
@@ -174,7 +178,9 @@ class Points:
             self.shares |= {key: Ratio(key[0], reference, reference, (s.trials, s.trials), 1.0)
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
             self.lines += verdicts(trials, pairs)
+            self.with_intervals += verdicts(trials, pairs, unpaired=False)
         self.lines[:0] = family(self.pairs)
+        self.with_intervals[:0] = family(self.pairs)
         newest = {(r["scenario"], r["backend"]): r for r in runs}
         for scenario, backend in newest:  # runs of warm-up rounds alone (a compare stopped in its first): no trial
             self.summaries.setdefault((scenario, backend), Summary(backend, scenario, 0, None))
