@@ -50,6 +50,8 @@ def test_one_chart_per_model_with_every_backend_and_failure(rows, tmp_path):
             assert f'id="{metric}-line-{backend}"' in svg and f'id="{metric}-spread-{backend}"' in svg
         assert f'id="{metric}-failed-xtuner-4k"' in svg and f'id="{metric}-status-xtuner-4k-timeout"' in svg
         assert f'id="{metric}-failed-llamafactory-4k"' in svg and f'id="{metric}-status-llamafactory-4k-oom"' in svg
+        # the marks of points without a figure stand in a band below zero, never at a data height
+        assert f'id="{metric}-no-figure-band"' in svg
     assert "line-published" not in svg  # the tiny model has no published figures
 
     svg = (out / "tgs_tflops_llama2-7b.svg").read_text()
@@ -201,3 +203,17 @@ def test_unverified_methods_bars_only_when_asked(tmp_path):
 
 def test_a_model_of_full_runs_only_has_no_methods_chart(rows, tmp_path):
     assert not [p for p in plotting.plot_results(rows, tmp_path) if p.name.startswith("methods_")]
+
+
+def test_the_bars_legend_says_what_each_kind_of_bar_drawn_means():
+    from matplotlib.figure import Figure
+
+    from framework_bench.present.tgs_chart import _bar_keys
+    ax = Figure().subplots()
+    assert _bar_keys(ax) == []
+    ax.vlines([1], [0], [1]).set_gid("tgs-spread-xtuner")
+    assert [k.get_label() for k in _bar_keys(ax)] == ["bars: min-max over one trial's steps"]
+    _, _, (stems,) = ax.errorbar([2], [1], yerr=[[0.1], [0.1]], fmt="none").lines
+    stems.set_gid("tgs-ci-torch")
+    assert [k.get_label() for k in _bar_keys(ax)] == ["bars: 95% interval of the median over trials",
+                                                      "bars: min-max over one trial's steps"]

@@ -61,6 +61,7 @@ def plot_tgs(model: str, rows: list[dict], refs: dict[str, list[dict]], colours:
         axes = fig.subplots(1, 2)
         for ax, (metric, ylabel) in zip(axes, METRICS):
             bottom = blended_transform_factory(ax.transData, ax.transAxes)
+            band, lane = 0.0, 0  # the axis fraction the marks of points without a figure take, below zero; their row
             for i, (backend, method) in enumerate(series):
                 label, key = _series(backend, method)
                 linestyle, mark = _METHOD_STYLE[method]
@@ -70,6 +71,9 @@ def plot_tgs(model: str, rows: list[dict], refs: dict[str, list[dict]], colours:
                 verified = [r for r in ok if r["status"] == "ok"]
                 line, = ax.plot([r["context_length"] for r in verified], [r[metric] for r in verified],
                                 marker=mark, linestyle=linestyle, color=colours[backend], linewidth=2,
+                                # adapters' markers hollow and larger: a LoRA point on a full one shows both
+                                markersize=6 if method == "full" else 9,
+                                markerfacecolor=colours[backend] if method == "full" else "none",
                                 # a series without a figure (QLoRA on CPU) has its x marks, no legend entry
                                 label=label if verified else f"_{label}")
                 line.set_gid(f"{metric}-line-{key}")
@@ -99,9 +103,13 @@ def plot_tgs(model: str, rows: list[dict], refs: dict[str, list[dict]], colours:
                                      [r[metric] * r["tgs_max"] / r["tgs"] for r in spread],
                                      color=colours[backend], alpha=0.5, linewidth=4)
                     bars.set_gid(f"{metric}-spread-{key}")
-                # Points without a figure stay visible: an x at the foot of the axis, with the status.
-                y = 0.04 + 0.07 * i
-                for r in (r for r in brows if r not in ok):
+                # Points without a figure stay visible: an x in a shaded band below zero (no TGS is
+                # there), with the status.
+                missing = [r for r in brows if r not in ok]
+                y = 0.03 + 0.05 * lane
+                lane += bool(missing)
+                for r in missing:
+                    band = max(band, y + 0.03)
                     marker, = ax.plot([r["context_length"]], [y], transform=bottom, marker="x", markersize=9,
                                       markeredgewidth=2, color=colours[backend], linestyle="none")
                     marker.set_gid(f"{metric}-failed-{key}-{ctx_label(r['context_length'])}")
@@ -118,11 +126,37 @@ def plot_tgs(model: str, rows: list[dict], refs: dict[str, list[dict]], colours:
                                 marker="s", markersize=5, color="0.35", label=label)
                 line.set_gid(f"{metric}-line-published")
             context_axis(ax, contexts)
-            ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)  # headroom keeps the legend off the lines
+            top = ax.get_ylim()[1] * 1.12  # headroom keeps the legend off the lines
+            if band:  # the marks' band below zero: the axis fraction `band` maps to [-x, 0]
+                ax.set_ylim(bottom=-top * band / (1 - band), top=top)
+                ax.axhspan(-top * band / (1 - band), 0, color="0.93", zorder=0, gid=f"{metric}-no-figure-band")
+                ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= top])
+                ax.set_ylim(bottom=-top * band / (1 - band), top=top)
+            else:
+                ax.set_ylim(bottom=0, top=top)
             ax.set_ylabel(ylabel)
-            if ax.get_legend_handles_labels()[0]:  # failures only: their x marks say it all
-                ax.legend(loc="best", fontsize=8, framealpha=0.9)
+            handles, labels = ax.get_legend_handles_labels()
+            handles += _bar_keys(ax)
+            if handles:  # failures only: their x marks say it all
+                ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
         modes = "/".join(sorted({r.get("settings_mode") or "matched" for r in rows}))
-        fig.suptitle(f"{model}: {gpus_label(rows)} per run; measured on {hardware(rows)}; "
-                     f"{modes} settings", fontsize=12, gid=f"settings-{modes}")
+        trials = sorted({r.get("trials") or 1 for r in rows if r["status"] in shown and r["tgs"] is not None}) or [0]
+        counted = f"{trials[0]} trial" if trials == [1] else f"{trials[0]}-{trials[-1]} trials"
+        fig.suptitle(f"{model}: {', '.join(dict.fromkeys(b for b, _ in series))} by context length, {counted} per "
+                     f"point\n{gpus_label(rows)} per run; measured on {hardware(rows)}; {modes} settings",
+                     fontsize=12, gid=f"settings-{modes}")
         return save(fig, Path(out_dir), f"tgs_tflops_{slug(model)}")
+
+
+def _bar_keys(ax) -> list:
+    """Legend keys saying what the chart's vertical bars are (each kind that is drawn): the 95%
+    interval of the median over trials, or, for a point of one trial, min-max over its steps."""
+    from matplotlib.lines import Line2D
+    gids = {child.get_gid() or "" for child in ax.get_children()}
+    keys = []
+    if any("-ci-" in g for g in gids):
+        keys.append(Line2D([], [], color="0.3", linewidth=1.5, marker="_", markersize=8,
+                           label="bars: 95% interval of the median over trials"))
+    if any("-spread-" in g for g in gids):
+        keys.append(Line2D([], [], color="0.3", alpha=0.5, linewidth=4, label="bars: min-max over one trial's steps"))
+    return keys
