@@ -108,13 +108,17 @@ def test_a_launcher_says_which_refusals_stop_it():
     assert executor_for("slurm").refusal(refused) == refused.reason
 
 
-def test_workers_write_bytecode_unless_their_plan_says_not_to(tmp_path, monkeypatch):
+def test_where_bytecode_is_forbidden_workers_write_it_under_the_state_folder(tmp_path, monkeypatch):
     """The shell's PYTHONDONTWRITEBYTECODE does not reach a worker (every run would compile its
-    imports from source: the envs are installed without bytecode); a plan that sets it does."""
+    imports from source: the envs are installed without bytecode): it writes its bytecode under
+    the state folder, never beside the sources; a plan that forbids it is obeyed."""
+    from framework_bench.envs.venvs import fbench_home
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    code = "import os, sys; print('said', os.environ.get('PYTHONDONTWRITEBYTECODE'), sys.dont_write_bytecode)"
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    code = ("import os, sys; print('said', os.environ.get('PYTHONDONTWRITEBYTECODE'), sys.dont_write_bytecode, "
+            "sys.pycache_prefix)")
     plain = _execute(tmp_path, code)
-    assert plain.status == "ok" and "said None False" in plain.log_tail
+    assert plain.status == "ok" and f"said None False {fbench_home() / 'bytecode'}" in plain.log_tail
     log = tmp_path / "planned.log"
     planned = local.execute([[sys.executable, "-c", code]], {"PYTHONDONTWRITEBYTECODE": "1"}, tmp_path, log)
     assert planned.status == "ok" and "said 1 True" in planned.log_tail

@@ -171,16 +171,18 @@ def test_training_otherwise_is_invalid_whatever_the_normalisation_words(lie, gra
     then fails it. The honest copy at grad_accum 2 passes both."""
     scn, data, root, reference = accum2 if grad_accum == 2 else (*tiny_cpu_run("torch")[:2], tmp_path, tiny_cpu_run("torch")[2])
     assert reference.status == "ok", reference.reason
-    monkeypatch.setenv(UNCHECKED_ENV, "parity,update_parity")
+    monkeypatch.setenv(UNCHECKED_ENV, "parity,update_parity,update_parts")
     r = referee.judge(pipeline.run_one(f"lying_{lie}", scn, RunOptions(root=root), data=data, machine=CPU), reference, scn)
     assert r.status == "ok", r.reason  # every other check passes: only the training checks tell
     monkeypatch.delenv(UNCHECKED_ENV)
     assert losses.scheme_of(r) == losses.scheme_of(reference) == "step_token_mean"
-    judged = r.model_copy(update={"checks": [c for c in r.checks if c.name not in ("parity", "update_parity")]}, deep=True)
+    judged = r.model_copy(update={"checks": [c for c in r.checks if c.name not in ("parity", "update_parity",
+                                                                                   "update_parts")]}, deep=True)
     referee.judge(judged, reference, scn)
     checks = {c.name: c for c in judged.checks}
     if lie == "honest":
         assert judged.status == "ok" and checks["parity"].status == checks["update_parity"].status == "pass", judged.reason
+        assert checks["update_parts"].status == "pass", checks["update_parts"].detail
     else:
         assert judged.status == "invalid", (lie, checks["parity"].detail, checks["update_parity"].detail)
         assert checks["update_parity"].status == "fail", checks["update_parity"].detail

@@ -238,10 +238,15 @@ def test_with_peft_adapters_the_projection_parts_base_and_adapters():
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout)
     assert got["zero_b"] == 0.0
-    assert got["untouched"] == {"all": [0.0, 0.0], "base": [0.0, 0.0], "adapters": [0.0, 0.0]}
+    layers = {f"layer {i}" for i in range(cfg["num_hidden_layers"])}
+    assert {"all", "base", "adapters", "embeddings", "final norm"} | layers <= set(got["untouched"])
+    assert all(figures == [0.0, 0.0] for figures in got["untouched"].values()), got["untouched"]
     b = "model.layers.1.self_attn.q_proj.lora_B.weight"
     v = iw.standard_normal(2 * 4 + np.arange(3), iw.projection_key(99, b))
     assert got["after_adapter"]["adapters"][0] == pytest.approx(float(np.dot([1.0, 2.0, 3.0], v)), rel=1e-6)
     assert got["after_adapter"]["base"] == [0.0, 0.0]
     assert got["after_base"]["base"][1] == pytest.approx(0.25, rel=1e-6)
+    # each part alone: the base's change is layer 1's, the adapters' is not a layer's
+    assert got["after_base"]["layer 1"][1] == pytest.approx(0.25, rel=1e-6)
+    assert all(got["after_base"][p] == [0.0, 0.0] for p in layers - {"layer 1"} | {"embeddings", "final norm"})
     assert got["after_base"]["adapters"] == got["after_adapter"]["adapters"]
