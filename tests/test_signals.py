@@ -77,9 +77,7 @@ def test_ctrl_c_in_a_warm_up_round_leaves_rows_every_command_reads(fakes, fbench
                         "--db", str(db), "--out", str(out))
     wait_for_worker(fbench_home, proc, "hang")
     proc.send_signal(signal.SIGINT)
-    # the table, charts and reports of what finished come before the exit: 2 s here when quiet, over
-    # 60 s once in a fresh-clone CI under the suite's own load
-    stdout, err = proc.communicate(timeout=240)
+    stdout, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, (stdout, err)
     with ResultStore(db) as store:
         assert [(r["backend"], r["trial_round"]) for r in store.list()] == [("fake_noisy", 0), ("fake_hang", 0)]
