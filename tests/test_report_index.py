@@ -59,12 +59,17 @@ def test_two_compares_write_two_reports_and_an_index_linking_both(fakes, tmp_pat
     assert summary["compares"] == ["20261203-181621-4242"] and summary["runs"] == 2
 
 
+def _one_run(tmp_path, compare_id: str) -> list[dict]:
+    """The rows of a store holding one ok run of `compare_id`."""
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        store.add(RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", tgs=1.0, compare_id=compare_id),
+                  load("tiny_cpu"), manifest_={})
+        return store.latest_by_point()
+
+
 def test_a_compare_reported_again_gets_a_report_of_its_own(tmp_path):
     """`fbench report` of a compare already reported: `-2`, the first one kept."""
-    with ResultStore(tmp_path / "r.sqlite") as store:
-        store.add(RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", tgs=1.0, compare_id="c1"),
-                  load("tiny_cpu"), manifest_={})
-        rows = store.latest_by_point()
+    rows = _one_run(tmp_path, "c1")
     first, _ = write_report(rows, tmp_path / "out", [])
     second, _ = write_report(rows, tmp_path / "out", [])
     assert (first.name, second.name) == ("report-c1.md", "report-c1-2.md") and first.is_file()
@@ -73,10 +78,7 @@ def test_a_compare_reported_again_gets_a_report_of_its_own(tmp_path):
 
 
 def test_a_compare_id_edited_into_a_path_stays_a_name_in_the_folder(tmp_path):
-    with ResultStore(tmp_path / "r.sqlite") as store:
-        store.add(RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", tgs=1.0, compare_id="../../x y"),
-                  load("tiny_cpu"), manifest_={})
-        rows = store.latest_by_point()
+    rows = _one_run(tmp_path, "../../x y")
     md, _ = write_report(rows, tmp_path / "out", [])
     assert md == tmp_path / "out" / "report-.._.._x_y.md" and md.is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.sqlite"]

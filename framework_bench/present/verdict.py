@@ -78,16 +78,14 @@ def family(pairs: list[Ratio]) -> list[str]:
             f"level its comparison was tested at, so a difference is said only where Holm finds one"]
 
 
-def verdicts(trials: list[statistics.Trial], pairs: list[Ratio], unpaired: bool = True) -> list[str]:
-    """Per scenario, each pair's sentence (`pairs`: the trials' ratios, adjusted with their family;
-    `unpaired`: those with no interval too), then each backend's noise and left-out trials (a run
-    refused as unsupported trained nothing: its refusal says so, not this), then each disturbed
-    round and what became of it."""
+def verdicts(trials: list[statistics.Trial], pairs: list[Ratio]) -> list[str]:
+    """Per scenario, each pair's sentence (`pairs`: the trials' ratios, adjusted with their family),
+    then each backend's noise and left-out trials (a run refused as unsupported trained nothing:
+    its refusal says so, not this), then each disturbed round and what became of it."""
     summaries = statistics.summarise(trials)
     out = []
     for r in pairs:
-        if unpaired or r.low is not None:
-            out.append(f"{r.scenario}: {sentence(r)}")
+        out.append(f"{r.scenario}: {sentence(r)}")
     for (scenario, backend), s in sorted(summaries.items()):
         if s.noisy:
             out.append(f"{scenario}: {backend} is noisy: trial-to-trial CV {s.cv:.1%}; about {s.trials_for_target} "
@@ -153,7 +151,8 @@ class Points:
     one per backend x scenario in the order they first appear, its figures at the median over
     the counted trials (TGS min–max over all their steps; `trials` and, from two, `tgs_low` and
     `tgs_high`, the median's interval); `shares` each framework's `Ratio` to the reference;
-    `lines` the verdict sentences. Runs of a scenario stored under two definitions (the file
+    `lines` the verdict sentences (`with_intervals`: less the pairs with no interval, which a
+    compare's answer says once). Runs of a scenario stored under two definitions (the file
     edited between them) are never paired."""
 
     def __init__(self, runs: list[dict], reference: str | None):
@@ -165,7 +164,6 @@ class Points:
         self.shares: dict[tuple[str, str], Ratio] = {}
         self.pairs: list[Ratio] = []
         self.lines: list[str] = []
-        self.with_intervals: list[str] = []  # `lines` less the pairs with no interval: a compare's answer says those once
         trials_of = [[Trial.from_record(r) for r in group] for group in groups.values()]
         found = [statistics.estimates(trials, reference) for trials in trials_of]
         adjusted = iter(statistics.holm([e for es in found for e in es]))  # one family: every group's pairs
@@ -178,9 +176,9 @@ class Points:
             self.shares |= {key: Ratio(key[0], reference, reference, (s.trials, s.trials), 1.0)
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
             self.lines += verdicts(trials, pairs)
-            self.with_intervals += verdicts(trials, pairs, unpaired=False)
         self.lines[:0] = family(self.pairs)
-        self.with_intervals[:0] = family(self.pairs)
+        unpaired = {f"{p.scenario}: {sentence(p)}" for p in self.pairs if p.low is None}
+        self.with_intervals = [line for line in self.lines if line not in unpaired]
         newest = {(r["scenario"], r["backend"]): r for r in runs}
         for scenario, backend in newest:  # runs of warm-up rounds alone (a compare stopped in its first): no trial
             self.summaries.setdefault((scenario, backend), Summary(backend, scenario, 0, None))
