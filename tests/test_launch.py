@@ -108,17 +108,30 @@ def test_a_launcher_says_which_refusals_stop_it():
     assert executor_for("slurm").refusal(refused) == refused.reason
 
 
-def test_where_bytecode_is_forbidden_workers_write_it_under_the_state_folder(tmp_path, monkeypatch):
+def test_where_bytecode_is_forbidden_workers_write_it_beside_the_envs(tmp_path, monkeypatch):
     """The shell's PYTHONDONTWRITEBYTECODE does not reach a worker (every run would compile its
-    imports from source: the envs are installed without bytecode): it writes its bytecode under
-    the state folder, never beside the sources; a plan that forbids it is obeyed."""
-    from framework_bench.envs.venvs import fbench_home
+    imports from source: the envs are installed without bytecode): it writes its bytecode beside
+    the envs, never beside the sources; a plan that forbids it is obeyed. The SLURM script says
+    the same, whatever characters the state folder's path holds."""
+    import os
+    import subprocess
+
+    from framework_bench.envs.venvs import bytecode_dir
+    monkeypatch.setenv("FBENCH_HOME", str(tmp_path / "a state's folder"))
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
     code = ("import os, sys; print('said', os.environ.get('PYTHONDONTWRITEBYTECODE'), sys.dont_write_bytecode, "
             "sys.pycache_prefix)")
     plain = _execute(tmp_path, code)
-    assert plain.status == "ok" and f"said None False {fbench_home() / 'bytecode'}" in plain.log_tail
+    assert plain.status == "ok" and f"said None False {bytecode_dir()}" in plain.log_tail
     log = tmp_path / "planned.log"
     planned = local.execute([[sys.executable, "-c", code]], {"PYTHONDONTWRITEBYTECODE": "1"}, tmp_path, log)
     assert planned.status == "ok" and "said 1 True" in planned.log_tail
+
+    lines = slurm.sbatch_script([(PLAN, _job("tiny_cpu", tmp_path))]).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("fbench_bytecode="))
+    said = subprocess.run(["bash", "-c", "\n".join([*lines[start:start + 2], 'echo "$PYTHONPYCACHEPREFIX"'])],
+                          capture_output=True, text=True, env=dict(os.environ), check=True).stdout
+    assert said.strip() == str(bytecode_dir())
+
+

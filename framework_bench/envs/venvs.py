@@ -38,6 +38,12 @@ def env_path(name: str) -> Path:
     return fbench_home() / "envs" / name
 
 
+def bytecode_dir() -> Path:
+    """Where workers write bytecode when the shell forbids it (launchers/local.py): beside the envs
+    it was compiled from, so every state folder whose envs are the same ones shares it."""
+    return fbench_home() / "envs" / ".bytecode"
+
+
 def env_python(path: Path) -> Path:
     return path / "bin" / "python"
 

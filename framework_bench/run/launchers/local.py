@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from framework_bench.envs.children import dies_with_this_process
-from framework_bench.envs.venvs import fbench_home
+from framework_bench.envs.venvs import bytecode_dir
 from framework_bench.measure import clock, update
 from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run import interrupts
@@ -56,17 +56,17 @@ HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host its
 # The backend envs are installed without bytecode (pip --no-compile, for install time). Where the
 # shell says not to write bytecode, every run compiled torch, transformers and its framework from
 # source before its first step (docs/calibration.md: LLaMA-Factory's imports took 25 s so, 9 s from
-# bytecode). There a worker writes it instead under the state folder (`BYTECODE_DIR`), never into
-# an env, a machine's own site-packages or the checkout, and later runs read it from there.
-NO_BYTECODE, BYTECODE_PREFIX, BYTECODE_DIR = "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "bytecode"
+# bytecode). There a worker writes it instead beside the envs (`bytecode_dir`), never into an env,
+# a machine's own site-packages or the checkout, and later runs read it from there.
+NO_BYTECODE, BYTECODE_PREFIX = "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"
 
 
 def _inherited() -> dict[str, str]:
-    """This process's environment for a worker: where it forbids bytecode, bytecode written under
-    the state folder instead (a prefix the user set stays theirs; a plan may still forbid it)."""
+    """This process's environment for a worker: where it forbids bytecode, bytecode written beside
+    the envs instead (a prefix the user set stays theirs; a plan may still forbid it)."""
     environ = dict(os.environ)
     if environ.pop(NO_BYTECODE, ""):
-        environ.setdefault(BYTECODE_PREFIX, str(fbench_home() / BYTECODE_DIR))
+        environ.setdefault(BYTECODE_PREFIX, str(bytecode_dir()))
     return environ
 
 

@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field
 
 from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run.launchers.base import RDZV_PORT, Executor, LaunchOptions, Submission
-from framework_bench.envs.venvs import fbench_home
-from framework_bench.run.launchers.local import BYTECODE_DIR, BYTECODE_PREFIX, NO_BYTECODE
+from framework_bench.envs.venvs import bytecode_dir
+from framework_bench.run.launchers.local import BYTECODE_PREFIX, NO_BYTECODE
 from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, estimate_time
 from framework_bench.run.launchers.torchrun import torchrun_argv
 from framework_bench.run.verdicts import Verdict
@@ -151,9 +151,10 @@ def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:0
         *([f"# A round of {len(runs)} runs on one allocation, in this order: "
            + ", ".join(j.backend for _, j in runs) + "."] if len(runs) > 1 else []),
         "set -uo pipefail  # no -e: every ending leaves its exit status in its run folder",
-        "# Where bytecode is forbidden, workers write it under the state folder instead (launchers/local.py).",
-        f'if [ -n "${{{NO_BYTECODE}:-}}" ]; then export {BYTECODE_PREFIX}="${{{BYTECODE_PREFIX}:-'
-        f'{shlex.quote(str(fbench_home() / BYTECODE_DIR))}}}"; unset {NO_BYTECODE}; fi',
+        "# Where bytecode is forbidden, workers write it beside the envs instead (launchers/local.py).",
+        f"fbench_bytecode={shlex.quote(str(bytecode_dir()))}",
+        f'if [ -n "${{{NO_BYTECODE}:-}}" ]; then export {BYTECODE_PREFIX}="${{{BYTECODE_PREFIX}:-$fbench_bytecode}}"; '
+        f"unset {NO_BYTECODE}; fi",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "# The round's update-projection seed: never in an argument or the environment, where a worker could read it.",
         f"seed=$({shlex.quote(str(plan.python))} -c 'import secrets; print(secrets.randbits(31))')",
