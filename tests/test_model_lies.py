@@ -16,7 +16,7 @@ from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
 from framework_bench.data.packing import pack
-from framework_bench.run import pipeline, referee
+from framework_bench.run import design, pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
@@ -192,6 +192,27 @@ def test_a_worker_copying_the_references_files_passes_only_where_the_reference_r
     assert [r.status for r in liars] == ["invalid", "invalid"], [r.reason for r in liars]
     assert all("update check failed" in r.reason and "the host revealed" in r.reason for r in liars)
     assert all(r.status == "ok" for r in results if r.backend == "torch")
+
+
+def test_a_worker_replaying_an_earlier_runs_training_is_invalid_unless_the_seed_is_pinned(world, tmp_path):
+    """A worker that keeps its final weights and loss records beside the runs and, in every later
+    run of the scenario, trains nothing and replays them. A compare draws a fresh seed, so what it
+    kept was trained from other initial weights: invalid. With the seed pinned to the kept run's
+    (`--seed`), the replay passes every check: the lie is live, and why a pinned seed's rows say
+    replay is not excluded."""
+    scn, data, _, reference, _ = world
+    root = tmp_path / "runs"
+    first = pipeline.run_one("lying_replays_kept", scn, RunOptions(root=root, seed=reference.seed), data=data, machine=CPU)
+    assert referee.judge(first, reference, scn).status == "ok", first.reason  # trained, and kept
+    assert (root.parent / f"kept-{scn.name}" / "weights.pt").is_file()
+    fresh = design.compare_seed(None)
+    fresh_reference = pipeline.run_one("torch", scn, RunOptions(root=root, seed=fresh), data=data, machine=CPU)
+    replayed = referee.judge(pipeline.run_one("lying_replays_kept", scn, RunOptions(root=root, seed=fresh), data=data,
+                                              machine=CPU), fresh_reference, scn)
+    assert replayed.status == "invalid" and "parity check failed" in replayed.reason, replayed.reason
+    pinned = referee.judge(pipeline.run_one("lying_replays_kept", scn, RunOptions(root=root, seed=reference.seed),
+                                            data=data, machine=CPU), reference, scn)
+    assert pinned.status == "ok", pinned.reason
 
 
 def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_path, monkeypatch):

@@ -163,6 +163,19 @@ LIES: dict[str, list[tuple[str, str]]] = {
                  "    update.wait_for_reveal(job.run_dir, timeout=60)\n"
                  "    shutil.copy(ref / 'update_projection.json', job.run_dir / 'update_projection.json')\n"),
     ],
+    # Keeps its final weights and loss records outside its run folder (beside the runs), once per
+    # scenario; every later run of the scenario, whatever its seed, trains nothing and replays them.
+    "replays_kept": [
+        (TIMER, "    kept = job.run_dir.parent.parent / f'kept-{job.scenario.name}'\n" + TIMER),
+        (BACKWARD, "                share.backward() if not kept.exists() else None\n"),
+        (UPDATE, "    shutil = __import__('shutil')\n"
+                 "    if kept.exists():\n"
+                 "        model.load_state_dict(torch.load(kept / 'weights.pt')), shutil.rmtree(job.run_dir / 'losses')\n"
+                 "        shutil.copytree(kept / 'losses', job.run_dir / 'losses')\n"
+                 "    else:\n"
+                 "        shutil.copytree(job.run_dir / 'losses', kept / 'losses'), torch.save(model.state_dict(), kept / 'weights.pt')\n"
+                 + UPDATE),
+    ],
     # Trains the scenario's adapters (r=8) and reports those of a second model built with r=64: its
     # initial weights, parameter count and ledger (every claim of the larger adapters consistent).
     "claims_r64": [
