@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from framework_bench.measure import flops
@@ -32,6 +33,41 @@ def test_help_lists_commands():
     assert result.exit_code == 0
     for cmd in ("scenarios", "show", "validate", "schema", "pack", "backends", "run", "env"):
         assert cmd in result.output
+
+
+def _command_paths(command, path=()):
+    """The words that call `command` and each command under it, itself first."""
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _command_paths(sub, (*path, name))
+
+
+def test_every_help_says_its_values_in_words_with_an_example():
+    """Not `<int range> [0<=x<=4294967295]`: no type names (`<str>`, `<bool>`), no click ranges;
+    and each command's help shows one example of it."""
+    paths = list(_command_paths(typer.main.get_command(app)))
+    assert ("results", "list") in paths and ("diff",) in paths
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        typed = re.search(r"<[a-z][\w\[\], |]*>|x>=|<=x|x<=", result.output)
+        assert typed is None, (path, typed)
+        assert f"Example: {' '.join(('fbench', *path))}" in flat(result.output), (path, result.output)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["compare", "--scenario", "tiny_cpu", "--seed", "4294967296"],
+     "'--seed': must be a whole number from 0 to 4,294,967,295 (a 32-bit seed)"),
+    (["run", "--backend", "torch", "--scenario", "tiny_cpu", "--seed", "-1"], "'--seed': must be a whole number from 0"),
+    (["compare", "--scenario", "tiny_cpu", "--cpus-per-task", "0"], "'--cpus-per-task': must be a whole number, 1 or more"),
+    (["compare", "--scenario", "tiny_cpu", "--warmup-rounds", "-1"], "'--warmup-rounds': must be a whole number, 0 or more"),
+    (["results", "collect", "--poll", "nan"], "'--poll': must be a number, 0.1 or more (seconds)"),
+    (["diff", "--fail-if-slower", "-0.5"], "'--fail-if-slower': must be a number, 0 or more (percent)"),
+    (["results", "list", "--limit", "0"], "'--limit': must be a whole number, 1 or more"),
+])
+def test_a_number_out_of_its_range_is_refused_in_words(fbench_home, args, said):
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and said in result.output, result.output
 
 
 def test_scenarios_lists_published_and_cpu():

@@ -8,12 +8,13 @@ from typing import Annotated
 
 import typer
 
-from framework_bench.cli import envs, reports, results, runs, scenarios
+from framework_bench.cli import common, envs, reports, results, runs, scenarios
 from framework_bench.cli.device import device_app
 from framework_bench.cli.stdout import App
 
 app = App(no_args_is_help=True, add_completion=False,
-          help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.")
+          help="Benchmark fine-tuning frameworks on identical packed-Alpaca scenarios.\n\n"
+               "Example: fbench compare --scenario tiny_cpu")
 
 
 def _version(shown: bool) -> None:
@@ -24,10 +25,9 @@ def _version(shown: bool) -> None:
 
 
 @app.callback()
-def _state_folder(ctx: typer.Context, version: Annotated[bool, typer.Option(
+def _state_folder(ctx: typer.Context, version: Annotated[bool, common.Flag(
         "--version", callback=_version, is_eager=True, help="print fbench's version and exit")] = False) -> None:
     """An unusable FBENCH_HOME (not UTF-8, too long, not writable) is one line before any command."""
-    from framework_bench.cli import common
     from framework_bench.spec import places
     if problem := places.state_dir_problem(writable=ctx.invoked_subcommand not in READ_ONLY):
         common.fail(problem)

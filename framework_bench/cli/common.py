@@ -11,42 +11,115 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from framework_bench.measure import gpus
 
-DbOption = Annotated[Optional[Path], typer.Option("--db", help="SQLite results file (default: .fbench/results)")]
-OutOption = Annotated[Optional[Path], typer.Option("--out", help="folder for charts and the report (default: plots/ in FBENCH_HOME)")]
+
+def within(low: float, high: float | None = None, words: str = ""):
+    """A number option's callback: a value below `low` or above `high` (or NaN) is refused with a
+    sentence, exit 2; click's min= and max= would print `x>=1` in --help."""
+    kind, shown = ("a whole number", ",") if isinstance(low, int) else ("a number", "g")
+    bound = f" from {low:{shown}} to {high:{shown}}" if high is not None else f", {low:{shown}} or more"
+    sentence = f"must be {kind}{bound}" + (f" ({words})" if words else "")
+
+    def check(value):
+        if value is not None and not (low <= value and (high is None or value <= high)):
+            raise typer.BadParameter(sentence)
+        return value
+    return check
+
+
+def Flag(*names: str, help: str, **kwargs):
+    """An on/off option: it takes no value, so the help's value column is left empty."""
+    return typer.Option(*names, metavar="", help=help, **kwargs)
+
+
+class _Argument(TyperArgument):
+    def display_type_rich(self, ctx):
+        return None  # its metavar, in the name column, says what it takes
+
+
+class _InWords:
+    """Help naming each value in words (its metavar) and never by typer's type (`<str>`, `<bool>`),
+    which typer shows beside every argument and for --help."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:  # typer builds them, taking no class of ours
+                param.__class__ = _Argument
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_InWords, TyperCommand):
+    pass
+
+
+class _Group(_InWords, TyperGroup):
+    pass
+
+
+class Typer(typer.Typer):
+    """typer.Typer whose commands, and itself, show their help in words (`_InWords`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(cls=_Group, **kwargs)
+
+    def command(self, *args, **kwargs):
+        return super().command(*args, cls=_Command, **kwargs)
+
+
+# The most rounds --repeat and --warmup-rounds each take: far beyond any useful verdict, and a
+# bound on what the dry run multiplies (a 26-digit count made its estimate ~1e24 hours, then overflowed).
+MAX_ROUNDS = 1000
+
+DbOption = Annotated[Optional[Path], typer.Option("--db", metavar="FILE",
+                                                  help="SQLite results file (default: .fbench/results)")]
+OutOption = Annotated[Optional[Path], typer.Option(
+    "--out", metavar="FOLDER", help="folder for charts and the report (default: plots/ in FBENCH_HOME)")]
 SettingsOption = Annotated[str, typer.Option(
-    "--settings", help="matched: both frameworks configured alike where both allow (differences named); "
-                       "native: each as its own docs and examples configure it")]
+    "--settings", metavar="MODE",
+    help="matched: both frameworks configured alike where both allow (differences named); "
+         "native: each as its own docs and examples configure it")]
 SeedOption = Annotated[Optional[int], typer.Option(
-    "--seed", min=0, max=2**32 - 1, help="pin the seed every backend's initial weights are drawn from (checked by "
-                                          "the host) and its framework is seeded with; default: a fresh one per "
-                                          "compare, each round its own")]
+    "--seed", metavar="SEED", callback=within(0, 2**32 - 1, "a 32-bit seed"),
+    help="pin the seed (a 32-bit number) every backend's initial weights are drawn from (checked by the host) "
+         "and its framework is seeded with; default: a fresh one per compare, each round its own")]
 TimeOption = Annotated[Optional[str], typer.Option(
-    "--time", help="slurm: the job's time limit, [D-]HH:MM:SS (default: estimated from the scenario, shown in the plan)")]
+    "--time", metavar="TIME",
+    help="slurm: the job's time limit, [D-]HH:MM:SS (default: estimated from the scenario, shown in the plan)")]
 CpusOption = Annotated[Optional[int], typer.Option(
-    "--cpus-per-task", min=1, help="slurm: CPUs for each node's task (default: all of the node's, the job is exclusive)")]
+    "--cpus-per-task", metavar="N", callback=within(1),
+    help="slurm: CPUs for each node's task, 1 or more (default: all of the node's, the job is exclusive)")]
 SbatchArgOption = Annotated[Optional[list[str]], typer.Option(
-    "--sbatch-arg", help="slurm: one more sbatch option, e.g. --sbatch-arg=--partition=gpu; repeatable")]
-WaitOption = Annotated[bool, typer.Option(
-    "--wait", help="slurm: wait for the jobs, storing each run when its job ends")]
-PollOption = Annotated[float, typer.Option("--poll", min=0.1, help="slurm: seconds between queue checks")]
-WideOption = Annotated[bool, typer.Option(
+    "--sbatch-arg", metavar="OPTION",
+    help="slurm: one more sbatch option, e.g. --sbatch-arg=--partition=gpu; repeatable")]
+WaitOption = Annotated[bool, Flag("--wait", help="slurm: wait for the jobs, storing each run when its job ends")]
+PollOption = Annotated[float, typer.Option("--poll", metavar="SECONDS", callback=within(0.1, words="seconds"),
+                                           help="slurm: seconds between queue checks, 0.1 or more")]
+WideOption = Annotated[bool, Flag(
     "--wide", help="every column, whatever the terminal's width (by default the ones that do not fit are named)")]
-NoReferenceOption = Annotated[bool, typer.Option(
+NoReferenceOption = Annotated[bool, Flag(
     "--no-reference", help="do not run the reference backend to judge the others: their runs are stored "
                            "unverified (parity: no reference), never ok")]
-VerboseOption = Annotated[bool, typer.Option("--verbose", help="also each run's start-up breakdown")]
+VerboseOption = Annotated[bool, Flag("--verbose", help="also each run's start-up breakdown")]
 FailIfSlowerOption = Annotated[Optional[float], typer.Option(
-    "--fail-if-slower", metavar="PCT", min=0,
-    help="exit 1 when a verdict says a backend is slower than the reference by more than PCT percent (a CI gate)")]
+    "--fail-if-slower", metavar="PCT", callback=within(0.0, words="percent"),
+    help="exit 1 when a verdict says a backend is slower than the reference by more than PCT percent, 0 or more "
+         "(a CI gate)")]
 RepeatOption = Annotated[str, typer.Option("--repeat", metavar="N|auto", help=(
     "trials of each backend on each scenario, in rotated orders: from 2, TGS with 95% intervals and verdicts; "
     "5 for a verdict you can trust; auto: 5 to 10 rounds, until every interval is within --precision"))]
-WarmupOption = Annotated[Optional[int], typer.Option("--warmup-rounds", min=0, help=(
-    "rounds run first and not counted (default: 1 on CPU scenarios with --repeat 2 or more, else 0)"))]
-PrecisionOption = Annotated[Optional[float], typer.Option("--precision", help=(
+WarmupOption = Annotated[Optional[int], typer.Option("--warmup-rounds", metavar="N", callback=within(0), help=(
+    f"rounds run first and not counted, 0 to {MAX_ROUNDS} (default: 1 on CPU scenarios with --repeat 2 or more, "
+    "else 0)"))]
+PrecisionOption = Annotated[Optional[float], typer.Option("--precision", metavar="PCT", help=(
     "with --repeat auto: the 95% interval half-width, in percent, every pair must reach (e.g. 2)"))]
 GpuOption = Annotated[Optional[str], typer.Option(
     "--gpu", metavar="NAME", help=f"judge memory and time on this GPU ({', '.join(gpus.MODELS)}; any case), "
@@ -88,11 +161,6 @@ def check_timeout(timeout: float | None) -> None:
     import math
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         fail(f"--timeout {timeout}: give a number of seconds above 0")
-
-
-# The most rounds --repeat and --warmup-rounds each take: far beyond any useful verdict, and a
-# bound on what the dry run multiplies (a 26-digit count made its estimate ~1e24 hours, then overflowed).
-MAX_ROUNDS = 1000
 
 
 def check_repeat(repeat: str, precision: float | None, warmup_rounds: int | None, launcher: str | None):

@@ -8,9 +8,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from framework_bench.cli.common import Typer
 from framework_bench.measure import gpus
 
-device_app = typer.Typer(no_args_is_help=True, help="The offline one-GPU machine: bundle, check, estimate.")
+device_app = Typer(no_args_is_help=True, help="The offline one-GPU machine: bundle, check, estimate.\n\n"
+                                              "Example: fbench device estimate --gpu H200")
 console = Console(highlight=False)
 
 
@@ -21,11 +23,14 @@ def _fail(message: str) -> None:
 
 @device_app.command("bundle")
 def bundle(
-    dest: Annotated[Path, typer.Argument(help="folder for the bundle (wheels/, requirements-*.txt, data/, manifest.json)")],
-    python: Annotated[str, typer.Option(help="the target machine's Python, MAJOR.MINOR")] = "3.12",
-    max_mib: Annotated[float, typer.Option(help="refuse a bundle larger than this")] = 45.0,
+    dest: Annotated[Path, typer.Argument(
+        metavar="FOLDER", help="folder for the bundle (wheels/, requirements-*.txt, data/, manifest.json)")],
+    python: Annotated[str, typer.Option(metavar="VERSION", help="the target machine's Python, MAJOR.MINOR")] = "3.12",
+    max_mib: Annotated[float, typer.Option(metavar="MIB", help="refuse a bundle larger than this")] = 45.0,
 ) -> None:
-    """Fetch (or build) the wheels the offline machine lacks for its Python; one copy each, tag-checked."""
+    """Fetch (or build) the wheels the offline machine lacks for its Python; one copy each, tag-checked.
+
+    Example: fbench device bundle bundle/ --python 3.12"""
     from framework_bench.device import bundle as device_bundle
     try:
         m = device_bundle.build(dest, python, max_bytes=int(max_mib * 2**20), say=lambda s: console.print(s, markup=False))
@@ -37,12 +42,17 @@ def bundle(
 
 @device_app.command("check")
 def check(
-    out: Annotated[Path, typer.Option(help="results.sqlite, runs.json, report.html, logs.txt, table.txt")],
+    out: Annotated[Path, typer.Option(
+        metavar="FOLDER", help="results.sqlite, runs.json, report.html, logs.txt, table.txt")],
     budget: Annotated[float, typer.Option(
-        help="seconds for all runs; a run that could not finish within what is left is not started")] = 420.0,
-    device: Annotated[str, typer.Option(help="cuda (the GPU check) or cpu (its rehearsal: tiny_cpu)")] = "cuda",
+        metavar="SECONDS", help="seconds for all runs; a run that could not finish within what is left is not "
+                                "started")] = 420.0,
+    device: Annotated[str, typer.Option(
+        metavar="DEVICE", help="cuda (the GPU check) or cpu (its rehearsal: tiny_cpu)")] = "cuda",
 ) -> None:
-    """The one-GPU check: tiny first, then the 7B runs, bounded by the budget; --out rewritten after each run."""
+    """The one-GPU check: tiny first, then the 7B runs, bounded by the budget; --out rewritten after each run.
+
+    Example: fbench device check --out check/ --budget 420"""
     from framework_bench.device import check as device_check
     if device not in device_check.TINY:
         _fail(f"unknown device {device!r}: use cuda or cpu")
@@ -60,12 +70,14 @@ def check(
 
 @device_app.command("estimate")
 def estimate(
-    budget: Annotated[float, typer.Option(help="seconds for all runs")] = 420.0,
+    budget: Annotated[float, typer.Option(metavar="SECONDS", help="seconds for all runs")] = 420.0,
     gpu: Annotated[str, typer.Option(
         "--gpu", metavar="NAME", help=f"the GPU to estimate on ({', '.join(gpus.MODELS)}; any case), "
                                       "e.g. --gpu A100-80G")] = "H200",
 ) -> None:
-    """The check's runs and their estimated seconds on one GPU (the check's H200 unless --gpu)."""
+    """The check's runs and their estimated seconds on one GPU (the check's H200 unless --gpu).
+
+    Example: fbench device estimate --gpu A100-80G --budget 600"""
     from framework_bench.cli import common
     from framework_bench.device import check as device_check
     for line in device_check.dry_lines(budget, common.gpu_named(gpu)):

@@ -10,11 +10,14 @@ from rich.table import Table
 
 from framework_bench.cli import common
 
-env_app = typer.Typer(no_args_is_help=True, help="Each backend's own virtual environment.")
+env_app = common.Typer(no_args_is_help=True, help="Each backend's own virtual environment.\n\n"
+                                                  "Example: fbench env create torch --flavour cpu")
 
 
 def backends() -> None:
-    """List the installed backends, their environments and capabilities."""
+    """List the installed backends, their environments and capabilities.
+
+    Example: fbench backends"""
     from framework_bench.envs import venvs as envs
     from framework_bench.plugins import registry as plugins
     t = Table("backend", "framework", "version", "env", "capabilities")
@@ -33,17 +36,28 @@ def backends() -> None:
 
 @env_app.command("create")
 def env_create(
-    names: Annotated[Optional[list[str]], typer.Argument(help="backends (default: all)")] = None,
-    flavour: Annotated[Optional[str], typer.Option(help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
-    find_links: Annotated[Optional[list[str]], typer.Option("--find-links", help="a wheelhouse folder (repeatable)")] = None,
-    no_index: Annotated[bool, typer.Option("--no-index", help="install only from --find-links folders (offline)")] = False,
-    with_specs: Annotated[Optional[list[str]], typer.Option("--with", help="an extra package: spec or wheel path (repeatable)")] = None,
-    system_site_packages: Annotated[bool, typer.Option("--system-site-packages", help="reuse the machine's installed packages (its torch, flash-attn)")] = False,
-    no_deps: Annotated[bool, typer.Option("--no-deps", help="install exactly what is listed, without dependency resolution")] = False,
-    torch_index: Annotated[Optional[str], typer.Option("--torch-index", help="torch wheel index URL (default: chosen from the driver's CUDA version)")] = None,
-    requirements: Annotated[Optional[str], typer.Option("--requirements", help="a requirements file replacing the backend's own")] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(metavar="BACKEND", help="backends (default: all)")] = None,
+    flavour: Annotated[Optional[str], typer.Option(
+        metavar="FLAVOUR", help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
+    find_links: Annotated[Optional[list[str]], typer.Option(
+        "--find-links", metavar="FOLDER", help="a wheelhouse folder (repeatable)")] = None,
+    no_index: Annotated[bool, common.Flag(
+        "--no-index", help="install only from --find-links folders (offline)")] = False,
+    with_specs: Annotated[Optional[list[str]], typer.Option(
+        "--with", metavar="PACKAGE", help="an extra package: spec or wheel path (repeatable)")] = None,
+    system_site_packages: Annotated[bool, common.Flag(
+        "--system-site-packages", help="reuse the machine's installed packages (its torch, flash-attn)")] = False,
+    no_deps: Annotated[bool, common.Flag(
+        "--no-deps", help="install exactly what is listed, without dependency resolution")] = False,
+    torch_index: Annotated[Optional[str], typer.Option(
+        "--torch-index", metavar="URL",
+        help="torch wheel index URL (default: chosen from the driver's CUDA version)")] = None,
+    requirements: Annotated[Optional[str], typer.Option(
+        "--requirements", metavar="FILE", help="a requirements file replacing the backend's own")] = None,
 ) -> None:
-    """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete."""
+    """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete.
+
+    Example: fbench env create xtuner torch --flavour cpu"""
     from framework_bench.envs.creation import create
     from framework_bench.envs.errors import EnvError
     from framework_bench.envs.pip_options import Options, validate
@@ -74,7 +88,9 @@ def env_create(
 
 @env_app.command("list")
 def env_list() -> None:
-    """Show each backend env: path, flavour, framework/torch/transformers versions, state."""
+    """Show each backend env: path, flavour, framework/torch/transformers versions, state.
+
+    Example: fbench env list"""
     from framework_bench.envs import venvs as envs
     from framework_bench.plugins import registry as plugins
     t = Table("backend", "path", "flavour", "framework", "torch", "transformers", "state")

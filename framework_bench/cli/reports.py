@@ -11,15 +11,18 @@ from framework_bench.cli.results import reading_store, say_damaged
 
 
 def plot(
-    published: Annotated[bool, typer.Option("--published", help="the published XTuner table alone (no runs needed)")] = False,
-    scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
+    published: Annotated[bool, common.Flag(
+        "--published", help="the published XTuner table alone (no runs needed)")] = False,
+    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="only these scenarios (name or glob)")] = None,
     db: common.DbOption = None,
     out: common.OutOption = None,
     settings: common.SettingsOption = "matched",
-    include_unverified: Annotated[bool, typer.Option(
+    include_unverified: Annotated[bool, common.Flag(
         "--include-unverified", help="also runs of old-contract plugins that did not make every claim")] = False,
 ) -> None:
-    """Charts of TGS and TFLOPs/GPU against context length, one line per backend."""
+    """Charts of TGS and TFLOPs/GPU against context length, one line per backend.
+
+    Example: fbench plot --scenario 'llama2_7b_*' --out plots/"""
     from framework_bench.present.plotting import plot_results
     from framework_bench.present.published_chart import plot_published
     out = common.out_folder(out)
@@ -39,12 +42,14 @@ def plot(
 
 
 def report(
-    scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob)")] = None,
+    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="only these scenarios (name or glob)")] = None,
     db: common.DbOption = None,
     out: common.OutOption = None,
     settings: common.SettingsOption = "matched",
 ) -> None:
-    """Write report.md and a self-contained report.html from the stored runs."""
+    """Write report.md and a self-contained report.html from the stored runs.
+
+    Example: fbench report --scenario 'tiny_cpu*' --out plots/"""
     common.check_settings(settings)
     out = common.out_folder(out)
     store = reading_store(db)
@@ -59,19 +64,26 @@ def report(
 
 
 def diff(
-    before: Annotated[Optional[str], typer.Argument(help="the earlier compare's id, or a start of it only it has "
-                                                         "(default: the second newest)")] = None,
-    after: Annotated[Optional[str], typer.Argument(help="the later compare's id (default: the newest)")] = None,
-    scenario: Annotated[Optional[str], typer.Option(help="only these scenarios (name or glob): by default the "
-                                                         "newest two compares that ran one")] = None,
+    before: Annotated[Optional[str], typer.Argument(
+        metavar="BEFORE",
+        help="the earlier compare's id, or a start of it only it has (default: the second newest)")] = None,
+    after: Annotated[Optional[str], typer.Argument(
+        metavar="AFTER", help="the later compare's id (default: the newest)")] = None,
+    scenario: Annotated[Optional[str], typer.Option(
+        metavar="GLOB",
+        help="only these scenarios (name or glob): by default the newest two compares that ran one")] = None,
     db: common.DbOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: pairs, changes and verdicts")] = False,
+    as_json: Annotated[bool, common.Flag("--json", help="print one JSON object: pairs, changes and verdicts")] = False,
     fail_if_slower: Annotated[Optional[float], typer.Option(
-        "--fail-if-slower", metavar="PCT", min=0,
-        help="exit 1 when a verdict says a backend is slower in the later compare by more than PCT percent")] = None,
+        "--fail-if-slower", metavar="PCT", callback=common.within(0.0, words="percent"),
+        help="exit 1 when a verdict says a backend is slower in the later compare by more than PCT percent, "
+             "0 or more")] = None,
 ) -> None:
-    """Two stored compares side by side: each backend's TGS in the later one over the earlier,
-    with its 95% interval and verdict, what changed between their runs, and where the loss curves part."""
+    """Two stored compares side by side: each backend's TGS in the later one over the earlier.
+
+    Each ratio with its 95% interval and verdict; what changed between their runs; where the loss curves part.
+
+    Example: fbench diff --scenario tiny_cpu --fail-if-slower 5"""
     import json
 
     from framework_bench.present.diff import Diff, compares, pick

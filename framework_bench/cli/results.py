@@ -11,7 +11,8 @@ from rich.markup import escape
 
 from framework_bench.cli import common, render
 
-results_app = typer.Typer(no_args_is_help=True, help="The results store (SQLite).")
+results_app = common.Typer(no_args_is_help=True, help="The results store (SQLite).\n\n"
+                                                      "Example: fbench results list --limit 10")
 
 
 def reading_store(db: Path | None):
@@ -40,17 +41,20 @@ def say_damaged(store) -> None:
 
 @results_app.command("list")
 def results_list(
-    scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
+    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option(metavar="NAME", help="backend name")] = None,
     db: common.DbOption = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="show the latest N runs")] = 50,
-    all_: Annotated[bool, typer.Option("--all", help="show every stored run")] = False,
+    limit: Annotated[int, typer.Option(
+        "--limit", metavar="N", callback=common.within(1), help="show the latest N runs, 1 or more")] = 50,
+    all_: Annotated[bool, common.Flag("--all", help="show every stored run")] = False,
     wide: common.WideOption = False,
 ) -> None:
     """One line per stored run: the latest 50 unless --limit N or --all.
 
     The trials of one compare together, each backend's in round order; then the verdicts of each
-    compare of several rounds."""
+    compare of several rounds.
+
+    Example: fbench results list --scenario 'tiny_cpu*' --limit 10"""
     from framework_bench.present.verdict import Points
     from framework_bench.run.reference import reference_backend
     store = reading_store(db)
@@ -86,8 +90,13 @@ def results_list(
 
 
 @results_app.command("show")
-def results_show(run_id: int, db: common.DbOption = None) -> None:
-    """One run as JSON: figures, per-step metrics, scenario and environment manifest."""
+def results_show(
+    run_id: Annotated[int, typer.Argument(metavar="ID", help="the run's id (see `fbench results list`)")],
+    db: common.DbOption = None,
+) -> None:
+    """One run as JSON: figures, per-step metrics, scenario and environment manifest.
+
+    Example: fbench results show 12"""
     from framework_bench.store.results import ResultsError
     try:
         from framework_bench.store.export import standard_json
@@ -98,15 +107,17 @@ def results_show(run_id: int, db: common.DbOption = None) -> None:
 
 @results_app.command("export")
 def results_export(
-    format: Annotated[str, typer.Option("--format", help="csv or json")] = "csv",
-    scenario: Annotated[Optional[str], typer.Option(help="scenario name or glob")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="backend name")] = None,
+    format: Annotated[str, typer.Option("--format", metavar="FORMAT", help="csv or json")] = "csv",
+    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option(metavar="NAME", help="backend name")] = None,
     db: common.DbOption = None,
 ) -> None:
     """Print every stored run as CSV or JSON.
 
     One row per trial, each with the aggregates of its compare: trials, median TGS and its 95%
-    interval, CV, % of the reference and its interval."""
+    interval, CV, % of the reference and its interval.
+
+    Example: fbench results export --format json > runs.json"""
     from framework_bench.run.reference import reference_backend
     if format not in ("csv", "json"):
         common.fail(f"--format {format!r}: use csv or json")
@@ -122,7 +133,9 @@ def results_collect(
     wait: common.WaitOption = False,
     poll: common.PollOption = 30.0,
 ) -> None:
-    """Store every submitted SLURM run whose job has ended; list the ones still queued or running."""
+    """Store every submitted SLURM run whose job has ended; list the ones still queued or running.
+
+    Example: fbench results collect --wait --poll 60"""
     from framework_bench.cli.runs import wait_for_jobs
     from framework_bench.run import collect
     problems: list[str] = []

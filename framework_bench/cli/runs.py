@@ -14,12 +14,15 @@ from framework_bench.cli import common, render
 
 
 def check_backend(
-    name: Annotated[str, typer.Argument(help="backend name (see `fbench backends`)")],
-    scenario: Annotated[str, typer.Option(help="scenario to run it on")] = "tiny_cpu",
-    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = 900,
+    name: Annotated[str, typer.Argument(metavar="BACKEND", help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(metavar="NAME", help="scenario to run it on")] = "tiny_cpu",
+    timeout: Annotated[Optional[float], typer.Option(
+        metavar="SECONDS", help="seconds before the run is stopped")] = 900,
     settings: common.SettingsOption = "matched",
 ) -> None:
-    """Run a backend through a small scenario and every host verification; exit 1 on any failure."""
+    """Run a backend through a small scenario and every host verification; exit 1 on any failure.
+
+    Example: fbench check-backend xtuner --scenario tiny_cpu"""
     from framework_bench import testing
     from framework_bench.run.interrupts import stop_signals_interrupt
     common.check_settings(settings)
@@ -42,14 +45,16 @@ def check_backend(
 
 
 def run(
-    backend: Annotated[str, typer.Option(help="backend name (see `fbench backends`)")],
-    scenario: Annotated[str, typer.Option(help="scenario name or file")],
-    timeout: Annotated[Optional[float], typer.Option(help="seconds before the run is stopped")] = None,
-    launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; run nothing")] = False,
-    force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
+    backend: Annotated[str, typer.Option(metavar="NAME", help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option(metavar="NAME", help="scenario name or file")],
+    timeout: Annotated[Optional[float], typer.Option(
+        metavar="SECONDS", help="seconds before the run is stopped")] = None,
+    launcher: Annotated[Optional[str], typer.Option(
+        metavar="NAME", help="local, torchrun or slurm (default: by process count)")] = None,
+    dry_run: Annotated[bool, common.Flag("--dry-run", help="print the plan; run nothing")] = False,
+    force: Annotated[bool, common.Flag("--force", help="run even if the memory estimate says it won't fit")] = False,
     db: common.DbOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    as_json: Annotated[bool, common.Flag("--json", help="one JSON object")] = False,
     settings: common.SettingsOption = "matched",
     time_limit: common.TimeOption = None,
     cpus_per_task: common.CpusOption = None,
@@ -66,7 +71,9 @@ def run(
 ) -> None:
     """Run one backend on one scenario, then the reference to judge it; store both, and report TGS / TFLOPs.
 
-    With --repeat: its trials (compare's trial loop, this backend and the reference) and the median's 95% interval."""
+    With --repeat: its trials (compare's trial loop, this backend and the reference) and the median's 95% interval.
+
+    Example: fbench run --backend xtuner --scenario tiny_cpu --repeat 5"""
     s = common.load_scenario(scenario)
     common.check_launcher(launcher)
     common.check_timeout(timeout)
@@ -131,15 +138,20 @@ def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, 
 
 
 def compare(
-    scenario: Annotated[list[str], typer.Option(help="scenario name, glob (e.g. 'tiny_cpu*') or file; repeatable")],
-    backends_: Annotated[Optional[str], typer.Option("--backends", help="comma-separated (default: every installed)")] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="seconds per run before it is stopped")] = None,
+    scenario: Annotated[list[str], typer.Option(
+        metavar="NAME", help="scenario name, glob (e.g. 'tiny_cpu*') or file; repeatable")],
+    backends_: Annotated[Optional[str], typer.Option(
+        "--backends", metavar="NAMES", help="comma-separated (default: every installed)")] = None,
+    timeout: Annotated[Optional[float], typer.Option(
+        metavar="SECONDS", help="seconds per run before it is stopped")] = None,
     db: common.DbOption = None,
     out: common.OutOption = None,
-    launcher: Annotated[Optional[str], typer.Option(help="local, torchrun or slurm (default: by process count)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print each backend's plan; run nothing")] = False,
-    force: Annotated[bool, typer.Option("--force", help="run even if the memory estimate says it won't fit")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: the runs, summaries, pairs and verdicts")] = False,
+    launcher: Annotated[Optional[str], typer.Option(
+        metavar="NAME", help="local, torchrun or slurm (default: by process count)")] = None,
+    dry_run: Annotated[bool, common.Flag("--dry-run", help="print each backend's plan; run nothing")] = False,
+    force: Annotated[bool, common.Flag("--force", help="run even if the memory estimate says it won't fit")] = False,
+    as_json: Annotated[bool, common.Flag(
+        "--json", help="print one JSON object: the runs, summaries, pairs and verdicts")] = False,
     settings: common.SettingsOption = "matched",
     time_limit: common.TimeOption = None,
     cpus_per_task: common.CpusOption = None,
@@ -156,7 +168,9 @@ def compare(
     fail_if_slower: common.FailIfSlowerOption = None,
     gpu: common.GpuOption = None,
 ) -> None:
-    """Run backends over scenarios, the reference last to judge the others; store, tabulate, chart, report."""
+    """Run backends over scenarios, the reference last to judge the others; store, tabulate, chart, report.
+
+    Example: fbench compare --scenario 'tiny_cpu*' --backends xtuner,llamafactory"""
     from framework_bench.run import compare as compare_
     from framework_bench.plugins import registry as plugins
 

@@ -14,7 +14,9 @@ from framework_bench.cli import common, render
 
 
 def scenarios(wide: common.WideOption = False) -> None:
-    """List the scenarios in scenarios/."""
+    """List the scenarios in scenarios/.
+
+    Example: fbench scenarios --wide"""
     from framework_bench.spec import scenario
     t = render.FittedTable("scenarios", [
         render.Col("name"), render.Col("model"), render.Col("device"), render.Col("GPUs", "right"),
@@ -62,13 +64,16 @@ def scenario_summary(s, gpu: str | None = None) -> dict:
 
 
 def show(
-    name: Annotated[Optional[str], typer.Argument(help="scenario name or file (or --scenario)")] = None,
+    name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="scenario name or file (or --scenario)")] = None,
     scenario: Annotated[Optional[str], typer.Option(
-        "--scenario", help="scenario name or file, as compare takes it, e.g. --scenario llama2_7b_32k_1gpu")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+        "--scenario", metavar="NAME",
+        help="scenario name or file, as compare takes it, e.g. --scenario llama2_7b_32k_1gpu")] = None,
+    as_json: Annotated[bool, common.Flag("--json", help="one JSON object")] = False,
     gpu: common.GpuOption = None,
 ) -> None:
-    """Show a validated scenario with its FLOPs per token by both formulas; with --gpu, whether it fits on that GPU."""
+    """Show a validated scenario with its FLOPs per token by both formulas; with --gpu, whether it fits on that GPU.
+
+    Example: fbench show llama2_7b_32k_1gpu --gpu A100-80G"""
     if (name is None) == (scenario is None):
         common.fail("give the scenario once: `fbench show NAME` or `fbench show --scenario NAME`")
     s = common.load_scenario(name if name is not None else scenario)
@@ -107,8 +112,10 @@ def show(
                       f"(formula gives {f['xtuner_tflops_at_reference_tgs']:.1f}; model FLOPs {f['model_tflops_at_reference_tgs']:.1f})")
 
 
-def validate(files: list[Path]) -> None:
-    """Validate scenario files; exit 1 listing each bad field."""
+def validate(files: Annotated[list[Path], typer.Argument(metavar="FILE", help="scenario files, one or more")]) -> None:
+    """Validate scenario files; exit 1 listing each bad field.
+
+    Example: fbench validate scenarios/tiny_cpu.yaml"""
     from framework_bench.spec import scenario
     bad = 0
     for f in files:
@@ -124,13 +131,17 @@ def validate(files: list[Path]) -> None:
 
 
 def schema() -> None:
-    """Print the JSON schema of a scenario file."""
+    """Print the JSON schema of a scenario file.
+
+    Example: fbench schema > scenario.schema.json"""
     from framework_bench.spec.scenario import Scenario
     print(json.dumps(Scenario.model_json_schema(), indent=2))
 
 
-def pack_cmd(name: str) -> None:
-    """Build (or reuse) the packed data of a scenario; print rows, tokens, documents, sha256."""
+def pack_cmd(name: Annotated[str, typer.Argument(metavar="NAME", help="scenario name or file")]) -> None:
+    """Build (or reuse) the packed data of a scenario; print rows, tokens, documents, sha256.
+
+    Example: fbench pack tiny_cpu_4k"""
     from framework_bench.data.packing import pack
     from framework_bench.run.interrupts import stop_signals_interrupt
     s = common.load_scenario(name)

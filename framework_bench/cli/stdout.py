@@ -9,7 +9,7 @@ import errno
 import os
 import sys
 
-import typer
+from framework_bench.cli.common import Typer
 
 
 class OutputFailed(Exception):
@@ -49,7 +49,7 @@ def _say(message: str) -> None:
         sys.stderr.write(f"error: {message}\n")
 
 
-class App(typer.Typer):
+class App(Typer):
     """The typer app, run as the `fbench` script, its standard output guarded (typer's test
     runner calls the command itself, with its own streams)."""
 
