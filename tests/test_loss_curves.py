@@ -3,6 +3,8 @@ canonical loss curves the store keeps."""
 
 from __future__ import annotations
 
+import re
+
 from framework_bench.present import plotting
 from framework_bench.measure.metrics import RunResult
 from framework_bench.present.report import write_report
@@ -28,6 +30,8 @@ def test_one_loss_chart_per_scenario_with_a_line_per_backend(tmp_path):
     assert all(f'id="loss-line-{b}"' in svg for b in ("torch", "xtuner", "llamafactory"))
     other = (tmp_path / "plots" / "loss_tiny_cpu_1k.svg").read_text()
     assert 'id="loss-line-xtuner"' in other and 'id="loss-line-torch"' not in other  # no curve: no line
+    ticks = re.findall(r"<!-- ([\d.]+) -->", svg)  # matplotlib writes each tick label's text beside its glyphs
+    assert {"1", "2", "3"} <= set(ticks) and not {"1.25", "1.50", "2.50"} & set(ticks)  # whole steps only
     md, _ = write_report(rows, tmp_path / "report", paths)
     assert "loss_tiny_cpu" in md.read_text()
 

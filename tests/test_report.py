@@ -73,7 +73,9 @@ def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
     base = {"trainer": "t", "optimizer": "torch.optim.adamw.AdamW", "optimizer_impl": "foreach", "seed": 1,
             "param_dtype": "float32", "attention": "sdpa", "activation_checkpointing": False, "zero_stage": 0}
     runs = [RunResult(backend="xtuner", scenario="tiny_cpu", status="ok", settings={**base, "trainer": "mmengine-runner"},
-                      checks=[Check(name="throughput", status="pass", detail="framework 99 vs host 100 (-1.0%)")]),
+                      checks=[Check(name="throughput", status="pass", detail="framework 99 vs host 100 (-1.0%)"),
+                              Check(name="warmup_time", status="fail", detail="a compile"),
+                              Check(name="cpu", status="unverified", detail="too short")]),
             RunResult(backend="llamafactory", scenario="tiny_cpu", status="ok",
                       settings={**base, "trainer": "hf-trainer", "optimizer_impl": "fused", "seed": 42})]
     with ResultStore(tmp_path / "r.sqlite") as store:
@@ -89,6 +91,8 @@ def test_settings_side_by_side_with_differences_marked_and_named(tmp_path):
     assert "| ⚠ optimizer_impl | fused | foreach |" in text and "| ≠ seed | 42 | 1 |" in text
     assert "| attention | sdpa | sdpa |" in text  # equal: shown, not marked
     assert "framework 99 vs host 100 (-1.0%)" in text and "## Host verification" in text
+    # per run: how many checks passed and each other one by name, not a column per check
+    assert "| tiny_cpu | xtuner | ok | 1 of 3 | warmup_time fail; cpu unverified | framework 99 vs host 100" in text
     assert "Not aligned by matched settings" in text
     # the common notes, then each backend's own (`BackendInfo.report_notes`), from its plugin
     assert "Rows are fed in the host's order" in text
@@ -111,7 +115,9 @@ def test_framework_tgs_as_a_share_of_the_torch_reference(tmp_path):
              for line in text.splitlines() if line.startswith("| tiny_cpu")}
     assert "| 75% |" in table["tiny_cpu/xtuner"] and "| 125% |" in table["tiny_cpu/llamafactory"]
     assert "| 100% |" in table["tiny_cpu/torch"] and "| 100.0 | - |" in table["tiny_cpu_1k/xtuner"]
-    assert "xtuner note" in table["tiny_cpu/xtuner"]
+    # its note numbered in the row, said in full under the table (a note's length never widens it)
+    number = table["tiny_cpu/xtuner"].rstrip(" |").rsplit("| ", 1)[1]
+    assert f"- {number} tiny_cpu · xtuner: xtuner note" in text and "xtuner note" not in table["tiny_cpu/xtuner"]
 
 
 def test_repeated_trials_open_the_report_with_verdicts_and_show_their_intervals(tmp_path):

@@ -151,5 +151,5 @@ def test_the_html_keeps_to_a_1280_px_page(tmp_path):
     assert tables and all(before.endswith('<div class="table">') for before in tables)
     assert html.count("<table>") == html.count('</table></div>')
     assert not re.search(r"<(table|td|th|div)[^>]*\b(width|style)=", html)  # no fixed width anywhere
-    assert '<td class="long">a flag long enough' in html
+    assert "<li>[1] tiny_cpu · torch: a flag long enough" in html and "<td>[1]</td>" in html  # under the table
     assert "<td>ok</td>" in html  # a short cell keeps its words whole

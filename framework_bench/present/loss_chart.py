@@ -16,6 +16,7 @@ def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT, include_unve
     shown = ("ok", "unverified") if include_unverified else ("ok",)
     import matplotlib
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     latest: dict[tuple[str, str], dict] = {}  # the newest run per scenario and backend
     for r in sorted(rows, key=lambda r: r.get("id") or 0):
@@ -40,6 +41,7 @@ def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT, include_unve
                                 label=f"{r['backend']} (seed {r.get('seed')}{', unverified' if unverified else ''})")
                 line.set_gid(f"loss-line-{slug(r['backend'])}" + ("-unverified" if unverified else ""))
             ax.set_xlabel("optimizer step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 1.25
             ax.set_ylabel("loss (token mean over the step)")
             ax.legend(loc="best", fontsize=8, framealpha=0.9)
             fig.suptitle(f"{name}: loss per step", fontsize=12)

@@ -77,17 +77,22 @@ def _reference(spec: dict) -> str:
     return f"{ref['tgs']:,.1f} TGS, {ref['tflops']:.1f} TFLOPs ({ref['hardware']})" if ref else "-"
 
 
-def scenario_table(rows: list[dict]) -> Block:
-    """One row per backend x scenario: its figures at the median over its trials (`Points`)."""
+def scenario_table(rows: list[dict]) -> list[Block]:
+    """One row per backend x scenario: its figures at the median over its trials (`Points`); its
+    flags and notes numbered in the last column and listed under the table, where their length
+    cannot widen it past the page."""
     points = Points(rows, reference_backend())
     header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "trials", "TGS median (min–max)",
               "TGS 95% CI", f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU XTuner / model", "MFU",
-              "peak memory", "published", "flags / notes"]
-    body = []
+              "peak memory", "published", "notes"]
+    body, notes = [], []
     for r in points.rows:
         summary = points.summaries[r["scenario"], r["backend"]]
         spec = r["scenario_json"]
         version = f" {r['framework_version']}" if r["framework_version"] else ""
+        said = r["flags"] + r.get("notes", [])
+        if said:
+            notes.append(f"[{len(notes) + 1}] {r['scenario']} · {r['backend']}: " + "; ".join(said))
         body.append([
             r["scenario"], r["model"], ctx_label(r["context_length"]),
             f"{r['gpus']}" + (" (CPU)" if r["device"] == "cpu" else ""), str(r["sequence_parallel"]),
@@ -96,9 +101,9 @@ def scenario_table(rows: list[dict]) -> Block:
             share_cell(points.shares.get((r["scenario"], r["backend"]))),
             _tflops(r),
             "-" if r["mfu"] is None else f"{r['mfu']:.1%}", _mem(r["peak_mem_bytes"]), _reference(spec),
-            "; ".join(r["flags"] + r.get("notes", [])) or "-",
+            f"[{len(notes)}]" if said else "-",
         ])
-    return Block("table", header=header, rows=body)
+    return [Block("table", header=header, rows=body)] + ([Block("list", items=notes)] if notes else [])
 
 
 def failures(rows: list[dict]) -> list[Block]:
@@ -185,19 +190,21 @@ def caveats(rows: list[dict], points: Points) -> list[str]:
 
 
 def verification(rows: list[dict]) -> Block | None:
-    """The host's checks of each run's claims (framework_bench/measure/verify.py), with the throughput
+    """The host's checks of each run's claims (framework_bench/measure/verify.py): how many passed,
+    each one that did not with its status (a column per check ran off the page), and the throughput
     agreement spelled out: the framework's own figure against the host's."""
     checked = [r for r in rows if r.get("checks")]
     if not checked:
         return None
-    names = [c["name"] for c in checked[0]["checks"]]
     body = []
     for r in checked:
-        by_name = {c["name"]: c for c in r["checks"]}
-        cells = [by_name[n]["status"] if n in by_name else "-" for n in names]
-        throughput = by_name.get("throughput", {}).get("detail", "-")
-        body.append([r["scenario"], r["backend"], r["status"], *cells, throughput])
-    return Block("table", header=["scenario", "backend", "status", *names, "framework vs host throughput"], rows=body)
+        passed = [c for c in r["checks"] if c["status"] == "pass"]
+        others = "; ".join(f"{c['name']} {c['status']}" for c in r["checks"] if c["status"] != "pass") or "-"
+        throughput = next((c.get("detail") or "-" for c in r["checks"] if c["name"] == "throughput"), "-")
+        body.append([r["scenario"], r["backend"], r["status"], f"{len(passed)} of {len(r['checks'])}", others,
+                     throughput])
+    return Block("table", header=["scenario", "backend", "status", "checks passed", "not passed",
+                                  "framework vs host throughput"], rows=body)
 
 
 def _settings_table(runs: list[dict], keys: set[str]) -> Block:
@@ -289,14 +296,17 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     modes = _modes(rows)
     points = Points(rows, reference_backend())
     out = [Block("h1", "fbench report")]
-    if points.lines:
-        out += [Block("h2", "Verdicts"), Block("list", items=points.lines)]
+    answers = points.answers()
+    if answers:  # the compare's answer, as the terminal ends with it
+        out += [Block("h2", "Answer"), Block("list", items=answers)]
+    if points.with_intervals:
+        out += [Block("h2", "Verdicts"), Block("list", items=points.with_intervals)]
     compares = _compares(rows)
     of = f" of compare{'s' * (len(compares) > 1)} {', '.join(compares)}" if compares else ""
     out += [Block("p", f"{len(rows)} runs{of}, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS "
                        "is tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
                        "min–max over steps.")]
-    out += [Block("h2", "Results"), scenario_table(rows)]
+    out += [Block("h2", "Results"), *scenario_table(rows)]
     checks = verification(rows)
     if checks:
         out += [Block("h2", "Host verification"),
