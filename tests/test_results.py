@@ -374,11 +374,12 @@ def test_a_locked_store_says_who_holds_it_and_that_it_waits(fbench_home, tmp_pat
     assert str(db) in err and f"pid {holder.pid}" in err and "waiting" in err
 
 
-def test_an_ok_run_with_a_failed_flag_counts_in_list_export_verdicts_and_charts(fbench_home, tmp_path, monkeypatch):
+def test_an_ok_run_with_a_failed_flag_counts_in_list_export_verdicts_charts_and_report(fbench_home, tmp_path, monkeypatch):
     """One rule for which trials count: an `ok` run whose flag failed (the framework's own
     throughput off the host's, a non-blocking check) counts in `results list`'s verdicts, the
-    export's aggregates, the table's summary and the chart, none of which names it left out: the
-    verdict pairs all 3 rounds (a compare's trials pair by round)."""
+    export's aggregates, the table's summary, the chart and the report (whose caveats said a trial
+    that failed a check was not counted), none of which names it left out: the verdict pairs all 3
+    rounds (a compare's trials pair by round)."""
     from framework_bench.measure.verify import Check
     from framework_bench.present import plotting
     from framework_bench.present.verdict import Points
@@ -403,5 +404,11 @@ def test_an_ok_run_with_a_failed_flag_counts_in_list_export_verdicts_and_charts(
     points = Points(rows, "torch")
     assert points.summaries["tiny_cpu", "llamafactory"].trials == 3
     assert not any("not counted" in line for line in points.lines)
-    svg = next(p for p in plotting.plot_results(rows, tmp_path / "plots") if p.suffix == ".svg").read_text()
+    charts = plotting.plot_results(rows, tmp_path / "plots")
+    svg = next(p for p in charts if p.suffix == ".svg").read_text()
     assert 'id="tgs-line-llamafactory"' in svg
+    from framework_bench.present.report import write_report
+    md = write_report(rows, tmp_path / "report", charts)[0].read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| tiny_cpu |") and "| llamafactory" in line)
+    assert "| ok | 3 |" in row and "not counted" not in md, md[md.find("not counted") - 300:]  # counted, as in the table
+    assert "throughput: framework 3,291.1 vs host 3,718.0" in md  # and says its flag, under the table

@@ -171,8 +171,8 @@ def caveats(rows: list[dict], points: Points) -> list[str]:
                    "head count and so over-counts grouped-query-attention models; the model-FLOPs column and MFU "
                    "count them at their real size. Formula / model FLOPs over the contexts run: " + ", ".join(gqa) + ".")
     if max((s.trials for s in points.summaries.values()), default=0) > 1:
-        out.append("A backend's TGS is the median over its trials (each a full run; warm-up rounds and trials "
-                   "that failed a check not counted), with its 95% interval; the % of the reference and the "
+        out.append("A backend's TGS is the median over its trials (each a full run; warm-up rounds and runs "
+                   "not ok are left out, a failed flag is not), with its 95% interval; the % of the reference and the "
                    "verdicts carry the 95% interval of the ratio of medians, both by a seeded bootstrap over "
                    "trials (framework_bench/measure/statistics.py). One trial gives no interval.")
     if points.shares:
