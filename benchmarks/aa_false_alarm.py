@@ -10,7 +10,11 @@ time a step: TGS 20% lower), `--slow-compares` compares; each must say "slower" 
 interval that holds 20%.
 
     .venv/bin/python benchmarks/aa_false_alarm.py [--scenario tiny_cpu] [--compares 20] [--repeat 5]
-        [--slow-compares 5] [--db PATH]
+        [--slow-compares 5] [--db PATH] [--hogs 2]
+
+Each A/A compare also gives its interval's width paired over the rounds (as the verdicts are) and
+unpaired (the same trials, rounds ignored), and the runs that did not end `ok` with why: with
+`--hogs 2` (a busy loop per core beside it) that is how an honest run fares on a loaded machine.
 
 How long: every trial is a full run (torch and torch_slow on tiny_cpu: 5 and 7 s of wall time
 in one check on this 2-core machine, ~6 s with the process's own overhead), and a compare is
@@ -21,9 +25,11 @@ compares) are 300 runs, about 30 min here, more on a busy machine.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -48,14 +54,20 @@ def install_twins(site: Path) -> list[Path]:
 
 
 def one_compare(scenario, twin: str, repeat: int, store):
-    """One compare of the reference and `twin`; its ratio of twin over the reference."""
+    """One compare of the reference and `twin`: its ratio of twin over the reference (paired over
+    the rounds, as the verdicts are), the same trials' unpaired ratio, and the runs not `ok`."""
     from framework_bench.measure import statistics
     from framework_bench.run import compare
     from framework_bench.run.options import RunOptions
     results = compare.compare([scenario], ["torch", twin], RunOptions(db=store.path), store=store, repeat=repeat)
     trials = [statistics.Trial.from_record(r.model_dump(mode="json")) for r in results]
     [pair] = statistics.pairs(trials, reference="torch")
-    return pair
+    [apart] = statistics.pairs([replace(t, round=None) for t in trials], reference="torch")
+    return pair, apart, [f"{r.backend} {r.status}: {r.reason}" for r in results if r.status != "ok"]
+
+
+def width(pair) -> str:
+    return "-" if pair.low is None else f"{(pair.high - pair.low) * 100:.1f} points"
 
 
 def main() -> None:
@@ -65,7 +77,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--slow-compares", type=int, default=5)
     parser.add_argument("--db", type=Path, default=None, help="default: a new file in a temporary folder")
+    parser.add_argument("--hogs", type=int, default=0, help="busy loops beside the compares (one per core: a loaded machine)")
     args = parser.parse_args()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     with tempfile.TemporaryDirectory() as tmp:
         links = install_twins(Path(tmp) / "site")
         try:
@@ -73,6 +87,8 @@ def main() -> None:
         finally:
             for link in links:
                 link.unlink()
+            for hog in hogs:
+                hog.kill()
 
 
 def run(args: argparse.Namespace, tmp: Path) -> None:
@@ -85,12 +101,14 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     alarms = found = 0
     with ResultStore(args.db or tmp / "aa.sqlite") as store:
         for i in range(args.compares):
-            said = sentence(one_compare(s, "torch_twin", args.repeat, store))
-            alarms += not said.startswith("no difference detected")
-            print(f"A/A {i + 1}/{args.compares}: {said}", flush=True)
-        for i in range(args.slow_compares):
-            pair = one_compare(s, "torch_slow", args.repeat, store)
+            pair, apart, not_ok = one_compare(s, "torch_twin", args.repeat, store)
             said = sentence(pair)
+            alarms += not said.startswith("no difference detected")
+            print(f"A/A {i + 1}/{args.compares}: {said}; interval width paired {width(pair)}, unpaired "
+                  f"{width(apart)}; runs not ok: {not_ok or 'none'}", flush=True)
+        for i in range(args.slow_compares):
+            pair, _, not_ok = one_compare(s, "torch_slow", args.repeat, store)
+            said = sentence(pair) + (f"; runs not ok: {not_ok}" if not_ok else "")
             found += " slower than " in said and pair.low <= 1 - SLOWDOWN <= pair.high
             print(f"slowdown {i + 1}/{args.slow_compares}: {said}", flush=True)
     print(f"A/A false alarms: {alarms} of {args.compares} compares ({args.repeat} trials each, {args.scenario}); "

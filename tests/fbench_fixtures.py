@@ -52,6 +52,15 @@ def alpaca_dir() -> Path:
     return ALPACA_DIR
 
 
+def ctrl_c_reaches_it() -> None:
+    """In a host's child before exec (`preexec_fn`): Ctrl-C at a terminal is never ignored, but a
+    shell that starts the tests in the background ignores SIGINT, and an ignored signal stays
+    ignored across exec (Python then installs no KeyboardInterrupt handler): the host would
+    never hear it, and wait for its worker forever."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def processes_mentioning(text: str) -> list[int]:
     """Live (not zombie) processes whose command line holds `text` (a worker's job file lies
     under FBENCH_HOME), this one excepted."""

@@ -8,6 +8,7 @@ folder again is what running the lie with the checks off would give."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -144,7 +145,8 @@ def test_the_cpu_share_is_the_median_steps_so_one_stalled_step_is_no_lie(tmp_pat
 
 
 FAKE_NVIDIA_SMI = """#!{python}
-import time
+import pathlib, time
+pathlib.Path({started!r}).touch()
 for i in range(10000):  # as `nvidia-smi --query-gpu=index,utilization.gpu,total_energy_consumption -lms N`
     print(f"0, 97, {{1000000 + 50000 * i}}", flush=True)
     print("1, [N/A], [N/A]", flush=True)
@@ -157,14 +159,18 @@ def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(t
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.format(python=sys.executable))
+    started = tmp_path / "nvidia-smi started"
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI.format(python=sys.executable, started=str(started)))
     (bin_dir / "nvidia-smi").chmod(0o755)
 
     def watched_run(run_dir, gpus):
+        import time
         lines = ClockLines(run_dir, 0)
         with clock.Watcher(run_dir, warmup=0, cpu=False, gpus=gpus):
-            import time
-            time.sleep(0.3)  # nvidia-smi started
+            deadline = time.monotonic() + 60  # a loaded machine starts its Python late
+            while not started.exists() and time.monotonic() < deadline and shutil.which("nvidia-smi"):
+                time.sleep(0.05)
+            time.sleep(0.1)
             lines.write("begin")
             time.sleep(0.5)
             lines.write("end", 1)

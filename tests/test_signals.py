@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 from framework_bench.run.launchers import base, local
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
-from fbench_fixtures import processes_mentioning
+from fbench_fixtures import ctrl_c_reaches_it, processes_mentioning
 
 
 def start_fbench(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "from framework_bench.cli import app; app()", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
 
 
 def wait_for_worker(home: Path, proc: subprocess.Popen, mode: str) -> None:

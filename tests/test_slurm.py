@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backend_helpers import slurm_cpu_row_ok
-from fbench_fixtures import backend_env_or_skip
+from fbench_fixtures import backend_env_or_skip, ctrl_c_reaches_it
 from framework_bench.envs import venvs as envs
 from framework_bench.spec import scenario
 from framework_bench.cli import app
@@ -406,14 +406,6 @@ def test_mfu_and_manifest_are_the_nodes_that_ran_the_job(cluster, fakes, tmp_pat
     assert manifest["hostname"] == "gpu-node-7" and manifest["gpu"] == "NVIDIA A100-SXM4-80GB"
 
 
-def _ctrl_c_reaches_it() -> None:
-    """In the host's child before exec: Ctrl-C at a terminal is never ignored, but a shell that
-    starts the tests in the background ignores SIGINT, and an ignored signal stays ignored
-    across exec (Python then installs no KeyboardInterrupt handler): the host would never hear it."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.slow  # starts a framework's or the host's own process
 def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_home_of_cluster, tmp_path):
     import os
@@ -424,7 +416,7 @@ def test_ctrl_c_while_waiting_for_slurm_jobs_exits_130(cluster, fakes, fbench_ho
                              "tiny_cpu", "--backends", "fake_hang", "--launcher", "slurm", "--wait", "--poll", "0.2",
                              "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-                            preexec_fn=_ctrl_c_reaches_it)
+                            preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + 120
         # submitted and recorded (slurm.json is written right before the wait begins)
@@ -465,7 +457,7 @@ def test_ctrl_c_while_submitting_exits_130_and_never_waits(cluster, fakes, tmp_p
                              "--db", str(tmp_path / "r.sqlite")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}",
                                             "PYTHONPATH": os.pathsep.join(sys.path)},
-                            preexec_fn=_ctrl_c_reaches_it)
+                            preexec_fn=ctrl_c_reaches_it)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
