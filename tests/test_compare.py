@@ -442,3 +442,14 @@ def test_each_compare_draws_a_fresh_seed_each_round_its_own_shared_by_its_backen
     rounds, pinned = seeds(RunOptions(seed=7))
     assert rounds == [[7, 7], [design.round_seed(7, 1)] * 2]
     assert all(design.PINNED_SEED_NOTE in r.notes for r in pinned)
+
+
+def test_each_progress_line_times_its_own_run_and_a_refusal_takes_none(fakes, tmp_path):
+    """Each run's line stops its clock when the run ends: a refusal's line said how long the whole
+    compare had run so far (0:04:36 in the README's main job), every line the compare's time."""
+    res = CliRunner().invoke(app, ["compare", "--scenario", "llama2_7b_8k", "--scenario", "tiny_cpu", "--backends",
+                                   "fake_slow", "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    lines = {line.split(" · ")[1].split()[0]: line for line in res.stderr.splitlines() if "fake_slow · " in line}
+    assert "unsupported" in lines["llama2_7b_8k"] and lines["llama2_7b_8k"].rstrip().endswith("0:00:00"), lines
+    assert not lines["tiny_cpu"].rstrip().endswith("0:00:00")  # a run that trained took its time

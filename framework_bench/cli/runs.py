@@ -262,6 +262,8 @@ def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_r
     tasks: dict = {}
 
     def on_start(backend: str, s) -> None:
+        if "current" in tasks:  # runs go one at a time: the one before has ended, its clock stops
+            progress.stop_task(tasks["current"])
         tasks["current"] = tasks[backend] = progress.add_task(f"{backend} · {s.name}", total=s.steps.total,
                                                               note="starting")
 
@@ -270,6 +272,7 @@ def _trial_loop(chosen: list, names: list[str], options, store, trials, warmup_r
 
     def on_result(r, s) -> None:  # a run once judged and stored: the round's others after its reference
         done.append(r)
+        progress.stop_task(tasks[r.backend])  # its time is its run's, not the compare's so far
         progress.update(tasks[r.backend], note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else ""))
 
     interrupted = False
