@@ -77,11 +77,10 @@ def _reference(spec: dict) -> str:
     return f"{ref['tgs']:,.1f} TGS, {ref['tflops']:.1f} TFLOPs ({ref['hardware']})" if ref else "-"
 
 
-def scenario_table(rows: list[dict]) -> list[Block]:
-    """One row per backend x scenario: its figures at the median over its trials (`Points`); its
-    flags and notes numbered in the last column and listed under the table, where their length
-    cannot widen it past the page."""
-    points = Points(rows, reference_backend())
+def scenario_table(points: Points) -> list[Block]:
+    """One row per backend x scenario: its figures at the median over its trials; its flags and
+    notes numbered in the last column and listed under the table, where their length cannot widen
+    it past the page."""
     header = ["scenario", "model", "context", "GPUs", "SP", "backend", "status", "trials", "TGS median (min–max)",
               "TGS 95% CI", f"% of {reference_backend() or 'reference'}", "TFLOPs/GPU XTuner / model", "MFU",
               "peak memory", "published", "notes"]
@@ -306,7 +305,7 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     out += [Block("p", f"{len(rows)} runs{of}, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS "
                        "is tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
                        "min–max over steps.")]
-    out += [Block("h2", "Results"), *scenario_table(rows)]
+    out += [Block("h2", "Results"), *scenario_table(points)]
     checks = verification(rows)
     if checks:
         out += [Block("h2", "Host verification"),
