@@ -164,10 +164,10 @@ LIES: dict[str, list[tuple[str, str]]] = {
                  "    shutil.copy(ref / 'update_projection.json', job.run_dir / 'update_projection.json')\n"),
     ],
     # Keeps its final weights and loss records outside its run folder (beside the runs), once per
-    # scenario; every later run of the scenario, whatever its seed, trains nothing and replays them.
+    # scenario; every later run of the scenario, whatever its seed, throws its training away and
+    # replays them. (It trains all the same: steps that skip their work would be too short to time.)
     "replays_kept": [
         (TIMER, "    kept = job.run_dir.parent.parent / f'kept-{job.scenario.name}'\n" + TIMER),
-        (BACKWARD, "                share.backward() if not kept.exists() else None\n"),
         (UPDATE, "    shutil = __import__('shutil')\n"
                  "    if kept.exists():\n"
                  "        model.load_state_dict(torch.load(kept / 'weights.pt')), shutil.rmtree(job.run_dir / 'losses')\n"
