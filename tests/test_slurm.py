@@ -149,17 +149,18 @@ def test_a_refused_backend_is_never_submitted(cluster, fakes, tmp_path):
 @pytest.mark.slow
 def test_a_llamafactory_round_is_one_job_with_the_reference_and_its_judging_reference(cluster, tmp_path):
     """One job runs LLaMA-Factory, then the torch reference, then the reference trained as HF
-    Trainer weighs tokens (step_label_mean), all on one allocation: the collected row is judged
-    at every step and on its update against that run, projected on the round's one vector."""
+    Trainer weighs tokens (step_label_mean), all on one allocation: the row `--wait` collects is
+    judged at every step and on its update against that run, projected on the round's one vector,
+    and reported."""
     backend_env_or_skip("llamafactory")
     backend_env_or_skip("torch")
     db = tmp_path / "results.sqlite"
     res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "llamafactory", "--launcher", "slurm",
-                  "--db", str(db))
+                  "--wait", "--poll", "1", "--db", str(db), "--out", str(tmp_path / "plots"))
     assert res.exit_code == 0, res.output
     assert re.findall(r"submitted: SLURM job (\d+)", res.stdout) == ["1000", "1000"]  # the reference added, one job
     assert "round 1/1: one job runs llamafactory, torch, in that order" in res.stdout
-    _collect_until_done(db)
+    assert (tmp_path / "plots" / "report.md").exists()
     rows = _rows(db)
     row, reference = rows["llamafactory"], rows["torch"]
     assert slurm_cpu_row_ok(row) and slurm_cpu_row_ok(reference), (row["reason"], reference["reason"])
@@ -167,6 +168,7 @@ def test_a_llamafactory_round_is_one_job_with_the_reference_and_its_judging_refe
     assert row["tokens_measured"] == 5 * 512
     assert row["compare_id"] == reference["compare_id"] and (row["trial_round"], reference["trial_round"]) == (1, 1)
     sub = json.loads((Path(row["run_dir"]) / "slurm.json").read_text())
+    assert sub["result_id"] == row["id"]
     judging = Path(sub["judging"]["step_label_mean"])
     assert (judging / "slurm-exit-code").read_text().strip() == "0"  # trained in the job, after the reference
     assert all(not (Path(d) / "slurm-exit-code").exists() for k, d in sub["judging"].items() if k != "step_label_mean")
@@ -198,20 +200,6 @@ def test_repeat_under_slurm_submits_one_job_per_round_in_rotated_orders(cluster,
     seeds = {r[3]: r[5] for r in rows}
     assert len(set(seeds.values())) == 3 and all(r[5] == seeds[r[3]] for r in rows)  # one seed a round
     assert all(r[1] != "failed" for r in rows), rows
-
-
-@pytest.mark.slow
-def test_xtuner_through_slurm_with_wait(cluster, tmp_path):
-    backend_env_or_skip("xtuner")
-    db = tmp_path / "results.sqlite"
-    res = _invoke("compare", "--scenario", "tiny_cpu", "--backends", "xtuner", "--launcher", "slurm", "--wait",
-                  "--poll", "1", "--db", str(db), "--out", str(tmp_path / "plots"))
-    assert res.exit_code == 0, res.output
-    row = _rows(db)["xtuner"]
-    assert slurm_cpu_row_ok(row), row["reason"]
-    assert row["steps"] == 7 and row["steps_measured"] == 5 and row["tgs"] > 0
-    assert (tmp_path / "plots" / "report.md").exists()
-    assert json.loads((Path(row["run_dir"]) / "slurm.json").read_text())["result_id"] == row["id"]
 
 
 def test_the_batch_script_checks_the_shared_paths_on_every_node(cluster, tmp_path):
