@@ -21,11 +21,13 @@ import sqlite3
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from fbench_fixtures import backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
+from fbench_fixtures import FAKES, backend_env_or_skip, end_processes_mentioning as _end, processes_mentioning
 
 # Each case is the whole host in its own process, a fault injected into it: the slow part of the suite.
 pytestmark = pytest.mark.slow
@@ -113,12 +115,13 @@ def _mount_tmpfs(folder: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
-@pytest.fixture
-def disks(tmp_path):
+def _mount_disks(folder: Path) -> tuple[Path, Path, list[Path]]:
     """Two small filesystems: FBENCH_HOME's and the store's (tmpfs where mounting is allowed)."""
-    home, store = tmp_path / "home", tmp_path / "store"
-    mounted = [d for d in (home, store) if _mount_tmpfs(d, "32m")]
-    yield home, store
+    home, store = folder / "home", folder / "store"
+    return home, store, [d for d in (home, store) if _mount_tmpfs(d, "32m")]
+
+
+def _unmount_disks(home: Path, store: Path, mounted: list[Path]) -> None:
     for d in (home, store):
         for root, dirs, files in os.walk(d):
             os.chmod(root, 0o755)
@@ -155,54 +158,84 @@ def _inject(fault: str, stage: str, backend: str, home: Path, db: Path, full: Pa
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**env, "FBENCH_HOME": str(home)})
 
 
-def _one_row_or_printed(host: subprocess.CompletedProcess, home: Path, db: Path, env: dict) -> None:
-    """After the host and one more command (which stores what the host could not): one row,
-    or the row printed as JSON; and no process of the run left."""
+@dataclass
+class Outcome:
+    """One case, read after its host and one more command (which stores what the host could not)."""
+    host: subprocess.CompletedProcess
+    after: subprocess.CompletedProcess
+    left: list[int]  # processes of the run still alive
+    rows: list[tuple[str, str]]
+
+
+def _after(host: subprocess.CompletedProcess, home: Path, db: Path, env: dict) -> Outcome:
     time.sleep(0.5)
     after = subprocess.run([sys.executable, "-c", "from framework_bench.cli import app; app()", "results", "list",
                             "--db", str(db)], capture_output=True, text=True, timeout=120,
                            env={**env, "FBENCH_HOME": str(home)})
-    assert "Traceback" not in host.stderr + after.stderr, (host.stderr, after.stderr)
-    assert processes_mentioning(str(home)) == []
-    rows = _rows(db)
-    printed = [l for l in host.stderr.splitlines() if l.startswith('{"result"')]
-    if not rows and "needs" in host.stderr and "free some space" in host.stderr:
+    return Outcome(host, after, processes_mentioning(str(home)), _rows(db))
+
+
+def _assert_one_row_or_printed(o: Outcome) -> None:
+    """One row, or the row printed as JSON; and no process of the run left."""
+    assert "Traceback" not in o.host.stderr + o.after.stderr, (o.host.stderr, o.after.stderr)
+    assert o.left == []
+    printed = [l for l in o.host.stderr.splitlines() if l.startswith('{"result"')]
+    if not o.rows and "needs" in o.host.stderr and "free some space" in o.host.stderr:
         return  # a full disk found by packing's own check: refused before anything ran, said in one line
-    assert len(rows) + len(printed) == 1, (rows, host.returncode, host.stderr[-3000:], after.stderr)
+    assert len(o.rows) + len(printed) == 1, (o.rows, o.host.returncode, o.host.stderr[-3000:], o.after.stderr)
     if printed:
-        assert host.returncode == 1 and json.loads(printed[0])["result"]["backend"]
+        assert o.host.returncode == 1 and json.loads(printed[0])["result"]["backend"]
+
+
+def _case(fault: str, stage: str, folder: Path, env: dict) -> Outcome:
+    """The fake backend's compare with `fault` injected at `stage`, on its own two small disks."""
+    home, store, mounted = _mount_disks(folder)
+    db = store / "r.sqlite"
+    full = store if stage == "store" else home
+    extra = ("--timeout", "6") if fault == "sigstop" else ()
+    try:
+        host = _inject(fault, stage, "fake_slow", home, db, full, env, *extra)
+        if fault == "lock":
+            _wait_until_gone(str(db))  # the lock's holder ends (it holds the lock 2.5 s)
+        _free(full)
+        return _after(host, home, db, env)
+    finally:
+        _end(home)
+        _unmount_disks(home, store, mounted)
+
+
+CASES = [(fault, stage) for fault in ("kill", "enospc", "lock") for stage in STAGES] + [("sigstop", "mid_training")]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[tuple[str, str], Outcome]:
+    """Every case at once, four at a time: each host mostly waits (on its fake worker's steps, the
+    lock, the store's back-off), so together they take a fraction of one after another."""
+    site = tmp_path_factory.mktemp("site")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(FAKES))
+        import fbench_fake_backends
+        fbench_fake_backends.register_through_entry_points(site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKES), str(site), os.environ.get("PYTHONPATH", "")])}
+    with ThreadPoolExecutor(4) as pool:
+        futures = {case: pool.submit(_case, *case, tmp_path_factory.mktemp("-".join(case)), env) for case in CASES}
+    return {case: future.result() for case, future in futures.items()}
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
 @pytest.mark.parametrize("fault", ["kill", "enospc", "lock"])
-def test_each_fault_at_each_stage_leaves_one_row_and_no_process(fakes, disks, fault, stage):
-    home, store = disks
-    db = store / "r.sqlite"
-    env = dict(os.environ)
-    full = store if stage == "store" else home
-    try:
-        host = _inject(fault, stage, "fake_slow", home, db, full, env)
-        if fault == "kill":
-            assert host.returncode == -signal.SIGKILL
-        if fault == "lock":
-            _wait_until_gone(str(db))  # the lock's holder ends (it holds the lock 2.5 s)
-        _free(full)
-        _one_row_or_printed(host, home, db, env)
-    finally:
-        _end(home)
+def test_each_fault_at_each_stage_leaves_one_row_and_no_process(outcomes, fault, stage):
+    outcome = outcomes[fault, stage]
+    if fault == "kill":
+        assert outcome.host.returncode == -signal.SIGKILL
+    _assert_one_row_or_printed(outcome)
 
 
-def test_a_worker_stopped_mid_training_ends_as_a_timeout_row(fakes, disks):
-    home, store = disks
-    db = store / "r.sqlite"
-    env = dict(os.environ)
-    try:
-        host = _inject("sigstop", "mid_training", "fake_slow", home, db, home, env, "--timeout", "6")
-        assert host.returncode == 1
-        _one_row_or_printed(host, home, db, env)
-        assert _rows(db) == [("fake_slow", "timeout")]
-    finally:
-        _end(home)
+def test_a_worker_stopped_mid_training_ends_as_a_timeout_row(outcomes):
+    outcome = outcomes["sigstop", "mid_training"]
+    assert outcome.host.returncode == 1
+    _assert_one_row_or_printed(outcome)
+    assert outcome.rows == [("fake_slow", "timeout")]
 
 
 def test_a_real_tiny_run_killed_mid_training_is_one_failed_row_and_no_process(tmp_path):
@@ -218,7 +251,8 @@ def test_a_real_tiny_run_killed_mid_training_is_one_failed_row_and_no_process(tm
     try:
         host = _inject("kill", "mid_training", "torch", home, db, home, env)
         assert host.returncode == -signal.SIGKILL, host.stderr[-2000:]
-        _one_row_or_printed(host, home, db, env)
-        assert _rows(db) == [("torch", "failed")]
+        outcome = _after(host, home, db, env)
+        _assert_one_row_or_printed(outcome)
+        assert outcome.rows == [("torch", "failed")]
     finally:
         _end(home)
