@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# A multi-process run's limit in the tests: the slowest (XTuner's ZeRO on two CPU processes)
+# took 42 s under CI; a hang (once, DDP over gloo) then costs minutes, not a quarter of an hour.
+MULTIPROCESS_TIMEOUT = 300
+
 # Throwaway backends (tests/fake_backends) whose worker trains nothing: the host's bookkeeping.
 FAKES = Path(__file__).parent / "fake_backends"
 
@@ -191,7 +195,7 @@ def torch_zero_run():
         if (stage, loss_scheme) not in runs:
             backend_env_or_skip("torch")
             runs[stage, loss_scheme] = pipeline.run_one("torch", scenario.load(f"multiproc_tiny_cpu_zero{stage}"),
-                                                        RunOptions(launcher="torchrun", timeout=900,
+                                                        RunOptions(launcher="torchrun", timeout=MULTIPROCESS_TIMEOUT,
                                                                    loss_scheme=loss_scheme))
         return runs[stage, loss_scheme]
 

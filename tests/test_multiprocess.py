@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from fbench_fixtures import backend_env_or_skip
+from fbench_fixtures import MULTIPROCESS_TIMEOUT, backend_env_or_skip
 from framework_bench.measure import clock_checks
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
@@ -18,7 +18,7 @@ from framework_bench.worker.files import read_metrics
 def test_llamafactory_two_processes(name):
     backend_env_or_skip("llamafactory")
     s = scenario.load(name)
-    r = pipeline.run_one("llamafactory", s, RunOptions(timeout=900))
+    r = pipeline.run_one("llamafactory", s, RunOptions(timeout=MULTIPROCESS_TIMEOUT))
     assert r.status == "ok", r.reason
     plan = (r.run_dir / "plan.json").read_text()
     assert plan.count("torch.distributed.run") == s.cluster.nodes  # one torchrun per node

@@ -7,7 +7,7 @@ normalisation, shared): LLaMA-Factory's against the one that divides by every pr
 
 import pytest
 
-from fbench_fixtures import backend_env_or_skip
+from fbench_fixtures import MULTIPROCESS_TIMEOUT, backend_env_or_skip
 from framework_bench.measure import losses
 from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
@@ -31,7 +31,7 @@ def test_zero_on_two_cpu_processes(backend, stage, fsdp2_reference):
     backend_env_or_skip(backend)
     s = scenario.load(f"multiproc_tiny_cpu_zero{stage}")
     assert s.zero_stage == stage and s.cluster.gpus == 2 and s.cluster.device == "cpu"
-    r = pipeline.run_one(backend, s, RunOptions(launcher="torchrun", timeout=600))
+    r = pipeline.run_one(backend, s, RunOptions(launcher="torchrun", timeout=MULTIPROCESS_TIMEOUT))
     assert r.status == "ok", r.reason
     assert "torch.distributed.run" in (r.run_dir / "plan.json").read_text()
     steps = read_metrics(r.run_dir)

@@ -12,7 +12,7 @@ import pytest
 
 import backend_helpers as helpers
 from backend_helpers import CPU, H100x8, tiny
-from fbench_fixtures import backend_env_or_skip
+from fbench_fixtures import MULTIPROCESS_TIMEOUT, backend_env_or_skip
 
 from framework_bench.measure import clock_checks
 from framework_bench.run.launchers import executor_for
@@ -120,7 +120,7 @@ def test_tiny_cpu_trains_with_the_torch_loop(torch_backend, tmp_path, tiny_cpu_r
 def test_two_cpu_processes_train_with_ddp(torch_backend):
     backend_env_or_skip("torch")
     s = scenario.load("multiproc_tiny_cpu_1x2")
-    r = pipeline.run_one("torch", s, RunOptions(timeout=900))
+    r = pipeline.run_one("torch", s, RunOptions(timeout=MULTIPROCESS_TIMEOUT))
     assert r.status == "ok", r.reason
     assert "DDP over 2 processes (gloo)" in r.notes
     # read from the model that trained, in a process group of two
@@ -171,7 +171,7 @@ def test_sequence_parallel_trains_each_row_as_the_unsplit_loop_does(torch_backen
 
     backend_env_or_skip("torch")
     s = scenario.load("multiproc_tiny_cpu_sp2")
-    r = pipeline.run_one("torch", s, RunOptions(launcher="torchrun", timeout=900))
+    r = pipeline.run_one("torch", s, RunOptions(launcher="torchrun", timeout=MULTIPROCESS_TIMEOUT))
     assert r.status == "ok", r.reason
     assert "FSDP2 (ZeRO-3) over 2 processes (gloo), Ulysses sequence parallel over groups of 2" in r.notes
     assert (r.settings["sequence_parallel"], r.settings["zero_stage"], r.settings["process_group_size"]) == (2, 3, 2)
@@ -179,7 +179,7 @@ def test_sequence_parallel_trains_each_row_as_the_unsplit_loop_does(torch_backen
     unsplit = s.model_dump()
     unsplit.update(sequence_parallel=1, zero_stage=0)
     unsplit["cluster"].update(gpus_per_node=1, gpus=1)
-    whole = pipeline.run_one("torch", scenario.Scenario.model_validate(unsplit), RunOptions(timeout=900))
+    whole = pipeline.run_one("torch", scenario.Scenario.model_validate(unsplit), RunOptions(timeout=MULTIPROCESS_TIMEOUT))
     assert whole.status == "ok" and whole.settings["sequence_parallel"] == 1, whole.reason
     judged = {c.name: c for c in referee.judge(r, whole, s).checks}
     assert judged["parity"].status == judged["update_parity"].status == "pass", [judged["parity"], judged["update_parity"]]
