@@ -90,32 +90,50 @@ def _plugin_object(loaded: object) -> object:
     return loaded() if isinstance(loaded, type) and issubclass(loaded, base.Backend) else loaded
 
 
+# Managers already built, by the entry points they were built from: a command asks for the
+# backends many times, and registering a plugin with pluggy costs milliseconds each time.
+_built: dict[tuple, tuple[pluggy.PluginManager, dict[str, str], dict[str, str]]] = {}
+
+
 def manager() -> pluggy.PluginManager:
     """A plugin manager with every working backend of the `fbench.backends` entry-point group.
     A name claimed by two distributions is broken for both: which one ran would depend on
     the order of sys.path, and its rows would be stored under a name that is not its own."""
+    found = entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+    key = tuple((ep.name, ep.value, _origin(ep), str(ep.dist.locate_file("")) if ep.dist else "") for ep in found)
+    if key not in _built:
+        errors: dict[str, str] = {}
+        where: dict[str, str] = {}
+        _built[key] = (_build(found, errors, where), errors, where)
+    pm, errors, where = _built[key]
+    load_errors.update(errors)
+    origins.update(where)
+    return pm
+
+
+def _build(found, errors: dict[str, str], where: dict[str, str]) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs.TrainBackend)
     claims: dict[str, dict[str, object]] = {}
-    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+    for ep in found:
         claims.setdefault(ep.name, {}).setdefault(_origin(ep), ep)  # one distribution seen twice on sys.path is one
     for name, by_origin in claims.items():
         if len(by_origin) > 1:
-            load_errors[name] = f"the name {name!r} is claimed by {' and '.join(sorted(by_origin))}: none of them runs; " \
-                                "uninstall all but one"
+            errors[name] = f"the name {name!r} is claimed by {' and '.join(sorted(by_origin))}: none of them runs; " \
+                           "uninstall all but one"
             continue
         (origin, ep), = by_origin.items()
-        origins[name] = origin
+        where[name] = origin
         try:
             plugin = _plugin_object(ep.load())
             pm.register(plugin, name=ep.name)
         except Exception as e:  # noqa: BLE001 - any import/validation error of a plugin
-            load_errors[ep.name] = f"{type(e).__name__}: {e}"
+            errors[ep.name] = f"{type(e).__name__}: {e}"
             continue
         missing = _missing_hooks(pm, plugin)
         if missing:
             pm.unregister(plugin)
-            load_errors[ep.name] = f"missing hook{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+            errors[ep.name] = f"missing hook{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
     return pm
 
 
