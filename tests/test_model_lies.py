@@ -196,10 +196,10 @@ def test_a_worker_copying_the_references_files_passes_only_where_the_reference_r
 
 def test_a_worker_replaying_an_earlier_runs_training_is_invalid_unless_the_seed_is_pinned(world, tmp_path):
     """A worker that keeps its final weights and loss records beside the runs and, in every later
-    run of the scenario, throws its own training away and replays them. A compare draws a fresh seed, so what it
-    kept was trained from other initial weights: invalid. With the seed pinned to the kept run's
-    (`--seed`), the replay passes every check: the lie is live, and why a pinned seed's rows say
-    replay is not excluded."""
+    run of the scenario, throws its own training away and replays them. A compare draws a fresh
+    seed, so what it kept was trained from other initial weights: invalid. With the seed pinned to
+    the kept run's (`--seed`), the replay passes every check: the lie is live, and why a pinned
+    seed's rows say replay is not excluded."""
     scn, data, _, reference, _ = world
     root = tmp_path / "runs"
     first = pipeline.run_one("lying_replays_kept", scn, RunOptions(root=root, seed=reference.seed), data=data, machine=CPU)
