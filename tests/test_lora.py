@@ -7,6 +7,8 @@ One compare per mode, shared by the module's tests."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -24,7 +26,7 @@ MATCHED_LORA = {"finetune_method": "lora", "lora_targets": TARGETS, "lora_head_a
                 "base_dtype": "float32", "base_frozen": True}
 
 
-def _compare(tmp_path_factory, mode: str) -> tuple[dict, dict]:
+def _compare(tmp_path_factory, mode: str) -> tuple[dict, dict, Path]:
     for name in (*BACKENDS, "torch"):
         backend_env_or_skip(name)
     root = tmp_path_factory.mktemp(f"lora_{mode}")
@@ -38,7 +40,7 @@ def _compare(tmp_path_factory, mode: str) -> tuple[dict, dict]:
                                        "--out", str(root / "plots"), "--json", "--timeout", "900"])
     assert res.exit_code == 0, res.output
     records = json.loads(res.stdout)["runs"]
-    return {r["backend"]: r for r in records}, differences.setting_differences(records).get("tiny_cpu_lora", [])
+    return {r["backend"]: r for r in records}, differences.setting_differences(records).get("tiny_cpu_lora", []), root
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def _check(record: dict, name: str) -> dict:
 
 @pytest.mark.slow
 def test_matched_lora_is_ok_for_every_backend_with_the_same_adapters_and_parity(matched):
-    records, _ = matched
+    records, _, _ = matched
     s = scenario.load("tiny_cpu_lora")
     adapters = s.finetune.adapter_parameter_count(s.arch)
     assert set(records) == {*BACKENDS, "torch"}
@@ -79,15 +81,30 @@ def test_matched_lora_is_ok_for_every_backend_with_the_same_adapters_and_parity(
 
 
 @pytest.mark.slow
+def test_the_compare_of_both_real_trainers_stores_one_row_each_on_one_stream_and_charts_them(matched):
+    """The CLI's compare with both real trainers, as the README's main job runs it: a row each
+    (the reference's too) on the same packed data, each framework's line in the chart, the report."""
+    _, _, root = matched
+    rows = sqlite3.connect(root / "results.sqlite").execute("SELECT backend, status, data_sha256 FROM runs").fetchall()
+    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("torch", "ok"), ("xtuner", "ok")]
+    assert len({r[2] for r in rows}) == 1
+    (png,) = (root / "plots").glob("tgs_tflops_*.png")
+    assert png.stat().st_size > 10_000
+    svg = png.with_suffix(".svg").read_text()
+    assert "line-xtuner" in svg and "line-llamafactory" in svg
+    assert "tiny_cpu_lora" in (root / "plots" / "report.md").read_text()
+
+
+@pytest.mark.slow
 def test_matched_lora_leaves_no_adapter_setting_different(matched):
-    _, differences = matched
+    _, differences, _ = matched
     assert not [key for key, _, _ in differences if key.startswith("lora_") or key in (
         "trainable_params", "base_dtype", "adapter_dtype", "base_frozen", "finetune_method")], differences
 
 
 @pytest.mark.slow
 def test_native_lora_names_each_frameworks_defaults_as_differences(native):
-    records, differences = native
+    records, differences, _ = native
     differ = {key: values for key, values, _ in differences}
     # XTuner's own LoRA defaults (r=64, alpha 16, dropout 0.1) against LLaMA-Factory's (r=8,
     # alpha 16, dropout 0) and the reference's (the scenario's)
