@@ -338,6 +338,30 @@ def test_collect_stores_each_run_in_the_store_it_was_submitted_for(cluster, fake
     assert not default.exists() or _rows(default) == {}
 
 
+def test_a_collects_claim_holds_its_pid_the_moment_it_exists(tmp_path, monkeypatch):
+    """A second collect looking at the claim the moment it appears finds its holder alive and
+    leaves the run to it (a claim opened empty and written after was taken for abandoned there,
+    and both collects stored the run: two rows)."""
+    import os
+    from types import SimpleNamespace
+
+    from framework_bench.run import collect
+
+    sub, others, real_link = SimpleNamespace(run_dir=tmp_path), [], os.link
+
+    def link(src, dst):
+        real_link(src, dst)
+        if not others:  # the other collect looks now
+            others.append(None)
+            with collect._claimed(sub) as other:
+                others[0] = other
+
+    monkeypatch.setattr(collect.os, "link", link)
+    with collect._claimed(sub) as mine:
+        assert mine and (tmp_path / collect.COLLECTING).read_text() == str(os.getpid())
+    assert others == [False] and not list(tmp_path.iterdir())
+
+
 def test_two_collects_at_once_store_a_run_once(cluster, fakes, tmp_path):
     import subprocess
     import sys

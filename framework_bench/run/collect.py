@@ -197,24 +197,32 @@ def _claimed(sub: Submission) -> Iterator[bool]:
     """Whether this process may store `sub`: of two collects at once, one does (a claim whose
     process is gone is taken over)."""
     claim = sub.run_dir / COLLECTING
-    for _ in range(2):
-        try:
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = claim.read_text().strip() if claim.exists() else ""
-            if holder.isascii() and holder.isdigit() and not processes.abandoned(int(holder)):
-                yield False
-                return
-            claim.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as fh:
-            fh.write(str(os.getpid()))
-        try:
-            yield True
-        finally:
-            claim.unlink(missing_ok=True)
-        return
-    yield False
+    # Linked into place with the pid already in it: a claim opened and written after was seen
+    # empty by the other collect, taken for abandoned, and both stored the run.
+    mine = claim.with_name(f".{COLLECTING}.{os.getpid()}")
+    mine.write_text(str(os.getpid()))
+    try:
+        for _ in range(2):
+            try:
+                os.link(mine, claim)
+            except FileExistsError:
+                try:
+                    holder = claim.read_text().strip()
+                except FileNotFoundError:
+                    continue  # released meanwhile
+                if holder.isascii() and holder.isdigit() and not processes.abandoned(int(holder)):
+                    yield False
+                    return
+                claim.unlink(missing_ok=True)
+                continue
+            try:
+                yield True
+            finally:
+                claim.unlink(missing_ok=True)
+            return
+        yield False
+    finally:
+        mine.unlink(missing_ok=True)
 
 
 STORING = "storing.json"  # in a run folder from just before its row is stored until slurm.json records the row
