@@ -73,10 +73,11 @@ def host_next_to_fbench(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built_env() -> dict:
+def built_env(tmp_path_factory) -> dict:
     """{"path": the env `env create` built for the first form}: the second form's host finds it
-    made by another host's package and refreshes its plugin copy, rather than building it again."""
-    return {}
+    made by another host's package and refreshes its plugin copy, rather than building it again.
+    The first form's home lies in "home", a module folder: a passing test's tmp_path goes with it."""
+    return {"home": tmp_path_factory.mktemp("first-form-home")}
 
 
 @pytest.mark.slow
@@ -88,7 +89,8 @@ def test_contributings_backend_outside_the_repo_installed_non_editable_passes_ch
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(host), str(pkg)],
                    check=True, capture_output=True)
     python = host / "bin" / "python"
-    env = {**os.environ, "FBENCH_HOME": str(tmp_path / "fbench_home")}
+    home = tmp_path / "fbench_home" if "path" in built_env else built_env["home"]
+    env = {**os.environ, "FBENCH_HOME": str(home)}
     env.pop("PYTHONPATH", None)
 
     def fbench(*args: str) -> subprocess.CompletedProcess:
@@ -97,7 +99,7 @@ def test_contributings_backend_outside_the_repo_installed_non_editable_passes_ch
 
     listed = fbench("backends")
     assert "mybackend" in listed.stdout and "PyTorch (minimal loop)" in listed.stdout, listed.stdout + listed.stderr
-    env_dir = tmp_path / "fbench_home" / "envs" / "mybackend"
+    env_dir = home / "envs" / "mybackend"
     if "path" in built_env:  # the env one form built, its copy of the other form's package: stale, refreshed
         env_dir.parent.mkdir(parents=True, exist_ok=True)
         env_dir.symlink_to(built_env["path"])
@@ -119,7 +121,7 @@ def test_contributings_backend_outside_the_repo_installed_non_editable_passes_ch
     assert (purelib / "fbench_mybackend" / "worker.py").read_text() == WORKER
 
     # check-backend judges the loss against the torch reference's: the repo's torch env serves here
-    (tmp_path / "fbench_home" / "envs" / "torch").symlink_to(backend_env_or_skip("torch").path)
+    (home / "envs" / "torch").symlink_to(backend_env_or_skip("torch").path)
     checked = fbench("check-backend", "mybackend")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rows = [[cell.strip() for cell in line.split("│")] for line in checked.stdout.splitlines()]
