@@ -307,3 +307,21 @@ def test_a_run_refused_as_unsupported_is_no_trial_left_out_but_a_failed_one_is()
             {"backend": "x", "scenario": "s", "status": "failed", "tgs": None, "id": 2}]
     lines = Points(runs, "torch").lines
     assert lines == ["s: x: 1 trial(s) not counted: run 2 (failed)"], lines
+
+
+def test_an_interval_past_ten_times_says_above_not_a_figure_of_seventeen_digits():
+    """Two rounds under load, one run of them hit alone (a paired t-interval with 1 degree of
+    freedom, Holm-widened over 3 pairs): the upper end reaches ~1e16%. The sentence, the answer's
+    line and the table's share cell say `above +900.0%` / `>1000%`; the data keep the figure."""
+    tgs = {("torch", 1): 1250.0, ("xtuner", 1): 1360.0, ("lf", 1): 1210.0,
+           ("torch", 2): 1260.0, ("xtuner", 2): 217.0, ("lf", 2): 1130.0}
+    ts = [Trial(b, "tiny_cpu", v, "ok", f"round {r}", round=("c1", r)) for (b, r), v in tgs.items()]
+    by = {(r.backend, r.other): r for r in statistics.pairs(ts, "torch")}
+    wide = by["xtuner", "torch"]
+    assert wide.high > 1e6 and verdict.word(wide) == "no difference"
+    said = verdict.sentence(wide)
+    assert said.startswith("no difference detected between xtuner and torch (95% CI \u2212"), said
+    assert said.endswith(" to above +900.0%, paired over 2 rounds)"), said
+    assert verdict.share_cell(wide).endswith("\u2013>1000%)"), verdict.share_cell(wide)
+    narrow = by["lf", "torch"]  # an interval within ten times keeps its figures
+    assert "above" not in verdict.sentence(narrow) and ">" not in verdict.share_cell(narrow)

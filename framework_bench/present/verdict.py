@@ -30,6 +30,18 @@ def _signed(x: float) -> str:
     return f"{x:+.1f}".replace("-", MINUS)
 
 
+# An interval's end beyond ten times says only that the trials cannot tell: over two rounds under
+# load a paired interval ran to +53,958,362,970,365,968%, a figure as useless as it is wide.
+SHOWN_UP_TO = 10.0
+
+
+def _upper(pct: float, signed: bool) -> str:
+    """An interval's upper end in percent, or `above +900.0` past `SHOWN_UP_TO`."""
+    cap = (SHOWN_UP_TO - 1) * 100
+    text = _signed(min(pct, cap)) if signed else f"{min(pct, cap):.1f}"
+    return f"above {text}" if pct > cap else text
+
+
 def _trials(r: Ratio) -> str:
     a, b = r.trials
     if r.paired:
@@ -49,10 +61,10 @@ def _worded(r: Ratio, than: str, alike: str) -> str:
     """`r.backend` faster or slower `than` the other side, with its interval; else `alike`."""
     pct, low, high = ((x - 1) * 100 for x in (r.ratio, r.low, r.high))
     if low > 0:
-        return f"{r.backend} is {pct:.1f}% faster {than} (95% CI {low:.1f} to {high:.1f}%, {_trials(r)})"
+        return f"{r.backend} is {pct:.1f}% faster {than} (95% CI {low:.1f} to {_upper(high, False)}%, {_trials(r)})"
     if high < 0:
         return f"{r.backend} is {-pct:.1f}% slower {than} (95% CI {-high:.1f} to {-low:.1f}%, {_trials(r)})"
-    return f"{alike} (95% CI {_signed(low)} to {_signed(high)}%, {_trials(r)})"
+    return f"{alike} (95% CI {_signed(low)} to {_upper(high, True)}%, {_trials(r)})"
 
 
 def sentence(r: Ratio) -> str:
@@ -131,7 +143,8 @@ def share_cell(r: Ratio | None) -> str:
         return "-"
     if r.low is None:
         return f"{r.ratio * 100:.0f}%"
-    return f"{r.ratio * 100:.0f}% ({r.low * 100:.0f}–{r.high * 100:.0f}%)"
+    high = f">{SHOWN_UP_TO * 100:.0f}" if r.high > SHOWN_UP_TO else f"{r.high * 100:.0f}"
+    return f"{r.ratio * 100:.0f}% ({r.low * 100:.0f}–{high}%)"
 
 
 def noise_note(s: Summary | None) -> list[str]:
