@@ -15,7 +15,6 @@ For the loaded count, run the same compare with a busy loop per core beside it
 from __future__ import annotations
 
 import argparse
-import re
 from collections import Counter, defaultdict
 
 from rich.console import Console
@@ -36,27 +35,8 @@ MARGINS = {
                f"warm-up CPU / measured median <= {cc.MAX_WARMUP_CPU_RATIO:g} (or 1.5 x the steps)"),
     "projection_delay": (lambda f: f["projection_seconds"] / f["limit"], max, "seconds / its limit <= 1"),
     "warmup_time": (lambda f: f["ratio"], max, f"warm-up wall time / measured median <= {cc.WARMUP_FLAG_RATIO:g}"),
-    # the flag keeps no figures: its detail ends "(-5.5%)", the framework's figure against the host's
-    "throughput": (lambda f: abs(float(f["detail_percent"])) / 100, max,
-                   f"|framework / host - 1| <= {THROUGHPUT_TOLERANCE:g}"),
+    "throughput": (lambda f: abs(f["ratio"] - 1), max, f"|framework / host - 1| <= {THROUGHPUT_TOLERANCE:g}"),
 }
-
-
-def closest(runs: list[dict], name: str, backend: str) -> str:
-    """The honest figure nearest `name`'s bound over `backend`'s runs, or '' for an untimed check."""
-    if name not in MARGINS:
-        return ""
-    figure, nearest, _ = MARGINS[name]
-    found = []
-    for r in runs:
-        for c in r["checks"]:
-            if r["backend"] == backend and c["name"] == name and c["status"] != "unverified":
-                said = re.search(r"\(([-+]?[\d.]+)%\)$", c["detail"])
-                try:
-                    found.append(figure({**c["figures"], "detail_percent": said and said[1]}))
-                except (KeyError, TypeError, ZeroDivisionError):
-                    continue
-    return f" · {nearest(found):.3g}" if found else ""
 
 
 def main() -> None:
@@ -67,12 +47,25 @@ def main() -> None:
     per_backend = Counter(r["backend"] for r in runs)
     failed: dict[str, Counter] = defaultdict(Counter)
     unverified: dict[str, Counter] = defaultdict(Counter)
+    figures: dict[tuple[str, str], list[float]] = defaultdict(list)  # (check, backend): its MARGINS figure per run
     for r in runs:
         for c in r["checks"]:
+            if c["status"] == "unverified":
+                unverified[c["name"]][r["backend"]] += 1
+                continue
             if c["status"] == "fail":
                 failed[c["name"]][r["backend"]] += 1
-            elif c["status"] == "unverified":
-                unverified[c["name"]][r["backend"]] += 1
+            if c["name"] in MARGINS:
+                try:
+                    figures[c["name"], r["backend"]].append(MARGINS[c["name"]][0](c["figures"]))
+                except (KeyError, TypeError, ZeroDivisionError):
+                    pass  # a run stored before its check kept this figure
+
+    def closest(name: str, backend: str) -> str:
+        """The honest figure nearest `name`'s bound over `backend`'s runs, or '' without one."""
+        found = figures[name, backend]
+        return f" · {MARGINS[name][1](found):.3g}" if found else ""
+
     backends = sorted(per_backend)
     table = Table(title=f"{len(runs)} stored runs: " + ", ".join(f"{b} {per_backend[b]}" for b in backends))
     table.add_column("check")
@@ -82,7 +75,7 @@ def main() -> None:
     table.add_column("closest: the figure and its bound")
     for name in sorted({c["name"] for r in runs for c in r["checks"]}):  # every check judged, its zeros too
         table.add_row(name, "blocking" if name in BLOCKING else "flag",
-                      *(f"{failed[name][b]} / {unverified[name][b]}{closest(runs, name, b)}" for b in backends),
+                      *(f"{failed[name][b]} / {unverified[name][b]}{closest(name, b)}" for b in backends),
                       MARGINS[name][2] if name in MARGINS else "")
     console = Console()
     console.print(table)

@@ -178,7 +178,7 @@ def check_throughput(scenario: Scenario, report: WorkerReport, host_tgs: float |
     ratio = own[key] / host
     detail = f"framework {key} {own[key]:,.1f} vs host {host:,.1f} ({ratio - 1:+.1%})"
     return Check(name="throughput", status="pass" if abs(ratio - 1) <= THROUGHPUT_TOLERANCE else "fail",
-                 detail=detail)
+                 figures={"ratio": round(ratio, 6)}, detail=detail)
 
 
 def adapter_count(scenario: Scenario, settings: dict, mode: str) -> int:
