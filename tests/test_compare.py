@@ -160,29 +160,69 @@ def test_round_orders_put_each_backend_in_each_place_and_after_each_other_equall
     assert len(set(after.values())) == 1 and len(after) == k * (k - 1)
 
 
-def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_reference(monkeypatch):
-    """The loop alone (run_one stands in): a warm-up round on CPU, then `repeat` rounds; the others
-    rotate, the reference runs last in each round and judges that round's runs once it ended."""
+def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_reference(monkeypatch, tmp_path):
+    """The loop alone (run_one stands in): a warm-up round on CPU, then `repeat` rounds; the
+    reference rotates with the others (last in the first round), and judges its round's runs once
+    they all ended. While runs after it in its round run, its folder is off the disk (nothing to
+    copy); it is back, as it was, when the round ends."""
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
     monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None, "b": None})
-    judged, handed = [], []
-    monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
-        backend=name, scenario=s.name, status="ok", tgs=1.0))
+    judged, handed, seen = [], [], []
+
+    def run_one(name, s, options, on_step):
+        seen.append((name, sorted(p.name for p in tmp_path.iterdir())))  # what a run starting now finds
+        run_dir = tmp_path / f"{len(seen)}-{name}"
+        run_dir.mkdir()
+        (run_dir / "update_projection.json").write_text(f'{{"run": "{name} {len(seen)}"}}')
+        return RunResult(backend=name, scenario=s.name, status="ok", tgs=1.0, run_dir=run_dir)
+
+    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
     monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why: judged.append(
         (r.backend, r.trial_round, ref and (ref.backend, ref.trial_round))))
     results = compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
                               on_result=lambda r, s: handed.append(r.backend))
     assert [(r.trial_round, r.trial_position, r.backend) for r in results] == [
-        (0, 1, "a"), (0, 2, "b"), (0, 3, "ref"), (1, 1, "b"), (1, 2, "a"), (1, 3, "ref"),
-        (2, 1, "a"), (2, 2, "b"), (2, 3, "ref")]
+        (0, 1, "a"), (0, 2, "b"), (0, 3, "ref"), (1, 1, "b"), (1, 2, "ref"), (1, 3, "a"),
+        (2, 1, "ref"), (2, 2, "a"), (2, 3, "b")]
     assert len({r.compare_id for r in results}) == 1
     assert judged == [(b, n, ("ref", n)) for n, order in ((0, "ab"), (1, "ba"), (2, "ab")) for b in order]
-    assert handed == ["ref", "a", "b", "ref", "b", "a", "ref", "a", "b"]  # the reference's row first, once it ran
+    assert handed == ["ref", "a", "b", "ref", "b", "a", "ref", "a", "b"]  # the reference's row first, once all ran
+    # round 1's reference (run 5) is not there for a (run 6); round 2's (run 7) not for a and b
+    assert "5-ref" not in seen[5][1] and "7-ref" not in seen[7][1] + seen[8][1]
+    assert {"3-ref", "5-ref"} <= set(seen[7][1])  # earlier rounds' references are back
+    assert all((tmp_path / f"{n}-ref" / "update_projection.json").read_text() == f'{{"run": "ref {n}"}}' for n in (3, 5, 7))
     judged.clear()
     assert len(compare.compare([scenario.load("tiny_cpu")], ["a"], repeat=2, warmup_rounds=0,
                                no_reference=True)) == 2
     assert judged == [("a", 1, None), ("a", 2, None)]  # judged without a reference: never ok
+
+
+def test_an_interrupt_after_a_rotated_reference_puts_its_folder_back_and_judges_the_finished_runs(monkeypatch, tmp_path):
+    """Ctrl-C in the last run of a round whose reference ran second: the reference's folder is back
+    on the disk, its row handed on, and the run before it judged against it; the interrupted run
+    passes through, and no judging reference is started after the Ctrl-C."""
+    from framework_bench.measure.metrics import RunResult
+    monkeypatch.setenv("FBENCH_REFERENCE", "ref")
+    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None, "b": None})
+    judged, handed, started = [], [], []
+
+    def run_one(name, s, options, on_step):
+        started.append(name)
+        run_dir = tmp_path / f"{len(started)}-{name}"
+        run_dir.mkdir()
+        return RunResult(backend=name, scenario=s.name, run_dir=run_dir, tgs=1.0,
+                         status="interrupted" if len(started) == 6 else "ok")
+
+    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
+    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why: judged.append((r.backend, ref and ref.backend)))
+    with pytest.raises(compare.Interrupted):
+        compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
+                        on_result=lambda r, s: handed.append((r.backend, r.status)))
+    assert started == ["a", "b", "ref", "b", "ref", "a"]  # round 1: b, ref, then a interrupted
+    assert (tmp_path / "5-ref").is_dir()
+    assert handed[3:] == [("ref", "ok"), ("b", "ok"), ("a", "interrupted")]
+    assert judged[2:] == [("b", "ref"), ("a", "ref")]
 
 
 @pytest.mark.slow  # starts a framework's or the host's own process
@@ -317,11 +357,11 @@ def test_run_repeat_is_the_trial_loop_with_one_backend(fakes, tmp_path):
                                    "--precision", "10", "--warmup-rounds", "0", "--db", str(db)])
     assert res.exit_code == 0, res.output
     rows = [r for r in ResultStore(db).list() if r["backend"] == "fake_noisy"]
-    assert [(r["trial_round"], r["trial_position"], r["status"]) for r in rows] == [(n, 1, "ok") for n in range(1, 6)]
+    assert [(r["trial_round"], r["trial_position"], r["status"]) for r in rows] == [(n, 2 - n % 2, "ok") for n in range(1, 6)]
     assert len({r["tgs"] for r in rows}) == 5 and len({r["compare_id"] for r in rows}) == 1
-    # the reference (fake_ok here) ran after it in each round, and judged it
+    # the reference (fake_ok here) ran after it in odd rounds, before it in even ones, and judged it
     assert [(r["trial_round"], r["trial_position"]) for r in ResultStore(db).list() if r["backend"] == "fake_ok"] \
-        == [(n, 2) for n in range(1, 6)]
+        == [(n, 1 + n % 2) for n in range(1, 6)]
     line = next(line for line in res.output.splitlines() if "│ fake_noisy" in line)
     cells = [cell.strip() for cell in line.split("│")]
     assert "5" in cells and any("–" in cell and "(" in cell for cell in cells)  # five trials, the median's interval

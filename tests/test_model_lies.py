@@ -173,9 +173,10 @@ def test_a_worker_copying_the_references_files_passes_only_where_the_reference_r
     """A worker that trains nothing and copies the loss records and update
     projection of the newest torch run beside it. Where the reference ran first with the same
     projection vector (the order compare used to have) the copy passes every check: the lie is
-    live. In compare the reference runs last in each round and each round projects onto its own
-    vector, so whatever the worker finds to copy (an earlier round's reference, a run before the
-    compare) is another vector's: invalid in every round."""
+    live. In compare each round projects onto its own vector, and where the reference runs first
+    (round 2) its folder is off the disk until the round ends, so whatever the worker finds to
+    copy (an earlier round's reference, a run before the compare) is another vector's: invalid
+    in every round."""
     from framework_bench.run import compare
 
     scn, data, _, _, _ = world

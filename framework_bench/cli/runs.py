@@ -168,7 +168,7 @@ def compare(
     fail_if_slower: common.FailIfSlowerOption = None,
     gpu: common.GpuOption = None,
 ) -> None:
-    """Run backends over scenarios, the reference last to judge the others; store, tabulate, chart, report.
+    """Run backends over scenarios, the reference in each round to judge the others; store, tabulate, chart, report.
 
     Example: fbench compare --scenario 'tiny_cpu*' --backends xtuner,llamafactory"""
     from framework_bench.run import compare as compare_

@@ -19,7 +19,7 @@ host's packed stream say it must be:
     measured once for the same loop, scenario and GPU; outside it, flagged (clocks,
     thermals or a regression: the reader should look before trusting the row).
   - parity, judged by the referee (`framework_bench/run/referee.py`) against the reference's run
-    on the same rows and seed, which every command runs (last in each round of a compare): the
+    on the same rows and seed, which every command runs (in each round of a compare): the
     canonical loss at every step where both weigh tokens alike, step 1 otherwise
     (`framework_bench/measure/losses.py`);
   - update and update_parity: the projection of (final - initial) weights onto a vector whose

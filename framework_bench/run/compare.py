@@ -19,7 +19,7 @@ from framework_bench.measure import statistics, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.statistics import Trial
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import design, pipeline, readback, referee
+from framework_bench.run import design, pipeline, readback, referee, sealing
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import judging_reference, reference_backend, absent_reason
 from framework_bench.spec import scenario as scenarios_
@@ -89,11 +89,14 @@ def compare(
     its round (warm-up rounds are 0 and below: stored, never counted) and its place in the round.
 
     No verdict without a reference: the reference backend runs in every round, added when not
-    chosen, last (`design.trial_orders`), and each other run of the round is judged against it once
-    it ended (`referee.judge`); `no_reference` leaves them `unverified`. Each run is then kept
-    (`pipeline.keep`: stored in `store`, or in a file `on_kept` hears of when the store cannot take
-    it now) and handed to `on_result`: the reference's first, then the round's others.
-    Interrupted before the reference's run ended, the round's runs are kept `unverified`.
+    chosen, in its place of the round's order (`design.trial_orders`: last in the first round,
+    rotated with the others after), and each other run of the round is judged against it once
+    the round's runs have ended (`referee.judge`); until then a reference that ran before others
+    is held off the disk (`sealing`). `no_reference` leaves them `unverified`. Each run is then
+    kept (`pipeline.keep`: stored in `store`, or in a file `on_kept` hears of when the store
+    cannot take it now) and handed to `on_result`: the reference's first, then the round's others.
+    Interrupted, the round's finished runs are judged against its reference if it ran (no judging
+    reference is started after the interrupt), else kept `unverified`.
 
     `repeat="auto"`: from AUTO_MIN_ROUNDS rounds on, stop once every pair's 95% interval is within
     ±`precision` percent (`statistics.widest_half_width`), or at AUTO_MAX_ROUNDS, said through
@@ -116,19 +119,35 @@ def compare(
     absent = "--no-reference" if no_reference else absent_reason()
     orders = design.trial_orders(backend_names, reference_name)
     compare_id = design.new_compare_id()
-    pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its reference's
+    pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its end
+    held: list[tuple[RunResult, Scenario]] = []  # the round's reference run, once it ended
+    sealed: list[sealing.Sealed] = []  # its folder, while runs after it in the round still run
     judging: dict[tuple, RunResult] = {}  # the round's reference runs trained as a run says it trained
 
     def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, round_options: RunOptions,
-                why: str = absent) -> None:
+                why: str = absent, interrupted: bool = False) -> None:
         if result.backend != reference_name:
             def run_reference(trained: Scenario, scheme: str | None) -> RunResult:
+                if interrupted:  # nothing new starts after a Ctrl-C
+                    return RunResult(backend=reference.backend, scenario=s.name, status="interrupted",
+                                     reason="the compare was interrupted before it ran")
                 return pipeline.run_one(reference.backend, trained, round_options.model_copy(
                     update={"loss_scheme": scheme, "db": None}))
             referee.judge(result, judging_reference(result, reference, s, run_reference, judging), s, why)
         if kept := pipeline.keep(store, result, s):
             on_kept(kept)
         on_result(result, s)
+
+    def end_round(round_options: RunOptions, why: str = absent, interrupted: bool = False) -> None:
+        """The round's runs have ended: its reference's folder back on the disk, the reference
+        handed on, then the others judged against it."""
+        while sealed:
+            sealed.pop().restore()
+        reference = held[0][0] if held else None
+        while held:
+            hand_on(*held.pop(), None, round_options)
+        while pending:
+            hand_on(*pending.pop(0), reference, round_options, why, interrupted)
 
     try:
         for s in scenarios:
@@ -139,7 +158,8 @@ def compare(
                 # reference projection, read from its folder (framework_bench/measure/update.py).
                 round_options = options.model_copy(update={"projection_round": update.new_round(),
                                                            "seed": design.round_seed(seed, i)})
-                for position, name in enumerate(orders[i % len(orders)], 1):
+                order = orders[i % len(orders)]
+                for position, name in enumerate(order, 1):
                     on_start(name, s)
                     # run_one packs only when the backend can run the scenario; the packed data is
                     # cached by its inputs, so every trial reads the very same files.
@@ -150,22 +170,22 @@ def compare(
                     results.append(result)
                     trials.append(result)
                     if name == reference_name:
-                        hand_on(result, s, None, round_options)
-                        while pending:
-                            hand_on(*pending.pop(0), result, round_options)
+                        held.append((result, s))
+                        if position < len(order) and result.run_dir is not None and result.run_dir.is_dir():
+                            sealed.append(sealing.seal(result.run_dir))  # out of reach of the runs after it
                     elif reference_name is None:
                         hand_on(result, s, None, round_options)
                     else:
                         pending.append((result, s))
                     if result.status == "interrupted":
                         raise Interrupted(results)
+                end_round(round_options)
                 if precision is not None and round_ >= first:
                     widest = statistics.widest_half_width(
                         [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
                     if widest is None or widest <= precision or round_ == last:
                         on_auto(AutoStop(scenario=s.name, rounds=round_, precision=precision, widest=widest))
                         break
-    finally:  # stopped before the round's reference ended: its runs are stored, unjudged
-        while pending:
-            hand_on(*pending.pop(0), None, options, f"the round stopped before the reference {reference_name} ran")
+    finally:  # stopped inside a round: its finished runs are stored, judged if its reference ran
+        end_round(options, f"the round stopped before the reference {reference_name} ran", interrupted=True)
     return results

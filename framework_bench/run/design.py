@@ -40,14 +40,23 @@ AUTO_MIN_ROUNDS = 5
 AUTO_MAX_ROUNDS = 10
 
 
-def trial_orders(backend_names: list[str], reference_name: str | None) -> list[list[str]]:
-    """The orders of successive rounds: a Williams design over the other backends
-    (`round_orders`), the reference last in each (when there is one), so that no run of a round
-    can read the reference's files of that round: its loss curve and update projection are
-    written after every run it judges has ended."""
+def trial_orders(backend_names: list[str], reference_name: str | None, reference_last: bool = False) -> list[list[str]]:
+    """The orders of successive rounds: a Williams design (`round_orders`) over the backends and
+    the reference (when there is one), which comes last in the first round's order and takes
+    every place in turn after, so that its place and its backend are not confounded. A round
+    judges its runs once all have ended; a reference run before others is held off the disk
+    until then (`framework_bench/run/sealing.py`), so no run can read its loss curve or update
+    projection. `reference_last`: the design over the others, the reference last in every round
+    (a SLURM job runs its round on the nodes, where the host cannot hold a folder)."""
     others = [b for b in dict.fromkeys(backend_names) if b != reference_name]
-    orders = round_orders(others) or [[]]
-    return [order + [reference_name] for order in orders] if reference_name else orders
+    if reference_name is None or reference_last:
+        orders = round_orders(others) or [[]]
+        return [order + [reference_name] for order in orders] if reference_name else orders
+    rows = round_orders(others + [reference_name])
+    # Relabelled so that the reference is last in the first round: a single round (and every
+    # compare's first) needs nothing held off the disk. Relabelling keeps the design balanced.
+    swap = {reference_name: rows[0][-1], rows[0][-1]: reference_name}
+    return [[swap.get(b, b) for b in row] for row in rows]
 
 
 def round_orders(backends: list[str]) -> list[list[str]]:

@@ -105,11 +105,12 @@ def submit_all(
 ) -> None:
     """`compare --launcher slurm`: on every scenario, `repeat` rounds, each one job
     (`submit_round`): the backends in the order of `design.trial_orders` (rotated round after
-    round), the reference added and last unless `no_reference`. Each round has its own seed,
+    round), the reference added and last unless `no_reference` (its files stay on the node's
+    disk, where the runs after it could read them). Each round has its own seed,
     derived from the compare's (`design.round_seed`), as a compare here has."""
     options = options.model_copy(update={"launcher": "slurm"})
     reference_name = None if no_reference else reference_backend()
-    orders = design.trial_orders(backend_names, reference_name)
+    orders = design.trial_orders(backend_names, reference_name, reference_last=True)
     seed, compare_id = design.compare_seed(options.seed), design.new_compare_id()
     for s in scenarios:
         on_scenario(s)
