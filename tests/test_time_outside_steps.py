@@ -27,7 +27,7 @@ SCENARIO = tiny(name="tiny_outside_steps", context_length=256, steps={"warmup": 
 # lie -> (the check that must catch it, the checks switched off to show the lie is live). Under
 # a heavy load the optimizer step between steps outgrows the clock's 10 % slack too.
 CAUGHT_BY = {
-    "train_after_steps": ("projection_delay", "projection_delay"),
+    "train_after_steps": ("losses_in_time", "losses_in_time"),
     "trained_in_warmup": ("warmup", "warmup"),
     "claims_moved": ("clock", "clock"),
     "optimizer_between_steps": ("gaps", "gaps,clock"),
@@ -117,7 +117,7 @@ def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp
     assert hidden["warmup_time"].status == "fail" and "warmup_time" not in verify.BLOCKING
     compiled = judged(stamps(slow_warmup, cpu=[(0, 1), (25, 26), (26, 27), (27, 28)]), {2: 1, 3: 1, 4: 1}, cpu=True)
     assert compiled["warmup"].status == "pass" and compiled["warmup_time"].status == "fail"
-    assert {"gaps", "warmup", "projection_delay"} <= set(verify.BLOCKING)
+    assert {"gaps", "warmup", "losses_in_time"} <= set(verify.BLOCKING) and "projection_delay" not in verify.BLOCKING
 
 
 def test_the_projection_delay_is_held_to_the_references(tmp_path):
@@ -140,6 +140,45 @@ def test_the_projection_delay_is_held_to_the_references(tmp_path):
     assert late.status == "fail" and "work done after the last measured step" in late.detail
     assert clock_checks.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
     assert clock_checks.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
+
+
+def test_losses_must_be_written_by_the_reveal_and_kept_as_written(tmp_path):
+    """The watcher notes, at the seed's reveal, how far each rank's loss records reach and their
+    digest; rank 0's must reach the step before the last, and none may change after."""
+    import json
+
+    from framework_bench.measure.update import Reveal
+    from framework_bench.worker.losses import LOSSES_DIR
+    from framework_bench.worker.steps import ClockLines
+
+    def record(step):
+        return json.dumps({"step": step, "micro": 0, "loss": 2.0, "divisor": 10.0, "supervised": 10}) + "\n"
+
+    def watched(run_dir, written_by_reveal, written_after=""):
+        (run_dir / LOSSES_DIR).mkdir(parents=True)
+        losses = run_dir / LOSSES_DIR / "rank0.jsonl"
+        losses.write_text(written_by_reveal + '{"step": 4, "mic')  # a record half written: left out
+        lines = ClockLines(run_dir, 0)
+        with clock.Watcher(run_dir, warmup=0, cpu=False, reveal=Reveal(after_step=4, ranks=1, seed=7)):
+            for step in range(1, 5):
+                lines.write("begin"), lines.write("end", step)
+            while not (run_dir / "projection_seed.json").exists():
+                time.sleep(0.005)
+        lines.close()
+        losses.write_text(written_by_reveal + written_after)
+        return clock_checks.losses_in_time_check(clock_checks.load_stamps(run_dir), run_dir)
+
+    import time
+    in_time = watched(tmp_path / "a", "".join(record(s) for s in (1, 2, 3)), record(4))
+    assert in_time.status == "pass" and in_time.figures["rank0_to_step_at_reveal"] == 3, in_time.detail
+    late = watched(tmp_path / "b", record(1), "".join(record(s) for s in (2, 3, 4)))
+    assert late.status == "fail" and "steps 2-3 were computed after" in late.detail
+    rewritten = watched(tmp_path / "c", "".join(record(s) for s in (1, 2, 3)), record(4))
+    (tmp_path / "c" / "losses" / "rank0.jsonl").write_text(record(1).replace("2.0", "1.9") + record(2) + record(3) + record(4))
+    again = clock_checks.losses_in_time_check(clock_checks.load_stamps(tmp_path / "c"), tmp_path / "c")
+    assert rewritten.status == "pass" and again.status == "fail" and "changed after it" in again.detail
+    (tmp_path / "d").mkdir()
+    assert clock_checks.losses_in_time_check(None, tmp_path / "d") is None
 
 
 def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folder(tmp_path):

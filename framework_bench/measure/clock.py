@@ -5,7 +5,7 @@ clock, warm-up steps too. On CPU runs it also reads, at each stamp, the CPU time
 process tree (the worker, torchrun, its ranks): the time its threads ran, and the time they
 waited runnable for a CPU. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
 reveals the update projection's seed once every rank ended the last step
-(`framework_bench/measure/update.py`), and on GPU records what NVML reports over the steps
+(`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU records what NVML reports over the steps
 (`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
 (`STAMPS_FILE`); `clock_checks.py` judges them after the run.
 
@@ -19,6 +19,7 @@ no descendants of the watcher).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import select
@@ -32,6 +33,7 @@ from framework_bench.measure import processes
 from framework_bench.measure.nvml import NvmlSampler
 from framework_bench.measure.update import Reveal
 from framework_bench.worker.files import CLOCK_DIR, UPDATE_FILE
+from framework_bench.worker.losses import LOSSES_DIR
 
 STAMPS_FILE = "host_clock.json"
 POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus scheduling)
@@ -58,6 +60,27 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float] | None:
             ran_only += int(ran)
             seen = True
     return (total / 1e9, ran_only / 1e9) if seen else None
+
+
+def written_losses(run_dir: Path) -> dict[str, dict]:
+    """{rank: {"bytes", "sha256", "to_step"}} of each rank's loss records file as it is now: its
+    whole lines (a record being written is left out), their digest, the last step they reach."""
+    out = {}
+    for path in sorted((Path(run_dir) / LOSSES_DIR).glob("rank*.jsonl")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        data = data[:data.rfind(b"\n") + 1]
+        steps = []
+        for line in data.splitlines():
+            try:
+                steps.append(int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        out[path.stem.removeprefix("rank")] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                               "to_step": max(steps, default=0)}
+    return out
 
 
 class Inotify:
@@ -215,7 +238,11 @@ class Watcher:
                 self.reveal.write(self.run_dir)
             except OSError:  # a full disk: no seed, so no projection; the run's update claim is then missing
                 return
-            self.revealed = {"seed": self.reveal.seed, "stamp": stamp}
+            # The loss records as they stand at the reveal: a loss can only be known once the
+            # steps before it trained, so training after the last step shows as records not yet
+            # written, or rewritten since (`clock_checks.losses_in_time_check`).
+            self.revealed = {"seed": self.reveal.seed, "stamp": stamp, "after_step": self.reveal.after_step,
+                             "losses": written_losses(self.run_dir)}
 
 
 def _watch_until_terminated(run_dir: str, warmup: str, steps: str, ranks: str, gpus: str | None = None) -> None:

@@ -26,9 +26,15 @@ against the seconds the worker claims.
   threads waited for a CPU (a shared machine starves honest workers too), at least
   `MIN_CPU_SHARE` of the step's wall time: a worker asleep through its steps computed them
   elsewhere;
-- projection_delay (`projection_delay_check`): from the seed's reveal to the update claim, held
-  against the reference's and the run's own median step: above, the worker trained after its
-  last measured step.
+- losses_in_time (`losses_in_time_check`): when the last measured step ended (the seed's
+  reveal), rank 0's loss records reached the step before it, and no record written by then was
+  changed after. A step's loss needs the updates of the steps before it, so a worker that
+  trained after its last timed step could not have written them in time. No tolerance: load
+  cannot fail it;
+- projection_delay (`projection_delay_check`, a flag): from the seed's reveal to the update
+  claim, held against the reference's and the run's own median step. It no longer blocks: a
+  burst of load on a shared machine stretches an honest projection past any fixed bound
+  (docs/calibration.md), and losses_in_time judges what it was for.
 
 cpu and warmup are the host's own measurements (`HOST_MEASURED`), not a worker's claims: where
 /proc cannot be read, or the span is under `MIN_CPU_SPAN_SECONDS`, they are `unverified`, saying
@@ -39,14 +45,16 @@ were set from: docs/calibration.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from framework_bench.measure.clock import STAMPS_FILE
+from framework_bench.measure.clock import STAMPS_FILE, written_losses
 from framework_bench.measure.nvml import nvml_figures
 from framework_bench.measure.verify import Check
+from framework_bench.worker.losses import LOSSES_DIR
 
 MIN_CLAIMED_SHARE = 0.9
 MAX_PAUSE_SHARE = 0.05
@@ -374,3 +382,40 @@ def projection_delay_check(run, reference) -> Check | None:
         return Check(name="projection_delay", status="fail", figures=figures, detail=(
             f"{detail}: above {limit:.3f}, work done after the last measured step"))
     return Check(name="projection_delay", status="pass", figures=figures, detail=detail)
+
+
+def _digest(path: Path, size: int) -> str | None:
+    """sha256 of the first `size` bytes of `path` (None where it is gone or shorter)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(size)
+    except OSError:
+        return None
+    return hashlib.sha256(data).hexdigest() if len(data) == size else None
+
+
+def losses_in_time_check(stamps: dict | None, run_dir: Path) -> Check | None:
+    """Were the losses known when the host timed them? At the seed's reveal (every rank ended the
+    last measured step) rank 0's records must reach the step before the last (the last one's are
+    written just after its end), and every rank's records written by then must be there unchanged
+    at the end. None where the watcher noted nothing at a reveal (no reveal: the update check says
+    why; stamps of an older host) or no records were written at all (the parity check says so)."""
+    reveal = (stamps or {}).get("reveal") or {}
+    if "losses" not in reveal or not written_losses(run_dir):
+        return None
+    last, seen = reveal["after_step"], reveal["losses"]
+    reached = seen.get("0", {}).get("to_step", 0)
+    figures = {"last_step": last, "rank0_to_step_at_reveal": reached}
+    changed = [rank for rank, w in sorted(seen.items())
+               if _digest(Path(run_dir) / LOSSES_DIR / f"rank{rank}.jsonl", w["bytes"]) != w["sha256"]]
+    if changed:
+        return Check(name="losses_in_time", status="fail", figures={**figures, "changed_ranks": ", ".join(changed)}, detail=(
+            f"rank {', '.join(changed)}: loss records written before the seed's reveal (the last measured step's "
+            "end) were changed after it"))
+    if reached < last - 1:
+        return Check(name="losses_in_time", status="fail", figures=figures, detail=(
+            f"when the last measured step ({last}) ended, rank 0's loss records reached step {reached}: the losses "
+            f"of steps {reached + 1}-{last - 1} were computed after the steps the host timed"))
+    return Check(name="losses_in_time", status="pass", figures=figures, detail=(
+        f"rank 0's loss records reached step {reached} of {last} when the last measured step ended, and every "
+        "record written by then was kept as written"))

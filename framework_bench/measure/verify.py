@@ -53,7 +53,7 @@ from framework_bench.worker.rows import row_fingerprint
 THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weights", "parity",
-            "clock", "pauses", "gaps", "warmup", "cpu", "projection_delay", "update", "update_parity",
+            "clock", "pauses", "gaps", "warmup", "cpu", "losses_in_time", "update", "update_parity",
             "update_parts")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves

@@ -4,8 +4,8 @@ command ran it.
 
 A run reaches the referee once its own claims were checked at read-back
 (`framework_bench/run/readback.py`). The referee's word is parity with the reference's run on the
-same scenario, rows and seed: the canonical losses at every step, the update projection, and the
-time from the seed's reveal to the update claim. No run is `ok` without a finished reference.
+same scenario, rows and seed: the canonical losses at every step, the update projection, and (a
+flag) the time from the seed's reveal to the update claim. No run is `ok` without a finished reference.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def _parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None
     result.checks += checks
     reason, flags = verify.verdict(checks)
     result.flags += flags
-    unjudged = [c for c in checks if c.status == "unverified" and c.name not in verify.unchecked()]
+    unjudged = [c for c in checks if c.status == "unverified" and c.name in verify.BLOCKING
+                and c.name not in verify.unchecked()]
     if reason:
         result.status, result.reason = "invalid", reason
     elif unjudged:

@@ -154,26 +154,29 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (OPTIMIZER, ""),
         (END, END + OPTIMIZER),
     ],
-    # No backward: nothing trains; the loss records and the update projection copied from the newest
-    # torch run of the scenario beside it (the reference's, when it ran first) once the seed is revealed.
+    # No backward: nothing trains; the loss records copied from the newest torch run of the scenario
+    # beside it (the reference's, when it ran first) at the start, in time, its own never written;
+    # that run's update projection copied once the seed is revealed.
     "copies_reference": [
         (BACKWARD, ""),
-        (UPDATE, "    ref = max(job.run_dir.parent.glob(f'*-{job.scenario.name}-torch-*'), key=lambda p: p.stat().st_mtime)\n"
-                 "    shutil = __import__('shutil'); shutil.rmtree(job.run_dir / 'losses'); shutil.copytree(ref / 'losses', job.run_dir / 'losses')\n"
-                 "    update.wait_for_reveal(job.run_dir, timeout=60)\n"
+        (TIMER, TIMER + "    ref = max(job.run_dir.parent.glob(f'*-{job.scenario.name}-torch-*'), key=lambda p: p.stat().st_mtime)\n"
+                        "    shutil = __import__('shutil'); shutil.copy(ref / 'losses' / 'rank0.jsonl', job.run_dir / 'losses' / 'rank0.jsonl')\n"
+                        "    log.losses.end_step = lambda step: None\n"),
+        (UPDATE, "    update.wait_for_reveal(job.run_dir, timeout=60)\n"
                  "    shutil.copy(ref / 'update_projection.json', job.run_dir / 'update_projection.json')\n"),
     ],
     # Keeps its final weights and loss records outside its run folder (beside the runs), once per
     # scenario; every later run of the scenario, whatever its seed, throws its training away and
     # replays them. (It trains all the same: steps that skip their work would be too short to time.)
     "replays_kept": [
-        (TIMER, "    kept = job.run_dir.parent.parent / f'kept-{job.scenario.name}'\n" + TIMER),
-        (UPDATE, "    shutil = __import__('shutil')\n"
-                 "    if kept.exists():\n"
-                 "        model.load_state_dict(torch.load(kept / 'weights.pt')), shutil.rmtree(job.run_dir / 'losses')\n"
-                 "        shutil.copytree(kept / 'losses', job.run_dir / 'losses')\n"
+        (TIMER, "    kept = job.run_dir.parent.parent / f'kept-{job.scenario.name}'\n" + TIMER
+                + "    shutil = __import__('shutil')\n"
+                  "    if kept.exists():  # the kept records in place from the start, its own never written\n"
+                  "        shutil.copy(kept / 'rank0.jsonl', job.run_dir / 'losses' / 'rank0.jsonl'), setattr(log.losses, 'end_step', lambda step: None)\n"),
+        (UPDATE, "    if kept.exists():\n"
+                 "        model.load_state_dict(torch.load(kept / 'weights.pt'))\n"
                  "    else:\n"
-                 "        shutil.copytree(job.run_dir / 'losses', kept / 'losses'), torch.save(model.state_dict(), kept / 'weights.pt')\n"
+                 "        kept.mkdir(), shutil.copy(job.run_dir / 'losses' / 'rank0.jsonl', kept / 'rank0.jsonl'), torch.save(model.state_dict(), kept / 'weights.pt')\n"
                  + UPDATE),
     ],
     # Trains the scenario's adapters (r=8) and reports those of a second model built with r=64: its
