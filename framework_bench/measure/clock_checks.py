@@ -398,8 +398,11 @@ def losses_in_time_check(stamps: dict | None, run_dir: Path) -> Check | None:
     """Were the losses known when the host timed them? At the seed's reveal (every rank ended the
     last measured step) rank 0's records must reach the step before the last (the last one's are
     written just after its end), and every rank's records written by then must be there unchanged
-    at the end. None where the watcher noted nothing at a reveal (no reveal: the update check says
-    why; stamps of an older host) or no records were written at all (the parity check says so)."""
+    at the end. The reach is judged on rank 0 alone: under SLURM the watcher reads other nodes'
+    files through the shared filesystem's cache, which may show them late; a rank's records are
+    the same collective training, and every rank's are digested. None where the watcher noted
+    nothing at a reveal (no reveal: the update check says why; stamps of an older host) or no
+    records were written at all (the parity check says so)."""
     reveal = (stamps or {}).get("reveal") or {}
     if "losses" not in reveal or not written_losses(run_dir):
         return None
