@@ -5,8 +5,8 @@ clock, warm-up steps too. On CPU runs it also reads, at each stamp, the CPU time
 process tree (the worker, torchrun, its ranks): the time its threads ran, and the time they
 waited runnable for a CPU. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
 reveals the update projection's seed once every rank ended the last step
-(`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU records what NVML reports over the steps
-(`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
+(`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU
+records what NVML reports over the steps (`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
 (`STAMPS_FILE`); `clock_checks.py` judges them after the run.
 
 Under SLURM the batch script runs the watcher on the job's first node, beside the workers

@@ -51,7 +51,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from framework_bench.measure.clock import STAMPS_FILE, written_losses
+from framework_bench.measure.clock import STAMPS_FILE
 from framework_bench.measure.nvml import nvml_figures
 from framework_bench.measure.verify import Check
 from framework_bench.worker.losses import LOSSES_DIR
@@ -404,7 +404,7 @@ def losses_in_time_check(stamps: dict | None, run_dir: Path) -> Check | None:
     nothing at a reveal (no reveal: the update check says why; stamps of an older host) or no
     records were written at all (the parity check says so)."""
     reveal = (stamps or {}).get("reveal") or {}
-    if "losses" not in reveal or not written_losses(run_dir):
+    if "losses" not in reveal or not any((Path(run_dir) / LOSSES_DIR).glob("rank*.jsonl")):
         return None
     last, seen = reveal["after_step"], reveal["losses"]
     reached = seen.get("0", {}).get("to_step", 0)

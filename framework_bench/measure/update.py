@@ -48,8 +48,9 @@ PARITY_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-1}
 def projection_seed(scenario: str, seed: int, round_: int = 0) -> int:
     """This host process's projection seed for `scenario` at the compare's `seed` in its round
     `round_` (31 bits): the runs of one round share it (each is judged against that round's
-    reference, whose folder no other run of the round can read: `run/sealing.py`), and no round's can be read from another's, a reference's
-    projection from an earlier round included (`new_round`)."""
+    reference, whose folder no other run of the round can read: `run/sealing.py`), and no
+    round's can be read from another's, a reference's projection from an earlier round included
+    (`new_round`)."""
     digest = hashlib.blake2b(f"{scenario}/{seed}/{round_}".encode(), key=_PROCESS_SECRET, digest_size=4).digest()
     return int.from_bytes(digest, "big") >> 1
 

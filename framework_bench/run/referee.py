@@ -5,7 +5,8 @@ command ran it.
 A run reaches the referee once its own claims were checked at read-back
 (`framework_bench/run/readback.py`). The referee's word is parity with the reference's run on the
 same scenario, rows and seed: the canonical losses at every step, the update projection, and (a
-flag) the time from the seed's reveal to the update claim. No run is `ok` without a finished reference.
+flag) the time from the seed's reveal to the update claim. No run is `ok` without a finished
+reference.
 """
 
 from __future__ import annotations
