@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import typing
 
 import pytest
 import typer
@@ -53,6 +54,27 @@ def test_every_help_says_its_values_in_words_with_an_example():
         typed = re.search(r"<[a-z][\w\[\], |]*>|x>=|<=x|x<=", result.output)
         assert typed is None, (path, typed)
         assert f"Example: {' '.join(('fbench', *path))}" in flat(result.output), (path, result.output)
+
+
+def _typer_commands(app_, path=()):
+    for command in app_.registered_commands:
+        yield (*path, command.name or command.callback.__name__), command.callback
+    for group in app_.registered_groups:
+        yield from _typer_commands(group.typer_instance, (*path, group.name))
+
+
+def test_every_option_declares_its_names():
+    """Typer 0.27 (the one-GPU machine's 0.27.2) names an option without declared names after its
+    metavar where the metavar is the parameter upper-cased (`--FLAVOUR`), so `--flavour` fails."""
+    undeclared = []
+    for path, callback in _typer_commands(app):
+        for name, hint in typing.get_type_hints(callback, include_extras=True).items():
+            for info in getattr(hint, "__metadata__", ()):
+                declared = info.param_decls or (isinstance(info.default, str) and info.default.startswith("-"))
+                if isinstance(info, typer.models.OptionInfo) and not declared:
+                    undeclared.append((*path, name))
+    assert ("env", "create") in [p for p, _ in _typer_commands(app)]
+    assert undeclared == []
 
 
 @pytest.mark.parametrize("args, said", [

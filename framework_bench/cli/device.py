@@ -25,8 +25,8 @@ def _fail(message: str) -> None:
 def bundle(
     dest: Annotated[Path, typer.Argument(
         metavar="FOLDER", help="folder for the bundle (wheels/, requirements-*.txt, data/, manifest.json)")],
-    python: Annotated[str, typer.Option(metavar="VERSION", help="the target machine's Python, MAJOR.MINOR")] = "3.12",
-    max_mib: Annotated[float, typer.Option(metavar="MIB", help="refuse a bundle larger than this")] = 45.0,
+    python: Annotated[str, typer.Option("--python", metavar="VERSION", help="the target machine's Python, MAJOR.MINOR")] = "3.12",
+    max_mib: Annotated[float, typer.Option("--max-mib", metavar="MIB", help="refuse a bundle larger than this")] = 45.0,
 ) -> None:
     """Fetch (or build) the wheels the offline machine lacks for its Python; one copy each, tag-checked.
 
@@ -42,12 +42,12 @@ def bundle(
 
 @device_app.command("check")
 def check(
-    out: Annotated[Path, typer.Option(
+    out: Annotated[Path, typer.Option("--out",
         metavar="FOLDER", help="results.sqlite, runs.json, report.html, logs.txt, table.txt")],
-    budget: Annotated[float, typer.Option(
+    budget: Annotated[float, typer.Option("--budget",
         metavar="SECONDS", help="seconds for all runs; a run that could not finish within what is left is not "
                                 "started")] = 420.0,
-    device: Annotated[str, typer.Option(
+    device: Annotated[str, typer.Option("--device",
         metavar="DEVICE", help="cuda (the GPU check) or cpu (its rehearsal: tiny_cpu)")] = "cuda",
 ) -> None:
     """The one-GPU check: tiny first, then the 7B runs, bounded by the budget; --out rewritten after each run.
@@ -70,7 +70,7 @@ def check(
 
 @device_app.command("estimate")
 def estimate(
-    budget: Annotated[float, typer.Option(metavar="SECONDS", help="seconds for all runs")] = 420.0,
+    budget: Annotated[float, typer.Option("--budget", metavar="SECONDS", help="seconds for all runs")] = 420.0,
     gpu: Annotated[str, typer.Option(
         "--gpu", metavar="NAME", help=f"the GPU to estimate on ({', '.join(gpus.MODELS)}; any case), "
                                       "e.g. --gpu A100-80G")] = "H200",

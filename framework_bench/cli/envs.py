@@ -37,7 +37,7 @@ def backends() -> None:
 @env_app.command("create")
 def env_create(
     names: Annotated[Optional[list[str]], typer.Argument(metavar="BACKEND", help="backends (default: all)")] = None,
-    flavour: Annotated[Optional[str], typer.Option(
+    flavour: Annotated[Optional[str], typer.Option("--flavour",
         metavar="FLAVOUR", help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
     find_links: Annotated[Optional[list[str]], typer.Option(
         "--find-links", metavar="FOLDER", help="a wheelhouse folder (repeatable)")] = None,

@@ -13,7 +13,7 @@ from framework_bench.cli.results import reading_store, say_damaged
 def plot(
     published: Annotated[bool, common.Flag(
         "--published", help="the published XTuner table alone (no runs needed)")] = False,
-    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="only these scenarios (name or glob)")] = None,
+    scenario: Annotated[Optional[str], typer.Option("--scenario", metavar="GLOB", help="only these scenarios (name or glob)")] = None,
     db: common.DbOption = None,
     out: common.OutOption = None,
     settings: common.SettingsOption = "matched",
@@ -42,7 +42,7 @@ def plot(
 
 
 def report(
-    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="only these scenarios (name or glob)")] = None,
+    scenario: Annotated[Optional[str], typer.Option("--scenario", metavar="GLOB", help="only these scenarios (name or glob)")] = None,
     db: common.DbOption = None,
     out: common.OutOption = None,
     settings: common.SettingsOption = "matched",
@@ -69,7 +69,7 @@ def diff(
         help="the earlier compare's id, or a start of it only it has (default: the second newest)")] = None,
     after: Annotated[Optional[str], typer.Argument(
         metavar="AFTER", help="the later compare's id (default: the newest)")] = None,
-    scenario: Annotated[Optional[str], typer.Option(
+    scenario: Annotated[Optional[str], typer.Option("--scenario",
         metavar="GLOB",
         help="only these scenarios (name or glob): by default the newest two compares that ran one")] = None,
     db: common.DbOption = None,

@@ -41,8 +41,8 @@ def say_damaged(store) -> None:
 
 @results_app.command("list")
 def results_list(
-    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="scenario name or glob")] = None,
-    backend: Annotated[Optional[str], typer.Option(metavar="NAME", help="backend name")] = None,
+    scenario: Annotated[Optional[str], typer.Option("--scenario", metavar="GLOB", help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="backend name")] = None,
     db: common.DbOption = None,
     limit: Annotated[int, typer.Option(
         "--limit", metavar="N", callback=common.within(1), help="show the latest N runs, 1 or more")] = 50,
@@ -108,8 +108,8 @@ def results_show(
 @results_app.command("export")
 def results_export(
     format: Annotated[str, typer.Option("--format", metavar="FORMAT", help="csv or json")] = "csv",
-    scenario: Annotated[Optional[str], typer.Option(metavar="GLOB", help="scenario name or glob")] = None,
-    backend: Annotated[Optional[str], typer.Option(metavar="NAME", help="backend name")] = None,
+    scenario: Annotated[Optional[str], typer.Option("--scenario", metavar="GLOB", help="scenario name or glob")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="backend name")] = None,
     db: common.DbOption = None,
 ) -> None:
     """Print every stored run as CSV or JSON.

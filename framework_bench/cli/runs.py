@@ -15,8 +15,8 @@ from framework_bench.cli import common, render
 
 def check_backend(
     name: Annotated[str, typer.Argument(metavar="BACKEND", help="backend name (see `fbench backends`)")],
-    scenario: Annotated[str, typer.Option(metavar="NAME", help="scenario to run it on")] = "tiny_cpu",
-    timeout: Annotated[Optional[float], typer.Option(
+    scenario: Annotated[str, typer.Option("--scenario", metavar="NAME", help="scenario to run it on")] = "tiny_cpu",
+    timeout: Annotated[Optional[float], typer.Option("--timeout",
         metavar="SECONDS", help="seconds before the run is stopped")] = 900,
     settings: common.SettingsOption = "matched",
 ) -> None:
@@ -45,11 +45,11 @@ def check_backend(
 
 
 def run(
-    backend: Annotated[str, typer.Option(metavar="NAME", help="backend name (see `fbench backends`)")],
-    scenario: Annotated[str, typer.Option(metavar="NAME", help="scenario name or file")],
-    timeout: Annotated[Optional[float], typer.Option(
+    backend: Annotated[str, typer.Option("--backend", metavar="NAME", help="backend name (see `fbench backends`)")],
+    scenario: Annotated[str, typer.Option("--scenario", metavar="NAME", help="scenario name or file")],
+    timeout: Annotated[Optional[float], typer.Option("--timeout",
         metavar="SECONDS", help="seconds before the run is stopped")] = None,
-    launcher: Annotated[Optional[str], typer.Option(
+    launcher: Annotated[Optional[str], typer.Option("--launcher",
         metavar="NAME", help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, common.Flag("--dry-run", help="print the plan; run nothing")] = False,
     force: Annotated[bool, common.Flag("--force", help="run even if the memory estimate says it won't fit")] = False,
@@ -138,15 +138,15 @@ def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, 
 
 
 def compare(
-    scenario: Annotated[list[str], typer.Option(
+    scenario: Annotated[list[str], typer.Option("--scenario",
         metavar="NAME", help="scenario name, glob (e.g. 'tiny_cpu*') or file; repeatable")],
     backends_: Annotated[Optional[str], typer.Option(
         "--backends", metavar="NAMES", help="comma-separated (default: every installed)")] = None,
-    timeout: Annotated[Optional[float], typer.Option(
+    timeout: Annotated[Optional[float], typer.Option("--timeout",
         metavar="SECONDS", help="seconds per run before it is stopped")] = None,
     db: common.DbOption = None,
     out: common.OutOption = None,
-    launcher: Annotated[Optional[str], typer.Option(
+    launcher: Annotated[Optional[str], typer.Option("--launcher",
         metavar="NAME", help="local, torchrun or slurm (default: by process count)")] = None,
     dry_run: Annotated[bool, common.Flag("--dry-run", help="print each backend's plan; run nothing")] = False,
     force: Annotated[bool, common.Flag("--force", help="run even if the memory estimate says it won't fit")] = False,
