@@ -65,7 +65,7 @@ def scenario_summary(s, gpu: str | None = None) -> dict:
 
 def show(
     name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="scenario name or file (or --scenario)")] = None,
-    scenario: Annotated[Optional[str], typer.Option("--scenario",
+    scenario: Annotated[Optional[str], typer.Option(
         "--scenario", metavar="NAME",
         help="scenario name or file, as compare takes it, e.g. --scenario llama2_7b_32k_1gpu")] = None,
     as_json: Annotated[bool, common.Flag("--json", help="one JSON object")] = False,
