@@ -41,7 +41,7 @@ SCENARIO = "tiny_cpu"
 TWO_PROCESSES = ("multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2")  # the first the backend accepts
 LORA = "tiny_cpu_lora"
 # The referee's checks, named per variant in the points.
-JUDGED = ("parity", "update_parity", "projection_delay")
+JUDGED = ("parity", "update_parity", "projection_delay", "fp32_twin")
 
 
 class Conformance(BaseModel):
@@ -97,10 +97,17 @@ def _judge(backend: str, s: scenarios_.Scenario, own: RunResult, options: RunOpt
 
     def run_reference(trained: scenarios_.Scenario, scheme: str | None) -> RunResult:
         return pipeline.run_one(ref_name, trained, options.model_copy(update={"loss_scheme": scheme}))
+    twins: dict[tuple, RunResult] = {}
+
+    def run_twin(name: str, trained: scenarios_.Scenario, scheme: str | None) -> RunResult:
+        key = (name, trained.model_dump_json(), scheme)
+        if key not in twins:
+            twins[key] = pipeline.run_one(name, trained, options.model_copy(update={"loss_scheme": scheme}))
+        return twins[key]
     if reference is not own:
         reference = judging_reference(own, reference, ref_scn, run_reference, {})
     before = len(own.checks)
-    referee.judge(own, reference, s, absent=f"no reference backend is installed to judge {backend}")
+    referee.judge(own, reference, s, absent=f"no reference backend is installed to judge {backend}", run_twin=run_twin)
     pipeline.write_result(own)
     label = label or s.name
     points = [c.model_copy(update={"name": f"{c.name} ({label})"}) for c in own.checks[before:]

@@ -178,7 +178,7 @@ def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_refe
         return RunResult(backend=name, scenario=s.name, status="ok", tgs=1.0, run_dir=run_dir)
 
     monkeypatch.setattr(compare.pipeline, "run_one", run_one)
-    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why: judged.append(
+    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why, run_twin: judged.append(
         (r.backend, r.trial_round, ref and (ref.backend, ref.trial_round))))
     results = compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
                               on_result=lambda r, s: handed.append(r.backend))
@@ -215,7 +215,7 @@ def test_an_interrupt_after_a_rotated_reference_puts_its_folder_back_and_judges_
                          status="interrupted" if len(started) == 6 else "ok")
 
     monkeypatch.setattr(compare.pipeline, "run_one", run_one)
-    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why: judged.append((r.backend, ref and ref.backend)))
+    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why, run_twin: judged.append((r.backend, ref and ref.backend)))
     with pytest.raises(compare.Interrupted):
         compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
                         on_result=lambda r, s: handed.append((r.backend, r.status)))
@@ -247,7 +247,7 @@ def _synthetic_trials(monkeypatch, tgs):
     monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
     monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
         backend=name, scenario=s.name, status="ok" if tgs(name) else "failed", tgs=tgs(name)))
-    monkeypatch.setattr(compare.referee, "judge", lambda result, reference, s, absent: result)
+    monkeypatch.setattr(compare.referee, "judge", lambda result, reference, s, absent, run_twin: result)
 
 
 def _auto(precision, warmup_rounds=0):
@@ -403,8 +403,10 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
         None, Verdict(backend=backend, **refusal)))
     cost = dry_run.trial_cost(s, [plan("x")], machine, 5, None, reference="torch")
     assert cost.summary().startswith("5 trials + 0 warm-up of 2 backend(s) (x, torch (the reference)): 10 runs, ~")
-    assert cost.summary().endswith("; up to 5 more of torch, one a round for each run whose loss normalisation or "
-                                   "native adapters differ from its own (it judges that run, and is not stored)")
+    assert ("; up to 5 more of torch, one a round for each run whose loss normalisation or native adapters differ "
+            "from its own (it judges that run, and is not stored)") in cost.summary()
+    assert cost.summary().endswith("; and each round an fp32 twin of each judged run and of torch, 5 steps each (the "
+                                   "training step judged at fp32's tolerances; not stored; not under SLURM)")
     refusal["check"] = "torch: no such GPU"  # a reference that refuses the scenario is stored at once, for nothing
     assert dry_run.trial_cost(s, [plan("x")], machine, 5, None, reference="torch").backends == ["x"]
 

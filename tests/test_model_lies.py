@@ -16,7 +16,7 @@ from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
 from framework_bench.data.packing import pack
-from framework_bench.run import design, pipeline, referee
+from framework_bench.run import compare, design, pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
 from framework_bench.measure.verify import BLOCKING, UNCHECKED_ENV
@@ -271,6 +271,49 @@ def test_frozen_embeddings_in_bf16_fail_the_parts_of_the_update(world):
     try:
         off = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
                                             launch.Outcome("ok", 0, r.wall_seconds, "")), reference, bf16)
+    finally:
+        mp.delenv(UNCHECKED_ENV)
+    assert off.status == "ok", off.reason
+
+
+# Misconfigurations a bf16 run's tolerances hide (each moves the losses and the update less than
+# bf16's bounds): judged in the run's fp32 twin.
+BF16_MISCONFIGURED = ("adamw_otherwise", "no_clipping", "dropout", "per_document_mask")
+
+
+@pytest.fixture(scope="module")
+def bf16_compare(world):
+    """One compare of the misconfigured copies and the honest one on a bf16 tiny_cpu (1k tokens a
+    row, as the frozen-embeddings test), torch the reference: (scenario, {backend: result})."""
+    scn, _, root, _, _ = world
+    bf16 = scn.model_copy(update={"name": "tiny_cpu_bf16", "precision": "bf16", "context_length": 1024})
+    results = compare.compare([bf16], [f"lying_{lie}" for lie in (*BF16_MISCONFIGURED, "honest")],
+                              RunOptions(root=root / "bf16-twins"))
+    return bf16, {r.backend: r for r in results}
+
+
+def test_the_honest_copy_passes_its_fp32_twin(bf16_compare):
+    _, results = bf16_compare
+    honest = results["lying_honest"]
+    assert honest.status == "ok", honest.reason
+    twin_check = {c.name: c for c in honest.checks}["fp32_twin"]
+    assert twin_check.status == "pass" and "parity pass" in twin_check.detail, twin_check.detail
+    assert any("fp32 twin (ok" in n for n in honest.notes), honest.notes
+    assert "fp32_twin" not in {c.name for c in results["torch"].checks}  # the reference judges, it is not judged
+
+
+@pytest.mark.parametrize("lie", BF16_MISCONFIGURED)
+def test_a_misconfigured_bf16_step_is_invalid_in_its_fp32_twin_and_passes_without_it(world, bf16_compare, lie):
+    bf16, results = bf16_compare
+    r = results[f"lying_{lie}"]
+    checks = {c.name: c for c in r.checks}
+    assert r.status == "invalid" and "fp32_twin check failed: in fp32" in r.reason, r.reason
+    assert checks["parity"].status == checks["update_parity"].status == "pass"  # bf16's bounds hide it
+    mp = world[4]
+    mp.setenv(UNCHECKED_ENV, "fp32_twin")
+    try:
+        off = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
+                                            launch.Outcome("ok", 0, r.wall_seconds, "")), results["torch"], bf16)
     finally:
         mp.delenv(UNCHECKED_ENV)
     assert off.status == "ok", off.reason

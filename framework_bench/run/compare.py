@@ -19,7 +19,7 @@ from framework_bench.measure import statistics, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.statistics import Trial
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import design, pipeline, readback, referee, sealing
+from framework_bench.run import design, pipeline, readback, referee, sealing, twin
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import judging_reference, reference_backend, absent_reason
 from framework_bench.spec import scenario as scenarios_
@@ -123,17 +123,29 @@ def compare(
     held: list[tuple[RunResult, Scenario]] = []  # the round's reference run, once it ended
     sealed: list[sealing.Sealed] = []  # its folder, while runs after it in the round still run
     judging: dict[tuple, RunResult] = {}  # the round's reference runs trained as a run says it trained
+    twins: dict[tuple, RunResult] = {}  # the round's fp32 twins (framework_bench/run/twin.py)
+
+    def judging_run(backend: str, trained: Scenario, scheme: str | None, round_options: RunOptions,
+                    interrupted: bool, made: dict[tuple, RunResult]) -> RunResult:
+        """A run that judges only (not stored, not a trial), made once per round."""
+        key = (backend, trained.model_dump_json(), scheme)
+        if key not in made:
+            if interrupted:  # nothing new starts after a Ctrl-C
+                return RunResult(backend=backend, scenario=trained.name, status="interrupted",
+                                 reason="the compare was interrupted before it ran")
+            made[key] = pipeline.run_one(backend, trained, round_options.model_copy(
+                update={"loss_scheme": scheme, "db": None}))
+        return made[key]
 
     def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, round_options: RunOptions,
                 why: str = absent, interrupted: bool = False) -> None:
         if result.backend != reference_name:
             def run_reference(trained: Scenario, scheme: str | None) -> RunResult:
-                if interrupted:  # nothing new starts after a Ctrl-C
-                    return RunResult(backend=reference.backend, scenario=s.name, status="interrupted",
-                                     reason="the compare was interrupted before it ran")
-                return pipeline.run_one(reference.backend, trained, round_options.model_copy(
-                    update={"loss_scheme": scheme, "db": None}))
-            referee.judge(result, judging_reference(result, reference, s, run_reference, judging), s, why)
+                return judging_run(reference.backend, trained, scheme, round_options, interrupted, {})
+
+            def run_twin(backend: str, trained: Scenario, scheme: str | None) -> RunResult:
+                return judging_run(backend, trained, scheme, round_options, interrupted, twins)
+            referee.judge(result, judging_reference(result, reference, s, run_reference, judging), s, why, run_twin)
         if kept := pipeline.keep(store, result, s):
             on_kept(kept)
         on_result(result, s)
@@ -146,8 +158,14 @@ def compare(
         reference = held[0][0] if held else None
         while held:
             hand_on(*held.pop(), None, round_options)
+        if reference is not None and reference.status in ("ok", "unverified") and not interrupted:
+            # every backend's fp32 twin before the reference's: no twin runs beside a reference twin's files
+            for result, s in pending:
+                if (twin_scenario := twin.twin_of(s)) and result.status in ("ok", "unverified"):
+                    judging_run(result.backend, twin_scenario, None, round_options, interrupted, twins)
         while pending:
             hand_on(*pending.pop(0), reference, round_options, why, interrupted)
+        twins.clear()
 
     try:
         for s in scenarios:

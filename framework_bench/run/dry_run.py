@@ -14,7 +14,7 @@ from framework_bench.data.packing import PackedData, packed_dir
 from framework_bench.measure import memory
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import design, pipeline, verdicts
+from framework_bench.run import design, pipeline, twin, verdicts
 from framework_bench.run.launchers.slurm_time import TimeEstimate, duration, estimate_time
 from framework_bench.run.options import RunOptions
 from framework_bench.spec.scenario import Scenario
@@ -105,6 +105,7 @@ class TrialCost(BaseModel):
                                               "chosen or not, to judge the others")
     training_s: float = Field(description="one run's expected training: its steps at the estimated step time")
     source: str = Field(description="where the step time comes from")
+    twin_steps: int = Field(0, description="the steps of each fp32 twin a round runs (0: none, an fp32 scenario)")
 
     def summary(self) -> str:
         fewest, most = self.trials
@@ -120,7 +121,10 @@ class TrialCost(BaseModel):
                 f"~{hours} of training ({runs} x {duration(self.training_s)}: steps x the step time of the "
                 f"{self.source}) plus each run's start-up"
                 + (f"; up to {more} more of {self.reference}, one a round for each run whose loss normalisation or "
-                   "native adapters differ from its own (it judges that run, and is not stored)" if judged else ""))
+                   "native adapters differ from its own (it judges that run, and is not stored)" if judged else "")
+                + (f"; and each round an fp32 twin of each judged run and of {self.reference}, {self.twin_steps} steps "
+                   "each (the training step judged at fp32's tolerances; not stored; not under SLURM)"
+                   if judged and self.twin_steps else ""))
 
 
 def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repeat: int | Literal["auto"],
@@ -143,4 +147,5 @@ def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repe
     estimate = estimate_time(scenario, gpu or verdicts.target_machine(scenario, machine).gpu_name)
     return TrialCost(scenario=scenario.name, trials=(first, last), warmup=warm, backends=running,
                      reference=reference if reference in running else None,
-                     training_s=estimate.steps * estimate.step_seconds, source=estimate.source)
+                     training_s=estimate.steps * estimate.step_seconds, source=estimate.source,
+                     twin_steps=twin_scenario.steps.total if (twin_scenario := twin.twin_of(scenario)) else 0)

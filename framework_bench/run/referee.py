@@ -16,7 +16,10 @@ import math
 from framework_bench.measure import losses, update, verify
 from framework_bench.measure.clock_checks import projection_delay_check
 from framework_bench.measure.metrics import RunResult
+from framework_bench.measure.verify import Check
+from framework_bench.run import twin
 from framework_bench.run.hooks import tail_of
+from framework_bench.run.reference import judging_reference
 from framework_bench.spec.scenario import Scenario
 
 # A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
@@ -25,9 +28,11 @@ REASON_CHARS = 4000
 
 
 def judge(result: RunResult, reference: RunResult | None, scenario: Scenario,
-          absent: str = "none was run") -> RunResult:
+          absent: str = "none was run", run_twin: twin.RunTwin | None = None) -> RunResult:
     """The last word on a run whose own checks passed (`ok`, or `unverified` for want of some
-    claim): its parity with `reference`, which can only make it `invalid` or `unverified`.
+    claim): its parity with `reference`, which can only make it `invalid` or `unverified`; in a
+    bf16 scenario, its training step in its fp32 twin too (`twin.py`: `run_twin` runs the twins
+    and the reference's judging runs of them; None where the launcher runs no twin).
     Without a reference fit to judge (`absent` says why there was none) it is `unverified`,
     never `ok`. Any other status passes through, its reason shortened."""
     if result.status in ("ok", "unverified"):
@@ -36,7 +41,7 @@ def judge(result: RunResult, reference: RunResult | None, scenario: Scenario,
                 result.status = "unverified"
                 result.reason = "; ".join(p for p in (result.reason, missing) if p)
             else:
-                _parity(result, reference, scenario)
+                _parity(result, reference, scenario, _twin_check(result, reference, scenario, run_twin))
         except Exception as e:  # noqa: BLE001 - a bug in the checks must not lose the run
             result.status = "failed"
             result.reason = f"fbench could not judge the run: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
@@ -57,13 +62,32 @@ def _unfit(reference: RunResult | None, absent: str) -> str | None:
     return None
 
 
-def _parity(result: RunResult, reference: RunResult, scenario: Scenario) -> None:
-    """Losses, update projection and projection delay against the reference: a failed check makes
-    the run `invalid`; one that could not be judged leaves it `unverified`, saying why."""
+def _twin_check(result: RunResult, reference: RunResult, scenario: Scenario,
+                run_twin: twin.RunTwin | None) -> Check | None:
+    """The `fp32_twin` check of a bf16 run: its twin judged against the reference's twin (trained as
+    the twin says it trained, as `judging_reference` does for any run); None in fp32."""
+    twin_scenario = twin.twin_of(scenario)
+    if twin_scenario is None:
+        return None
+    if run_twin is None:
+        return twin.check(result, None)
+    own = run_twin(result.backend, twin_scenario, None)
+    if own.status not in ("ok", "unverified"):
+        return twin.check(result, own)
+    reference_twin = judging_reference(own, run_twin(reference.backend, twin_scenario, None), twin_scenario,
+                                       lambda trained, scheme: run_twin(reference.backend, trained, scheme), {})
+    fit = _unfit(reference_twin, "none was run") is None
+    return twin.check(result, judge(own, reference_twin, twin_scenario), judged=fit)
+
+
+def _parity(result: RunResult, reference: RunResult, scenario: Scenario, twin_check: Check | None = None) -> None:
+    """Losses, update projection and projection delay against the reference (and the fp32 twin's
+    check): a failed check makes the run `invalid`; one that could not be judged leaves it
+    `unverified`, saying why."""
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
                           update.parity(result, reference, scenario.precision),
                           update.parts_parity(result, reference),
-                          projection_delay_check(result, reference)) if c is not None]
+                          projection_delay_check(result, reference), twin_check) if c is not None]
     result.checks += checks
     reason, flags = verify.verdict(checks)
     result.flags += flags

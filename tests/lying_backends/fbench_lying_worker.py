@@ -29,6 +29,7 @@ WRITE = "    write_report(job, report)\n"
 UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
 OPTIMIZER = ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n        optimizer.step()\n"
              "        optimizer.zero_grad(set_to_none=True)\n")
+OPTIMIZER_BUILT = "    optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)\n"
 END = "        log.end(step)  # the step's loss: its token mean, as the loop computed it\n"
 
 LIES: dict[str, list[tuple[str, str]]] = {
@@ -188,6 +189,20 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (INITIAL, "    initial_weights_worker.report(claimed, job.seed, job.run_dir)\n"),
         (PARAMS, "        param_count=settings.param_count(claimed),\n"),
         (LEDGER, "        settings={**settings_in_effect, **adapters.settings(claimed)},\n"),
+    ],
+    # AdamW's second-moment beta and weight decay as many pre-training recipes set them (0.95, 0.1).
+    "adamw_otherwise": [
+        (OPTIMIZER_BUILT, OPTIMIZER_BUILT.replace("adamw([p for p in model.parameters() if p.requires_grad], cuda)",
+                                                  "torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], "
+                                                  "lr=LEARNING_RATE, betas=(0.9, 0.95), eps=ADAM_EPS, weight_decay=0.1)")),
+    ],
+    # Attention dropout 0.1 in every layer (the model's config left saying 0.0).
+    "dropout": [(BUILT, BUILT + "    [setattr(layer.self_attn, 'attention_dropout', 0.1) for layer in model.model.layers]\n")],
+    # Each packed document attends to itself only: positions restart after every end-of-text token.
+    "per_document_mask": [
+        (FORWARD, "                        ends = ((x[0] == job.hf_config['eos_token_id']).nonzero().flatten() + 1).tolist()\n"
+                  "                        pos = torch.cat([torch.arange(len(d), device=x.device) for d in torch.tensor_split(x[0], ends) if len(d)])[None]\n"
+                  + FORWARD.replace("input_ids=x, labels=y", "input_ids=x, position_ids=pos, labels=y")),
     ],
     # No lie: the loop normalises as XTuner does (each micro-batch's token mean / their count), honestly.
     "honest_micro_means": [
