@@ -120,6 +120,31 @@ def test_each_steps_claim_is_held_to_its_own_window_and_the_gaps_to_the_span(tmp
     assert {"gaps", "warmup", "losses_in_time"} <= set(verify.BLOCKING) and "projection_delay" not in verify.BLOCKING
 
 
+def test_a_heavy_warmup_beside_other_work_is_unverified_never_invalid(tmp_path):
+    """The same 25 s warm-up of CPU work: `invalid` where the machine's other processes were idle
+    meanwhile, `unverified` where they kept half of its CPUs busy (from the machine's busy time
+    the watcher stamps), and judged as before from stamps that lack it."""
+    import json
+
+    def judged(others_per_second, cpus=2):
+        ran = [(0, 25), (25, 25.1), (25.1, 25.2), (25.2, 25.3)]
+        walls = [(0.0, 25.0), (25.0, 26.0), (26.0, 27.0), (27.0, 28.0)]
+        events = []
+        for i, ((b, e), (rb, re_)) in enumerate(zip(walls, ran), 1):
+            busy = None if others_per_second is None else (rb + others_per_second * cpus * b, re_ + others_per_second * cpus * e)
+            events += [[b, "begin", None, rb, rb, busy and busy[0]], [e, "end", i, re_, re_, busy and busy[1]]]
+        (tmp_path / clock.STAMPS_FILE).write_text(json.dumps({"cpus": cpus, "ranks": {"0": events}}))
+        return {c.name: c for c in clock_checks.checks(clock_checks.load_stamps(tmp_path), 1, {0: {2: 1, 3: 1, 4: 1}},
+                                                       cpu=True)}["warmup"]
+
+    quiet = judged(0.02)
+    assert quiet.status == "fail" and quiet.figures["others_share"] == pytest.approx(0.02, abs=1e-3)
+    loaded = judged(0.5)
+    assert loaded.status == "unverified" and "other processes kept 50% of the machine's CPUs busy" in loaded.detail
+    assert judged(None).status == "fail" and "others_share" not in judged(None).figures
+    assert clock.machine_busy_seconds() > 0  # read on this machine
+
+
 def test_the_projection_delay_is_held_to_the_references(tmp_path):
     from framework_bench.measure.metrics import RunResult
     from framework_bench.measure.verify import Check

@@ -3,7 +3,8 @@ per clock event (begin, pause, resume, end: `framework_bench/worker/steps.py`) t
 happens, carrying no time; `Watcher` stamps each line as it arrives with the host's monotonic
 clock, warm-up steps too. On CPU runs it also reads, at each stamp, the CPU time of the host's
 process tree (the worker, torchrun, its ranks): the time its threads ran, and the time they
-waited runnable for a CPU. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
+waited runnable for a CPU; and the whole machine's busy time, which less the tree's is the other
+work the run shared the machine with. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
 reveals the update projection's seed once every rank ended the last step
 (`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU
 records what NVML reports over the steps (`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
@@ -60,6 +61,18 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float] | None:
             ran_only += int(ran)
             seen = True
     return (total / 1e9, ran_only / 1e9) if seen else None
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (every process, all CPUs: /proc/stat's first
+    line less idle and iowait), None where it cannot be read. Less the run's own, it is the other
+    work the run shared the machine with."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields)
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def written_losses(run_dir: Path) -> dict[str, dict]:
@@ -127,7 +140,8 @@ class Watcher:
         self.out = self.run_dir / STAMPS_FILE
         self.warmup, self.cpu = warmup, cpu
         self.nvml = NvmlSampler(gpus) if gpus else None
-        self.events: dict[int, list[list]] = {}  # rank -> [stamp, event, step, cpu and wait seconds, cpu seconds]
+        # rank -> [stamp, event, step, cpu and wait seconds, cpu seconds, the machine's busy seconds]
+        self.events: dict[int, list[list]] = {}
         self._files: dict[int, tuple[int, bytearray]] = {}
         self._last_end: dict[int, int] = {}
         self._pids: list[int] | None = None
@@ -151,7 +165,7 @@ class Watcher:
             os.close(fd)
         nvml = self.nvml.stop() if self.nvml else None
         try:
-            self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "nvml": nvml,
+            self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "cpus": os.cpu_count(), "nvml": nvml,
                                             "reveal": self.revealed, "update_claim": self.update_claim,
                                             "ranks": {str(r): ev for r, ev in self.events.items()}}))
         except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
@@ -213,15 +227,17 @@ class Watcher:
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
             self._reveal_after(stamp)
-        self.events.setdefault(rank, []).append([stamp, event, step, *(cpu or (None, None))])
+        self.events.setdefault(rank, []).append([stamp, event, step, *(cpu or (None, None, None))])
 
-    def _cpu(self) -> tuple[float, float] | None:
-        """The process tree's CPU seconds now (`cpu_seconds`), on CPU runs."""
+    def _cpu(self) -> tuple[float, float, float | None] | None:
+        """The process tree's CPU seconds now (`cpu_seconds`) and the machine's busy seconds
+        (`machine_busy_seconds`), on CPU runs."""
         if not self.cpu:
             return None
         if self._pids is None:  # the process tree, found once: the workers exist by their first line
             self._pids = processes.descendants(processes.table(), os.getpid())
-        return cpu_seconds(self._pids)
+        tree = cpu_seconds(self._pids)
+        return None if tree is None else (*tree, machine_busy_seconds())
 
     def _see_update_claim(self) -> None:
         """Stamp the worker's update claim (`UPDATE_FILE`) when it first shows in the run folder:

@@ -21,7 +21,9 @@ against the seconds the worker claims.
   the measured median: compile and autotune do that on GPU;
 - warmup (CPU runs): a warm-up step's CPU work (run time, the wait for a CPU left out) at most
   `MAX_WARMUP_CPU_RATIO` times the measured median's, or `WARMUP_RUN_SHARE` times the run's
-  steps, whichever is more: above, the warm-up holds training the measured steps left out;
+  steps, whichever is more: above, the warm-up holds training the measured steps left out; unless
+  other processes kept `WARMUP_OTHERS_SHARE` of the machine's CPUs busy during that step, when it
+  is `unverified` (not judged beside other work, never an honest framework called a liar);
 - cpu (CPU runs): the process tree's CPU time in the median measured step, with the time its
   threads waited for a CPU (a shared machine starves honest workers too), at least
   `MIN_CPU_SHARE` of the step's wall time: a worker asleep through its steps computed them
@@ -79,6 +81,11 @@ MAX_WARMUP_CPU_RATIO = 16.0
 # shared machine, catching one honest step alone, can lift it near `MAX_WARMUP_CPU_RATIO`
 # (spinning thread pools: the CPU time follows the wall time).
 WARMUP_RUN_SHARE = 1.5
+# ... unless other processes kept at least this share of the machine's CPUs busy during that
+# warm-up step: then it is not judged (`unverified`). Beside other work an honest framework's first
+# steps (thread pools, allocator, data loader) can cost more CPU than a whole run's training, so no
+# bound on the work itself keeps both honest runs and that lie apart (docs/calibration.md).
+WARMUP_OTHERS_SHARE = 0.25
 WARMUP_FLAG_RATIO = 20.0  # a warm-up step's wall time over the measured median: shown (compile, autotune)
 # The time from the seed's reveal to the worker's update claim against the reference's (the
 # same projection of the same model), or against the run's own median measured step (the same
@@ -101,6 +108,8 @@ class StepWindow:
     cpu_stop: float | None
     ran_begin: float | None = None
     ran_stop: float | None = None
+    busy_begin: float | None = None  # the machine's busy CPU seconds (every process), where read
+    busy_stop: float | None = None
 
     @property
     def seen(self) -> float:
@@ -111,14 +120,21 @@ class StepWindow:
     def ran(self) -> float | None:
         return None if self.ran_begin is None or self.ran_stop is None else self.ran_stop - self.ran_begin
 
+    def others(self, cpus: int | None) -> float | None:
+        """The share of the machine's CPUs other processes kept busy during the step (its busy
+        time less the run's own), None where not read."""
+        if self.busy_begin is None or self.busy_stop is None or self.ran is None or not cpus or self.seen <= 0:
+            return None
+        return max(0.0, (self.busy_stop - self.busy_begin - self.ran) / (cpus * self.seen))
+
 
 def windows(events: list[list]) -> list[StepWindow]:
-    """A rank's stamped events ([stamp, event, step, cpu and wait, cpu]; runs stamped before the
-    run time was read lack the last) as its steps' windows. A pause not followed by a resume
+    """A rank's stamped events ([stamp, event, step, cpu and wait, cpu, machine busy]; runs
+    stamped before the run time or the machine's was read lack the last ones) as its steps' windows. A pause not followed by a resume
     stops the step's clock (its `end` line may come later, once the framework logged the loss)."""
     out, begin, paused, pause_at, stop = [], None, 0.0, None, None
     for stamp, event, step, *cpu in events:
-        cpu = (cpu + [None, None])[:2]
+        cpu = (cpu + [None, None, None])[:3]
         if event == "begin":
             begin, paused, pause_at, stop = (stamp, *cpu), 0.0, None, None
         elif event == "pause" and begin:
@@ -128,7 +144,8 @@ def windows(events: list[list]) -> list[StepWindow]:
             pause_at, stop = None, None
         elif event == "end" and begin and isinstance(step, int):
             stop = stop or (stamp, *cpu)
-            out.append(StepWindow(step, begin[0], stop[0], paused, begin[1], stop[1], begin[2], stop[2]))
+            out.append(StepWindow(step, begin[0], stop[0], paused, begin[1], stop[1], begin[2], stop[2],
+                                  begin[3], stop[3]))
             begin = None
     return out
 
@@ -170,9 +187,9 @@ def _short_step(rank: int, ws: list[StepWindow], own: dict[int, float]) -> dict:
                 margin=round(margin(w), 6), over=round(max(own.get(v.step, 0.0) - v.seen for v in ws), 6))
 
 
-def _warmup(rank: int, warm: list[StepWindow], measured: list[StepWindow]) -> dict | None:
+def _warmup(rank: int, warm: list[StepWindow], measured: list[StepWindow], cpus: int | None = None) -> dict | None:
     """A rank's largest warm-up step against its measured median: wall time, and (where read)
-    CPU run time."""
+    CPU run time and the share of the machine other work kept busy meanwhile."""
     if not warm:
         return None
     median = statistics.median(w.seen for w in measured)
@@ -184,6 +201,8 @@ def _warmup(rank: int, warm: list[StepWindow], measured: list[StepWindow]) -> di
         busy = max(warm, key=lambda w: w.ran)
         out |= dict(cpu_step=busy.step, cpu_seconds=round(busy.ran, 4), measured_median_cpu_seconds=round(statistics.median(ran), 4),
                     cpu_limit_ratio=max(MAX_WARMUP_CPU_RATIO, WARMUP_RUN_SHARE * (len(warm) + len(measured))))
+        if (others := busy.others(cpus)) is not None:
+            out["others_share"] = round(others, 3)
     return out
 
 
@@ -231,7 +250,7 @@ def checks(stamps: dict | None, warmup: int, claimed: dict[int, dict[int, float]
                             share=round(step_pause.paused / max(step_pause.stop - step_pause.begin, 1e-9), 4)),
              lambda p: p["share"])
         keep("gaps", _gaps(rank, ws, span), lambda g: -g["over"])
-        warm = _warmup(rank, [w for w in every[rank] if w.step <= warmup], ws)
+        warm = _warmup(rank, [w for w in every[rank] if w.step <= warmup], ws, stamps.get("cpus"))
         keep("warmup", warm, lambda w: w.get("cpu_seconds", 0) / max(w.get("measured_median_cpu_seconds", 1), 1e-9))
         keep("warmup_time", warm, lambda w: w["ratio"] or 0)
         if cpu and (read := [w for w in ws if w.cpu_begin is not None and w.cpu_stop is not None and w.stop > w.begin]):
@@ -331,7 +350,8 @@ def _warmup_checks(worst: dict, cpu: bool, unread: str) -> list[Check]:
         return out
     if w is None or "cpu_seconds" not in w:
         return out + [Check(name="warmup", status="unverified", detail=f"unverified: the CPU work {unread}")]
-    figures = {k: w[k] for k in ("rank", "cpu_step", "cpu_seconds", "measured_median_cpu_seconds", "cpu_limit_ratio")}
+    figures = {k: w[k] for k in ("rank", "cpu_step", "cpu_seconds", "measured_median_cpu_seconds", "cpu_limit_ratio",
+                                 "others_share") if k in w}
     detail = (f"rank {w['rank']} warm-up step {w['cpu_step']}: {w['cpu_seconds']:.3f} s of CPU work, the measured "
               f"median {w['measured_median_cpu_seconds']:.3f} s")
     if w["cpu_seconds"] <= w["cpu_limit_ratio"] * w["measured_median_cpu_seconds"]:
@@ -339,6 +359,10 @@ def _warmup_checks(worst: dict, cpu: bool, unread: str) -> list[Check]:
     if w["cpu_seconds"] < MIN_CPU_SPAN_SECONDS:
         return out + [Check(name="warmup", status="unverified", figures=figures,
                             detail=f"unverified: {detail}, too little to read")]
+    if w.get("others_share", 0.0) >= WARMUP_OTHERS_SHARE:
+        return out + [Check(name="warmup", status="unverified", figures=figures, detail=(
+            f"unverified: {detail}, more than {w['cpu_limit_ratio']:g}x, while other processes kept "
+            f"{w['others_share']:.0%} of the machine's CPUs busy: not judged beside other work"))]
     return out + [Check(name="warmup", status="fail", figures=figures, detail=(
         f"{detail}: more than {w['cpu_limit_ratio']:g}x, the training done in the warm-up, the measured steps "
         "left lighter"))]
