@@ -31,9 +31,19 @@ STEP_CHECKS = ("parity", "update", "update_parity", "update_parts")
 RunTwin = Callable[[str, Scenario, "str | None"], RunResult]
 
 
+def no_twin(scenario: Scenario) -> str | None:
+    """Why a bf16 scenario can have no fp32 twin, or None: flash-attention, which sequence parallel
+    and per-example (varlen) attention need, has no fp32 kernels."""
+    if scenario.sequence_parallel > 1 or scenario.attention == "varlen":
+        return ("its fp32 twin cannot run: " + ("sequence parallel" if scenario.sequence_parallel > 1 else
+                "varlen attention") + " needs flash-attention, which has no fp32 kernels")
+    return None
+
+
 def twin_of(scenario: Scenario) -> Scenario | None:
-    """The fp32 twin of a bf16 scenario; None for one in fp32 already (its own run is judged at fp32)."""
-    if scenario.precision != "bf16":
+    """The fp32 twin of a bf16 scenario; None for one in fp32 already (its own run is judged at
+    fp32) or one with `no_twin`."""
+    if scenario.precision != "bf16" or no_twin(scenario):
         return None
     steps = scenario.steps.model_copy(update={k: min(v, getattr(scenario.steps, k)) if k == "measured" else v
                                               for k, v in TWIN_STEPS.items()})
