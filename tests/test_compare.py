@@ -368,6 +368,29 @@ def test_run_repeat_is_the_trial_loop_with_one_backend(fakes, tmp_path):
     assert f"tiny_cpu: every 95% interval within ±10% after {design.AUTO_MIN_ROUNDS} rounds" in res.output
 
 
+def test_ctrl_c_while_a_twin_judges_keeps_the_rounds_runs_and_ends_the_compare(monkeypatch):
+    """A Ctrl-C that lands in a judging run (an fp32 twin here, a loss-scheme reference alike)
+    ends the compare after that round, its runs judged and kept; before, the next round started."""
+    from framework_bench.measure.metrics import RunResult
+    monkeypatch.setenv("FBENCH_REFERENCE", "ref")
+    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
+    started, handed = [], []
+
+    def run_one(name, s, options, on_step=None):
+        started.append((name, s.name))
+        status = "interrupted" if s.name.endswith("_fp32_twin") else "ok"
+        return RunResult(backend=name, scenario=s.name, status=status, tgs=1.0)
+
+    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
+    with pytest.raises(compare.Interrupted):
+        compare.compare([scenario.load("tiny_cuda")], ["a"], repeat=3, warmup_rounds=0,
+                        on_result=lambda r, s: handed.append(r))
+    assert started == [("a", "tiny_cuda"), ("ref", "tiny_cuda"), ("a", "tiny_cuda_fp32_twin")]  # no round 2
+    assert [r.backend for r in handed] == ["ref", "a"]  # both kept
+    twin_check = {c.name: c for c in handed[1].checks}["fp32_twin"]
+    assert twin_check.status == "unverified" and "interrupted" in twin_check.detail
+
+
 def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
     from framework_bench.plugins.contract import Machine
     from framework_bench.run.dry_run import DryRun

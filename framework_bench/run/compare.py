@@ -125,16 +125,20 @@ def compare(
     judging: dict[tuple, RunResult] = {}  # the round's reference runs trained as a run says it trained
     twins: dict[tuple, RunResult] = {}  # the round's fp32 twins (framework_bench/run/twin.py)
 
+    stopped: list[RunResult] = []  # a judging run a Ctrl-C interrupted: the compare ends with its round
+
     def judging_run(backend: str, trained: Scenario, scheme: str | None, round_options: RunOptions,
                     interrupted: bool, made: dict[tuple, RunResult]) -> RunResult:
         """A run that judges only (not stored, not a trial), made once per round."""
         key = (backend, trained.model_dump_json(), scheme)
         if key not in made:
-            if interrupted:  # nothing new starts after a Ctrl-C
+            if interrupted or stopped:  # nothing new starts after a Ctrl-C
                 return RunResult(backend=backend, scenario=trained.name, status="interrupted",
                                  reason="the compare was interrupted before it ran")
             made[key] = pipeline.run_one(backend, trained, round_options.model_copy(
                 update={"loss_scheme": scheme, "db": None}))
+            if made[key].status == "interrupted":
+                stopped.append(made[key])
         return made[key]
 
     def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, round_options: RunOptions,
@@ -198,6 +202,8 @@ def compare(
                     if result.status == "interrupted":
                         raise Interrupted(results)
                 end_round(round_options)
+                if stopped:  # Ctrl-C while a run judged the round's others: they are kept, nothing more runs
+                    raise Interrupted(results)
                 if precision is not None and round_ >= first:
                     widest = statistics.widest_half_width(
                         [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
