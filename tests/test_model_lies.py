@@ -308,9 +308,12 @@ def test_a_misconfigured_bf16_step_is_invalid_in_its_fp32_twin_and_passes_withou
     r = results[f"lying_{lie}"]
     checks = {c.name: c for c in r.checks}
     assert r.status == "invalid" and "fp32_twin check failed: in fp32" in r.reason, r.reason
-    assert checks["parity"].status == checks["update_parity"].status == "pass"  # bf16's bounds hide it
+    # bf16's bounds hide it; dropout's random draws, different in every compare (its seed), once moved
+    # the bf16 update past them too: with it, what caught it in bf16 is left out below as well
+    caught_in_bf16 = {n for n in ("parity", "update_parity", "update_parts") if checks[n].status == "fail"}
+    assert lie == "dropout" or not caught_in_bf16, caught_in_bf16
     mp = world[4]
-    mp.setenv(UNCHECKED_ENV, "fp32_twin")
+    mp.setenv(UNCHECKED_ENV, ",".join(["fp32_twin", *sorted(caught_in_bf16)]))
     try:
         off = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
                                             launch.Outcome("ok", 0, r.wall_seconds, "")), results["torch"], bf16)
