@@ -25,8 +25,8 @@ def _twin(status: str, **checks: str) -> RunResult:
 
 
 def test_the_twin_check_takes_only_the_twins_training_step_checks():
-    def check(t, judged=True):
-        return twin.check(RunResult(backend="x", scenario="s", status="ok"), t, judged)
+    def check(t):
+        return twin.check(RunResult(backend="x", scenario="s", status="ok"), t)
     ok = check(_twin("ok", parity="pass", update="pass", update_parity="pass", update_parts="pass", clock="pass"))
     assert ok.status == "pass"
     wrong = check(_twin("invalid", parity="pass", update_parity="fail", clock="pass"))
@@ -34,7 +34,7 @@ def test_the_twin_check_takes_only_the_twins_training_step_checks():
     slow = check(_twin("invalid", parity="pass", update_parity="pass", warmup="fail"))  # the twin's own timing
     assert slow.status == "pass"
     assert check(_twin("failed")).status == "unverified" and "why it ended so" in check(_twin("failed")).detail
-    assert check(_twin("ok", parity="pass"), judged=False).status == "unverified"
+    assert check(_twin("unverified", update="pass")).status == "unverified"  # no reference twin fit to judge it
     assert check(_twin("unsupported")).status == "skipped"
     assert twin.check(RunResult(backend="x", scenario="s", status="ok"), None).status == "skipped"
     assert twin.CHECK in BLOCKING

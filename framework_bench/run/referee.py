@@ -78,8 +78,7 @@ def _twin_check(result: RunResult, reference: RunResult, scenario: Scenario,
         return twin.check(result, own)
     reference_twin = judging_reference(own, run_twin(reference.backend, twin_scenario, None), twin_scenario,
                                        lambda trained, scheme: run_twin(reference.backend, trained, scheme), {})
-    fit = _unfit(reference_twin, "none was run") is None
-    return twin.check(result, judge(own, reference_twin, twin_scenario), judged=fit)
+    return twin.check(result, judge(own, reference_twin, twin_scenario))
 
 
 def _parity(result: RunResult, reference: RunResult, scenario: Scenario, twin_check: Check | None = None) -> None:
