@@ -135,3 +135,27 @@ def test_where_bytecode_is_forbidden_workers_write_it_beside_the_envs(tmp_path, 
     assert said.strip() == str(bytecode_dir())
 
 
+
+
+def test_state_folders_linking_one_envs_folder_share_its_bytecode(tmp_path, monkeypatch):
+    """Two state folders whose `envs` is a link to one folder (each test's, a user's second
+    checkout): a worker of either imports the env's modules from the same source path, so what the
+    first compiled beside the envs the second reads, rather than compiling its own copy."""
+    import subprocess
+
+    from framework_bench.envs import venvs
+    from framework_bench.envs.site_layers import purelib
+    real = tmp_path / "real" / "envs"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(real / "probe")], check=True)
+    (purelib(real / "probe" / "bin" / "python") / "fbench_probe.py").write_text("x = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    for state in ("a", "b"):
+        (tmp_path / state).mkdir()
+        (tmp_path / state / "envs").symlink_to(real)
+        monkeypatch.setenv("FBENCH_HOME", str(tmp_path / state))
+        python = venvs.inspect("probe").python
+        out = local.execute([[str(python), "-c", "import fbench_probe"]], {}, tmp_path, tmp_path / f"{state}.log")
+        assert out.status == "ok", out.log_tail
+    compiled = list((real / ".bytecode").rglob("fbench_probe.*.pyc"))
+    assert len(compiled) == 1 and str(real.resolve()) in str(compiled[0]), compiled

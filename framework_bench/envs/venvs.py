@@ -56,7 +56,9 @@ def inspect(name: str, spec: EnvSpec | None = None) -> BackendEnv:
     """The env as found on disk; `ready` only if it was completed, still matches its requirements,
     holds the worker SDK's requirements and its copies of host packages match the host's."""
     path = env_path(name)
-    env = BackendEnv(name=name, path=path, python=env_python(path))
+    # The python through the links: the bytecode beside the envs is filed under the source path a
+    # worker imports from, so every state folder reaching these envs through a link shares it.
+    env = BackendEnv(name=name, path=path, python=env_python(path.resolve()))
     record_file = path / RECORD
     if not record_file.exists():
         env.problem = "not created (run `fbench env create %s`)" % name
