@@ -72,11 +72,14 @@ if command -v nvidia-smi >/dev/null; then
 else
   flavour=cpu
 fi
+# The envs side by side, as scripts/setup.sh makes them (each is one single-threaded pip; every
+# line they print starts with the backend's name). One backend's failed env must not stop the
+# others: its runs are then stored as failed.
 for b in "${BACKENDS[@]}"; do
-  # One backend's failed env must not stop the others: its runs are then stored as failed.
   "${fb[@]}" env create "$b" --flavour "$flavour" --system-site-packages --no-index --find-links "$bundle/wheels" \
-    --no-deps --requirements "$bundle/requirements-$b.txt" "${extra[@]}" || echo "gpu_check.sh: env create $b failed" >&2
+    --no-deps --requirements "$bundle/requirements-$b.txt" "${extra[@]}" || echo "gpu_check.sh: env create $b failed" >&2 &
 done
+wait
 "${fb[@]}" env list
 installed=$(( $(date +%s) - started ))
 echo "install took $installed s"

@@ -75,19 +75,17 @@ def copy_checkout(dest: Path) -> Path:
 
 
 def test_install_and_run_offline_from_the_bundle(tmp_path):
+    # The bundle, for the stand-in's Python (this one's, which makes it), built while the stand-in is
+    bundle = tmp_path / "bundle"
+    bundling = subprocess.Popen([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(bundle),
+                                 "--python", "%d.%d" % sys.version_info[:2]])
     python = make_standin(tmp_path / "standin")
+    assert bundling.wait(timeout=600) == 0
     for module in ABSENT:
         found = subprocess.run([str(python), "-c", f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"],
                                capture_output=True, text=True, check=True).stdout.strip()
         assert found == "False", f"the stand-in must not hold {module}"
     before = site_hash(python)
-
-    bundle = tmp_path / "bundle"
-    this_python = subprocess.run(  # the stand-in's Python, which the bundle targets
-        [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True,
-        check=True).stdout.strip()
-    subprocess.run([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(bundle), "--python", this_python],
-                   check=True)
     checkout = copy_checkout(tmp_path / "checkout")
     assert not (checkout / ".venv").exists() and not (checkout / ".fbench").exists()
     assert not (checkout.parent / "shared").exists()
