@@ -15,7 +15,6 @@ import pytest
 from backend_helpers import CPU
 from fbench_fixtures import LIARS, backend_env_or_skip
 
-from framework_bench.data.packing import pack
 from framework_bench.run import compare, design, pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
@@ -245,37 +244,6 @@ def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_pat
     assert passed.status == "ok", passed.reason
 
 
-def test_frozen_embeddings_in_bf16_fail_the_parts_of_the_update(world):
-    """A copy that never updates the embeddings, in bf16: the loss parity (1e-2) cannot see it, and
-    the whole update's projection barely, but the embeddings' own |dw| is 0 against the
-    reference's. With `update_parts` off the lie passes: it is live."""
-    scn, _, root, _, mp = world
-    # 1k tokens a row: a bf16 loop's first step on CPU costs seconds of kernel set-up, which at 512
-    # made an honest copy's warm-up heavier than 16 of its measured steps (the `warmup` check)
-    bf16 = scn.model_copy(update={"name": "tiny_cpu_bf16", "precision": "bf16", "context_length": 1024})
-    data = pack(bf16, progress=False, say=lambda msg: None)
-    reference = pipeline.run_one("torch", bf16, RunOptions(root=root), data=data, machine=CPU)
-    assert reference.status == "ok", reference.reason
-    r = referee.judge(pipeline.run_one("lying_frozen_embeddings", bf16, RunOptions(root=root), data=data, machine=CPU),
-                      reference, bf16)
-    checks = {c.name: c for c in r.checks}
-    assert r.status == "invalid" and "update_parts check failed" in r.reason, r.reason
-    assert "embeddings |dw| 0.000e+00" in checks["update_parts"].detail and "(frozen)" in checks["update_parts"].detail
-    assert checks["parity"].status == "pass", checks["parity"].detail  # the losses hide it in bf16
-    honest = referee.judge(pipeline.run_one("lying_honest", bf16, RunOptions(root=root), data=data, machine=CPU),
-                           reference, bf16)
-    assert honest.status == "ok", honest.reason
-    assert {c.name: c.status for c in honest.checks}["update_parts"] == "pass"
-    unchecked = {"update_parts"} | ({"update_parity"} if checks["update_parity"].status == "fail" else set())
-    mp.setenv(UNCHECKED_ENV, ",".join(sorted(unchecked)))
-    try:
-        off = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
-                                            launch.Outcome("ok", 0, r.wall_seconds, "")), reference, bf16)
-    finally:
-        mp.delenv(UNCHECKED_ENV)
-    assert off.status == "ok", off.reason
-
-
 # Misconfigurations a bf16 run's tolerances hide (each moves the losses and the update less than
 # bf16's bounds): judged in the run's fp32 twin.
 BF16_MISCONFIGURED = ("adamw_otherwise", "no_clipping", "dropout", "per_document_mask")
@@ -283,13 +251,43 @@ BF16_MISCONFIGURED = ("adamw_otherwise", "no_clipping", "dropout", "per_document
 
 @pytest.fixture(scope="module")
 def bf16_compare(world):
-    """One compare of the misconfigured copies and the honest one on a bf16 tiny_cpu (1k tokens a
-    row, as the frozen-embeddings test), torch the reference: (scenario, {backend: result})."""
+    """One compare of the misconfigured copies, the frozen embeddings and the honest copy on a bf16
+    tiny_cpu, torch the reference: (scenario, {backend: result}). 1k tokens a row: a bf16 loop's
+    first step on CPU costs seconds of kernel set-up, which at 512 made an honest copy's warm-up
+    heavier than 16 of its measured steps (the `warmup` check)."""
     scn, _, root, _, _ = world
     bf16 = scn.model_copy(update={"name": "tiny_cpu_bf16", "precision": "bf16", "context_length": 1024})
-    results = compare.compare([bf16], [f"lying_{lie}" for lie in (*BF16_MISCONFIGURED, "honest")],
+    results = compare.compare([bf16], [f"lying_{lie}" for lie in (*BF16_MISCONFIGURED, "frozen_embeddings", "honest")],
                               RunOptions(root=root / "bf16-twins"))
     return bf16, {r.backend: r for r in results}
+
+
+def judged_with_off(world, bf16_compare, name: str, off: set[str]):
+    """The compare's run of `name` judged again against its reference with the checks `off`."""
+    bf16, results = bf16_compare
+    r, mp = results[name], world[4]
+    mp.setenv(UNCHECKED_ENV, ",".join(sorted(off)))
+    try:
+        return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
+                                             launch.Outcome("ok", 0, r.wall_seconds, "")), results["torch"], bf16)
+    finally:
+        mp.delenv(UNCHECKED_ENV)
+
+
+def test_frozen_embeddings_in_bf16_fail_the_parts_of_the_update(world, bf16_compare):
+    """A copy that never updates the embeddings, in bf16: the loss parity (1e-2) cannot see it, and
+    the whole update's projection barely, but the embeddings' own |dw| is 0 against the
+    reference's. With `update_parts` off (and its fp32 twin's check) the lie passes: it is live."""
+    _, results = bf16_compare
+    r = results["lying_frozen_embeddings"]
+    checks = {c.name: c for c in r.checks}
+    assert r.status == "invalid" and "update_parts check failed" in r.reason, r.reason
+    assert "embeddings |dw| 0.000e+00" in checks["update_parts"].detail and "(frozen)" in checks["update_parts"].detail
+    assert checks["parity"].status == "pass", checks["parity"].detail  # the losses hide it in bf16
+    assert {c.name: c.status for c in results["lying_honest"].checks}["update_parts"] == "pass"
+    off = {"update_parts", "fp32_twin"} | ({"update_parity"} if checks["update_parity"].status == "fail" else set())
+    passed = judged_with_off(world, bf16_compare, "lying_frozen_embeddings", off)
+    assert passed.status == "ok", passed.reason
 
 
 def test_the_honest_copy_passes_its_fp32_twin(bf16_compare):
@@ -304,7 +302,7 @@ def test_the_honest_copy_passes_its_fp32_twin(bf16_compare):
 
 @pytest.mark.parametrize("lie", BF16_MISCONFIGURED)
 def test_a_misconfigured_bf16_step_is_invalid_in_its_fp32_twin_and_passes_without_it(world, bf16_compare, lie):
-    bf16, results = bf16_compare
+    _, results = bf16_compare
     r = results[f"lying_{lie}"]
     checks = {c.name: c for c in r.checks}
     assert r.status == "invalid" and "fp32_twin check failed: in fp32" in r.reason, r.reason
@@ -312,11 +310,5 @@ def test_a_misconfigured_bf16_step_is_invalid_in_its_fp32_twin_and_passes_withou
     # the bf16 update past them too: with it, what caught it in bf16 is left out below as well
     caught_in_bf16 = {n for n in ("parity", "update_parity", "update_parts") if checks[n].status == "fail"}
     assert lie == "dropout" or not caught_in_bf16, caught_in_bf16
-    mp = world[4]
-    mp.setenv(UNCHECKED_ENV, ",".join(["fp32_twin", *sorted(caught_in_bf16)]))
-    try:
-        off = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
-                                            launch.Outcome("ok", 0, r.wall_seconds, "")), results["torch"], bf16)
-    finally:
-        mp.delenv(UNCHECKED_ENV)
+    off = judged_with_off(world, bf16_compare, f"lying_{lie}", {"fp32_twin", *caught_in_bf16})
     assert off.status == "ok", off.reason
