@@ -75,7 +75,7 @@ def copy_checkout(dest: Path) -> Path:
 
 
 def test_install_and_run_offline_from_the_bundle(tmp_path):
-    # The bundle, for the stand-in's Python (this one's, which makes it), built while the stand-in is
+    # The bundle, for the stand-in's Python (this one's, which makes it), built while the stand-in is made
     bundle = tmp_path / "bundle"
     bundling = subprocess.Popen([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(bundle),
                                  "--python", "%d.%d" % sys.version_info[:2]])

@@ -135,8 +135,6 @@ def test_where_bytecode_is_forbidden_workers_write_it_beside_the_envs(tmp_path, 
     assert said.strip() == str(bytecode_dir())
 
 
-
-
 def test_state_folders_linking_one_envs_folder_share_its_bytecode(tmp_path, monkeypatch):
     """Two state folders whose `envs` is a link to one folder (each test's, a user's second
     checkout): a worker of either imports the env's modules from the same source path, so what the
