@@ -83,14 +83,16 @@ def lies(world):
     return {lie: run(world, f"lying_{lie}") for lie in CAUGHT_BY}
 
 
-def judged_again(world, result, unchecked: set[str]):
-    """The run's folder read back and judged again with `unchecked` off: `FBENCH_UNCHECKED` is read
-    by the host only, so this is what running the lie with those checks off would give."""
-    scn, _, _, reference, mp = world
+def judged_again(world, result, unchecked: set[str], reference=None, scn=None):
+    """The run's folder read back and judged again with `unchecked` off, against `reference` on
+    `scn` (the world's, unless given): `FBENCH_UNCHECKED` is read by the host only, so this is what
+    running the lie with those checks off would give."""
+    world_scn, _, _, world_reference, mp = world
     mp.setenv(UNCHECKED_ENV, ",".join(sorted(unchecked)))
     try:
         return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
-                                             launch.Outcome("ok", 0, result.wall_seconds, "")), reference, scn)
+                                             launch.Outcome("ok", 0, result.wall_seconds, "")),
+                             reference or world_reference, scn or world_scn)
     finally:
         mp.delenv(UNCHECKED_ENV)
 
@@ -262,23 +264,11 @@ def bf16_compare(world):
     return bf16, {r.backend: r for r in results}
 
 
-def judged_with_off(world, bf16_compare, name: str, off: set[str]):
-    """The compare's run of `name` judged again against its reference with the checks `off`."""
-    bf16, results = bf16_compare
-    r, mp = results[name], world[4]
-    mp.setenv(UNCHECKED_ENV, ",".join(sorted(off)))
-    try:
-        return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(r.run_dir, r.backend, None),
-                                             launch.Outcome("ok", 0, r.wall_seconds, "")), results["torch"], bf16)
-    finally:
-        mp.delenv(UNCHECKED_ENV)
-
-
 def test_frozen_embeddings_in_bf16_fail_the_parts_of_the_update(world, bf16_compare):
     """A copy that never updates the embeddings, in bf16: the loss parity (1e-2) cannot see it, and
     the whole update's projection barely, but the embeddings' own |dw| is 0 against the
     reference's. With `update_parts` off (and its fp32 twin's check) the lie passes: it is live."""
-    _, results = bf16_compare
+    bf16, results = bf16_compare
     r = results["lying_frozen_embeddings"]
     checks = {c.name: c for c in r.checks}
     assert r.status == "invalid" and "update_parts check failed" in r.reason, r.reason
@@ -286,7 +276,7 @@ def test_frozen_embeddings_in_bf16_fail_the_parts_of_the_update(world, bf16_comp
     assert checks["parity"].status == "pass", checks["parity"].detail  # the losses hide it in bf16
     assert {c.name: c.status for c in results["lying_honest"].checks}["update_parts"] == "pass"
     off = {"update_parts", "fp32_twin"} | ({"update_parity"} if checks["update_parity"].status == "fail" else set())
-    passed = judged_with_off(world, bf16_compare, "lying_frozen_embeddings", off)
+    passed = judged_again(world, r, off, results["torch"], bf16)
     assert passed.status == "ok", passed.reason
 
 
@@ -302,7 +292,7 @@ def test_the_honest_copy_passes_its_fp32_twin(bf16_compare):
 
 @pytest.mark.parametrize("lie", BF16_MISCONFIGURED)
 def test_a_misconfigured_bf16_step_is_invalid_in_its_fp32_twin_and_passes_without_it(world, bf16_compare, lie):
-    _, results = bf16_compare
+    bf16, results = bf16_compare
     r = results[f"lying_{lie}"]
     checks = {c.name: c for c in r.checks}
     assert r.status == "invalid" and "fp32_twin check failed: in fp32" in r.reason, r.reason
@@ -310,5 +300,5 @@ def test_a_misconfigured_bf16_step_is_invalid_in_its_fp32_twin_and_passes_withou
     # the bf16 update past them too: with it, what caught it in bf16 is left out below as well
     caught_in_bf16 = {n for n in ("parity", "update_parity", "update_parts") if checks[n].status == "fail"}
     assert lie == "dropout" or not caught_in_bf16, caught_in_bf16
-    off = judged_with_off(world, bf16_compare, f"lying_{lie}", {"fp32_twin", *caught_in_bf16})
+    off = judged_again(world, r, {"fp32_twin", *caught_in_bf16}, results["torch"], bf16)
     assert off.status == "ok", off.reason

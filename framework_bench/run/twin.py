@@ -45,7 +45,8 @@ def twin_of(scenario: Scenario) -> Scenario | None:
     fp32) or one with `no_twin`."""
     if scenario.precision != "bf16" or no_twin(scenario):
         return None
-    steps = scenario.steps.model_copy(update={"warmup": TWIN_WARMUP, "measured": min(TWIN_MEASURED, scenario.steps.measured)})
+    steps = scenario.steps.model_copy(update={"warmup": TWIN_WARMUP,
+                                              "measured": min(TWIN_MEASURED, scenario.steps.measured)})
     return scenario.model_copy(update={"name": f"{scenario.name}_fp32_twin", "precision": "fp32", "steps": steps})
 
 
