@@ -180,7 +180,10 @@ def test_sequence_parallel_trains_each_row_as_the_unsplit_loop_does(torch_backen
     unsplit.update(sequence_parallel=1, zero_stage=0)
     unsplit["cluster"].update(gpus_per_node=1, gpus=1)
     whole = pipeline.run_one("torch", scenario.Scenario.model_validate(unsplit), RunOptions(timeout=MULTIPROCESS_TIMEOUT))
-    assert whole.status == "ok" and whole.settings["sequence_parallel"] == 1, whole.reason
+    # One process's two steps can take under the 0.2 s the CPU share needs: that check alone may say `unverified`.
+    short_of = {c.name for c in whole.checks if c.status in ("fail", "unverified")}
+    assert whole.status in ("ok", "unverified") and short_of <= {"cpu"}, whole.reason
+    assert whole.settings["sequence_parallel"] == 1
     judged = {c.name: c for c in referee.judge(r, whole, s).checks}
     assert judged["parity"].status == judged["update_parity"].status == "pass", [judged["parity"], judged["update_parity"]]
     assert "every step judged" in judged["parity"].detail
