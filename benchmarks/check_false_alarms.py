@@ -34,6 +34,8 @@ MARGINS = {
     "warmup": (lambda f: f["cpu_seconds"] / f["measured_median_cpu_seconds"], max,
                f"warm-up CPU / measured median <= {cc.MAX_WARMUP_CPU_RATIO:g} (or 1.5 x the steps)"),
     "projection_delay": (lambda f: f["projection_seconds"] / f["limit"], max, "seconds / its limit <= 1"),
+    "first_window": (lambda f: f.get("first_window_cpu_seconds", f.get("first_window_seconds")) / f["limit"], max,
+                     "reveal to first step (CPU work on CPU) / its limit <= 1"),
     "warmup_time": (lambda f: f["ratio"], max, f"warm-up wall time / measured median <= {cc.WARMUP_FLAG_RATIO:g}"),
     "throughput": (lambda f: abs(f["ratio"] - 1), max, f"|framework / host - 1| <= {THROUGHPUT_TOLERANCE:g}"),
 }

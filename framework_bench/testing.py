@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import pipeline, referee
+from framework_bench.run import design, pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import judging_reference, reference_backend
 from framework_bench.spec import scenario as scenarios_
@@ -59,7 +59,9 @@ def check_backend(backend: str, root: Path | None = None, scenario: str = SCENAR
                   settings_mode: str = "matched", timeout: float | None = 900) -> Conformance:
     """Run `backend` on `scenario` (the CPU conformance scenario by default) and judge each point."""
     scn = scenarios_.load(scenario)
-    options = RunOptions(root=root, timeout=timeout, settings_mode=settings_mode)
+    # an older plugin's worker fills its trained weights at start-up: its reference runs start there too
+    options = RunOptions(root=root, timeout=timeout, settings_mode=settings_mode,
+                         pinned_seed=bool(design.older_than_reveal(plugins.backends(), [backend])))
     result = pipeline.run_one(backend, scn, options)
     off = unchecked()
     # an interrupted run (Ctrl-C, SIGTERM) stops the conformance run: no reference, no variants

@@ -17,7 +17,7 @@ from framework_bench.present.verdict import Points
 def test_a_plugin_declaring_no_contract_is_of_contract_1_and_none_beyond_the_hosts():
     base = dict(name="x", framework="x", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
                 env=EnvSpec(requirements={}, framework_package="x"))
-    assert BackendInfo(**base).contract == 1 and CONTRACT == 3
+    assert BackendInfo(**base).contract == 1 and CONTRACT == 4
     with pytest.raises(pydantic.ValidationError):
         BackendInfo(**base, contract=CONTRACT + 1)
 
@@ -81,10 +81,10 @@ def test_a_claim_newer_than_the_plugins_contract_leaves_it_unverified_at_the_cur
     old = pipeline.run_one("lying_no_update_claim_contract2", SCENARIO, RunOptions(root=tmp_path), data=data,
                            machine=CPU)
     assert old.status == "unverified", old.reason
-    assert old.reason == "claims not made by this contract-2 plugin (contract 3 requires them): update"
+    assert old.reason == f"claims not made by this contract-2 plugin (contract {CONTRACT} requires them): update"
     current = pipeline.run_one("lying_no_update_claim", SCENARIO, RunOptions(root=tmp_path), data=data, machine=CPU)
     assert current.status == "invalid", current.reason
-    assert current.reason == "claims missing, which plugin contract 3 requires: update"
+    assert current.reason == f"claims missing, which plugin contract {CONTRACT} requires: update"
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from fbench_fixtures import LIARS
 from framework_bench.measure import clock, clock_checks, verify
 from framework_bench.run.launchers import base as launch
 from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.contract import CONTRACT
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.data.packing import pack
@@ -93,7 +94,7 @@ def test_a_lie_about_time_is_invalid_naming_its_check_and_the_honest_copy_is_ok(
 def test_the_claimless_fake_of_the_current_contract_is_invalid(lie_runs, monkeypatch):
     result = lie_runs("lying_no_claims")
     assert result.status == "invalid"
-    assert result.reason.startswith("claims missing, which plugin contract 3 requires:")
+    assert result.reason.startswith(f"claims missing, which plugin contract {CONTRACT} requires:")
     for claim in ("clock", "rows", "throughput", "parameters", "settings", "update"):
         assert claim in result.reason
     off = judged_again(result, monkeypatch, f"clock,update,{verify.CLAIMS}")

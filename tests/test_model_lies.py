@@ -217,6 +217,45 @@ def test_a_worker_replaying_an_earlier_runs_training_is_invalid_unless_the_seed_
     assert pinned.status == "ok", pinned.reason
 
 
+def test_training_before_the_first_step_is_invalid_by_the_time_from_the_reveal(world):
+    """A worker that trains every step once the initial seed is revealed, before its first step's
+    clock, then runs the timed steps forward only and records the losses it kept: its weights,
+    losses and update are the honest ones, its TGS far above. The time from the reveal to its
+    first step, held against the reference's, makes it invalid; with that check off it passes
+    (the lie is live), at well above the reference's TGS. The reference runs right before it, so
+    both windows meet the same moment's load; 12 measured steps, so that the lie's forward-only
+    steps last long enough for the host to read their CPU share."""
+    scn, _, root, _, _ = world
+    scn = scn.model_copy(update={"name": "tiny_cpu_12_steps", "steps": scn.steps.model_copy(update={"measured": 12})})
+    reference = pipeline.run_one("torch", scn, RunOptions(root=root), machine=CPU)
+    r = referee.judge(pipeline.run_one("lying_trained_before_first_step", scn, RunOptions(root=root), machine=CPU),
+                      reference, scn)
+    assert r.status == "invalid" and "first_window check failed" in r.reason, r.reason
+    assert {c.name for c in r.checks if c.status == "fail" and c.name in BLOCKING} == {"first_window"}
+    passed = judged_again(world, r, {"first_window"}, reference, scn)
+    assert passed.status == "ok", passed.reason
+    assert passed.tgs > 1.5 * reference.tgs, (passed.tgs, reference.tgs)
+
+
+def test_a_plugin_filling_its_weights_at_start_is_unverified_at_its_contract_never_broken(world, tmp_path):
+    """The worker of plugin contract 3 fills the trained weights at model build from the job's seed
+    and never says it is ready: as a contract-3 plugin in a compare, every run of the compare then
+    starts from the compare's seed (said in each row), so its parity is judged, and the run is
+    `unverified` for the claim it cannot make; declaring the current contract, it is `invalid`."""
+    scn, data, _, _, _ = world
+    results = {r.backend: r for r in compare.compare([scn], ["lying_fills_at_build_contract3"],
+                                                     RunOptions(root=tmp_path / "runs"))}
+    old, reference = results["lying_fills_at_build_contract3"], results["torch"]
+    assert reference.status == "ok", reference.reason
+    assert old.status == "unverified" and "contract-3 plugin" in old.reason and "initial_reveal" in old.reason, old.reason
+    assert {c.name: c.status for c in old.checks}["parity"] == "pass"
+    assert all(any("lying_fills_at_build_contract3 (a plugin of a contract before" in n for n in r.notes)
+               for r in results.values())
+    current = pipeline.run_one("lying_fills_at_build", scn, RunOptions(root=tmp_path / "runs"), data=data, machine=CPU)
+    assert current.status == "invalid" and "claims missing" in current.reason, current.reason
+    assert "initial_reveal" in current.reason, current.reason
+
+
 def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_path, monkeypatch):
     """Native mode: a worker that trains the scenario's r=8 adapters while its ledger claims r=64
     (its trainable and parameter counts claimed to match) is judged against the reference trained

@@ -19,6 +19,7 @@ from framework_bench.plugins import registry as plugins
 from framework_bench.spec import scenario
 from framework_bench.plugins.contract import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.cli import app
+from framework_bench.run import design
 
 FAKE_MODULE = '''
 """A third-party fbench backend living in another package."""
@@ -315,7 +316,8 @@ def test_notes_are_kept_stored_shown_and_job_json_is_the_hosts(probes, tmp_path)
     with ResultStore(db) as store:
         row = store.list()[0]
         # a contract-1 probe that makes no claim: its run `unverified`, never invalid; its notes kept alike
-        assert row["status"] == "unverified" and row["notes"] == ["the probe trained nothing", "[red]not markup[/red]"]
+        assert row["status"] == "unverified" and row["notes"][:2] == ["the probe trained nothing", "[red]not markup[/red]"]
+        assert row["notes"][2:] == [design.older_plugin_note(["probe_ok"])]  # contract 1: every run from the seed
         job = Job.model_validate_json((Path(row["run_dir"]) / "job.json").read_text())
     assert job.backend == "probe_ok" and job.scenario.name == "tiny_cpu"  # not the plan's "{}"
 

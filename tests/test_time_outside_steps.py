@@ -184,7 +184,7 @@ def test_losses_must_be_written_by_the_reveal_and_kept_as_written(tmp_path):
         losses = run_dir / LOSSES_DIR / "rank0.jsonl"
         losses.write_text(written_by_reveal + '{"step": 4, "mic')  # a record half written: left out
         lines = ClockLines(run_dir, 0)
-        with clock.Watcher(run_dir, warmup=0, cpu=False, reveal=Reveal(after_step=4, ranks=1, seed=7)):
+        with clock.Watcher(run_dir, warmup=0, cpu=False, reveal=Reveal(after_step=4, ranks=1, seed=7, initial_seed=8)):
             for step in range(1, 5):
                 lines.write("begin"), lines.write("end", step)
             while not (run_dir / "projection_seed.json").exists():
@@ -216,7 +216,7 @@ def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folde
     from framework_bench.worker.steps import ClockLines
 
     lines = ClockLines(tmp_path, 0)
-    with clock.Watcher(tmp_path, warmup=0, cpu=False, reveal=Reveal(after_step=1, ranks=1, seed=7)):
+    with clock.Watcher(tmp_path, warmup=0, cpu=False, reveal=Reveal(after_step=1, ranks=1, seed=7, initial_seed=8)):
         lines.write("begin")
         time.sleep(0.05)
         lines.write("end", 1)

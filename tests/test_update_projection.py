@@ -39,7 +39,7 @@ def wait_until(predicate, seconds=5.0):
 
 
 def test_the_seed_is_revealed_only_after_every_rank_ended_the_last_step(tmp_path):
-    reveal = update.Reveal(after_step=3, ranks=2, seed=12345)
+    reveal = update.Reveal(after_step=3, ranks=2, seed=12345, initial_seed=54321)
     revealed = tmp_path / REVEAL_FILE
     with clock.Watcher(tmp_path, warmup=1, cpu=False, reveal=reveal) as watcher:
         for step in (1, 2, 3):
@@ -57,9 +57,42 @@ def test_the_seed_is_revealed_only_after_every_rank_ended_the_last_step(tmp_path
     assert stamps["reveal"]["stamp"] == stamps["ranks"]["1"][-1][0]  # revealed on the stamp of rank 1's end
 
 
+def test_the_initial_seed_is_revealed_once_every_rank_is_ready_and_the_time_to_the_first_step_judged(tmp_path):
+    """The watcher reveals the trained weights' seed on the stamp of the last rank's ready line; the
+    initial_reveal check then reads the seconds from there to the last rank's first step, and fails
+    a step begun before the reveal or weights filled from another seed."""
+    from framework_bench.worker.files import INITIAL_REVEAL_FILE
+    from framework_bench.worker.initial_weights_host import REPORT_FILE
+
+    revealed = tmp_path / INITIAL_REVEAL_FILE
+    with clock.Watcher(tmp_path, warmup=0, cpu=False, reveal=update.Reveal(1, 2, 7, initial_seed=54321)) as watcher:
+        write_lines(tmp_path, 0, ("ready", None))
+        assert wait_until(lambda: len(watcher.events.get(0, [])) == 1)
+        time.sleep(0.1)
+        assert not revealed.exists()  # rank 1 is not ready yet
+        write_lines(tmp_path, 1, ("ready", None))
+        assert wait_until(revealed.exists)
+        time.sleep(0.2)
+        for rank in (0, 1):
+            write_lines(tmp_path, rank, ("begin", None), ("end", 1))
+        assert wait_until(lambda: all(len(watcher.events.get(r, [])) == 3 for r in (0, 1)))
+    assert json.loads(revealed.read_text()) == {"initial_seed": 54321}
+    stamps = clock_checks.load_stamps(tmp_path)
+    assert stamps["initial_reveal"]["stamp"] == stamps["ranks"]["1"][0][0]
+    (tmp_path / REPORT_FILE).write_text(json.dumps({"seed": 1, "trained_seed": 54321, "tensors": {}}))
+    check = clock_checks.initial_reveal_check(stamps, tmp_path)
+    assert check.status == "pass" and check.figures["first_window_seconds"] >= 0.2, check
+    (tmp_path / REPORT_FILE).write_text(json.dumps({"seed": 1, "trained_seed": 1, "tensors": {}}))
+    assert "the host revealed 54321" in clock_checks.initial_reveal_check(stamps, tmp_path).detail
+    (tmp_path / REPORT_FILE).write_text(json.dumps({"seed": 1, "trained_seed": 54321, "tensors": {}}))
+    stamps["ranks"]["0"][1][0] = stamps["initial_reveal"]["stamp"] - 0.5  # rank 0's step began before the reveal
+    early = clock_checks.initial_reveal_check(stamps, tmp_path)
+    assert early.status == "fail" and "before the host revealed" in early.detail, early
+
+
 def test_the_worker_waits_for_the_reveal_and_gives_up_without_one(tmp_path):
     assert worker_update.wait_for_reveal(tmp_path, timeout=0.1) is None
-    update.Reveal(after_step=1, ranks=1, seed=7).write(tmp_path)
+    update.Reveal(after_step=1, ranks=1, seed=7, initial_seed=8).write(tmp_path)
     assert worker_update.wait_for_reveal(tmp_path, timeout=0.1) == 7
 
 

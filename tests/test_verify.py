@@ -31,11 +31,11 @@ def test_an_honest_backend_passes_every_check(fakes, tmp_path):
     assert {n: c.status for n, c in checks.items()} == {n: "pass" for n in
                                                          ("tokens", "steps", "rows", "throughput", "parameters", "settings",
                                                           "clock", "pauses", "gaps", "warmup_time", "warmup", "cpu",
-                                                          "initial_weights", "update", "losses_in_time")}
+                                                          "initial_weights", "update", "losses_in_time", "initial_reveal")}
     assert result.settings["trainer"] == "fake-loop-ok" and not result.flags
     with ResultStore(tmp_path / "r.sqlite") as store:
         row = store.get(store.add(result, scenario.load("tiny_cpu")))
-    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 15
+    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 16
     assert row["settings"]["zero_stage"] == 0 and row["settings_mode"] == "matched"
 
 

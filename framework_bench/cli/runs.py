@@ -315,7 +315,7 @@ def _run_options(launcher: str | None, timeout: float | None, force: bool, setti
     """The command line's choices as one `RunOptions` (checked by the callers first)."""
     from framework_bench.run.options import RunOptions
     return RunOptions(launcher=launcher, timeout=timeout, force=force, settings_mode=settings, seed=seed,
-                      sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg))
+                      pinned_seed=seed is not None, sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg))
 
 
 def _plan_only(backend_names: list[str], chosen: list, options, reference: list[str], as_json: bool = False, repeat=1,

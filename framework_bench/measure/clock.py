@@ -5,7 +5,8 @@ clock, warm-up steps too. On CPU runs it also reads, at each stamp, the CPU time
 process tree (the worker, torchrun, its ranks): the time its threads ran, and the time they
 waited runnable for a CPU; and the whole machine's busy time, which less the tree's is the other
 work the run shared the machine with. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
-reveals the update projection's seed once every rank ended the last step
+reveals the initial seed of the trained weights once every rank said it is ready for its first
+step, and the update projection's seed once every rank ended the last step
 (`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU
 records what NVML reports over the steps (`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
 (`STAMPS_FILE`); `clock_checks.py` judges them after the run.
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from framework_bench.measure import processes
 from framework_bench.measure.nvml import NvmlSampler
+from framework_bench.measure import update
 from framework_bench.measure.update import Reveal
 from framework_bench.worker.files import CLOCK_DIR, UPDATE_FILE
 from framework_bench.worker.losses import LOSSES_DIR
@@ -146,6 +148,8 @@ class Watcher:
         self._last_end: dict[int, int] = {}
         self._pids: list[int] | None = None
         self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp"} once written
+        self.initial_revealed: dict | None = None  # {"seed", "stamp"} once the initial seed was written
+        self._ready: set[int] = set()
         self.update_claim: dict | None = None  # {"stamp"} when the worker's update claim appeared
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fbench-clock", daemon=True)
@@ -166,7 +170,8 @@ class Watcher:
         nvml = self.nvml.stop() if self.nvml else None
         try:
             self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "cpus": os.cpu_count(), "nvml": nvml,
-                                            "reveal": self.revealed, "update_claim": self.update_claim,
+                                            "initial_reveal": self.initial_revealed, "reveal": self.revealed,
+                                            "update_claim": self.update_claim,
                                             "ranks": {str(r): ev for r, ev in self.events.items()}}))
         except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
             pass
@@ -227,6 +232,9 @@ class Watcher:
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
             self._reveal_after(stamp)
+        elif event == "ready":
+            self._ready.add(rank)
+            self._reveal_initial(stamp, cpu)
         self.events.setdefault(rank, []).append([stamp, event, step, *(cpu or (None, None, None))])
 
     def _cpu(self) -> tuple[float, float, float | None] | None:
@@ -244,6 +252,17 @@ class Watcher:
         the time from the reveal to it is the projection's, unless the worker trained there."""
         if self.update_claim is None and (self.run_dir / UPDATE_FILE).exists():
             self.update_claim = {"stamp": time.monotonic()}
+
+    def _reveal_initial(self, stamp: float, cpu: tuple | None) -> None:
+        """Reveal the initial seed once every rank said it is ready for its first step."""
+        if self.reveal is None or self.initial_revealed is not None or len(self._ready) < self.reveal.ranks:
+            return
+        try:
+            self.reveal.write_initial(self.run_dir)
+        except OSError:  # a full disk: the worker waits in vain and times out, saying so
+            return
+        self.initial_revealed = {"seed": self.reveal.initial_seed, "stamp": stamp, "cpu": cpu[1] if cpu else None,
+                                 "busy": cpu[2] if cpu else None}
 
     def _reveal_after(self, stamp: float) -> None:
         """Reveal the seed once every rank's clock says it ended the last step."""
@@ -269,7 +288,9 @@ def _watch_until_terminated(run_dir: str, warmup: str, steps: str, ranks: str, g
     # SIGTERM waited for, not handled: a handler setting an Event can deadlock on the lock the
     # main thread holds inside Event.wait, leaving the batch script waiting for the watcher forever.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=int(sys.stdin.readline()))
+    projection = int(sys.stdin.readline())
+    reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=projection,
+                    initial_seed=update.derived_initial_seed(projection))
     with Watcher(Path(run_dir), int(warmup), cpu=False, gpus=gpus, reveal=reveal):
         signal.sigwait({signal.SIGTERM})
 

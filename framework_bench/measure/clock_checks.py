@@ -28,6 +28,12 @@ against the seconds the worker claims.
   threads waited for a CPU (a shared machine starves honest workers too), at least
   `MIN_CPU_SHARE` of the step's wall time: a worker asleep through its steps computed them
   elsewhere;
+- initial_reveal (`initial_reveal_check`): every rank said it was ready for its first step, the
+  host revealed the initial seed of the trained weights then, the worker filled them from it
+  (its initial-weights report says so) and no step began before. The time from the reveal to
+  the last rank's first step (`first_window_seconds`, on CPU runs also the process tree's CPU
+  work in it) is held against the reference's in `first_window_check`: training there shows;
+  training before the reveal starts from weights nobody knew;
 - losses_in_time (`losses_in_time_check`): when the last measured step ended (the seed's
   reveal), rank 0's loss records reached the step before it, and no record written by then was
   changed after. A step's loss needs the updates of the steps before it, so a worker that
@@ -56,6 +62,7 @@ from pathlib import Path
 from framework_bench.measure.clock import STAMPS_FILE
 from framework_bench.measure.nvml import nvml_figures
 from framework_bench.measure.verify import Check
+from framework_bench.worker import initial_weights_host
 from framework_bench.worker.losses import LOSSES_DIR
 
 MIN_CLAIMED_SHARE = 0.9
@@ -92,6 +99,13 @@ WARMUP_FLAG_RATIO = 20.0  # a warm-up step's wall time over the measured median:
 # moment's load on a machine shared with other work). Wall time: under load spinning thread
 # pools made an honest projection's CPU time no steadier.
 PROJECTION_DELAY_FACTOR, PROJECTION_DELAY_SLACK, PROJECTION_DELAY_STEPS = 4.0, 0.5, 6.0
+# The time from the initial seed's reveal to the first step against the reference's: the same
+# fill and report of the same model, then the framework's own way to its first step; or one of
+# the reference's median measured steps, whichever is largest. A run trained before its first
+# window shows there with its whole training. CPU work on CPU runs (load stretches wall time); over
+# the bound while other processes kept `WARMUP_OTHERS_SHARE` of the machine busy, `unverified`, as
+# `warmup` (a burst of load stretches one window: no bound keeps honest runs and the lie apart there).
+FIRST_WINDOW_FACTOR, FIRST_WINDOW_SLACK, FIRST_WINDOW_STEPS = 4.0, 0.5, 1.0
 
 
 @dataclass
@@ -406,6 +420,80 @@ def projection_delay_check(run, reference) -> Check | None:
         return Check(name="projection_delay", status="fail", figures=figures, detail=(
             f"{detail}: above {limit:.3f}, work done after the last measured step"))
     return Check(name="projection_delay", status="pass", figures=figures, detail=detail)
+
+
+def initial_reveal_check(stamps: dict | None, run_dir: Path) -> Check | None:
+    """Whether the trained weights started from the seed the host revealed once every rank was
+    ready for its first step, with the time from that reveal to the last rank's first step
+    (and on CPU runs the CPU work in it). None without stamps (the clock check says why)."""
+    if stamps is None:
+        return None
+    reveal = stamps.get("initial_reveal") or {}
+    if "stamp" not in reveal:
+        return Check(name="initial_reveal", status="unverified", detail=(
+            "unverified: the worker said no `ready` before its first step, so its trained weights started from a "
+            "seed it knew from its start (initial_weights_worker.fill_revealed: plugin contract 4)"))
+    firsts = []  # each rank's first step's begin: [stamp, event, step, cpu and wait, cpu, busy]
+    for events in (stamps.get("ranks") or {}).values():
+        if begins := [e for e in events if e[1] == "begin"]:
+            firsts.append(begins[0])
+    if not firsts:
+        return None  # no step began: the clock check says so
+    try:
+        claimed = json.loads((Path(run_dir) / initial_weights_host.REPORT_FILE).read_text()).get("trained_seed")
+    except (OSError, ValueError, AttributeError):
+        return Check(name="initial_reveal", status="unverified",
+                     detail="unverified: no initial-weights report says which seed the trained weights were filled from")
+    if claimed != reveal["seed"]:
+        return Check(name="initial_reveal", status="fail", detail=(
+            f"the trained weights were filled from seed {claimed}, the host revealed {reveal['seed']}"))
+    early = min(firsts, key=lambda e: e[0])
+    if early[0] < reveal["stamp"]:
+        return Check(name="initial_reveal", status="fail", detail=(
+            f"a step began {reveal['stamp'] - early[0]:.3f} s before the host revealed the initial seed"))
+    last = max(firsts, key=lambda e: e[0])
+    figures = {"first_window_seconds": round(last[0] - reveal["stamp"], 4)}
+    at_reveal, busy, cpus = reveal.get("cpu"), reveal.get("busy"), stamps.get("cpus")
+    if at_reveal is not None and len(last) > 4 and last[4] is not None:
+        ran = last[4] - at_reveal
+        figures["first_window_cpu_seconds"] = round(ran, 4)
+        if busy is not None and len(last) > 5 and last[5] is not None and cpus and last[0] > reveal["stamp"]:
+            others = (last[5] - busy - ran) / (cpus * (last[0] - reveal["stamp"]))
+            figures["others_share"] = round(max(0.0, others), 3)
+    return Check(name="initial_reveal", status="pass", figures=figures, detail=(
+        f"seed {reveal['seed']} revealed when every rank was ready, {figures['first_window_seconds']:.3f} s "
+        "before the last rank's first step"))
+
+
+def first_window_check(run, reference) -> Check | None:
+    """The time from the initial seed's reveal to the first step against the reference's
+    (`RunResult`s; figures of their `initial_reveal` and `clock` checks): at most
+    `FIRST_WINDOW_FACTOR` times the reference's, its figure plus `FIRST_WINDOW_SLACK`, or
+    `FIRST_WINDOW_STEPS` of the reference's median measured step, whichever is largest; CPU
+    work where both runs have it, else wall time. None where the run has no figure (its
+    `initial_reveal` check says why)."""
+    mine, theirs = (next((c.figures for c in r.checks if c.name == "initial_reveal"), {}) for r in (run, reference))
+    if mine.get("first_window_seconds") is None:
+        return None
+    if theirs.get("first_window_seconds") is None:
+        return Check(name="first_window", status="unverified",
+                     detail=f"unverified: the reference {reference.backend}'s run kept no first_window_seconds")
+    cpu = mine.get("first_window_cpu_seconds") is not None and theirs.get("first_window_cpu_seconds") is not None
+    key, what = ("first_window_cpu_seconds", "s of CPU work") if cpu else ("first_window_seconds", "s")
+    step = next((c.figures.get("median_step_seconds") for c in reference.checks if c.name == "clock"), None) or 0.0
+    limit = max(FIRST_WINDOW_FACTOR * theirs[key], theirs[key] + FIRST_WINDOW_SLACK, FIRST_WINDOW_STEPS * step)
+    out = {key: mine[key], f"reference_{key}": theirs[key], "reference_median_step_seconds": step,
+           "limit": round(limit, 4)}
+    detail = (f"{mine[key]:.3f} {what} from the initial seed's reveal to the first step, the reference "
+              f"{theirs[key]:.3f}, its median measured step {step:.3f} s")
+    if mine[key] <= limit:
+        return Check(name="first_window", status="pass", figures=out, detail=detail)
+    if (others := mine.get("others_share", 0.0)) >= WARMUP_OTHERS_SHARE:
+        return Check(name="first_window", status="unverified", figures={**out, "others_share": others}, detail=(
+            f"unverified: {detail}, above {limit:.3f}, while other processes kept {others:.0%} of the machine's CPUs "
+            "busy: not judged beside other work"))
+    return Check(name="first_window", status="fail", figures=out, detail=(
+        f"{detail}: above {limit:.3f}, work done before the first step"))
 
 
 def _digest(path: Path, size: int) -> str | None:

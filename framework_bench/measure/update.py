@@ -36,7 +36,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
+from framework_bench.worker.files import INITIAL_REVEAL_FILE, REVEAL_FILE, UPDATE_FILE
 
 _PROCESS_SECRET = secrets.token_bytes(16)
 # |p - p_ref| / |dw_ref| (fp32 / bf16 autocast): far above what honest backends measured against
@@ -63,19 +63,45 @@ def new_round() -> int:
     return next(_rounds)
 
 
+def initial_seed(seed: int, round_: int, pinned: bool = False) -> int:
+    """The seed the trained weights start from, revealed once every rank is ready for its first
+    step (`framework_bench/worker/initial_weights_worker.py`: fill_revealed): this host process's,
+    for the compare's `seed` in its round, so no worker knows it before; the runs of a round share
+    it. A pinned seed (`--seed`) gives `seed` itself: reproducible across compares, which then
+    cannot exclude training before the first step (`design.PINNED_SEED_NOTE`)."""
+    if pinned:
+        return seed
+    digest = hashlib.blake2b(f"initial/{seed}/{round_}".encode(), key=_PROCESS_SECRET, digest_size=4).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def derived_initial_seed(projection_seed: int) -> int:
+    """The initial seed of a SLURM job's watcher, which is handed its projection seed only: one
+    the worker cannot derive before either reveal."""
+    return int.from_bytes(hashlib.blake2b(f"initial/{projection_seed}".encode(), digest_size=4).digest(), "big") >> 1
+
+
 @dataclass(frozen=True)
 class Reveal:
-    """Reveal `seed` once each of `ranks` ranks ended step `after_step` (the last one)."""
+    """Reveal `initial_seed` once each of `ranks` ranks said it is ready for its first step, and
+    `seed` (the projection's) once each ended step `after_step` (the last one)."""
 
     after_step: int
     ranks: int
     seed: int
+    initial_seed: int
 
     def write(self, run_dir: Path) -> None:
-        path = Path(run_dir) / REVEAL_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"projection_seed": self.seed}))
-        tmp.replace(path)  # whole or absent: the worker polls for it
+        _write(Path(run_dir) / REVEAL_FILE, {"projection_seed": self.seed})
+
+    def write_initial(self, run_dir: Path) -> None:
+        _write(Path(run_dir) / INITIAL_REVEAL_FILE, {"initial_seed": self.initial_seed})
+
+
+def _write(path: Path, content: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content))
+    tmp.replace(path)  # whole or absent: the worker polls for it
 
 
 def _claim(run_dir: Path) -> dict | None:

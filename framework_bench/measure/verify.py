@@ -54,7 +54,7 @@ THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weights", "parity",
             "clock", "pauses", "gaps", "warmup", "cpu", "losses_in_time", "update", "update_parity",
-            "update_parts", "fp32_twin")
+            "update_parts", "fp32_twin", "initial_reveal", "first_window")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
 # out the rule of the current contract that every claim be made (one not made is then a flag).
@@ -66,7 +66,7 @@ REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "a
                      "activation_checkpointing", "zero_stage")
 # The plugin contract (`framework_bench.plugins.contract.CONTRACT`) from which each claim is
 # required; every claim not named here is required from contract 2.
-CLAIMED_SINCE = {"update": 3}
+CLAIMED_SINCE = {"update": 3, "initial_reveal": 4}
 
 
 def claimed_since(check: str) -> int:
@@ -250,7 +250,8 @@ def check_initial_weights(job: Job, settings: dict | None = None) -> Check:
     path = job.run_dir / initial_weights_host.REPORT_FILE
     report = json.loads(path.read_text()) if path.exists() else None
     want = expected_parameters(job.scenario, settings or {}, job.settings_mode)
-    status, detail = initial_weights_host.check(report, job.seed, job.hf_config, want)
+    status, detail = initial_weights_host.check(report, job.seed, job.hf_config, want,
+                                                adapters=bool(job.scenario.finetune.adapters))
     return Check(name="initial_weights", status=status, detail=detail)
 
 

@@ -117,10 +117,12 @@ class EnvSpec(BaseModel):
 # The plugin contract this host implements. 1: the claims are optional (a claim not made is
 # flagged "unverified"). 2: the step timer's clock lines (framework_bench/measure/clock.py) and every
 # claim of `WorkerReport` are required; a run missing one is `invalid`. 3: the update projection
-# after training too (framework_bench/worker/update.py). A plugin declares the version it was
+# after training too (framework_bench/worker/update.py). 4: the trained weights filled from the
+# seed the host reveals once the worker is ready for its first step (`initial_reveal`:
+# framework_bench/worker/initial_weights_worker.py, fill_revealed). A plugin declares the version it was
 # written against (`BackendInfo.contract`); one declaring none is of contract 1. A claim its
 # contract does not name leaves its run `unverified` (framework_bench/measure/verify.py: CLAIMED_SINCE).
-CONTRACT = 3
+CONTRACT = 4
 
 
 class BackendInfo(BaseModel):

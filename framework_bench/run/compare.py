@@ -113,6 +113,8 @@ def compare(
         raise ValueError("repeat='auto' goes with a precision, and a precision with repeat='auto'")
     first, last = design.round_range(repeat)
     options = options or RunOptions()
+    if older := design.older_than_reveal(found, backend_names):
+        options = options.model_copy(update={"pinned_seed": True})  # the older workers cannot wait for a reveal
     seed = design.compare_seed(options.seed)
     results: list[RunResult] = []
     reference_name = None if no_reference else reference_backend()
@@ -189,6 +191,8 @@ def compare(
                     result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
                     if options.seed is not None:
                         result.notes.append(design.PINNED_SEED_NOTE)
+                    elif older:
+                        result.notes.append(design.older_plugin_note(older))
                     results.append(result)
                     trials.append(result)
                     if name == reference_name:

@@ -11,7 +11,22 @@ import time
 from framework_bench.spec.scenario import Scenario
 
 PINNED_SEED_NOTE = ("seed pinned with --seed: every compare with it starts from these initial weights, so a run "
-                    "replaying an earlier compare's results is not excluded")
+                    "replaying an earlier compare's results, or training before its first step, is not excluded")
+
+
+def older_than_reveal(backends: dict, names: list[str]) -> list[str]:
+    """Of `names`, the backends (`plugins.backends()`) whose plugin contract predates the initial
+    seed's reveal: their workers fill the trained weights at start-up from the job's seed."""
+    from framework_bench.measure.verify import claimed_since
+
+    return [n for n in names if backends.get(n) is not None and backends[n].info.contract < claimed_since("initial_reveal")]
+
+
+def older_plugin_note(names: list[str]) -> str:
+    """The note of every run of a compare beside an older plugin (`older_than_reveal`): all of them
+    start from the compare's seed, so that one can be judged against the reference."""
+    return (f"beside {', '.join(names)} (a plugin of a contract before the initial seed's reveal) every run starts "
+            "from the compare's seed, so training before its first step is not excluded")
 
 
 def compare_seed(pinned: int | None) -> int:

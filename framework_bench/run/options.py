@@ -20,6 +20,9 @@ class RunOptions(BaseModel):
     seed: int | None = Field(None, description=(
         "the initial weights' seed; None: a compare draws a fresh one per round (`design.round_seed`), "
         "a run outside a compare (check-backend) takes SEED"))
+    pinned_seed: bool = Field(False, description=(
+        "the seed was pinned with --seed: the trained weights start from it, not from a seed the host reveals "
+        "at the first step (framework_bench/measure/update.py: initial_seed)"))
     db: Path | None = Field(None, description="the results file the runs are stored in; None: nobody stores them")
     root: Path | None = Field(None, description="the folder of the run folders; None: FBENCH_HOME/runs")
     sbatch: SbatchOptions = Field(default_factory=SbatchOptions, description="slurm: the batch script's options")

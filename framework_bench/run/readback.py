@@ -89,7 +89,8 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
     result.checks = [c for c in verify.verify(scenario, report, job.data_dir, result.tgs, job)
                      + clock_checks.checks(stamps, scenario.steps.warmup, claimed, cpu=job.device == "cpu")
                      + [update.check(job.run_dir, stamps, adapters=scenario.finetune.method != "full")]
-                     + [c for c in [clock_checks.losses_in_time_check(stamps, job.run_dir)] if c is not None]
+                     + [c for c in [clock_checks.losses_in_time_check(stamps, job.run_dir),
+                                    clock_checks.initial_reveal_check(stamps, job.run_dir)] if c is not None]
                      if c.name not in off]
     reason, flags = verify.verdict(result.checks)
     result.flags += flags

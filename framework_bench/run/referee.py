@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from framework_bench.measure import losses, update, verify
-from framework_bench.measure.clock_checks import projection_delay_check
+from framework_bench.measure.clock_checks import first_window_check, projection_delay_check
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.run import twin
@@ -88,7 +88,8 @@ def _parity(result: RunResult, reference: RunResult, scenario: Scenario, twin_ch
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
                           update.parity(result, reference, scenario.precision),
                           update.parts_parity(result, reference),
-                          projection_delay_check(result, reference), twin_check) if c is not None]
+                          projection_delay_check(result, reference), first_window_check(result, reference),
+                          twin_check) if c is not None]
     result.checks += checks
     reason, flags = verify.verdict(checks)
     result.flags += flags

@@ -13,6 +13,7 @@ tokens this rank processed in the step (its sequence-parallel shard only).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from framework_bench.worker.dist import dist_info
@@ -24,6 +25,25 @@ WORKER_REPORT = "worker.json"
 # reveals once the last measured step ended, and the worker's projection with it.
 REVEAL_FILE = "projection_seed.json"
 UPDATE_FILE = "update_projection.json"
+# The seed the trained weights start from, which the host reveals once every rank says it is
+# ready for its first step (framework_bench/worker/initial_weights_worker.py: fill_revealed).
+INITIAL_REVEAL_FILE = "initial_seed.json"
+# The host writes a seed within a poll of the clock line it waits for; a shared filesystem under
+# SLURM may take its attribute-cache time to show it on another node.
+REVEAL_TIMEOUT = 300.0
+REVEAL_POLL = 0.02
+
+
+def wait_for_seed(path: Path, key: str, timeout: float = REVEAL_TIMEOUT) -> int | None:
+    """The seed `key` of the file the host reveals at `path`, or None when none came within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(json.loads(path.read_text())[key])
+        except (OSError, ValueError, KeyError, TypeError):  # not there yet (the host renames it into place)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(REVEAL_POLL)
 
 
 class MetricsWriter:

@@ -75,6 +75,19 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def is_adapter(name: str) -> bool:
+    """A LoRA adapter's parameter (peft's `lora_A`/`lora_B`), whatever wraps it."""
+    return ".lora_A." in canonical_name(name) or ".lora_B." in canonical_name(name)
+
+
+def starts_revealed(name: str, adapters: bool) -> bool:
+    """Whether the tensor is one the run trains (every tensor; with adapters, the adapters only),
+    whose initial values come from the seed the host reveals once the worker is ready for its
+    first step (`initial_weights_worker.fill_revealed`); the rest from the job's seed, known from
+    the start (a frozen base: QLoRA quantizes it as it is built)."""
+    return not adapters or is_adapter(name)
+
+
 def tensor_key(seed: int, name: str) -> int:
     """The per-tensor key: the seed and the canonical name, hashed (a Python int < 2**32)."""
     # Python ints for the scalar: exact, where a numpy int64 scalar's product warns on overflow
@@ -128,20 +141,25 @@ def expected_values(seed: int, name: str, shape: list[int], indices: np.ndarray,
     return values
 
 
-def check(report: dict | None, seed: int, hf_config: dict, param_count: int) -> tuple[str, str]:
+def check(report: dict | None, seed: int, hf_config: dict, param_count: int, adapters: bool = False) -> tuple[str, str]:
     """("pass" | "fail" | "unverified", detail) for the worker's sampled initial weights:
-    every sampled value within tolerance, the seed the host asked for, all parameters covered."""
+    every sampled value within tolerance, the seed the host asked for, all parameters covered.
+    The trained tensors (`starts_revealed`) from the report's `trained_seed` (whether the host
+    revealed that one is the `initial_reveal` check's); a report without one (an older SDK's)
+    filled them from `seed` too."""
     if not report:
         return "unverified", "unverified: the worker reported no initial-weight samples"
     if report.get("seed") != seed:
         return "fail", f"filled with seed {report.get('seed')}, the compare's seed is {seed}"
+    trained = report.get("trained_seed", seed)
     std, pad = float(hf_config.get("initializer_range", 0.02)), hf_config.get("pad_token_id")
     covered, worst = 0, (0.0, "")
     for name, tensor in report.get("tensors", {}).items():
         shape, values = tensor["shape"], np.asarray(tensor["values"], dtype=np.float64)
         numel = int(np.prod(shape))
         covered += numel
-        want = expected_values(seed, name, shape, sample_indices(seed, name, numel), std, pad)
+        want = expected_values(trained if starts_revealed(name, adapters) else seed, name, shape,
+                               sample_indices(seed, name, numel), std, pad)
         if values.shape != want.shape:
             return "fail", f"{name}: {values.size} samples reported, {want.size} expected"
         dtype = tensor.get("dtype", "")
@@ -152,5 +170,6 @@ def check(report: dict | None, seed: int, hf_config: dict, param_count: int) -> 
         worst = max(worst, (off, name))
     if covered != param_count:
         return "fail", f"the samples cover {covered:,} parameters, the model has {param_count:,}"
-    return "pass", (f"seed {seed}: {len(report['tensors'])} tensors sampled, largest relative difference "
+    revealed = f", the trained ones from the revealed seed {trained}" if trained != seed else ""
+    return "pass", (f"seed {seed}{revealed}: {len(report['tensors'])} tensors sampled, largest relative difference "
                     f"{worst[0]:.1e}")

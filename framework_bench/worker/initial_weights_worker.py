@@ -4,7 +4,12 @@
 - `fill(model, seed, hf_config)`: right after the framework built the model, before any
   optimizer, DDP or DeepSpeed engine sees it (under ZeRO-3 inside `GatheredParameters`),
   overwrite every parameter in place from (seed, canonical name, element index).
-- `report(model, seed, run_dir)`: later, when training is about to start, read the sampled
+- `fill_revealed(model, job, clock, optimizer)`: once the framework set everything up, just
+  before the first step, every rank says so on its clock ("ready"), waits for the seed the host
+  reveals then, fills the trained tensors from it in place (ZeRO-3 partitions and FSDP2 shards
+  too; DeepSpeed's fp32 copies refreshed) and reports. Training before the first step is then
+  training from weights nobody knew yet, and the host's clock sees the time from the reveal on.
+- `report(model, seed, run_dir)`: when training is about to start, read the sampled
   elements back from the live parameters into `RUN_DIR/initial_weights.json` (rank 0), so the
   host sees what the framework really trains from, not what `fill` wrote; parameters sharded by
   ZeRO-3 or FSDP2 (DTensors) are read whole (`gathered`, `whole`: collectives every rank enters).
@@ -17,8 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from framework_bench.worker.initial_weights_host import (_STREAM_A, _STREAM_B, MASK32, REPORT_FILE, canonical_name, hash32,
-                                                    kind, sample_indices, tensor_key)
+                                                    kind, sample_indices, starts_revealed, tensor_key)
 from framework_bench.worker.dist import dist_info
+from framework_bench.worker.files import INITIAL_REVEAL_FILE, REVEAL_TIMEOUT, wait_for_seed
 
 CHUNK = 1 << 22  # elements per fill chunk: float64 temporaries of 32 MiB, whatever the model size
 
@@ -87,20 +93,68 @@ def init_args(p, hf_config: dict) -> tuple[float, int | None, int | None]:
             hf_config.get("pad_token_id"))
 
 
-def fill(model, seed: int, hf_config: dict) -> None:
-    """Overwrite every parameter of the freshly built model in place (tied ones once)."""
+def fill(model, seed: int, hf_config: dict, only=None) -> None:
+    """Overwrite every parameter of the model in place (tied ones once; `only`: those whose
+    name it accepts). An FSDP2 shard (a DTensor) is filled whole and each rank keeps its shard."""
     import torch
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if getattr(p, "quant_state", None) is not None:
+            if getattr(p, "quant_state", None) is not None or (only is not None and not only(name)):
                 continue  # QLoRA's 4-bit base holds packed bytes: it was quantized from filled weights
             with gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
                 if p.numel() >= 2**32:
                     raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
-                flat, args = p.data.view(-1), init_args(p, hf_config)
+                shard = _shard(p.data)
+                target = p.data if shard is None else torch.empty(p.shape, dtype=p.dtype, device=shard.device)
+                flat, args = target.view(-1), init_args(p, hf_config)
                 for lo, idx in chunks(flat.numel(), flat.device):
                     flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *args))
+                if shard is not None:
+                    from torch.distributed.tensor import distribute_tensor
+
+                    shard.copy_(distribute_tensor(target, p.data.device_mesh, p.data.placements).to_local())
+
+
+def _shard(data):
+    """This rank's local tensor of an FSDP2 parameter (a DTensor), None for any other."""
+    import torch
+
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(data, DTensor):
+            return data.to_local()
+    return None
+
+
+def revealed_initial_seed(run_dir: str | Path) -> int | None:
+    """The seed the host revealed for the trained weights (`fill_revealed`), None where none was
+    (a worker that never said it was ready: its trained weights started from the job's seed)."""
+    return wait_for_seed(Path(run_dir) / INITIAL_REVEAL_FILE, "initial_seed", timeout=0)
+
+
+def fill_revealed(model, job, clock, optimizer=None) -> int:
+    """Every rank, once the framework has set the model and optimizer up, right before its first
+    step: say "ready" on the step timer's `clock` (a `steps.ClockLines`), wait for the seed the
+    host reveals once every rank said so, fill the tensors the run trains from it
+    (`initial_weights_host.starts_revealed`), bring a DeepSpeed optimizer's fp32 copies of them up
+    to date (`refresh_fp32_params`, found on `optimizer` or what it wraps) and report the initial
+    weights. Returns the seed. The optimizer must not have stepped yet (AdamW's state is empty)."""
+    clock.write("ready")
+    seed = wait_for_seed(Path(job.run_dir) / INITIAL_REVEAL_FILE, "initial_seed")
+    if seed is None:
+        raise RuntimeError(f"fbench: no initial seed revealed in {REVEAL_TIMEOUT:.0f} s after this worker said it was "
+                           "ready: is the host's clock watching the run?")
+    adapters = bool(job.scenario.finetune.adapters)
+    # the job's config, as the host's check reads it (a framework may have changed the model's pad id since)
+    fill(model, seed, job.hf_config, only=lambda name: starts_revealed(name, adapters))
+    while optimizer is not None and not hasattr(optimizer, "refresh_fp32_params"):
+        optimizer = getattr(optimizer, "optimizer", None)  # accelerate's and mmengine's wrappers hold DeepSpeed's
+    if optimizer is not None:
+        optimizer.refresh_fp32_params()
+    report(model, job.seed, job.run_dir, trained_seed=seed)
+    return seed
 
 
 def live_values(p, data):
@@ -114,8 +168,9 @@ def live_values(p, data):
     return F.dequantize_4bit(data, state), state.quant_type
 
 
-def report(model, seed: int, run_dir: str | Path) -> None:
-    """Rank 0 writes the sampled elements of every parameter, read from the live model."""
+def report(model, seed: int, run_dir: str | Path, trained_seed: int | None = None) -> None:
+    """Rank 0 writes the sampled elements of every parameter, read from the live model (and the
+    seed its trained tensors were filled from, where the host revealed one)."""
     import torch
 
     rank = dist_info().rank
@@ -133,4 +188,5 @@ def report(model, seed: int, run_dir: str | Path) -> None:
     if rank != 0:
         return
     path = Path(run_dir) / REPORT_FILE
-    path.write_text(json.dumps({"seed": seed, "tensors": tensors}))
+    path.write_text(json.dumps({"seed": seed, **({} if trained_seed is None else {"trained_seed": trained_seed}),
+                                "tensors": tensors}))

@@ -3,7 +3,8 @@
 A worker takes `STARTED = time.time()` before its heavy imports, makes a `StartupClock`
 from it first thing in `main`, and calls `mark(phase)` as each phase ends (a phase marked
 twice adds up, e.g. reading the first batch is "data" too). The phases fbench names are
-"imports", "data", "model_build" and "framework_setup"; `total` is the worker start to
+"imports", "data", "model_build", "framework_setup" and "initial_weights" (from the
+ready line to the revealed seed's fill and report: `initial_weights_worker.fill_revealed`); `total` is the worker start to
 the last mark (the first step's start), reported as `startup_seconds`.
 """
 

@@ -34,32 +34,15 @@ import time
 from pathlib import Path
 
 from framework_bench.worker.dist import dist_info
-from framework_bench.worker.files import REVEAL_FILE, UPDATE_FILE
-from framework_bench.worker.initial_weights_worker import chunks, gathered, init_args, initial_values, standard_normal, whole
-from framework_bench.worker.initial_weights_host import canonical_name, projection_key
-
-# The host writes the seed within a poll of the last step's end; a shared filesystem under
-# SLURM may take its attribute-cache time to show it on another node.
-REVEAL_TIMEOUT = 300.0
-REVEAL_POLL = 0.02
+from framework_bench.worker.files import REVEAL_FILE, REVEAL_TIMEOUT, UPDATE_FILE, wait_for_seed
+from framework_bench.worker.initial_weights_worker import (chunks, gathered, init_args, initial_values, revealed_initial_seed,
+                                                           standard_normal, whole)
+from framework_bench.worker.initial_weights_host import canonical_name, is_adapter, projection_key, starts_revealed
 
 
 def wait_for_reveal(run_dir: str | Path, timeout: float = REVEAL_TIMEOUT) -> int | None:
     """The projection seed the host revealed, or None when none came within `timeout`."""
-    path = Path(run_dir) / REVEAL_FILE
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return int(json.loads(path.read_text())["projection_seed"])
-        except (OSError, ValueError, KeyError, TypeError):  # not there yet (the host renames it into place)
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(REVEAL_POLL)
-
-
-def is_adapter(name: str) -> bool:
-    """A LoRA adapter's parameter (peft's `lora_A`/`lora_B`), whatever wraps it."""
-    return ".lora_A." in canonical_name(name) or ".lora_B." in canonical_name(name)
+    return wait_for_seed(Path(run_dir) / REVEAL_FILE, "projection_seed", timeout)
 
 
 def part_of(name: str) -> str:
@@ -77,10 +60,11 @@ def part_of(name: str) -> str:
     return "head" if canonical.startswith("lm_head.") else "other"
 
 
-def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str, tuple[float, float]]:
+def project(model, seed: int, hf_config: dict, projection_seed: int, trained_seed: int | None = None,
+            adapters: bool = False) -> dict[str, tuple[float, float]]:
     """{"all", each part of the model (`part_of`) and, with adapters, "base": ((final - initial
     weights) . v, |final - initial weights|)} over those parameters (tied ones once), summed over
-    ranks."""
+    ranks. The trained tensors started from `trained_seed` (`starts_revealed`), where given."""
     import torch
 
     dist = dist_info()
@@ -102,9 +86,10 @@ def project(model, seed: int, hf_config: dict, projection_seed: int) -> dict[str
                 if i % ranks != share or getattr(p, "quant_state", None) is not None:
                     continue
                 flat, key, args = data.reshape(-1), projection_key(projection_seed, name), init_args(p, hf_config)
+                start = trained_seed if trained_seed is not None and starts_revealed(name, adapters) else seed
                 part = total[parts.index(part_of(name))]
                 for lo, idx in chunks(flat.numel(), flat.device):
-                    initial = initial_values(idx, name, seed, *args).to(p.dtype).to(torch.float64)
+                    initial = initial_values(idx, name, start, *args).to(p.dtype).to(torch.float64)
                     moved = flat[lo:lo + idx.numel()].to(torch.float64) - initial
                     part[0] += (moved * standard_normal(idx, key)).sum()
                     part[1] += (moved * moved).sum()
@@ -127,7 +112,8 @@ def report(model, job) -> None:
               file=sys.stderr)
         return
     started = time.monotonic()
-    parts = project(model, job.seed, job.hf_config, projection_seed)
+    parts = project(model, job.seed, job.hf_config, projection_seed, revealed_initial_seed(job.run_dir),
+                    adapters=bool(job.scenario.finetune.adapters))
     if dist_info().is_main:
         path = Path(job.run_dir) / UPDATE_FILE
         tmp = path.with_suffix(".tmp")

@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 
 from framework_bench.worker import ConsumedRows, Report, initial_weights_host, load_job, write_report
 from framework_bench.worker.losses import MicroLosses, supervised_after_shift
-from framework_bench.worker.files import UPDATE_FILE, MetricsWriter
+from framework_bench.worker.files import INITIAL_REVEAL_FILE, UPDATE_FILE, MetricsWriter, wait_for_seed
 from framework_bench.worker.update import wait_for_reveal
 from framework_bench.worker.steps import ClockLines
 
@@ -58,15 +59,17 @@ def llama_shapes(cfg: dict) -> dict[str, list[int]]:
     return shapes | {"model.norm.weight": [h], "lm_head.weight": [vocab, h]}
 
 
-def write_initial_weights(run_dir: str, seed: int, cfg: dict) -> None:
+def write_initial_weights(run_dir: str, seed: int, cfg: dict, trained: int | None) -> None:
+    """The samples of a fully trained Llama's initial weights: from the seed the host revealed at
+    the ready line (`trained`), where it did."""
     std, pad = float(cfg.get("initializer_range", 0.02)), cfg.get("pad_token_id")
     tensors = {}
     for name, shape in llama_shapes(cfg).items():
         idx = initial_weights_host.sample_indices(seed, name, int(np.prod(shape)))
-        values = initial_weights_host.expected_values(seed, name, shape, idx, std, pad)
+        values = initial_weights_host.expected_values(seed if trained is None else trained, name, shape, idx, std, pad)
         tensors[name] = {"shape": shape, "dtype": "float32", "values": values.astype(np.float32).tolist()}
     with open(os.path.join(run_dir, initial_weights_host.REPORT_FILE), "w") as f:
-        json.dump({"seed": seed, "tensors": tensors}, f)
+        json.dump({"seed": seed, **({} if trained is None else {"trained_seed": trained}), "tensors": tensors}, f)
 
 
 def spin(seconds: float) -> None:
@@ -120,6 +123,8 @@ OVERRIDE = {"tiny_seconds": {"seconds": 1e-320}, "inf_seconds": {"seconds": floa
             "nan_loss": {"loss": float("nan")}, "huge_tokens": {"tokens": 2**63}, "huge_memory": {"peak_mem_bytes": 2**64},
             "negative_rank": {"rank": -1}}.get(mode)
 first_row = 1 if mode == "wrong_rows" else 0  # skips the stream's first row
+clock.write("ready")  # as `initial_weights_worker.fill_revealed` says it: the host reveals the initial seed
+trained_seed = wait_for_seed(Path(job.run_dir) / INITIAL_REVEAL_FILE, "initial_seed", timeout=30)
 for step in range(1, job.steps + 1):
     if mode == "missing_steps" and step == 3:
         continue
@@ -146,7 +151,7 @@ if mode == "extra_steps":  # 200,000 steps nobody asked for
         writer._fh.write(json.dumps({"step": step, "seconds": 0.5, "tokens": ctx, "rank": 0}) + "\n")
 if mode == "grandchild":  # exits 0, leaving a process behind in its group
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(job.run_dir)])
-write_initial_weights(job.run_dir, job.seed, job.hf_config)
+write_initial_weights(job.run_dir, job.seed, job.hf_config, trained_seed)
 write_update(job.run_dir)
 params = param_count(job.hf_config) - (job.hf_config["hidden_size"] if mode == "wrong_model" else 0)
 write_report(job, Report(param_count=params, settings={

@@ -1,5 +1,5 @@
 """Third-party backends that lie: each is the torch reference backend whose worker carries
-one named lie (`fbench_lying_worker.LIES`), at most 10 lines changed from the real worker.
+one named lie (`fbench_lying_worker.LIES`), at most 15 lines changed from the real worker.
 
 They are what a framework vendor with an incentive to look fast could install: registered
 through the `fbench.backends` entry points (`register_through_entry_points`) like any other
@@ -51,10 +51,11 @@ class LyingBackend(torch_plugin.TorchBackend):
 
 
 # Each lie at the current contract (the torch plugin's), the claimless one and the honest copy
-# also as plugins of contract 1, written before the claims were required, and the worker
-# without the update claim as a plugin of contract 2, written before that claim.
+# also as plugins of contract 1, written before the claims were required, the worker
+# without the update claim as a plugin of contract 2, written before that claim, and the one
+# filling its trained weights at start-up as a plugin of contract 3, before the initial seed's reveal.
 BACKENDS = ([LyingBackend(lie) for lie in LIES] + [LyingBackend(lie, contract=1) for lie in ("honest", "no_claims")]
-            + [LyingBackend("no_update_claim", contract=2)])
+            + [LyingBackend("no_update_claim", contract=2), LyingBackend("fills_at_build", contract=3)])
 globals().update({backend.name: backend for backend in BACKENDS})
 ENTRY_POINTS = {backend.name: f"fbench_lying_backends:{backend.name}" for backend in BACKENDS}
 

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-MAX_CHANGED_LINES = 10
+MAX_CHANGED_LINES = 15
 
 TIMER = "    log = StepLog(job, dist.rank)\n"
 BACKWARD = "                share.backward()\n"
@@ -24,7 +24,7 @@ BUILT = ('    model = from_config(job, device, attn_implementation=ulysses.regis
          'dtype=torch.float32)\n')
 PARAMS = "        param_count=settings.param_count(model),\n"
 LEDGER = "        settings={**settings_in_effect, **adapters.settings(model)},\n"
-INITIAL = "    initial_weights_worker.report(model, job.seed, job.run_dir)\n"
+INITIAL = "    initial_weights_worker.fill_revealed(model, job, log.timer.clock, optimizer)\n"
 WRITE = "    write_report(job, report)\n"
 UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
 OPTIMIZER = ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n        optimizer.step()\n"
@@ -61,7 +61,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # Every step computed first, the clock lines held back; then written at the claimed pace.
     "compute_then_write": [
-        (TIMER, TIMER + "    held, write = [], log.timer.clock.write\n"
+        (INITIAL, INITIAL + "    held, write = [], log.timer.clock.write\n"
                         "    log.timer.clock.write = lambda e, s=None: held.append((e, s))\n"),
         (CLOSE, "    claimed = iter(__import__('json').loads(l)['seconds'] for l in log.timer.writer.path.read_text().splitlines())\n"
                 "    for e, s in held:\n"
@@ -74,6 +74,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
                 + TIMER + "    log.timer.clock.write = lambda e, s=None: None\n"),
         (WRITE, '    report.settings = report.param_count = None\n    report.extra["loop_throughput"] = {}\n' + WRITE),
         (UPDATE, ""),
+        (INITIAL, "    initial_weights_worker.report(model, job.seed, job.run_dir)\n"),  # no ready line either
     ],
     # Every claim but the update projection (contract 3): a worker written for contract 2.
     "no_update_claim": [
@@ -126,14 +127,30 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # Forward only inside the timed steps; the real training after the last step's clock line, untimed.
     "train_after_steps": [
-        (TIMER, TIMER + "    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):\n"
+        (INITIAL, INITIAL + "    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):\n"
                         "        log.timer.begin(), [train_model(input_ids=torch.from_numpy(i), labels=torch.from_numpy(l)) for i, l in batch]\n"
                         "        log.timer.add_tokens(sum(i.size for i, _ in batch)), log.timer.end(step, None)\n"
                         "    log.timer.begin = log.timer.end = lambda *a: {'tokens': 0}\n"),
     ],
+    # Every step trained once the initial seed was revealed, before the first step's clock; the
+    # timed steps then run forward only, recording the losses kept from that training.
+    "trained_before_first_step": [
+        (INITIAL, INITIAL + "    kept = []\n"
+                            "    for batch in job.batches(rows, dist.rank, dist.world_size):\n"
+                            "        divisors = loss_divisors(job.loss_scheme, [l for _, l in batch], summed_over_ranks(device))\n"
+                            "        kept.append([model(input_ids=torch.from_numpy(i), labels=torch.from_numpy(l), num_items_in_batch=d).loss for (i, l), d in zip(batch, divisors)])\n"
+                            "        [loss.backward() for loss in kept[-1]], torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM), optimizer.step(), optimizer.zero_grad(set_to_none=True)\n"),
+        (FORWARD, "                        with torch.no_grad(): train_model(input_ids=x)\n"
+                  "                        share = loss = kept[step - 1][i].detach()\n"),
+        (BACKWARD, ""),
+        (OPTIMIZER, ""),
+    ],
+    # The worker of plugin contract 3: the trained weights filled at model build from the job's seed
+    # and reported at start, no ready line (run as a plugin of contract 3 and of the current one).
+    "fills_at_build": [(INITIAL, "    initial_weights_worker.report(model, job.seed, job.run_dir)\n")],
     # The whole training inside warm-up step 1's clock, then every step again forward only.
     "trained_in_warmup": [
-        (TIMER, TIMER + "    timer, log.timer = log.timer, type('Untimed', (), {'begin': lambda s: None, 'end': lambda s, *a: {'tokens': 0}, "
+        (INITIAL, INITIAL + "    timer, log.timer = log.timer, type('Untimed', (), {'begin': lambda s: None, 'end': lambda s, *a: {'tokens': 0}, "
                         "'add_tokens': lambda s, n: None, 'close': lambda s: None})()\n    timer.begin()\n"),
         (CLOSE, "    for step, batch in enumerate(job.batches(rows, dist.rank, dist.world_size), start=1):\n"
                 "        timer.begin() if step > 1 else None\n"
@@ -186,7 +203,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (BUILT, BUILT + "    job.scenario.finetune.rank = 64\n"
                         '    claimed = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'
                         "    job.scenario.finetune.rank = 8\n"),
-        (INITIAL, "    initial_weights_worker.report(claimed, job.seed, job.run_dir)\n"),
+        (INITIAL, INITIAL + "    initial_weights_worker.fill_revealed(claimed, job, log.timer.clock)\n"),
         (PARAMS, "        param_count=settings.param_count(claimed),\n"),
         (LEDGER, "        settings={**settings_in_effect, **adapters.settings(claimed)},\n"),
     ],

@@ -71,7 +71,8 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
 # are `unverified`, naming these. Its clock lines (the step timer) are claimed as on v0.
 V1_UNCLAIMED = {claim: "not recorded on LLaMA-Factory's v1 trainer (sequence parallel, GPU and flash-attn only): "
                        "no CPU run can prove a recorder there, so none is claimed"
-                for claim in ("rows", "settings", "parameters", "initial_weights", "update", "throughput")}
+                for claim in ("rows", "settings", "parameters", "initial_weights", "initial_reveal", "update",
+                              "throughput")}
 
 
 def effective_settings(args, model, trained_model, optimizer, loader) -> dict:
@@ -111,7 +112,7 @@ class Claims:
     (kept by a forward pre-hook, read back after the step's clock has stopped, so no device
     sync lands inside a step), the settings in effect and the parameter count."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, clock):
         from transformers import TrainerCallback
 
         claims = self
@@ -125,7 +126,9 @@ class Claims:
                 claims.probe.install()
                 claims.param_count = capture.param_count(model)
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
-                initial_weights_worker.report(model, job.seed, job.run_dir)  # what the first step trains from
+                # the trained weights from the seed the host reveals now, after the DeepSpeed engine (its
+                # fp32 copies refreshed); then read back as the first step trains from them
+                initial_weights_worker.fill_revealed(model, job, clock, optimizer)
 
             def on_step_end(self, args, state, control, **kw):
                 for ids, labels in claims.fed:
@@ -360,7 +363,7 @@ def main(job_file: str) -> None:
 
         train_v1(job, packed, rows, recorder)
     else:
-        claims = Claims(job)
+        claims = Claims(job, recorder.timer.clock)
         train_v0(job, packed, rows, recorder, claims, startup)
     recorder.close()
     if recorder.steps_written != job.steps:

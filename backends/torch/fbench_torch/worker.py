@@ -83,11 +83,13 @@ def main(job_file: str) -> None:
         shard(model, zero)  # in place, after `from_config` filled the shared weights; then the optimizer sees the shards
     train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None) if ddp else model
     optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)
-    initial_weights_worker.report(model, job.seed, job.run_dir)
     startup.mark("framework_setup")
     bf16 = job.scenario.precision == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
     log = StepLog(job, dist.rank)
+    # the trained weights from the seed the host reveals now, every rank ready for its first step
+    initial_weights_worker.fill_revealed(model, job, log.timer.clock, optimizer)
+    startup.mark("initial_weights")
     probe = settings.KvRepeatProbe().install()  # how the first attention call gets grouped K/V heads
     # Under SP every rank of a group reads the group's rows (each trains its slice of them).
     dp_rank, dp_world = (lay.dp_rank, lay.dp_world) if lay else (dist.rank, dist.world_size)

@@ -207,7 +207,8 @@ def minimal_worker_run(tmp_path_factory):
     job = Job(backend="mybackend", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
               device="cpu")
     job_file = job.write()
-    update.Reveal(after_step=scn.steps.total, ranks=1, seed=777).write(job.run_dir)  # as the host's watcher would
+    reveal = update.Reveal(after_step=scn.steps.total, ranks=1, seed=777, initial_seed=778)
+    reveal.write_initial(job.run_dir), reveal.write(job.run_dir)  # as the host's watcher would (no watcher here)
     out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job_file)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -138,8 +138,10 @@ class Claims(Hook):
         self.probe.install()
         self.param_count = capture.param_count(unwrap(runner.model).llm)
         self.loss_scales(runner)
-        # The weights the first step trains from, read after mmengine's init_weights ran.
-        initial_weights_worker.report(unwrap(runner.model).llm, self.job.seed, self.job.run_dir)
+        # The trained weights from the seed the host reveals now, after mmengine's init_weights and
+        # DeepSpeed's engine (its fp32 copies refreshed), then read back as the first step trains from them.
+        initial_weights_worker.fill_revealed(unwrap(runner.model).llm, self.job, self.metrics.timer.clock,
+                                             runner.optim_wrapper)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         labels = data_batch["data"]["labels"]

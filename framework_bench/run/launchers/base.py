@@ -84,6 +84,7 @@ class LaunchOptions(Protocol):
     db: Path | None
     sbatch: Any
     projection_round: int
+    pinned_seed: bool
 
 
 class Executor(ABC):

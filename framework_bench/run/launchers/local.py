@@ -37,7 +37,8 @@ class LocalExecutor(Executor):
         # The host's own clock stamps the worker's clock lines as they arrive (framework_bench/measure/clock.py).
         gpus = visible_gpus_env(job, {**os.environ, **plan.env}).get("CUDA_VISIBLE_DEVICES")
         reveal = update.Reveal(after_step=job.scenario.steps.total, ranks=job.scenario.cluster.gpus,
-                               seed=update.projection_seed(job.scenario.name, job.seed, options.projection_round))
+                               seed=update.projection_seed(job.scenario.name, job.seed, options.projection_round),
+                               initial_seed=update.initial_seed(job.seed, options.projection_round, options.pinned_seed))
         with clock.Watcher(job.run_dir, job.scenario.steps.warmup, cpu=job.device == "cpu", gpus=gpus, reveal=reveal):
             return execute(argvs, plan.env, job.run_dir, job.run_dir / "worker.log", options.timeout, poll)
 
