@@ -134,13 +134,13 @@ def revealed_initial_seed(run_dir: str | Path) -> int | None:
     return wait_for_seed(Path(run_dir) / INITIAL_REVEAL_FILE, "initial_seed", timeout=0)
 
 
-def fill_revealed(model, job, clock, optimizer=None) -> int:
+def fill_revealed(model, job, clock, optimizer=None) -> None:
     """Every rank, once the framework has set the model and optimizer up, right before its first
     step: say "ready" on the step timer's `clock` (a `steps.ClockLines`), wait for the seed the
     host reveals once every rank said so, fill the tensors the run trains from it
     (`initial_weights_host.starts_revealed`), bring a DeepSpeed optimizer's fp32 copies of them up
     to date (`refresh_fp32_params`, found on `optimizer` or what it wraps) and report the initial
-    weights. Returns the seed. The optimizer must not have stepped yet (AdamW's state is empty)."""
+    weights. The optimizer must not have stepped yet (AdamW's state is empty)."""
     clock.write("ready")
     seed = wait_for_seed(Path(job.run_dir) / INITIAL_REVEAL_FILE, "initial_seed")
     if seed is None:
@@ -154,7 +154,6 @@ def fill_revealed(model, job, clock, optimizer=None) -> int:
     if optimizer is not None:
         optimizer.refresh_fp32_params()
     report(model, job.seed, job.run_dir, trained_seed=seed)
-    return seed
 
 
 def live_values(p, data):
