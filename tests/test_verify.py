@@ -100,7 +100,7 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
                 if len(cells := line.split("│")) > 3 and cells[1].strip()}  # not a wrapped detail's next line
     assert verdicts == {p: "pass" for p in ("run", "tokens", "steps", "rows", "throughput", "parameters", "settings",
                                             "clock", "pauses", "gaps", "warmup_time", "warmup", "cpu", "update",
-                                            "losses_in_time")}
+                                            "losses_in_time", "initial_reveal")}
     liar = CliRunner().invoke(app, ["check-backend", "fake_double_tokens"])
     assert liar.exit_code == 1
     assert "fail" in liar.output and "reports 1024 tokens" in liar.output
