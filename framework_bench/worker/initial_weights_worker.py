@@ -95,7 +95,7 @@ def init_args(p, hf_config: dict) -> tuple[float, int | None, int | None]:
 
 def fill(model, seed: int, hf_config: dict, only=None) -> None:
     """Overwrite every parameter of the model in place (tied ones once; `only`: those whose
-    name it accepts). An FSDP2 shard (a DTensor) is filled whole and each rank keeps its shard."""
+    name it accepts). Each rank fills its own rows of an FSDP2 shard (a DTensor)."""
     import torch
 
     with torch.no_grad():
@@ -105,27 +105,30 @@ def fill(model, seed: int, hf_config: dict, only=None) -> None:
             with gathered([p], modifier_rank=0):  # one tensor at a time: a 70B model never whole on a rank
                 if p.numel() >= 2**32:
                     raise ValueError(f"{name} has {p.numel()} elements; the generator indexes fewer than 2**32")
-                shard = _shard(p.data)
-                target = p.data if shard is None else torch.empty(p.shape, dtype=p.dtype, device=shard.device)
-                flat, args = target.view(-1), init_args(p, hf_config)
+                local, first = _local(p)
+                flat, args = local.view(-1), init_args(p, hf_config)
                 for lo, idx in chunks(flat.numel(), flat.device):
-                    flat[lo:lo + idx.numel()].copy_(initial_values(idx, name, seed, *args))
-                if shard is not None:
-                    from torch.distributed.tensor import distribute_tensor
-
-                    shard.copy_(distribute_tensor(target, p.data.device_mesh, p.data.placements).to_local())
+                    flat[lo:lo + idx.numel()].copy_(initial_values(idx + first, name, seed, *args))
 
 
-def _shard(data):
-    """This rank's local tensor of an FSDP2 parameter (a DTensor), None for any other."""
+def _local(p):
+    """(the values this rank holds, the flat index of their first element in the whole tensor):
+    an FSDP2 parameter (a DTensor sharded on dim 0 over one mesh dimension, torch.chunk's split)
+    holds a run of whole rows, filled where it is without a collective; any other, all of it."""
     import torch
 
     if torch.distributed.is_available():
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor, Shard
 
-        if isinstance(data, DTensor):
-            return data.to_local()
-    return None
+        if isinstance(p.data, DTensor):
+            shards = [(dim, s) for dim, s in enumerate(p.data.placements) if isinstance(s, Shard)]
+            if len(shards) != 1 or shards[0][1].dim != 0:
+                raise ValueError(f"placements {p.data.placements}: fill takes one dim-0 shard (FSDP2's)")
+            mesh_dim = shards[0][0]
+            rows = -(-p.shape[0] // p.data.device_mesh.size(mesh_dim))  # torch.chunk's rows per shard
+            first_row = min(p.data.device_mesh.get_local_rank(mesh_dim) * rows, p.shape[0])
+            return p.data.to_local(), first_row * (p.numel() // max(p.shape[0], 1))
+    return p.data, 0
 
 
 def revealed_initial_seed(run_dir: str | Path) -> int | None:

@@ -51,11 +51,13 @@ def backend_info() -> BackendInfo:
     )
 
 
-def framework_throughput(job: Job) -> dict[str, float]:
+def framework_throughput(job: Job, fbench_seconds: float = 0.0) -> dict[str, float]:
     """The HF Trainer's own figure under LLaMA-Factory: `train_results.json` in output_dir
     (written by LLaMA-Factory's SFT workflow) holds `train_runtime`, the seconds of the whole
-    training loop, warm-up included. Tokens per GPU over that run / that runtime is its rate
-    per GPU, which the host compares with its own whole-run figure (framework_bench/measure/verify.py).
+    training loop, warm-up included. Tokens per GPU over that run / that runtime, less
+    `fbench_seconds` (what the worker's own `on_train_begin` took inside it: the initial seed's
+    reveal, fill and report, no work of the framework's), is its rate per GPU, which the host
+    compares with its own whole-run figure (framework_bench/measure/verify.py).
     Its per-step log has no token rate unless `include_num_input_tokens_seen` adds a sync to
     every micro-batch, which fbench no longer asks for.
     """
@@ -66,7 +68,7 @@ def framework_throughput(job: Job) -> dict[str, float]:
     if runtime <= 0:
         return {}
     tokens_per_gpu = job.steps * job.scenario.tokens_per_gpu_step
-    return {"tokens_per_sec_whole_run": tokens_per_gpu / runtime, "train_runtime": runtime}
+    return {"tokens_per_sec_whole_run": tokens_per_gpu / max(runtime - fbench_seconds, 1e-9), "train_runtime": runtime}
 
 
 def adapter_refusal(scenario: Scenario) -> str | None:
@@ -141,4 +143,4 @@ class LlamaFactoryBackend(Backend):
         return job.scenario.zero_stage > 0
 
     def framework_throughput(self, job: Job, worker: dict) -> dict[str, float]:
-        return framework_throughput(job)
+        return framework_throughput(job, float(worker.get("fbench_seconds_in_train_runtime") or 0.0))

@@ -128,7 +128,9 @@ class Claims:
                 model.register_forward_pre_hook(claims.keep, with_kwargs=True)
                 # the trained weights from the seed the host reveals now, after the DeepSpeed engine (its
                 # fp32 copies refreshed); then read back as the first step trains from them
+                started = time.perf_counter()
                 initial_weights_worker.fill_revealed(model, job, clock, optimizer)
+                claims.fbench_seconds = time.perf_counter() - started  # inside HF's train_runtime
 
             def on_step_end(self, args, state, control, **kw):
                 for ids, labels in claims.fed:
@@ -150,6 +152,7 @@ class Claims:
         self.settings: dict = {}
         self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
+        self.fbench_seconds = 0.0  # the initial seed's wait, fill and report, timed by the trainer's runtime
         self.normalization: str | None = None  # set by the first loss computed (record_losses)
 
     def remember_prepared(self) -> None:
@@ -380,6 +383,7 @@ def main(job_file: str) -> None:
         notes=recorder.notes + finetune_notes(job),
         unclaimed={} if claims else V1_UNCLAIMED,
         extra={"rows_converted": rows, "transformers_version": transformers.__version__, "torch_version": version("torch"),
+               "fbench_seconds_in_train_runtime": round(claims.fbench_seconds, 4) if claims else 0.0,
                "trainer": "v1 (FSDP2, Ulysses)" if run_files.uses_v1_trainer(sp) else "v0 (run_exp, HF Trainer)",
                "param_dtype": recorder.param_dtype, "zero_stage_in_effect": recorder.zero_stage},
     ))

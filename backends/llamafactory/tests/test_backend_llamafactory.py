@@ -159,6 +159,8 @@ def test_framework_throughput_from_the_trainers_runtime(tmp_path):
     results.write_text(json.dumps({"train_runtime": 10.0, "train_samples_per_second": 0.5}))
     figures = lf_plugin.framework_throughput(job)
     assert figures == {"tokens_per_sec_whole_run": 512 * 5 / 10.0, "train_runtime": 10.0}
+    # less the seconds fbench's own hook took inside the trainer's runtime (the initial seed's fill)
+    assert lf_plugin.framework_throughput(job, 2.0)["tokens_per_sec_whole_run"] == 512 * 5 / 8.0
 
 
 @pytest.mark.slow  # starts a framework's or the host's own process
