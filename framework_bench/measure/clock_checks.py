@@ -453,13 +453,13 @@ def initial_reveal_check(stamps: dict | None, run_dir: Path) -> Check | None:
             f"a step began {reveal['stamp'] - early[0]:.3f} s before the host revealed the initial seed"))
     last = max(firsts, key=lambda e: e[0])
     figures = {"first_window_seconds": round(last[0] - reveal["stamp"], 4)}
-    at_reveal, busy, cpus = reveal.get("cpu"), reveal.get("busy"), stamps.get("cpus")
-    if at_reveal is not None and len(last) > 4 and last[4] is not None:
-        ran = last[4] - at_reveal
-        figures["first_window_cpu_seconds"] = round(ran, 4)
-        if busy is not None and len(last) > 5 and last[5] is not None and cpus and last[0] > reveal["stamp"]:
-            others = (last[5] - busy - ran) / (cpus * (last[0] - reveal["stamp"]))
-            figures["others_share"] = round(max(0.0, others), 3)
+    ran_stop, busy_stop = (last[4:6] + [None, None])[:2]
+    window = StepWindow(0, reveal["stamp"], last[0], 0.0, None, None, reveal.get("cpu"), ran_stop, reveal.get("busy"),
+                        busy_stop)  # the reveal to the first step, read as a step's window is
+    if window.ran is not None:
+        figures["first_window_cpu_seconds"] = round(window.ran, 4)
+        if (others := window.others(stamps.get("cpus"))) is not None:
+            figures["others_share"] = round(others, 3)
     return Check(name="initial_reveal", status="pass", figures=figures, detail=(
         f"seed {reveal['seed']} revealed when every rank was ready, {figures['first_window_seconds']:.3f} s "
         "before the last rank's first step"))
