@@ -1,5 +1,6 @@
 """Loads the suite's fixtures for every test folder: tests/ and each backend's backends/<name>/tests."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -7,3 +8,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
 pytest_plugins = ["fbench_fixtures"]
+
+# Where the shell forbids bytecode (this machine's and CI's does), every process a test starts in
+# a backend's env or the host's would compile torch, transformers, its framework and fbench from
+# source each time: the suite's processes write it where fbench's own workers do instead
+# (run/launchers/local.py), never beside the sources.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    from framework_bench.envs.venvs import bytecode_dir
+
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(bytecode_dir()))

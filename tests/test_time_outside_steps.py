@@ -19,9 +19,10 @@ from framework_bench.run.options import RunOptions
 
 # Rows of 256 tokens: the optimizer step moved out of the steps is then well over MAX_GAP_SHARE
 # of a step on one thread as on several (at 512 tokens on one thread it was 5.1%). 17 measured
-# steps: the forward-only steps of two lies still span more than the CPU share needs to be read
-# (clock_checks.MIN_CPU_SPAN_SECONDS), and the rows stop before the 20th, which holds no answer
-# token at this length (no loss to hold against the reference's).
+# steps: the forward-only steps of two lies mostly span more than the CPU share needs to be read
+# (clock_checks.MIN_CPU_SPAN_SECONDS; not always, so judged again that check alone may say
+# `unverified`), and the rows stop before the 20th, which holds no answer token at this length
+# (no loss to hold against the reference's).
 SCENARIO = tiny(name="tiny_outside_steps", context_length=256, steps={"warmup": 2, "measured": 17})
 
 # lie -> (the check that must catch it, the checks switched off to show the lie is live). Under
@@ -69,7 +70,10 @@ def test_time_outside_the_measured_steps_is_invalid_naming_its_check_and_live_wi
     assert {c.name: c.status for c in result.checks}[check] == "fail"
 
     again = judged_again(result, runs["torch"], monkeypatch, off)
-    assert again.status == "ok", again.reason
+    # A lie whose measured steps run forward only can span under the 0.2 s the CPU share needs
+    # (0.189 s once, on a quiet machine): that check alone may then say `unverified`, never fail.
+    short_of = {c.name for c in again.checks if c.status in ("fail", "unverified")}
+    assert again.status in ("ok", "unverified") and short_of <= {"cpu"}, again.reason
     assert again.tgs == pytest.approx(result.tgs)
 
 
