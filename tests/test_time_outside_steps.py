@@ -72,8 +72,7 @@ def test_time_outside_the_measured_steps_is_invalid_naming_its_check_and_live_wi
     again = judged_again(result, runs["torch"], monkeypatch, off)
     # A lie whose measured steps run forward only can span under the 0.2 s the CPU share needs
     # (0.189 s once, on a quiet machine): that check alone may then say `unverified`, never fail.
-    short_of = {c.name for c in again.checks if c.status in ("fail", "unverified")}
-    assert again.status in ("ok", "unverified") and short_of <= {"cpu"}, again.reason
+    assert again.status == "ok" or again.reason.startswith("what the host could not measure: cpu ("), again.reason
     assert again.tgs == pytest.approx(result.tgs)
 
 
