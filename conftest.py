@@ -11,9 +11,10 @@ pytest_plugins = ["fbench_fixtures"]
 
 # Where the shell forbids bytecode (this machine's and CI's does), every process a test starts in
 # a backend's env or the host's would compile torch, transformers, its framework and fbench from
-# source each time: the suite's processes write it where fbench's own workers do instead
-# (run/launchers/local.py), never beside the sources.
-if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
-    from framework_bench.envs.venvs import bytecode_dir
+# source each time: the suite's processes get the environment fbench's own workers get, which
+# writes it beside the envs instead, never beside the sources.
+from framework_bench.run.launchers.local import inherited_environ  # noqa: E402
 
-    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(bytecode_dir()))
+_environ = inherited_environ()
+os.environ.clear()
+os.environ.update(_environ)

@@ -62,7 +62,7 @@ HOST_PID_ENV = "FBENCH_HOST_PID"  # a worker (or its SDK) may watch the host its
 NO_BYTECODE, BYTECODE_PREFIX = "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"
 
 
-def _inherited() -> dict[str, str]:
+def inherited_environ() -> dict[str, str]:
     """This process's environment for a worker: where it forbids bytecode, bytecode written beside
     the envs instead (a prefix the user set stays theirs; a plan may still forbid it)."""
     environ = dict(os.environ)
@@ -89,7 +89,7 @@ def execute(
     logs = [node_log(log_path, i) for i in range(len(argvs))]
     procs: list[subprocess.Popen] = []
     first_bad: int | None = None
-    child_env = {**_inherited(), **env, HOST_PID_ENV: str(os.getpid()), RUN_ENV: str(cwd)}
+    child_env = {**inherited_environ(), **env, HOST_PID_ENV: str(os.getpid()), RUN_ENV: str(cwd)}
     with ExitStack() as stack:
         tree = stack.enter_context(RunTree(procs))
         try:  # starting too: an interrupt between two nodes' starts must stop the first
