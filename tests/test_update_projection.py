@@ -20,6 +20,7 @@ from framework_bench.measure import clock, clock_checks, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.spec import scenario
+from framework_bench.worker import LEARNING_RATE
 from framework_bench.worker import initial_weights_host as iw
 from framework_bench.worker import update as worker_update
 from framework_bench.worker.files import CLOCK_DIR, REVEAL_FILE, UPDATE_FILE
@@ -184,14 +185,40 @@ def test_with_adapters_the_base_must_stay_and_the_adapters_move(tmp_path):
     lora_claim(tmp_path, 0.0, 0.02)
     ok = update.check(tmp_path, stamps, adapters=True)
     assert ok.status == "pass" and "base unchanged" in ok.detail and ok.figures["adapters_norm"] == 0.02
-    lora_claim(tmp_path, 1e-9, 0.02)
+    # one element of the base given one AdamW step moves by about the learning rate
+    lora_claim(tmp_path, LEARNING_RATE, 0.02)
     trained_base = update.check(tmp_path, stamps, adapters=True)
     assert trained_base.status == "fail" and "the frozen base moved" in trained_base.detail
+    # one element one ulp off its recomputed initial value (2**-34 at |w| ~ 7e-4): an honest base
+    lora_claim(tmp_path, 2.0 ** -34, 0.031)
+    rounded = update.check(tmp_path, stamps, adapters=True)
+    assert rounded.status == "pass" and "the rounding of a recomputed initial value" in rounded.detail
     lora_claim(tmp_path, 0.0, 0.0)
     still = update.check(tmp_path, stamps, adapters=True)
     assert still.status == "fail" and "the adapters never changed" in still.detail
     lora_claim(tmp_path, 0.0, 0.02)
     assert update.check(tmp_path, stamps).status == "pass"  # a full run's claim reads as before
+
+
+def parts(backend, norm, **part_norms):
+    """A run whose passed update claim reports |dw| per part of the model."""
+    run = result(backend, 1e-3, norm=norm)
+    run.checks[0].figures.update({f"{update.PART}{part}:norm": n for part, n in part_norms.items()})
+    return run
+
+
+def test_each_part_moves_as_the_references_and_rounding_is_no_move():
+    """A part moved (or stayed) as the reference's did; a frozen part's rounding of its recomputed
+    initial values is no move on either side, a part one step of the learning rate moved is."""
+    reference = parts("torch", 0.031, adapters=0.031, **{"layer 0": 0.0})
+    assert update.parts_parity(parts("x", 0.03, adapters=0.03, **{"layer 0": 2.0 ** -34}), reference).status == "pass"
+    noisy_reference = parts("torch", 0.031, adapters=0.031, **{"layer 0": 2.0 ** -34})
+    assert update.parts_parity(parts("x", 0.03, adapters=0.03, **{"layer 0": 0.0}), noisy_reference).status == "pass"
+    trained = update.parts_parity(parts("x", 0.03, adapters=0.03, **{"layer 0": LEARNING_RATE}), reference)
+    assert trained.status == "fail" and "layer 0" in trained.detail
+    full = parts("torch", 0.08, embeddings=0.01, **{"layer 0": 0.05})
+    frozen = update.parts_parity(parts("x", 0.08, embeddings=0.0, **{"layer 0": 0.05}), full)
+    assert frozen.status == "fail" and "embeddings |dw| 0.000e+00 against 1.000e-02 (frozen)" in frozen.detail
 
 
 def test_an_update_claim_without_a_norm_still_reads(tmp_path):

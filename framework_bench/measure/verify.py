@@ -25,7 +25,7 @@ host's packed stream say it must be:
   - update and update_parity: the projection of (final - initial) weights onto a vector whose
     seed the host revealed after the last step, non-zero and (with a reference) equal to the
     reference's (`framework_bench/measure/update.py`); with LoRA adapters, the frozen base's
-    part exactly 0 and the adapters' non-zero; update_parts: each part of the model (embeddings,
+    part unmoved (0 but for rounding: `update.unmoved`) and the adapters' non-zero; update_parts: each part of the model (embeddings,
     each decoder layer, final norm, head, adapters) moved as the reference's part did;
 A claim that is reported and wrong is a failed check and makes the run `invalid`; a claim a
 plugin does not report (one written before these checks) is `unverified` and only flagged.

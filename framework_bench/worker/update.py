@@ -16,7 +16,7 @@ relative to the reference's |dw|, a scale that does not depend on the vector dra
 
 `w_initial` is recomputed from the compare's seed (`initial_weights_worker.initial_values`, rounded to the
 parameter's dtype as `fill` stored it), so nothing is kept from the start of training and an
-element never updated adds exactly 0. Tensors are shared out between ranks (each gathered
+element never updated adds 0 (or, rarely, one ulp: `measure.update.unmoved`). Tensors are shared out between ranks (each gathered
 under ZeRO-3 or FSDP2, a collective every rank enters) and the sums all-reduced in float64; rank 0
 writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm", "seconds"};
 "parts": the same two figures over each part of the model alone (`part_of`: embeddings, each
