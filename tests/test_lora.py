@@ -1,4 +1,4 @@
-"""LoRA end to end: `fbench compare --scenario tiny_cpu_lora` with both real
+"""LoRA end to end: `fbench compare --scenario tiny_cpu_lora` with the real
 trainers and the torch reference (peft in each env), in matched and in native mode: the
 trainable counts the host computed, step-1 loss parity, the base unchanged and the adapters
 moved, every LoRA setting in the ledger as each worker read it off its live model.
@@ -19,7 +19,7 @@ from framework_bench.envs import venvs as envs
 from framework_bench.present import differences
 from framework_bench.spec import scenario
 
-BACKENDS = ("xtuner", "llamafactory")
+BACKENDS = ("xtuner", "llamafactory", "trl")
 TARGETS = "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj"
 MATCHED_LORA = {"finetune_method": "lora", "lora_targets": TARGETS, "lora_head_adapted": False, "lora_rank": 8,
                 "lora_alpha": 16.0, "lora_scale": 2.0, "lora_dropout": 0.0, "lora_rslora": False, "lora_dora": False,
@@ -86,12 +86,12 @@ def test_the_compare_of_both_real_trainers_stores_one_row_each_on_one_stream_and
     (the reference's too) on the same packed data, each framework's line in the chart, the report."""
     _, _, root = matched
     rows = sqlite3.connect(root / "results.sqlite").execute("SELECT backend, status, data_sha256 FROM runs").fetchall()
-    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("torch", "ok"), ("xtuner", "ok")]
+    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("torch", "ok"), ("trl", "ok"), ("xtuner", "ok")]
     assert len({r[2] for r in rows}) == 1
     (png,) = (root / "plots").glob("tgs_tflops_*.png")
     assert png.stat().st_size > 10_000
     svg = png.with_suffix(".svg").read_text()
-    assert "line-xtuner" in svg and "line-llamafactory" in svg
+    assert all(f"line-{name}" in svg for name in BACKENDS)
     assert "tiny_cpu_lora" in (root / "plots" / "report.md").read_text()
 
 
@@ -118,6 +118,11 @@ def test_native_lora_names_each_frameworks_defaults_as_differences(native):
     s = scenario.load("tiny_cpu_lora")
     assert xt["trainable_params"] == s.finetune.model_copy(update={"rank": 64}).adapter_parameter_count(s.arch)
     assert records["llamafactory"]["settings"]["trainable_params"] == s.finetune.adapter_parameter_count(s.arch)
+    # TRL has no adapter defaults: peft's LoraConfig's (r 8, alpha 8, q_proj and v_proj for Llama), named in its notes
+    trl = records["trl"]["settings"]
+    assert (trl["lora_rank"], trl["lora_alpha"], trl["lora_targets"]) == (8, 8.0, "q_proj,v_proj")
+    assert trl["trainable_params"] == s.finetune.model_copy(update={"targets": ["q_proj", "v_proj"]}).adapter_parameter_count(s.arch)
+    assert any("peft's LoraConfig defaults" in note for note in records["trl"]["notes"])
     for name, r in records.items():
         assert r["status"] == "ok", (name, r["reason"])
         assert _check(r, "trainable")["status"] == "pass", name  # counted from the rank and targets it holds

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "framework_bench"
 
 # Names that would only be written to single out a bundled backend or its framework.
-FRAMEWORK = re.compile(r"xtuner|llama[-_]?factory|mmengine", re.IGNORECASE)
+FRAMEWORK = re.compile(r"xtuner|llama[-_]?factory|mmengine|\btrl\b|ms[-_]?swift", re.IGNORECASE)
 # "torch" is also the package every env holds: only its use as a backend name is caught.
 TORCH = "torch"
 # Attributions, not branches: the published table's figures and TFLOPs formula are XTuner's
@@ -89,5 +89,5 @@ def test_an_engines_settings_keys_come_from_the_backends_that_use_it():
 
     assert COMMON_SPEED_SETTINGS.isdisjoint(DEEPSPEED_SPEED_SETTINGS)
     declaring = {name for name, b in registry.backends().items() if b.info.speed_settings}
-    assert declaring == {"xtuner", "llamafactory"}
+    assert declaring == {"xtuner", "llamafactory", "trl"}
     assert set(DEEPSPEED_SPEED_SETTINGS) <= speed_relevant()

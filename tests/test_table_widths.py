@@ -30,7 +30,7 @@ def fixture_copy(tmp_path: Path) -> str:
     file it is given (tests/golden/golden.py, tests/test_results.py read it as old rows)."""
     return shutil.copy(FIXTURE_STORE, tmp_path / "fixture.sqlite")
 WIDTHS = (80, 100, 120)
-BACKENDS = ("torch", "xtuner", "llamafactory")
+BACKENDS = ("torch", "xtuner", "llamafactory", "trl", "swift")  # five frameworks fit, as the bundled four and one more
 STARTUP = "start-up 18.3 s: imports 10.7, data 3.3, framework_setup 4.1, model_build 0.2"
 SPREAD = "TGS spread 31% over the measured steps (more than 25%): the figure is unsteady"
 
@@ -249,18 +249,32 @@ def test_results_show_keeps_the_start_up_breakdown(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_settings_that_differ_are_one_per_line_with_values_aligned(width):
-    values = {"optimizer_impl": ("for-loop", "foreach", "fused"), "trainer": ("torch-loop", "mmengine-runner", "hf-trainer"),
+    """Five backends' values side by side where their longest words fit (120 columns), else one
+    line per backend under each setting (80, 100): never a word cut or folded."""
+    values = {"optimizer_impl": ("for-loop", "foreach", "fused", "fused", "foreach"),
+              "trainer": ("torch-loop", "mmengine-runner", "hf-trainer", "hf-trainer", "hf-trainer+deepspeed"),
               "loss_normalization": ("token mean", "token mean per micro-batch, labels counted after the shift",
-                                     "token sum over the step's labels counted before the shift")}
+                                     "token sum over the step's labels counted before the shift",
+                                     "token sum over the step's labels counted before the shift", "token mean")}
     records = [{"scenario": "tiny_cpu", "backend": b, "settings": {k: v[i] for k, v in values.items()}}
                for i, b in enumerate(BACKENDS)]
     console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
     render.print_differences(records, "matched", console)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    assert {word for value in values.values() for v in value for word in v.split()} <= set(text.split()), text
     lines = text.splitlines()
     assert lines[0] == "tiny_cpu: 3 setting(s) differ between backends (matched settings)"
-    first = sorted(BACKENDS)[0]  # the backends' columns are in name order
+    first = sorted(BACKENDS)[0]  # the backends in name order
+    if width < 120:
+        assert lines[1].split() == ["setting", "backend", "value"], text
+        for key, by_backend in values.items():
+            at = next(i for i, line in enumerate(lines) if key in line.split()[:2])
+            named = [line for line in lines[at:] if set(line.split()) & set(BACKENDS)]  # not a value's wrapped lines
+            for line, backend in zip(named, sorted(BACKENDS)):  # short values on their backend's line
+                assert backend in line.split() and (key == "loss_normalization" or by_backend[BACKENDS.index(backend)]
+                                                   in line.split()), text
+        return
     assert lines[1].split() == ["setting", *sorted(BACKENDS)]
     starts = set()
     for key, by_backend in values.items():
@@ -341,7 +355,7 @@ def test_the_repeat_table_keeps_each_interval_whole(width):
 
 def test_scenarios_whose_backends_differ_alike_share_one_grid():
     """A context sweep: the same settings differ the same way on every context, said once."""
-    settings = {"trainer": ("torch-loop", "mmengine-runner", "hf-trainer")}
+    settings = {"trainer": ("torch-loop", "mmengine-runner", "hf-trainer", "hf-trainer", "hf-trainer")}
     records = [{"scenario": s, "backend": b, "settings": {k: v[i] for k, v in settings.items()} | {"lora_rank": r}}
                for s, r in (("tiny_cpu", 8), ("tiny_cpu_1k", 8), ("tiny_cpu_lora", 8)) for i, b in enumerate(BACKENDS)]
     records[-1]["settings"]["lora_rank"] = 64  # one scenario differs otherwise

@@ -2,3 +2,4 @@
 fbench's code requires."""
 
 frame  # noqa: B018 - signal.signal calls a handler as handler(signum, frame) (run/interrupts.py)
+control  # noqa: B018 - HF's CallbackHandler calls each callback event as event(args, state, control, **kwargs) (worker/hf_trainer.py)

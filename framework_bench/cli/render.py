@@ -258,8 +258,10 @@ def print_checks(checks) -> None:
 
 def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:
     """Per scenario, the settings that differ between its backends: one setting per row, each
-    backend's value in its own column, wrapped to the width (a long value folds, never cut).
-    Scenarios whose backends differ alike (a context sweep) share one grid."""
+    backend's value in its own column, wrapped to the width at spaces, never inside a word; where
+    the backends' columns cannot all hold their longest words side by side (five frameworks at
+    100 columns), one line per backend under each setting instead. Scenarios whose backends
+    differ alike (a context sweep) share one grid."""
     from framework_bench.present.differences import setting_differences
     show = show or common.console
     alike: dict[str, list[str]] = {}
@@ -273,15 +275,48 @@ def print_differences(records: list[dict], mode: str, show: Console | None = Non
                    highlight=False)
         if not diffs:
             continue
-        grid = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
-        grid.add_column("", no_wrap=True)  # speed: the setting changes what a run's TGS measures
-        grid.add_column("setting", no_wrap=True)
-        backends = list(diffs[0][1])
-        for b in backends:
-            grid.add_column(Text(b), overflow="fold")
-        for key, values, speed in diffs:
-            grid.add_row(Text("speed", style="yellow") if speed else "", Text(key), *(Text(str(values[b])) for b in backends))
+        grid = _side_by_side(diffs, show.width - 2) or _one_line_each(diffs)
         show.print(Padding(grid, (0, 0, 0, 2)))
+
+
+def _side_by_side(diffs: list, room: int) -> Table | None:
+    """A column per backend, each as wide as its longest word at least and its longest value at
+    most, the room left shared out evenly; None where the longest words alone do not fit."""
+    backends = list(diffs[0][1])
+    texts = {b: [b, *(str(values[b]) for _, values, _ in diffs)] for b in backends}
+    fewest = [max(len(word) for text in texts[b] for word in text.split()) for b in backends]
+    most = [max(len(text) for text in texts[b]) for b in backends]
+    # "speed", the setting's name, then the backends, a space either side of each inner edge
+    room -= len("speed") + max(len(key) for key, _, _ in diffs) + 2 * (len(backends) + 1)
+    if sum(fewest) > room:
+        return None
+    widths, room = list(fewest), room - sum(fewest)
+    while room > 0 and (growing := [i for i, w in enumerate(widths) if w < most[i]]):
+        for i in growing:
+            grow = min(max(room // len(growing), 1), most[i] - widths[i], room)
+            widths[i], room = widths[i] + grow, room - grow
+    grid = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+    grid.add_column("", no_wrap=True)  # speed: the setting changes what a run's TGS measures
+    grid.add_column("setting", no_wrap=True)
+    for b, width in zip(backends, widths):
+        grid.add_column(Text(b), width=width, overflow="fold")
+    for key, values, speed in diffs:
+        grid.add_row(Text("speed", style="yellow") if speed else "", Text(key), *(Text(str(values[b])) for b in backends))
+    return grid
+
+
+def _one_line_each(diffs: list) -> Table:
+    """Under each setting, a line per backend: its name, then its value."""
+    grid = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+    grid.add_column("", no_wrap=True)
+    grid.add_column("setting", no_wrap=True)
+    grid.add_column("backend", no_wrap=True)
+    grid.add_column("value", overflow="fold")
+    for key, values, speed in diffs:
+        for i, (backend, value) in enumerate(values.items()):
+            grid.add_row(Text("speed", style="yellow") if speed and not i else "", Text(key) if not i else "",
+                         Text(backend), Text(str(value)))
+    return grid
 
 
 def print_reasons(results: list) -> None:

@@ -105,9 +105,11 @@ def estimate_s(backend: str, s: Scenario, startups: dict[str, float], gpu: str =
 
 
 def installed_backends() -> tuple[str, ...]:
-    """What the check runs unless told: every installed backend, the reference first."""
-    found = plugins.backends()
-    return tuple(sorted(found, key=lambda b: (not found[b].info.reference, b)))
+    """What the check runs unless told: every installed backend the CPU rehearsal timed (its
+    start-up is the estimate's input; a backend joins once rehearsed, with its wheels in the
+    bundle's lists), the reference first."""
+    found, rehearsed = plugins.backends(), rehearsal_startups()
+    return tuple(sorted((b for b in found if b in rehearsed), key=lambda b: (not found[b].info.reference, b)))
 
 
 def plan(device: str, backends: tuple[str, ...] | None = None, gpu: str = CHECK_GPU) -> list[Planned]:

@@ -17,7 +17,7 @@ from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
 
 from fbench_llamafactory import run_files
 from fbench_llamafactory.run_files import V1_INIT
-from fbench_llamafactory.step_metrics import StepRecorder
+from framework_bench.worker.hf_trainer import StepRecorder
 
 
 def write_parquet(packed: PackedRows, rows: int, target: Path) -> None:

@@ -1,0 +1,1 @@
+"""fbench backend plugin for TRL's SFTTrainer."""

@@ -1,0 +1,68 @@
+"""The TRL backend plugin (host side): what it supports, the files it generates, and TRL's
+own throughput figure.
+
+Registered through the `fbench.backends` entry point (pyproject.toml). No torch or trl import:
+the worker (`fbench_trl.worker`) runs in the backend's env.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from framework_bench.plugins.base import Backend
+from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
+                                             Machine, MemoryScheme)
+from framework_bench.plugins.deepspeed_settings import DEEPSPEED_SPEED_SETTINGS, DEEPSPEED_VERSION_NOTE
+from framework_bench.spec.scenario import Scenario
+
+from fbench_trl import sft_args
+
+NAME = "trl"
+HERE = Path(__file__).parent
+
+
+def backend_info() -> BackendInfo:
+    return BackendInfo(
+        name=NAME,
+        framework="TRL",
+        description="TRL's SFTTrainer (SFTConfig, peft_config) on the pre-tokenized packed rows",
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 1, 2, 3],
+                                  lora=True, qlora=False),
+        env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
+                    framework_package="trl"),
+        # matched: `adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU, as the others;
+        # native: SFTConfig's default, `adamw_torch_fused`, on either device.
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")}),
+        contract=CONTRACT,
+        speed_settings=DEEPSPEED_SPEED_SETTINGS,
+        report_notes=[
+            DEEPSPEED_VERSION_NOTE,
+            "TRL 1.16 runs on transformers 5.6, the release under LLaMA-Factory's HF Trainer.",
+            "TRL's SFTTrainer computes its loss through a fused LM head that also yields each token's entropy and "
+            "top-1 accuracy, gathered and read on the host every micro-batch (its logged metrics): part of its step.",
+        ],
+    )
+
+
+def refusal(scenario: Scenario, env: BackendEnv) -> str | None:
+    """What this backend, as fbench drives TRL, does not plan, or None."""
+    if scenario.steps.unit == "micro":
+        return "steps.unit micro is not planned for TRL: the HF Trainer counts optimizer steps (max_steps)"
+    if scenario.zero_stage > 0 and not env.has("deepspeed"):
+        return (f"ZeRO stage {scenario.zero_stage} runs through accelerate's DeepSpeed plugin, and the trl env has no "
+                "deepspeed (its CPU flavour leaves it out: see requirements-cpu.txt)")
+    return None
+
+
+class TrlBackend(Backend):
+    def info(self) -> BackendInfo:
+        return backend_info()
+
+    def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
+        return super().check(scenario, machine, env) or refusal(scenario, env)
+
+    def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
+        return sft_args.write_run_files(job, flash_attn_installed=env.has("flash-attn"))
+
+    def uses_deepspeed(self, job: Job) -> bool:
+        return job.scenario.zero_stage > 0

@@ -1,0 +1,125 @@
+"""The TRL worker: `python -m fbench_trl.worker RUN_DIR/job.json`, in the trl env.
+
+Builds the model from the job's config (random weights, made where they train) and the
+shared initial weights, as a TRL user hands `SFTTrainer` a model, then trains with TRL's own
+`SFTTrainer` on the host's packed rows: `SFTConfig` as the plugin wrote it (`sft_args`), LoRA
+through its `peft_config`, the claims recorded by the SDK's HF Trainer side
+(`framework_bench.worker.hf_trainer`). Any failure raises, so the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+from framework_bench.worker import Job, Report, StartupClock, adapters, dist_info, initial_weights_worker, load_job, write_report
+from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback
+from framework_bench.worker.packed import TOKENIZER_DIR
+
+from fbench_trl.run_files import RUN_FILE
+
+# TRL has no adapter defaults of its own: its docs hand SFTTrainer a `peft.LoraConfig`, whose
+# defaults a native run takes (the ledger reads the values from the live model).
+NATIVE_LORA = ("TRL takes the adapters it is given: native LoRA is peft's LoraConfig defaults (r 8, lora_alpha 8, "
+               "dropout 0, target_modules peft's per-model default: q_proj and v_proj for Llama)")
+
+
+def dataset(job: Job, rows: int):
+    """The first `rows` packed rows as a `datasets.Dataset` of input_ids and labels, the columns
+    TRL's collator reads when its own preparation is skipped (labels used as given)."""
+    from datasets import Dataset
+
+    packed = job.open_rows()
+    return Dataset.from_dict({"input_ids": np.asarray(packed.input_ids[:rows]).tolist(),
+                              "labels": np.asarray(packed.labels[:rows]).tolist()})
+
+
+def build_model(job: Job, attn_implementation: str):
+    """The model from the job's config with random weights, made where it trains (a ZeRO-3 run
+    builds partitioned inside DeepSpeed's zero.Init, which the SFTConfig made current), then filled
+    with the shared initial weights; an adapter run's frozen base in the scenario's base dtype."""
+    import torch
+    import transformers
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    cfg = dict(job.hf_config)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    f = job.scenario.finetune
+    dtype = getattr(torch, adapters.TORCH_DTYPES[f.base_dtype]) if f.adapters else torch.float32
+    kwargs = {"attn_implementation": attn_implementation, "dtype": dtype}
+    if job.device == "cuda" and not is_deepspeed_zero3_enabled():
+        with torch.device("cuda", dist_info().local_rank):
+            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    initial_weights_worker.fill(model, job.seed, job.hf_config)
+    return model
+
+
+def peft_config(job: Job):
+    """The scenario's adapters (matched) or peft's defaults (native); None for full fine-tuning."""
+    f = job.scenario.finetune
+    if not f.adapters:
+        return None
+    import peft
+
+    if job.settings_mode == "native":
+        return peft.LoraConfig(task_type="CAUSAL_LM")
+    return peft.LoraConfig(**adapters.lora_config(f))
+
+
+def main(job_file: str) -> None:
+    startup = StartupClock(STARTED)
+    job = load_job(job_file)
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    rows = min(job.open_rows().rows, job.rows_needed)
+    train_rows = dataset(job, rows)
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(job.data_dir) / TOKENIZER_DIR))
+    startup.mark("data")
+    files = json.loads((Path(job.run_dir) / RUN_FILE).read_text())
+    config = SFTConfig(**files["sft_config"])  # before the model: under ZeRO-3 it makes zero.Init current
+    recorder = StepRecorder(Path(job.run_dir), device=job.device, require_flash_attn=False,
+                            zero_stage=job.scenario.zero_stage)
+    claims = Claims(job, recorder.timer.clock)
+    startup.mark("framework_setup")
+    model = build_model(job, files["attn_implementation"])
+    startup.mark("model_build")
+    claims.remember_prepared()
+    claims.record_losses(SFTTrainer)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=train_rows, processing_class=tokenizer,
+                         peft_config=peft_config(job), callbacks=[step_metrics_callback(recorder, startup), claims.callback])
+    runtime = float(trainer.train().metrics["train_runtime"])
+    recorder.close()
+    if recorder.steps_written != job.steps:
+        raise SystemExit(f"TRL ran {recorder.steps_written} optimizer steps, expected {job.steps}")
+    s = job.scenario
+    own = runtime - claims.fbench_seconds  # the initial seed's wait, fill and report ran inside HF's train_runtime
+    write_report(job, Report(
+        framework_version=version("trl"),
+        attention_used=recorder.attention_used,
+        settings={**claims.probe.settle(claims.settings), "loss_normalization": claims.normalization},
+        param_count=claims.param_count,
+        startup_seconds=round(recorder.first_step_at - STARTED, 2),
+        startup_breakdown=startup.phases,
+        notes=recorder.notes + ([f"native {s.finetune.method}: {NATIVE_LORA}"]
+                                if s.finetune.adapters and job.settings_mode == "native" else []),
+        throughput={"tokens_per_sec_whole_run": job.steps * s.tokens_per_gpu_step / max(own, 1e-9),
+                    "train_runtime": runtime},
+        extra={"rows_converted": rows, "transformers_version": version("transformers"), "torch_version": version("torch"),
+               "fbench_seconds_in_train_runtime": round(claims.fbench_seconds, 4),
+               "param_dtype": recorder.param_dtype, "zero_stage_in_effect": recorder.zero_stage},
+    ))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,111 @@
+"""The TRL backend: discovery, refusals, the SFTConfig and DeepSpeed JSON it plans for published
+scenarios, TRL's own argument class accepting them, and a real run of its SFTTrainer (LoRA runs in
+tests/test_lora.py, beside the other frameworks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import backend_helpers as helpers
+from backend_helpers import CPU, H100x8, tiny
+from fbench_fixtures import backend_env_or_skip
+
+from framework_bench.plugins import registry as plugins
+from framework_bench.plugins.contract import BackendEnv
+from framework_bench.spec import scenario
+
+
+@pytest.fixture(scope="module")
+def trl():
+    return plugins.get("trl")
+
+
+def ready_env(flavour: str, *extra: str) -> BackendEnv:
+    return helpers.ready_env("trl", {"trl": "1.16.0", "transformers": "5.6.0"}, flavour, *extra)
+
+
+def planned(trl, tmp_path, scn, env, settings_mode="matched"):
+    """(the plan, its run file: {"sft_config", "attn_implementation"}) for `scn`."""
+    job = helpers.make_job("trl", tmp_path, scn).model_copy(update={"settings_mode": settings_mode})
+    plan = trl.plan(job, env)
+    return plan, json.loads(plan.files["run"].read_text())
+
+
+def test_discovered_through_entry_point(trl):
+    info = trl.info
+    assert info.name == "trl" and info.framework == "TRL" and info.env.framework_package == "trl"
+    caps = info.capabilities
+    assert caps.lora and not caps.qlora and not caps.sequence_parallel and not caps.varlen
+    for flavour, path in info.env.requirements.items():
+        lines = path.read_text().splitlines()
+        assert {"torch==2.13.0", "trl==1.16.0", "transformers==5.6.0"} <= set(lines), flavour
+    # the same DeepSpeed as every other env where it is installed (the GPU flavour)
+    assert "deepspeed==0.18.4" in info.env.requirements["cuda"].read_text().splitlines()
+
+
+def test_refusals_name_the_reason(trl):
+    assert trl.check(tiny(), CPU, ready_env("cpu")) is None
+    assert "no deepspeed" in trl.check(tiny(zero_stage=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU,
+                                       ready_env("cpu"))
+    assert "max_steps" in trl.check(tiny(steps={"warmup": 1, "measured": 2, "unit": "micro"}), CPU, ready_env("cpu"))
+    gpu_8k = scenario.load("llama2_7b_8k")
+    assert "has none" in trl.check(gpu_8k, CPU, ready_env("cuda", "deepspeed"))
+    assert trl.check(gpu_8k, H100x8, ready_env("cuda", "deepspeed")) is None
+    # what it does not declare the host refuses before asking: sequence parallel, varlen, QLoRA
+    caps = trl.info.capabilities
+    assert "sequence parallel" in caps.refusal(scenario.load("llama2_70b_32k"), "trl")
+    assert "varlen" in caps.refusal(tiny(attention="varlen"), "trl")
+    assert "QLoRA" in caps.refusal(scenario.load("llama2_7b_8k_1gpu_qlora"), "trl")
+
+
+def test_published_llama2_7b_8k_config(trl, tmp_path):
+    plan, run = planned(trl, tmp_path, scenario.load("llama2_7b_8k"), ready_env("cuda", "deepspeed"))
+    job_dir = tmp_path / "run"
+    assert plan.module == "fbench_trl.worker" and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert run == {"attn_implementation": "sdpa", "sft_config": {
+        "output_dir": str(job_dir / "trl_output"), "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+        "max_steps": 7, "learning_rate": 2e-5, "adam_beta1": 0.9, "adam_beta2": 0.999, "weight_decay": 0.0,
+        "max_grad_norm": 1.0, "lr_scheduler_type": "constant", "warmup_steps": 0, "bf16": True, "fp16": False,
+        "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        "dataset_kwargs": {"skip_prepare_dataset": True}, "packing": False, "padding_free": False,
+        "max_length": 8192, "train_sampling_strategy": "sequential", "logging_steps": 1, "save_strategy": "no",
+        "report_to": "none", "optim": "adamw_torch_fused", "ddp_find_unused_parameters": False,
+        "dataloader_num_workers": 4, "dataloader_pin_memory": False, "seed": 1024,
+        "deepspeed": str(job_dir / "deepspeed_config.json")}}
+    ds = json.loads(plan.files["deepspeed"].read_text())
+    assert ds["zero_optimization"] == {"stage": 3, "overlap_comm": True} and ds["train_batch_size"] == 8
+    _, with_fa2 = planned(trl, tmp_path / "fa2", scenario.load("llama2_7b_8k"), ready_env("cuda", "deepspeed", "flash-attn"))
+    assert with_fa2["attn_implementation"] == "flash_attention_2"
+
+
+def test_native_settings_are_sftconfig_defaults(trl, tmp_path):
+    _, run = planned(trl, tmp_path, scenario.load("tiny_cpu"), ready_env("cpu"), "native")
+    config = run["sft_config"]
+    assert config["seed"] == 42 and not {"optim", "ddp_find_unused_parameters", "dataloader_num_workers"} & set(config)
+    # the scenario's own axes stay in both modes: its checkpointing and precision, not SFTConfig's defaults (both on)
+    assert config["gradient_checkpointing"] is False and config["bf16"] is False
+
+
+@pytest.mark.slow  # starts the trl env's Python
+def test_trl_accepts_the_planned_config(trl, tmp_path):
+    """SFTConfig (TRL's own argument class) takes the published plan as written."""
+    env = backend_env_or_skip("trl")
+    plan, _ = planned(trl, tmp_path, scenario.load("llama2_7b_8k_1gpu"), ready_env("cuda", "deepspeed"))
+    probe = ("import json, sys; from trl import SFTConfig; c = SFTConfig(**json.load(open(sys.argv[1]))['sft_config']); "
+             "print(json.dumps([c.train_sampling_strategy, c.dataset_kwargs, c.gradient_checkpointing, c.max_steps]))")
+    out = subprocess.run([str(env.python), "-c", probe, str(plan.files["run"])], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["sequential", {"skip_prepare_dataset": True}, True, 7]
+
+
+@pytest.mark.slow
+def test_tiny_cpu_trains_with_trl(tiny_cpu_run, tmp_path):
+    scn, result = helpers.train_tiny_cpu("trl", tmp_path, "1.16.0", shared=tiny_cpu_run)
+    assert result.settings["trainer"] == "hf-trainer" and result.settings["optimizer_impl"] == "for-loop"
+    assert result.settings["loss_normalization"].startswith("token sum over the step's labels")
+    worker = json.loads((result.run_dir / "worker.json").read_text())
+    assert worker["rows_converted"] == scn.rows_needed and worker["param_dtype"] == "float32"
