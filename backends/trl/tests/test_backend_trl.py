@@ -91,10 +91,11 @@ def test_native_settings_are_sftconfig_defaults(trl, tmp_path):
 
 @pytest.mark.slow  # starts the trl env's Python
 def test_trl_accepts_the_planned_config(trl, tmp_path):
-    """SFTConfig (TRL's own argument class) takes the published plan as written."""
+    """SFTConfig (TRL's own argument class) takes the published plan as written (`use_cpu` only
+    because transformers refuses a bf16 plan on a machine without a GPU)."""
     env = backend_env_or_skip("trl")
     plan, _ = planned(trl, tmp_path, scenario.load("llama2_7b_8k_1gpu"), ready_env("cuda", "deepspeed"))
-    probe = ("import json, sys; from trl import SFTConfig; c = SFTConfig(**json.load(open(sys.argv[1]))['sft_config']); "
+    probe = ("import json, sys; from trl import SFTConfig; c = SFTConfig(**json.load(open(sys.argv[1]))['sft_config'], use_cpu=True); "
              "print(json.dumps([c.train_sampling_strategy, c.dataset_kwargs, c.gradient_checkpointing, c.max_steps]))")
     out = subprocess.run([str(env.python), "-c", probe, str(plan.files["run"])], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
