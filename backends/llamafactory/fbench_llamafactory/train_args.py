@@ -13,9 +13,10 @@ import json
 import shutil
 from pathlib import Path
 
+from framework_bench.plugins import hf_trainer_args
 from framework_bench.plugins.contract import Job
 from framework_bench.worker.packed import TOKENIZER_DIR
-from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
+from framework_bench.worker.hparams import LEARNING_RATE, MAX_GRAD_NORM
 
 from fbench_llamafactory import run_files
 
@@ -36,8 +37,7 @@ def attention_request(job: Job, flash_attn_installed: bool) -> str:
 
 
 def deepspeed_config(job: Job) -> dict:
-    """ZeRO stage from the scenario, with the batch figures written out (not "auto") so
-    transformers checks them against the training arguments.
+    """ZeRO stage from the scenario, with the batch figures written out (`hf_trainer_args`).
 
     matched: XTuner's own deepspeed_zero{1,2,3}.json (stage, overlap_comm) with DeepSpeed's
     defaults for every bucket and prefetch size, so both frameworks run the same ZeRO config.
@@ -45,10 +45,9 @@ def deepspeed_config(job: Job) -> dict:
     file), whose "auto" sizes transformers fills from the model's hidden size.
     """
     s = job.scenario
-    bf16 = job.device == "cuda" and s.precision == "bf16"
     if job.settings_mode == "matched":
-        zero: dict = {"stage": s.zero_stage, "overlap_comm": True}
-    elif s.zero_stage == 3:
+        return hf_trainer_args.deepspeed_config(job)
+    if s.zero_stage == 3:
         zero = {"stage": 3, "overlap_comm": False, "contiguous_gradients": True, "sub_group_size": 1e9,
                 "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
                 "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
@@ -58,38 +57,21 @@ def deepspeed_config(job: Job) -> dict:
         zero = {"stage": s.zero_stage, "allgather_partitions": True, "allgather_bucket_size": 5e8,
                 "overlap_comm": False, "reduce_scatter": True, "reduce_bucket_size": 5e8,
                 "contiguous_gradients": True, "round_robin_gradients": True}
-    return {
-        "train_micro_batch_size_per_gpu": s.micro_batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        # HF Trainer has no sequence parallelism: every process is a data-parallel rank.
-        "train_batch_size": s.micro_batch * s.grad_accum * s.cluster.gpus,
-        "gradient_clipping": MAX_GRAD_NORM,
-        "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": bf16},
-        "fp16": {"enabled": False},
-        "zero_optimization": zero,
-    }
+    return hf_trainer_args.deepspeed_config(job, zero)
 
 
 def mode_args(job: Job) -> dict:
     """What differs between the settings modes (framework_bench: --settings).
 
-    matched, aligned with the XTuner backend: fused torch AdamW on GPU (`adamw_torch_fused`,
-    as every backend in matched mode: less time and memory than foreach), torch's own
-    choice on CPU (`adamw_torch`: the for-loop, as the others), DDP without the
-    unused-parameter search (XTuner's mmengine DDP), the data loader's worker count and
-    pinned memory as XTuner's published configs (4 workers on GPU, no pinning), the compare's seed.
-    native, as LLaMA-Factory's examples run: transformers' default optimizer (fused AdamW),
-    its default DDP and data-loader settings and seed; 4 loader workers on GPU (the examples' value).
-    Both: no token counting (`include_num_input_tokens_seen`, an all-gather and a host sync
-    per micro-batch that fbench once added to this side only; the host counts tokens itself).
+    matched: `hf_trainer_args.matched_args`, as every backend. native, as LLaMA-Factory's
+    examples run: transformers' default optimizer (fused AdamW), its default DDP and data-loader
+    settings and seed; 4 loader workers on GPU (the examples' value). Both: no token counting
+    (`include_num_input_tokens_seen`, an all-gather and a host sync per micro-batch that fbench
+    once added to this side only; the host counts tokens itself).
     """
-    workers = 4 if job.device == "cuda" else 0  # on CPU the workers would take the trainer's cores
     if job.settings_mode == "native":
-        return {"dataloader_num_workers": workers, "seed": SEED}
-    optim = "adamw_torch_fused" if job.device == "cuda" else "adamw_torch"
-    return {"optim": optim, "ddp_find_unused_parameters": False, "dataloader_num_workers": workers,
-            "dataloader_pin_memory": False, "seed": job.seed}
+        return {"dataloader_num_workers": 4 if job.device == "cuda" else 0, "seed": SEED}
+    return hf_trainer_args.matched_args(job)
 
 
 def finetune_args(job: Job) -> dict:
@@ -143,21 +125,7 @@ def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
         "disable_shuffling": True,
         "output_dir": str(run_dir / run_files.OUTPUT_DIR),
         "overwrite_output_dir": True,
-        "per_device_train_batch_size": s.micro_batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        "max_steps": s.steps.total,
-        "learning_rate": LEARNING_RATE,
-        "adam_beta1": ADAM_BETAS[0],
-        "adam_beta2": ADAM_BETAS[1],
-        "weight_decay": WEIGHT_DECAY,
-        "max_grad_norm": MAX_GRAD_NORM,
-        "lr_scheduler_type": "constant",
-        "warmup_steps": 0,
-        # bf16 mixed precision on GPU; fp32 on CPU (bf16 there is ~15x slower without AMX).
-        "bf16": job.device == "cuda" and s.precision == "bf16",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
+        **hf_trainer_args.training_args(job),
         **mode_args(job),
     }
     if deepspeed_file is not None:

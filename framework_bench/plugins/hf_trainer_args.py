@@ -1,0 +1,61 @@
+"""What every backend whose framework trains with the HF Trainer (its `TrainingArguments` or a
+subclass: LLaMA-Factory's arguments, TRL's `SFTConfig`) is given alike, from a job (host side):
+the scenario's batch, steps and precision with the shared optimizer hyper-parameters at a
+constant rate, a loss line per step and nothing saved (`training_args`); matched mode's
+alignments (`matched_args`); the DeepSpeed JSON with its batch figures written out
+(`deepspeed_config`)."""
+
+from __future__ import annotations
+
+from framework_bench.plugins.contract import Job
+from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
+
+
+def training_args(job: Job) -> dict:
+    s = job.scenario
+    return {
+        "per_device_train_batch_size": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        "max_steps": s.steps.total,
+        "learning_rate": LEARNING_RATE,
+        "adam_beta1": ADAM_BETAS[0],
+        "adam_beta2": ADAM_BETAS[1],
+        "weight_decay": WEIGHT_DECAY,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        # bf16 mixed precision on GPU; fp32 on CPU (bf16 there is ~15x slower without AMX).
+        "bf16": job.device == "cuda" and s.precision == "bf16",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+    }
+
+
+def matched_args(job: Job) -> dict:
+    """Matched mode, as every backend: fused torch AdamW on GPU (less time and memory than
+    foreach), torch's own choice on CPU (`adamw_torch`: the for-loop), DDP without the
+    unused-parameter search (XTuner's mmengine DDP), the data loader's worker count and pinning
+    as XTuner's published configs (4 workers on GPU, none on CPU where they would take the
+    trainer's cores; no pinning), the compare's seed."""
+    cuda = job.device == "cuda"
+    return {"optim": "adamw_torch_fused" if cuda else "adamw_torch", "ddp_find_unused_parameters": False,
+            "dataloader_num_workers": 4 if cuda else 0, "dataloader_pin_memory": False, "seed": job.seed}
+
+
+def deepspeed_config(job: Job, zero: dict | None = None) -> dict:
+    """The ZeRO config (`zero`; matched mode's by default: XTuner's own deepspeed_zero{1,2,3}.json,
+    stage and overlap_comm, DeepSpeed's defaults for every bucket and prefetch size), with the
+    batch figures written out (not "auto") so transformers checks them against the arguments."""
+    s = job.scenario
+    return {
+        "train_micro_batch_size_per_gpu": s.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        # HF Trainer has no sequence parallelism: every process is a data-parallel rank.
+        "train_batch_size": s.micro_batch * s.grad_accum * s.cluster.gpus,
+        "gradient_clipping": MAX_GRAD_NORM,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": job.device == "cuda" and s.precision == "bf16"},
+        "fp16": {"enabled": False},
+        "zero_optimization": zero or {"stage": s.zero_stage, "overlap_comm": True},
+    }
