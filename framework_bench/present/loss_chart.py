@@ -31,12 +31,13 @@ def plot_loss_curves(rows: list[dict], out_dir: Path = DEFAULT_OUT, include_unve
         with matplotlib.rc_context(RC):
             fig = Figure(figsize=(7, 4.5), layout="constrained")
             ax = fig.subplots()
-            # Identical curves would hide each other: later backends are drawn thinner, on top.
+            # Identical curves would hide each other: later backends are drawn thinner, on top, each
+            # 1.2 points under the one before it, the last at 1 (five backends: 5.8 down to 1).
             for i, r in enumerate(sorted(runs, key=lambda r: r["backend"])):
                 curve = sorted((int(step), loss) for step, loss in r["loss_curve"].items())
                 unverified = r["status"] == "unverified"
                 line, = ax.plot([s for s, _ in curve], [loss for _, loss in curve], marker="o", markersize=4,
-                                linewidth=max(4 - 1.2 * i, 1), color=colours[r["backend"]],
+                                linewidth=1 + 1.2 * (len(runs) - 1 - i), color=colours[r["backend"]],
                                 linestyle=":" if unverified else "-", markerfacecolor="none" if unverified else None,
                                 label=f"{r['backend']} (seed {r.get('seed')}{', unverified' if unverified else ''})")
                 line.set_gid(f"loss-line-{slug(r['backend'])}" + ("-unverified" if unverified else ""))
