@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 # The bundled backends are plugin distributions of their own, installed like a third-party one.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e backends/xtuner -e backends/llamafactory \
-    -e backends/torch -e backends/trl
+    -e backends/torch -e backends/trl \
+    -e backends/swift
 # One virtual environment per backend (xtuner pins transformers 4.48, llamafactory needs >=4.55;
 # torch, the plain-PyTorch reference, has only torch + transformers), made side by side: each
 # is one single-threaded pip, so together they use the machine's cores. Every line they print

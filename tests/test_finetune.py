@@ -49,7 +49,7 @@ def test_adapter_parameter_count_by_hand():
 
 def _bundled() -> dict:
     found = plugins.backends()
-    assert {"torch", "xtuner", "llamafactory", "trl"} <= set(found)
+    assert {"torch", "xtuner", "llamafactory", "trl", "swift"} <= set(found)
     return found
 
 
@@ -65,7 +65,7 @@ def test_a_backend_declaring_no_lora_refuses_it_without_running_and_the_bundled_
     for name, backend in _bundled().items():
         assert backend.info.capabilities.lora, name
         assert backend.info.capabilities.refusal(s, name) is None
-    # QLoRA where a backend wires its framework's path to a 4-bit base (not yet TRL's)
+    # QLoRA where a backend wires its framework's path to a 4-bit base (not yet TRL's or ms-swift's)
     assert {name for name, b in _bundled().items() if b.info.capabilities.qlora} == {"torch", "xtuner", "llamafactory"}
     older = Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False)
     assert older.refusal(s, "old") == "the old backend declares no LoRA support; the scenario asks for finetune method lora"

@@ -19,7 +19,7 @@ from framework_bench.envs import venvs as envs
 from framework_bench.present import differences
 from framework_bench.spec import scenario
 
-BACKENDS = ("xtuner", "llamafactory", "trl")
+BACKENDS = ("xtuner", "llamafactory", "trl", "swift")
 TARGETS = "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj"
 MATCHED_LORA = {"finetune_method": "lora", "lora_targets": TARGETS, "lora_head_adapted": False, "lora_rank": 8,
                 "lora_alpha": 16.0, "lora_scale": 2.0, "lora_dropout": 0.0, "lora_rslora": False, "lora_dora": False,
@@ -86,7 +86,7 @@ def test_the_compare_of_both_real_trainers_stores_one_row_each_on_one_stream_and
     (the reference's too) on the same packed data, each framework's line in the chart, the report."""
     _, _, root = matched
     rows = sqlite3.connect(root / "results.sqlite").execute("SELECT backend, status, data_sha256 FROM runs").fetchall()
-    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("torch", "ok"), ("trl", "ok"), ("xtuner", "ok")]
+    assert sorted(r[:2] for r in rows) == [("llamafactory", "ok"), ("swift", "ok"), ("torch", "ok"), ("trl", "ok"), ("xtuner", "ok")]
     assert len({r[2] for r in rows}) == 1
     (png,) = (root / "plots").glob("tgs_tflops_*.png")
     assert png.stat().st_size > 10_000
@@ -123,6 +123,10 @@ def test_native_lora_names_each_frameworks_defaults_as_differences(native):
     assert (trl["lora_rank"], trl["lora_alpha"], trl["lora_targets"]) == (8, 8.0, "q_proj,v_proj")
     assert trl["trainable_params"] == s.finetune.model_copy(update={"targets": ["q_proj", "v_proj"]}).adapter_parameter_count(s.arch)
     assert any("peft's LoraConfig defaults" in note for note in records["trl"]["notes"])
+    # ms-swift's own (r 8, alpha 32, dropout 0.05, every linear), named in its notes
+    sw = records["swift"]["settings"]
+    assert (sw["lora_rank"], sw["lora_alpha"], sw["lora_dropout"], sw["lora_targets"]) == (8, 32.0, 0.05, TARGETS)
+    assert any("ms-swift's own LoRA defaults" in note for note in records["swift"]["notes"])
     for name, r in records.items():
         assert r["status"] == "ok", (name, r["reason"])
         assert _check(r, "trainable")["status"] == "pass", name  # counted from the rank and targets it holds

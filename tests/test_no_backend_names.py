@@ -89,5 +89,5 @@ def test_an_engines_settings_keys_come_from_the_backends_that_use_it():
 
     assert COMMON_SPEED_SETTINGS.isdisjoint(DEEPSPEED_SPEED_SETTINGS)
     declaring = {name for name, b in registry.backends().items() if b.info.speed_settings}
-    assert declaring == {"xtuner", "llamafactory", "trl"}
+    assert declaring == {"xtuner", "llamafactory", "trl", "swift"}
     assert set(DEEPSPEED_SPEED_SETTINGS) <= speed_relevant()

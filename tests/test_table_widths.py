@@ -240,6 +240,19 @@ def test_run_prints_its_figures_whole_and_the_start_up_breakdown_with_verbose(wi
         assert (STARTUP in flat(text)) == verbose
 
 
+def test_run_prints_a_check_of_every_status(tmp_path, monkeypatch):
+    """A native adapter run's `update_parity` is `skipped` (its adapters are not the reference's):
+    `fbench run` prints it as it prints the others."""
+    statuses = ("pass", "fail", "unverified", "skipped")
+    r = compare_results()[0][0]
+    r = r.model_copy(update={"checks": [Check(name=f"c_{s}", status=s, detail=f"why {s}") for s in statuses]})
+    console = Console(width=100, record=True, file=open(os.devnull, "w"), color_system=None)
+    monkeypatch.setattr(common, "console", console)
+    render.print_run(r, tmp_path / "r.sqlite")
+    lines = console.export_text().splitlines()
+    assert all(any(line.split()[:3] == [s, f"c_{s}", "why"] for line in lines) for s in statuses), lines
+
+
 def test_results_show_keeps_the_start_up_breakdown(tmp_path, monkeypatch):
     monkeypatch.setenv("FBENCH_HOME", str(tmp_path))
     out = CliRunner().invoke(app, ["results", "show", "1", "--db", fixture_copy(tmp_path)])

@@ -250,7 +250,7 @@ def points_table(name: str, report) -> FittedTable:
 
 
 def print_checks(checks) -> None:
-    colours = {"pass": "green", "fail": "red", "unverified": "yellow"}
+    colours = {"pass": "green", "fail": "red", "unverified": "yellow", "skipped": "dim"}
     for c in checks:
         common.console.print(f"  [{colours[c.status]}]{c.status:10}[/{colours[c.status]}] {c.name:10} {escape(c.detail)}",
                       highlight=False)

@@ -3,11 +3,13 @@ subclass: LLaMA-Factory's arguments, TRL's `SFTConfig`) is given alike, from a j
 the scenario's batch, steps and precision with the shared optimizer hyper-parameters at a
 constant rate, a loss line per step and nothing saved (`training_args`); matched mode's
 alignments (`matched_args`); the DeepSpeed JSON with its batch figures written out
-(`deepspeed_config`)."""
+(`deepspeed_config`); the attention the model asks for (`attn_implementation`); what such a
+backend refuses whatever its framework (`refusal`)."""
 
 from __future__ import annotations
 
-from framework_bench.plugins.contract import Job
+from framework_bench.plugins.contract import BackendEnv, Job
+from framework_bench.spec.scenario import Scenario
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
 
@@ -59,3 +61,21 @@ def deepspeed_config(job: Job, zero: dict | None = None) -> dict:
         "fp16": {"enabled": False},
         "zero_optimization": zero or {"stage": s.zero_stage, "overlap_comm": True},
     }
+
+
+def attn_implementation(job: Job, flash_attn_installed: bool) -> str:
+    """flash-attn 2 where it is installed on a GPU, else SDPA: asked for by name, so the worker's
+    record of what the model really got shows a silent fallback."""
+    return "flash_attention_2" if job.device == "cuda" and flash_attn_installed else "sdpa"
+
+
+def refusal(scenario: Scenario, env: BackendEnv) -> str | None:
+    """Micro-batch steps (the HF Trainer counts and reports optimizer steps only), and ZeRO in an
+    env without deepspeed (a CPU flavour may leave it out); None otherwise."""
+    if scenario.steps.unit == "micro":
+        return (f"steps.unit micro is not planned for {env.name}: the HF Trainer counts optimizer steps (max_steps) "
+                "and reports per optimizer step only")
+    if scenario.zero_stage > 0 and not env.has("deepspeed"):
+        return (f"ZeRO stage {scenario.zero_stage} runs through the HF Trainer's DeepSpeed integration, and the "
+                f"{env.name} env has no deepspeed (its requirements leave it out: see them)")
+    return None

@@ -7,7 +7,8 @@ trainer, TRL's SFTTrainer):
 - `Claims`: what the host verifies, recorded from the live trainer (rows fed, each micro-batch's
   loss with the divisor and backward scale the trainer used, the settings ledger, the parameter
   count, the initial weights revealed at `on_train_begin`, the update projection at its end);
-- `effective_settings`, `backward_scale`, `normalization`: read from the live trainer.
+- `effective_settings`, `backward_scale`, `normalization`: read from the live trainer;
+- `write_run_report`: once the trainer returned, the steps counted and the worker report written.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from framework_bench.worker import ConsumedRows, Job, MicroLosses, StepTimer, adapters, dist_info, initial_weights_worker, update
+from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StepTimer, adapters, dist_info,
+                                    initial_weights_worker, update, write_report)
 from framework_bench.worker import settings as capture
 
 FLASH_ATTENTION_2 = "flash_attention_2"
@@ -291,3 +293,31 @@ def normalization(trainer, counted: bool) -> str:
         return ("token sum over the step's labels counted before the shift (num_items_in_batch" + where +
                 "), model_accepts_loss_kwargs")
     return "model's token mean per micro-batch (labels after the shift), divided by gradient_accumulation_steps"
+
+
+def write_run_report(job: Job, recorder: StepRecorder, claims: Claims, startup, framework_version: str,
+                     train_runtime: float, notes: list[str], **extra) -> None:
+    """Every rank once the trainer returned: the recorder closed, its optimizer steps counted (a
+    trainer that ran other than the job's fails the worker), then rank 0's report, whose own
+    throughput is the HF Trainer's `train_runtime` less what fbench's `on_train_begin` took
+    inside it (the initial seed's wait, fill and report). `startup`: the worker's StartupClock."""
+    from importlib.metadata import version
+
+    recorder.close()
+    if recorder.steps_written != job.steps:
+        raise SystemExit(f"the trainer ran {recorder.steps_written} optimizer steps, expected {job.steps}")
+    own = train_runtime - claims.fbench_seconds
+    write_report(job, Report(
+        framework_version=framework_version,
+        attention_used=recorder.attention_used,
+        settings={**claims.probe.settle(claims.settings), "loss_normalization": claims.normalization},
+        param_count=claims.param_count,
+        startup_seconds=round(recorder.first_step_at - startup.started, 2),
+        startup_breakdown=startup.phases,
+        notes=recorder.notes + notes,
+        throughput={"tokens_per_sec_whole_run": job.steps * job.scenario.tokens_per_gpu_step / max(own, 1e-9),
+                    "train_runtime": train_runtime},
+        extra={"transformers_version": version("transformers"), "torch_version": version("torch"),
+               "fbench_seconds_in_train_runtime": round(claims.fbench_seconds, 4), "param_dtype": recorder.param_dtype,
+               "zero_stage_in_effect": recorder.zero_stage, **extra},
+    ))

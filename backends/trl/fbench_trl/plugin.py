@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from framework_bench.plugins import hf_trainer_args
 from framework_bench.plugins.base import Backend
 from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                              Machine, MemoryScheme)
@@ -44,22 +45,12 @@ def backend_info() -> BackendInfo:
     )
 
 
-def refusal(scenario: Scenario, env: BackendEnv) -> str | None:
-    """What this backend, as fbench drives TRL, does not plan, or None."""
-    if scenario.steps.unit == "micro":
-        return "steps.unit micro is not planned for TRL: the HF Trainer counts optimizer steps (max_steps)"
-    if scenario.zero_stage > 0 and not env.has("deepspeed"):
-        return (f"ZeRO stage {scenario.zero_stage} runs through accelerate's DeepSpeed plugin, and the trl env has no "
-                "deepspeed (its CPU flavour leaves it out: see requirements-cpu.txt)")
-    return None
-
-
 class TrlBackend(Backend):
     def info(self) -> BackendInfo:
         return backend_info()
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-        return super().check(scenario, machine, env) or refusal(scenario, env)
+        return super().check(scenario, machine, env) or hf_trainer_args.refusal(scenario, env)
 
     def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
         return sft_args.write_run_files(job, flash_attn_installed=env.has("flash-attn"))

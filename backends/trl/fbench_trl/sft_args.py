@@ -48,12 +48,6 @@ def sft_config(job: Job, deepspeed_file: Path | None) -> dict:
     return args
 
 
-def attention(job: Job, flash_attn_installed: bool) -> str:
-    """The model's attention: flash-attn 2 where it is installed on a GPU (as LLaMA-Factory's
-    backend asks), else SDPA; the worker records what the model really got."""
-    return "flash_attention_2" if job.device == "cuda" and flash_attn_installed else "sdpa"
-
-
 def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -64,5 +58,5 @@ def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
         ds_file.write_text(json.dumps(hf_trainer_args.deepspeed_config(job), indent=2))
     files["run"] = run_dir / RUN_FILE
     files["run"].write_text(json.dumps({"sft_config": sft_config(job, ds_file),
-                                        "attn_implementation": attention(job, flash_attn_installed)}, indent=2))
+                                        "attn_implementation": hf_trainer_args.attn_implementation(job, flash_attn_installed)}, indent=2))
     return files

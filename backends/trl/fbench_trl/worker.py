@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import Job, Report, StartupClock, adapters, dist_info, initial_weights_worker, load_job, write_report
-from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback
+from framework_bench.worker import Job, StartupClock, adapters, dist_info, initial_weights_worker, load_job
+from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
 from framework_bench.worker.packed import TOKENIZER_DIR
 
 from fbench_trl.run_files import RUN_FILE
@@ -99,26 +99,10 @@ def main(job_file: str) -> None:
     trainer = SFTTrainer(model=model, args=config, train_dataset=train_rows, processing_class=tokenizer,
                          peft_config=peft_config(job), callbacks=[step_metrics_callback(recorder, startup), claims.callback])
     runtime = float(trainer.train().metrics["train_runtime"])
-    recorder.close()
-    if recorder.steps_written != job.steps:
-        raise SystemExit(f"TRL ran {recorder.steps_written} optimizer steps, expected {job.steps}")
     s = job.scenario
-    own = runtime - claims.fbench_seconds  # the initial seed's wait, fill and report ran inside HF's train_runtime
-    write_report(job, Report(
-        framework_version=version("trl"),
-        attention_used=recorder.attention_used,
-        settings={**claims.probe.settle(claims.settings), "loss_normalization": claims.normalization},
-        param_count=claims.param_count,
-        startup_seconds=round(recorder.first_step_at - STARTED, 2),
-        startup_breakdown=startup.phases,
-        notes=recorder.notes + ([f"native {s.finetune.method}: {NATIVE_LORA}"]
-                                if s.finetune.adapters and job.settings_mode == "native" else []),
-        throughput={"tokens_per_sec_whole_run": job.steps * s.tokens_per_gpu_step / max(own, 1e-9),
-                    "train_runtime": runtime},
-        extra={"rows_converted": rows, "transformers_version": version("transformers"), "torch_version": version("torch"),
-               "fbench_seconds_in_train_runtime": round(claims.fbench_seconds, 4),
-               "param_dtype": recorder.param_dtype, "zero_stage_in_effect": recorder.zero_stage},
-    ))
+    write_run_report(job, recorder, claims, startup, version("trl"), runtime,
+                     [f"native {s.finetune.method}: {NATIVE_LORA}"] if s.finetune.adapters and job.settings_mode == "native"
+                     else [], rows_converted=rows)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""fbench backend plugin for ms-swift's SFT pipeline (SwiftSft)."""

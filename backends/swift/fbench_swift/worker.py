@@ -1,0 +1,112 @@
+"""The ms-swift worker: `python -m fbench_swift.worker RUN_DIR/job.json`, in the swift env.
+
+Runs ms-swift's own SFT pipeline (`SwiftSft`, what `swift sft` runs) with `SftArguments` as the
+plugin wrote them (`swift_args`), on the host's packed rows saved as an ms-swift cached dataset.
+Three hooks of the pipeline are fbench's: the model is ms-swift's dummy model (random weights
+from the job's config) filled with the shared initial weights, the cached rows are used as
+encoded (as `swift export --to_cached_dataset` leaves them), and the claims' callbacks join the
+trainer. Any failure raises, so the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()  # before the heavy imports below: start-up counts them
+
+import json
+import os
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+from framework_bench.worker import Job, StartupClock, dist_info, initial_weights_worker, load_job, publish_once
+from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
+
+from fbench_swift.run_files import ROWS_DIR, RUN_FILE
+
+# nothing is downloaded: a local model folder, the hub clients offline
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("USE_HF", "1")
+
+NATIVE_LORA = ("ms-swift's own LoRA defaults (TunerArguments): lora_rank 8, lora_alpha 32, lora_dropout 0.05, "
+               "target_modules all-linear (every linear of the decoder, the LM head left out)")
+
+
+def save_rows(job: Job, rows: int, world: int) -> None:
+    """The first `rows` packed rows as an ms-swift cached dataset (input_ids, labels, lengths),
+    laid in the order ms-swift's sampler deals them: `BatchSamplerShard` without shuffling gives
+    rank r the dataset's indices r, r + world, ... (swift/dataloader/shard.py:57), the host gives
+    rank r micro-batch g rows [(g * world + r) * mb, ...). One process writes, the others wait."""
+
+    def write(tmp: Path) -> None:
+        from datasets import Dataset
+
+        mb = job.scenario.micro_batch
+        order = np.empty(rows, dtype=np.int64)
+        for j in range(rows // world):  # rank r's j-th row: micro-batch j // mb, place j % mb
+            for r in range(world):
+                order[r + j * world] = ((j // mb) * world + r) * mb + j % mb
+        packed = job.open_rows()
+        ids, labels = np.asarray(packed.input_ids[:rows])[order], np.asarray(packed.labels[:rows])[order]
+        Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist(),
+                           "lengths": [[ids.shape[1]]] * rows}).save_to_disk(str(tmp))
+
+    publish_once(Path(job.run_dir) / ROWS_DIR, write)
+
+
+def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepRecorder):
+    """`SwiftSft` with fbench's three hooks (the model, the encoded rows, the callbacks)."""
+    from swift.pipelines.train.sft import SwiftSft
+
+    class FbenchSft(SwiftSft):
+        def _prepare_model_tokenizer(self, **kwargs):
+            # ms-swift's dummy model: `cls(config)` in the config's dtype, no weight files
+            # (swift/model/patcher.py:477), then the shared initial weights
+            super()._prepare_model_tokenizer(return_dummy_model=True, **kwargs)
+            initial_weights_worker.fill(self.model, job.seed, job.hf_config)
+            startup.mark("model_build")
+
+        def _post_process_datasets(self, datasets):
+            # the cached rows are encoded: no LazyLLMDataset re-encoding, no packing (as ms-swift's
+            # own cached-dataset export, swift/pipelines/export/cached_dataset.py:31)
+            return datasets
+
+        def train(self, trainer):
+            claims.record_losses(type(trainer))
+            trainer.add_callback(step_metrics_callback(recorder, startup))
+            trainer.add_callback(claims.callback)
+            self.trainer = trainer
+            return super().train(trainer)
+
+    return FbenchSft
+
+
+def main(job_file: str) -> None:
+    startup = StartupClock(STARTED)
+    job = load_job(job_file)
+    from swift.arguments import SftArguments
+
+    world = dist_info().world_size
+    rows = min(job.open_rows().rows, job.rows_needed)
+    save_rows(job, rows, world)
+    startup.mark("data")
+    files = json.loads((Path(job.run_dir) / RUN_FILE).read_text())
+    args = SftArguments(**files["sft_args"])
+    recorder = StepRecorder(Path(job.run_dir), device=job.device, require_flash_attn=False,
+                            zero_stage=job.scenario.zero_stage)
+    claims = Claims(job, recorder.timer.clock)
+    claims.remember_prepared()
+    sft = pipeline(job, startup, claims, recorder)(args)
+    result = sft.main()
+    runtime = float(next(log["train_runtime"] for log in reversed(result["log_history"]) if "train_runtime" in log))
+    s = job.scenario
+    write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime,
+                     [f"native {s.finetune.method}: {NATIVE_LORA}"] if s.finetune.adapters and job.settings_mode == "native"
+                     else [], rows_converted=rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
