@@ -10,7 +10,6 @@ from pathlib import Path
 TRAIN_ARGS = "llamafactory_train.json"      # v0 `run_exp` arguments (also runnable by `llamafactory-cli train`)
 TRAIN_ARGS_V1 = "llamafactory_v1_train.json"  # v1 trainer arguments (sequence parallel)
 DEEPSPEED = "deepspeed.json"
-MODEL_DIR = "model"                   # config.json + tokenizer files; no weights (random init)
 TOKENIZED_DIR = "tokenized"           # DatasetDict{"train"} written by the worker (v0)
 V1_DATA = "train.parquet"             # the same rows as one parquet file (v1 data engine)
 OUTPUT_DIR = "output"                 # LLaMA-Factory's output_dir: trainer_log.jsonl lands here

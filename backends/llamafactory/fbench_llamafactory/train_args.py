@@ -10,12 +10,10 @@ over in memory: `finetune_args`).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from framework_bench.plugins import hf_trainer_args
+from framework_bench.plugins import hf_trainer_args, model_folder
 from framework_bench.plugins.contract import Job
-from framework_bench.worker.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import LEARNING_RATE, MAX_GRAD_NORM
 
 from fbench_llamafactory import run_files
@@ -80,7 +78,7 @@ def finetune_args(job: Job) -> dict:
     full: every weight, the model built from its config (`train_from_scratch`). lora/qlora:
     `finetuning_type: lora`, whose `init_adapter` wraps the model with peft and upcasts the
     adapters (the trainable parameters) to fp32 while the frozen base keeps the dtype it was
-    built in (the model folder's config.json: `write_model_dir`). matched: the scenario's
+    built in (the model folder's config.json: `model_folder.write_model_dir`). matched: the scenario's
     rank, alpha, dropout and explicit targets, rsLoRA and DoRA off; native: LLaMA-Factory's
     defaults (named in the run's notes: worker.NATIVE_LORA). qlora: its on-the-fly
     bitsandbytes 4-bit quantization with the scenario's quant type and double quantization
@@ -110,7 +108,7 @@ def train_args(job: Job, flash_attn: str, deepspeed_file: Path | None) -> dict:
         "stage": "sft",
         "do_train": True,
         **finetune_args(job),
-        "model_name_or_path": str(run_dir / run_files.MODEL_DIR),
+        "model_name_or_path": str(run_dir / model_folder.MODEL_DIR),
         "flash_attn": flash_attn,
         "disable_gradient_checkpointing": not s.activation_checkpointing,
         "dataset": DUMMY_DATASET,
@@ -162,7 +160,7 @@ def v1_train_args(job: Job) -> dict:
     run_dir = Path(job.run_dir)
     dp = s.data_parallel
     return {
-        "model": str(run_dir / run_files.MODEL_DIR),
+        "model": str(run_dir / model_folder.MODEL_DIR),
         "template": "default",
         "flash_attn": "flash_attention_2",  # Ulysses in 0.9.5 refuses anything else
         "init_config": {"name": run_files.V1_INIT},
@@ -204,24 +202,11 @@ def base_dtype(job: Job) -> str | None:
     return CONFIG_DTYPES[f.compute_dtype if f.method == "qlora" else f.base_dtype]
 
 
-def write_model_dir(job: Job) -> Path:
-    """config.json from the scenario plus the packed data's tokenizer files: no weights."""
-    model_dir = Path(job.run_dir) / run_files.MODEL_DIR
-    model_dir.mkdir(parents=True, exist_ok=True)
-    dtype = base_dtype(job)
-    config = job.hf_config if dtype is None else {**job.hf_config, "dtype": dtype}
-    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
-    for f in (Path(job.data_dir) / TOKENIZER_DIR).iterdir():
-        if f.is_file():
-            shutil.copy2(f, model_dir / f.name)
-    return model_dir
-
-
 def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
     """Write every generated file into the run folder; returns them by role."""
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    files = {"model_dir": write_model_dir(job)}
+    files = {"model_dir": model_folder.write_model_dir(job, base_dtype(job))}
     s = job.scenario
     target = run_files.args_file(run_dir, s.sequence_parallel)
     if run_files.uses_v1_trainer(s.sequence_parallel):

@@ -3,5 +3,4 @@
 RUN_FILE = "swift_run.json"  # {"sft_args": SftArguments kwargs}
 DEEPSPEED = "deepspeed_config.json"
 OUTPUT_DIR = "swift_output"
-MODEL_DIR = "model"  # config.json and the packed data's tokenizer: no weights
 ROWS_DIR = "swift_rows"  # the host's packed rows as an ms-swift cached dataset (`datasets` save_to_disk)

@@ -8,14 +8,12 @@ run's configuration can be read in its folder.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from framework_bench.plugins import hf_trainer_args
+from framework_bench.plugins import hf_trainer_args, model_folder
 from framework_bench.plugins.contract import Job
-from framework_bench.worker.packed import TOKENIZER_DIR
 
-from fbench_swift.run_files import DEEPSPEED, MODEL_DIR, OUTPUT_DIR, ROWS_DIR, RUN_FILE
+from fbench_swift.run_files import DEEPSPEED, OUTPUT_DIR, ROWS_DIR, RUN_FILE
 
 SEED = 42  # SftArguments' default: native mode
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -55,7 +53,7 @@ def sft_args(job: Job, deepspeed_file: Path | None, attn_impl: str) -> dict:
     run_dir = Path(job.run_dir)
     args = {
         # the model: config.json and tokenizer, built with random weights (SwiftSft's dummy model path)
-        "model": str(run_dir / MODEL_DIR),
+        "model": str(run_dir / model_folder.MODEL_DIR),
         "model_type": "llama",  # ms-swift's LLMModelType for LlamaForCausalLM (swift/model/models/llama.py)
         "template": "dummy",  # rows arrive encoded: the template only collates them
         "torch_dtype": torch_dtype(job),
@@ -85,21 +83,10 @@ def sft_args(job: Job, deepspeed_file: Path | None, attn_impl: str) -> dict:
     return args
 
 
-def write_model_dir(job: Job) -> Path:
-    """config.json from the job plus the packed data's tokenizer files: no weights."""
-    model_dir = Path(job.run_dir) / MODEL_DIR
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps({**job.hf_config, "dtype": torch_dtype(job)}, indent=2))
-    for f in (Path(job.data_dir) / TOKENIZER_DIR).iterdir():
-        if f.is_file():
-            shutil.copy2(f, model_dir / f.name)
-    return model_dir
-
-
 def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {"model_dir": write_model_dir(job)}
+    files: dict[str, Path] = {"model_dir": model_folder.write_model_dir(job, torch_dtype(job))}
     ds_file = None
     if job.scenario.zero_stage > 0:
         ds_file = files["deepspeed"] = run_dir / DEEPSPEED

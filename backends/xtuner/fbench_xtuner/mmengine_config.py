@@ -37,14 +37,12 @@ at parse time: the file holds imports and literals only (values written with rep
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
-from fbench_xtuner.run_layout import CONFIG_NAME, DATA_DIR, MODEL_DIR, WORK_DIR
+from fbench_xtuner.run_layout import CONFIG_NAME, DATA_DIR, WORK_DIR
+from framework_bench.plugins import model_folder
 from framework_bench.plugins.contract import Job
 from framework_bench.worker import adapters
-from framework_bench.worker.packed import TOKENIZER_DIR
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
 
@@ -82,17 +80,6 @@ def deepspeed_config(job: Job) -> dict:
         "fp16": {"enabled": False, "initial_scale_power": 16},
         "bf16": {"enabled": s.precision == "bf16"},
     }
-
-
-def write_model_dir(job: Job) -> Path:
-    """The HF model folder the builder reads: the scenario's config.json and the packed data's tokenizer."""
-    model_dir = job.run_dir / MODEL_DIR
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(job.hf_config, indent=2))
-    for f in (job.data_dir / TOKENIZER_DIR).iterdir():
-        if f.is_file():
-            shutil.copy2(f, model_dir / f.name)
-    return model_dir
 
 
 def kwargs_text(kwargs: dict) -> str:
@@ -216,7 +203,7 @@ def render(job: Job) -> str:
         "# Modelled on xtuner/configs/llama_speed_benchmark (xtuner 0.2.0); literals only (lazy-import mode).",
         *imports,
         "",
-        f"pretrained_model_name_or_path = {str(job.run_dir / MODEL_DIR)!r}",
+        f"pretrained_model_name_or_path = {str(job.run_dir / model_folder.MODEL_DIR)!r}",
         f"use_varlen_attn = {varlen!r}",
         f"sequence_parallel_size = {s.sequence_parallel!r}",
         f"max_length = {s.context_length!r}",
@@ -282,7 +269,7 @@ def render(job: Job) -> str:
 
 def write(job: Job) -> dict[str, Path]:
     """Write the model folder and the config into the run folder; returns them by role."""
-    model_dir = write_model_dir(job)
+    model_dir = model_folder.write_model_dir(job)
     config = job.run_dir / CONFIG_NAME
     config.write_text(render(job))
     return {"mmengine_config": config, "model_dir": model_dir}

@@ -2,6 +2,5 @@
 (plugin, config writer) and the worker; stdlib only, as the worker's env has no pydantic."""
 
 CONFIG_NAME = "xtuner_config.py"  # the generated mmengine config
-MODEL_DIR = "model"  # HF config.json + tokenizer files; random weights are built from them
 DATA_DIR = "xtuner_data"  # the packed rows as a HF dataset (`load_from_disk`), written by the worker
 WORK_DIR = "xtuner_work"  # mmengine work_dir: <timestamp>/vis_data/scalars.json is XTuner's own log
