@@ -1,5 +1,6 @@
 """What every backend whose framework trains with the HF Trainer (its `TrainingArguments` or a
-subclass: LLaMA-Factory's arguments, TRL's `SFTConfig`) is given alike, from a job (host side):
+subclass: LLaMA-Factory's arguments, ms-swift's `SftArguments`, TRL's `SFTConfig`) is given alike,
+from a job (host side):
 the scenario's batch, steps and precision with the shared optimizer hyper-parameters at a
 constant rate, a loss line per step and nothing saved (`training_args`); matched mode's
 alignments (`matched_args`); the DeepSpeed JSON with its batch figures written out
