@@ -4,10 +4,13 @@ from a job (host side):
 the scenario's batch, steps and precision with the shared optimizer hyper-parameters at a
 constant rate, a loss line per step and nothing saved (`training_args`); matched mode's
 alignments (`matched_args`); the DeepSpeed JSON with its batch figures written out
-(`deepspeed_config`); the attention the model asks for (`attn_implementation`); what such a
-backend refuses whatever its framework (`refusal`)."""
+(`deepspeed_config`, written by `write_deepspeed_config`); the attention the model asks for
+(`attn_implementation`); what such a backend refuses whatever its framework (`refusal`)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from framework_bench.plugins.contract import BackendEnv, Job
 from framework_bench.spec.scenario import Scenario
@@ -62,6 +65,15 @@ def deepspeed_config(job: Job, zero: dict | None = None) -> dict:
         "fp16": {"enabled": False},
         "zero_optimization": zero or {"stage": s.zero_stage, "overlap_comm": True},
     }
+
+
+def write_deepspeed_config(job: Job, path: Path, config: dict | None = None) -> Path | None:
+    """`config` (matched mode's `deepspeed_config` by default) at `path` for a ZeRO scenario: the
+    file the arguments name; None and nothing written without ZeRO."""
+    if job.scenario.zero_stage == 0:
+        return None
+    path.write_text(json.dumps(config or deepspeed_config(job), indent=2))
+    return path
 
 
 def attn_implementation(job: Job, flash_attn_installed: bool) -> str:

@@ -1,6 +1,6 @@
 """The HF Trainer's side of the worker SDK (transformers imported inside, as torch), for a
 framework whose trainer is `transformers.Trainer` or a subclass of it (LLaMA-Factory's v0 SFT
-trainer, TRL's SFTTrainer):
+trainer, ms-swift's Seq2SeqTrainer, TRL's SFTTrainer):
 
 - `StepRecorder` (the SDK's `StepTimer` fed from trainer events, the attention and dtype the
   model really got, tokens counted from what it is fed) and `step_metrics_callback`, its callback;
@@ -38,8 +38,9 @@ def zero_stage_of(optimizer) -> int:
 
 class StepRecorder:
     """The SDK's `StepTimer` (one timing and peak-memory window per optimizer step, the same
-    for every backend) fed from a trainer's events, plus what the model really runs with. The logged loss arrives after the step ends (`on_log`), so a step's line is
-    written then; the clock stops at the step's end, the peak is read when the line is written."""
+    for every backend) fed from a trainer's events, plus what the model really runs with. The
+    logged loss arrives after the step ends (`on_log`), so a step's line is written then; the
+    clock stops at the step's end, the peak is read when the line is written."""
 
     def __init__(self, run_dir: Path, device: str, require_flash_attn: bool, zero_stage: int = 0):
         self.timer = StepTimer(run_dir, device)
@@ -296,17 +297,20 @@ def normalization(trainer, counted: bool) -> str:
 
 
 def write_run_report(job: Job, recorder: StepRecorder, claims: Claims, startup, framework_version: str,
-                     train_runtime: float, notes: list[str], **extra) -> None:
+                     train_runtime: float, native_adapters: str, **extra) -> None:
     """Every rank once the trainer returned: the recorder closed, its optimizer steps counted (a
     trainer that ran other than the job's fails the worker), then rank 0's report, whose own
     throughput is the HF Trainer's `train_runtime` less what fbench's `on_train_begin` took
-    inside it (the initial seed's wait, fill and report). `startup`: the worker's StartupClock."""
+    inside it (the initial seed's wait, fill and report). `startup`: the worker's StartupClock;
+    `native_adapters`: the framework's own adapter defaults, named in a native adapter run's notes."""
     from importlib.metadata import version
 
     recorder.close()
     if recorder.steps_written != job.steps:
         raise SystemExit(f"the trainer ran {recorder.steps_written} optimizer steps, expected {job.steps}")
     own = train_runtime - claims.fbench_seconds
+    f = job.scenario.finetune
+    native = [f"native {f.method}: {native_adapters}"] if f.adapters and job.settings_mode == "native" else []
     write_report(job, Report(
         framework_version=framework_version,
         attention_used=recorder.attention_used,
@@ -314,7 +318,7 @@ def write_run_report(job: Job, recorder: StepRecorder, claims: Claims, startup, 
         param_count=claims.param_count,
         startup_seconds=round(recorder.first_step_at - startup.started, 2),
         startup_breakdown=startup.phases,
-        notes=recorder.notes + notes,
+        notes=recorder.notes + native,
         throughput={"tokens_per_sec_whole_run": job.steps * job.scenario.tokens_per_gpu_step / max(own, 1e-9),
                     "train_runtime": train_runtime},
         extra={"transformers_version": version("transformers"), "torch_version": version("torch"),

@@ -212,10 +212,8 @@ def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
     if run_files.uses_v1_trainer(s.sequence_parallel):
         args = v1_train_args(job)
     else:
-        ds_file = None
-        if s.zero_stage > 0:
-            ds_file = run_dir / run_files.DEEPSPEED
-            ds_file.write_text(json.dumps(deepspeed_config(job), indent=2))
+        ds_file = hf_trainer_args.write_deepspeed_config(job, run_dir / run_files.DEEPSPEED, deepspeed_config(job))
+        if ds_file is not None:
             files["deepspeed"] = ds_file
         args = train_args(job, attention_request(job, flash_attn_installed), ds_file)
     target.write_text(json.dumps(args, indent=2))

@@ -39,10 +39,11 @@ def backend_info() -> BackendInfo:
         report_notes=[
             DEEPSPEED_VERSION_NOTE,
             "ms-swift 4.6 runs on transformers 5.6, peft 0.18.1 and trl 0.24, LLaMA-Factory's env's releases.",
-            "ms-swift's Seq2SeqTrainer computes each micro-batch's token accuracy from the logits' argmax, copied to "
-            "the host (swift/metrics/acc.py), its logged `token_acc`: a device sync inside every step, part of its step.",
-            "ms-swift's logits_to_keep (the LM head over the labelled positions only) is off in both modes: it rewrites "
-            "the labels the model is fed, which the host's rows check reads.",
+            "ms-swift's Seq2SeqTrainer computes each micro-batch's token accuracy from the logits' argmax, "
+            "copied to the host (swift/metrics/acc.py), its logged `token_acc`: a device sync inside every step, "
+            "part of its step.",
+            "ms-swift's logits_to_keep (the LM head over the labelled positions only) is off in both modes: it "
+            "rewrites the labels the model is fed, which the host's rows check reads.",
         ],
     )
 

@@ -87,11 +87,9 @@ def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {"model_dir": model_folder.write_model_dir(job, torch_dtype(job))}
-    ds_file = None
-    if job.scenario.zero_stage > 0:
-        ds_file = files["deepspeed"] = run_dir / DEEPSPEED
-        ds_file.write_text(json.dumps(hf_trainer_args.deepspeed_config(job), indent=2))
+    if (ds_file := hf_trainer_args.write_deepspeed_config(job, run_dir / DEEPSPEED)) is not None:
+        files["deepspeed"] = ds_file
+    attn = hf_trainer_args.attn_implementation(job, flash_attn_installed)
     files["run"] = run_dir / RUN_FILE
-    files["run"].write_text(json.dumps({"sft_args": sft_args(job, ds_file, hf_trainer_args.attn_implementation(job, flash_attn_installed))},
-                                       indent=2))
+    files["run"].write_text(json.dumps({"sft_args": sft_args(job, ds_file, attn)}, indent=2))
     return files

@@ -35,8 +35,8 @@ NATIVE_LORA = ("ms-swift's own LoRA defaults (TunerArguments): lora_rank 8, lora
                "target_modules all-linear (every linear of the decoder, the LM head left out)")
 
 
-def save_rows(job: Job, rows: int, world: int) -> None:
-    """The first `rows` packed rows as an ms-swift cached dataset (input_ids, labels, lengths),
+def save_rows(job: Job, packed, rows: int, world: int) -> None:
+    """The first `rows` of the `packed` rows as an ms-swift cached dataset (input_ids, labels, lengths),
     laid in the order ms-swift's sampler deals them: `BatchSamplerShard` without shuffling gives
     rank r the dataset's indices r, r + world, ... (swift/dataloader/shard.py:57), the host gives
     rank r micro-batch g rows [(g * world + r) * mb, ...). One process writes, the others wait."""
@@ -49,7 +49,6 @@ def save_rows(job: Job, rows: int, world: int) -> None:
         for j in range(rows // world):  # rank r's j-th row: micro-batch j // mb, place j % mb
             for r in range(world):
                 order[r + j * world] = ((j // mb) * world + r) * mb + j % mb
-        packed = job.open_rows()
         ids, labels = np.asarray(packed.input_ids[:rows])[order], np.asarray(packed.labels[:rows])[order]
         Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist(),
                            "lengths": [[ids.shape[1]]] * rows}).save_to_disk(str(tmp))
@@ -90,8 +89,9 @@ def main(job_file: str) -> None:
     from swift.arguments import SftArguments
 
     world = dist_info().world_size
-    rows = min(job.open_rows().rows, job.rows_needed)
-    save_rows(job, rows, world)
+    packed = job.open_rows()
+    rows = min(packed.rows, job.rows_needed)
+    save_rows(job, packed, rows, world)
     startup.mark("data")
     files = json.loads((Path(job.run_dir) / RUN_FILE).read_text())
     args = SftArguments(**files["sft_args"])
@@ -102,10 +102,7 @@ def main(job_file: str) -> None:
     sft = pipeline(job, startup, claims, recorder)(args)
     result = sft.main()
     runtime = float(next(log["train_runtime"] for log in reversed(result["log_history"]) if "train_runtime" in log))
-    s = job.scenario
-    write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime,
-                     [f"native {s.finetune.method}: {NATIVE_LORA}"] if s.finetune.adapters and job.settings_mode == "native"
-                     else [], rows_converted=rows)
+    write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime, NATIVE_LORA, rows_converted=rows)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,11 @@ NATIVE_LORA = ("TRL takes the adapters it is given: native LoRA is peft's LoraCo
                "dropout 0, target_modules peft's per-model default: q_proj and v_proj for Llama)")
 
 
-def dataset(job: Job, rows: int):
-    """The first `rows` packed rows as a `datasets.Dataset` of input_ids and labels, the columns
-    TRL's collator reads when its own preparation is skipped (labels used as given)."""
+def dataset(packed, rows: int):
+    """The first `rows` of the `packed` rows as a `datasets.Dataset` of input_ids and labels, the
+    columns TRL's collator reads when its own preparation is skipped (labels used as given)."""
     from datasets import Dataset
 
-    packed = job.open_rows()
     return Dataset.from_dict({"input_ids": np.asarray(packed.input_ids[:rows]).tolist(),
                               "labels": np.asarray(packed.labels[:rows]).tolist()})
 
@@ -82,8 +81,9 @@ def main(job_file: str) -> None:
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    rows = min(job.open_rows().rows, job.rows_needed)
-    train_rows = dataset(job, rows)
+    packed = job.open_rows()
+    rows = min(packed.rows, job.rows_needed)
+    train_rows = dataset(packed, rows)
     tokenizer = AutoTokenizer.from_pretrained(str(Path(job.data_dir) / TOKENIZER_DIR))
     startup.mark("data")
     files = json.loads((Path(job.run_dir) / RUN_FILE).read_text())
@@ -97,12 +97,10 @@ def main(job_file: str) -> None:
     claims.remember_prepared()
     claims.record_losses(SFTTrainer)
     trainer = SFTTrainer(model=model, args=config, train_dataset=train_rows, processing_class=tokenizer,
-                         peft_config=peft_config(job), callbacks=[step_metrics_callback(recorder, startup), claims.callback])
+                         peft_config=peft_config(job),
+                         callbacks=[step_metrics_callback(recorder, startup), claims.callback])
     runtime = float(trainer.train().metrics["train_runtime"])
-    s = job.scenario
-    write_run_report(job, recorder, claims, startup, version("trl"), runtime,
-                     [f"native {s.finetune.method}: {NATIVE_LORA}"] if s.finetune.adapters and job.settings_mode == "native"
-                     else [], rows_converted=rows)
+    write_run_report(job, recorder, claims, startup, version("trl"), runtime, NATIVE_LORA, rows_converted=rows)
 
 
 if __name__ == "__main__":
