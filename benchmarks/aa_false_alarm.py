@@ -94,7 +94,7 @@ def main() -> None:
 def run(args: argparse.Namespace, tmp: Path) -> None:
     """The A/A compares, then the slowdown compares, each verdict as it comes, then the rates."""
     from framework_bench.present.verdict import sentence
-    from framework_bench.spec import scenario as scenarios
+    from framework_bench.scenario import scenario as scenarios
     from framework_bench.store.results import ResultStore
     s = scenarios.load(args.scenario)
     start = time.monotonic()

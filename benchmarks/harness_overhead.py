@@ -28,7 +28,7 @@ import threading
 
 from framework_bench.measure import clock
 from framework_bench.run import pipeline
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.worker.steps import ClockLines
 from framework_bench.worker.files import MetricsWriter, read_metrics
 

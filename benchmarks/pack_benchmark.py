@@ -87,7 +87,7 @@ def repeat_for(base_tokens: int, target: int) -> int:
 
 def stage_tokenize(args) -> dict:
     from framework_bench.data import alpaca, packing, tokenizer
-    from framework_bench.spec.scenario import DataSource
+    from framework_bench.scenario.scenario import DataSource
 
     records = [r for p in SOURCES for r in alpaca.load_source(DataSource(path=str(p)))[0]]
     t = time.perf_counter()

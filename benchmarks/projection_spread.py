@@ -29,7 +29,7 @@ from framework_bench.plugins.contract import Machine
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
 from framework_bench.worker.hparams import SEED
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 CPU = Machine(gpus=0, cpu_count=2)
 

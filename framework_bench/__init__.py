@@ -3,8 +3,8 @@
 Importing this package must stay cheap: the host never imports torch or a framework.
 """
 
-from framework_bench import _compat
+from framework_bench import deprecations
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-_compat.install()  # the deprecated module paths, each an alias of its new home until its removal release
+deprecations.install()  # the deprecated module paths, each an alias of its new home until its removal release

@@ -35,7 +35,7 @@ from framework_bench.plugins import registry as plugins
 from framework_bench.run import design, pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import judging_reference, reference_backend
-from framework_bench.spec import scenario as scenarios_
+from framework_bench.scenario import scenario as scenarios_
 
 SCENARIO = "tiny_cpu"
 TWO_PROCESSES = ("multiproc_tiny_cpu_1x2", "multiproc_tiny_cpu_zero2")  # the first the backend accepts

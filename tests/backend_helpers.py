@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import BackendEnv, Job, Machine
 
 CPU = Machine(gpus=0, cpu_count=2)

@@ -160,7 +160,7 @@ def tiny_cpu_run(tmp_path_factory):
     from framework_bench.data.packing import pack
     from framework_bench.run import pipeline
     from framework_bench.run.options import RunOptions
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
 
     scn = scenario.load("tiny_cpu")
     root = tmp_path_factory.mktemp("tiny-cpu-runs")
@@ -187,7 +187,7 @@ def torch_zero_run():
     never change it."""
     from framework_bench.run import pipeline
     from framework_bench.run.options import RunOptions
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
 
     runs: dict = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.measure import verify
 from framework_bench.plugins.contract import StepMetric, WorkerReport
 

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from framework_bench.measure import flops
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.cli import app
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from framework_bench.run import compare, design, dry_run
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.cli import app
 from framework_bench.store.results import ResultStore
 

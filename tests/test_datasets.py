@@ -13,11 +13,11 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.cli import app
 from framework_bench.data import alpaca, packing
-from framework_bench.spec import catalog
-from framework_bench.spec.scenario import PROJECT_ROOT
+from framework_bench.scenario import catalog
+from framework_bench.scenario.scenario import PROJECT_ROOT
 
 FILES = ("alpaca_en_demo.json", "alpaca_zh_demo.json")
 SHIPPED = catalog.SHIPPED_DATA  # the demo files fbench ships (package data)

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from framework_bench.run.dry_run import dry_run
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import Machine
 from framework_bench.cli import app
 

@@ -56,7 +56,7 @@ def test_an_env_whose_python_lacks_numpy_is_never_ready(fbench_home, tiny_spec):
     every run's worker would die importing the SDK, so inspect says so and the plugin refuses."""
     from framework_bench.plugins.base import Backend
     from framework_bench.plugins.contract import Machine
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
 
     path = envs.env_path("bare")
     venv.create(path, with_pip=False)
@@ -131,7 +131,7 @@ def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
     from framework_bench.cli import app
     from framework_bench.plugins import registry
     from framework_bench.run import verdicts
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
 
     house = tmp_path / "house"
     build_wheel(house, "fbench_tiny_a", "0.1")

@@ -12,9 +12,9 @@ from framework_bench.cli import app
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import QLORA_ON_CPU, BackendEnv, Capabilities, Machine
 from framework_bench.run import verdicts
-from framework_bench.spec import scenario
-from framework_bench.spec.finetune import FineTune
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario import scenario
+from framework_bench.scenario.finetune import FineTune
+from framework_bench.scenario.scenario import Scenario
 
 CPU = Machine(gpus=0, cpu="test", cpu_count=2)
 LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -122,7 +122,7 @@ def test_the_host_counts_the_trainable_parameters_a_worker_claims():
     """The host counts the trainable parameters from the model and the LoRA config; a worker that
     trains its base too, adapts other modules or another rank, or counts nothing, cannot pass."""
     from framework_bench.measure import verify
-    from framework_bench.spec.models import parameter_count
+    from framework_bench.scenario.models import parameter_count
 
     s = scenario.load("tiny_cpu_lora")
     adapters = s.finetune.adapter_parameter_count(s.arch)

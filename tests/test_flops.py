@@ -12,9 +12,9 @@ import pytest
 from framework_bench.measure import flops
 from framework_bench.plugins import registry
 from framework_bench.plugins.contract import Job, WorkerReport
-from framework_bench.spec import scenario
-from framework_bench.spec.finetune import FineTune
-from framework_bench.spec.models import PRESETS, ModelArch
+from framework_bench.scenario import scenario
+from framework_bench.scenario.finetune import FineTune
+from framework_bench.scenario.models import PRESETS, ModelArch
 
 SEED = Path(__file__).resolve().parents[1].parent / "shared/seeds/xtuner_speed_benchmark.txt"
 MODEL_PREFIX = {"Llama2-7B": "llama2_7b", "Yi-34B-200K": "yi34b", "Llama2-70B": "llama2_70b"}

@@ -14,7 +14,7 @@ from framework_bench.measure import gpus
 from framework_bench.measure.memory import estimate, gpu_memory_for
 from framework_bench.plugins import registry as plugins
 from framework_bench.run.launchers.slurm_time import estimate_time
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 runner = CliRunner()
 SCENARIO = "llama2_7b_32k_1gpu"

@@ -13,7 +13,7 @@ from backend_helpers import H100x8, make_job, ready_env, tiny
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.launchers import executor_for
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import Machine
 
 ONE_GPU = Machine(gpus=1, gpu_name="NVIDIA H200", gpu_memory_gib=139)

@@ -191,7 +191,7 @@ def test_on_gpu_nvml_is_recorded_never_judged_and_unavailable_where_unreadable(t
 
 def test_an_mfu_above_80_percent_of_the_dense_bf16_peak_is_impossible():
     from framework_bench.measure import metrics
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     from framework_bench.plugins.contract import StepMetric
 
     s = scenario.load("tiny_cpu")

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.cli import app
 from framework_bench.data import alpaca
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultStore
 from framework_bench.store.schema import SCHEMA_VERSION
-from framework_bench.spec.scenario import DataSource, ScenarioError
+from framework_bench.scenario.scenario import DataSource, ScenarioError
 
 TINY = scenario.SCENARIO_DIR / "tiny_cpu.yaml"
 

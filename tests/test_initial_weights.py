@@ -14,8 +14,8 @@ import pytest
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.worker import initial_weights_host as iw
-from framework_bench.spec import scenario
-from framework_bench.spec.models import parameter_count as expected_param_count
+from framework_bench.scenario import scenario
+from framework_bench.scenario.models import parameter_count as expected_param_count
 
 
 def test_values_are_random_access_and_hf_distributed():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from framework_bench.run.launchers import base, executor_for, local, slurm
 from framework_bench.run.launchers.torchrun import TorchrunExecutor
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import Job, LaunchPlan
 
 

@@ -17,7 +17,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
 from framework_bench.envs import venvs as envs
 from framework_bench.present import differences
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 BACKENDS = ("xtuner", "llamafactory", "trl", "swift")
 TARGETS = "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj"

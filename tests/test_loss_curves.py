@@ -9,7 +9,7 @@ from framework_bench.present import plotting
 from framework_bench.measure.metrics import RunResult
 from framework_bench.present.report import write_report
 from framework_bench.store.results import ResultStore
-from framework_bench.spec.scenario import load
+from framework_bench.scenario.scenario import load
 
 
 def test_one_loss_chart_per_scenario_with_a_line_per_backend(tmp_path):

@@ -15,7 +15,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.measure.verify import UNCHECKED_ENV
 from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.data.packing import pack
 from framework_bench.measure import losses, update
 from framework_bench.measure.losses import needed_reference_scheme, parity

@@ -9,8 +9,8 @@ from pathlib import Path
 from framework_bench.measure import memory, memory_terms
 from framework_bench.plugins import registry as plugins
 from framework_bench.measure.memory import GIB, estimate, gpu_memory_for
-from framework_bench.spec.models import parameter_count
-from framework_bench.spec.scenario import Scenario, load, load_all
+from framework_bench.scenario.models import parameter_count
+from framework_bench.scenario.scenario import Scenario, load, load_all
 
 # Measured peaks, ../shared/notes/backend-facts.md: plain PyTorch on one H200, random-init
 # Llama2-7B, batch 1, bf16 autocast over fp32 parameters, gradient checkpointing, SDPA,

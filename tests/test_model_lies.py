@@ -260,7 +260,7 @@ def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_pat
     with the adapters it claims, at every step and on its update: invalid. Judged at step 1 only,
     as native adapters were before (the check off), it passes: the lie is live."""
     from framework_bench.run.reference import NATIVE_ADAPTERS, judging_reference
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
 
     scn = scenario.load("tiny_cpu_lora")
     options = RunOptions(root=tmp_path / "runs", settings_mode="native")

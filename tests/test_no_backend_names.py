@@ -17,7 +17,7 @@ FRAMEWORK = re.compile(r"xtuner|llama[-_]?factory|mmengine|\btrl\b|ms[-_]?swift"
 TORCH = "torch"
 # Attributions, not branches: the published table's figures and TFLOPs formula are XTuner's
 # (`show --json` names the formula's keys after it); the Alpaca demo files come from
-# LLaMA-Factory's repository (spec/catalog.py: their download address).
+# LLaMA-Factory's repository (scenario/catalog.py: their download address).
 ATTRIBUTION = re.compile(r"XTuner('s)? (published )?formula|published XTuner|XTuner / model|xtuner_(per_token|tflops)"
                          r"|hiyouga/LLaMA-Factory/main/data/|LLaMA-Factory's demo files")
 

@@ -115,7 +115,7 @@ def test_a_store_locked_for_longer_than_sqlites_wait_takes_the_row_after_backing
         thread = _hold_lock(db, 3, held)
         thread.start()
         held.wait(10)
-        from framework_bench.spec import scenario
+        from framework_bench.scenario import scenario
         started = time.monotonic()
         unstored.save(store, results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="failed", reason="x"),
                      scenario.load("tiny_cpu"))
@@ -335,7 +335,7 @@ def test_the_sweep_ends_only_processes_naming_the_dead_hosts_run_folder(fbench_h
 def test_a_host_killed_between_storing_the_row_and_ending_its_claim_is_stored_once(fbench_home, tmp_path):
     from framework_bench.measure.metrics import RunResult
     from framework_bench.run import orphans
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     db, tiny = tmp_path / "r.sqlite", scenario.load("tiny_cpu")
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000004"
     orphans.claim(run_dir, db, "fake_ok", tiny, "matched")
@@ -361,7 +361,7 @@ def test_a_live_hosts_run_is_left_alone(fbench_home, tmp_path):
     from framework_bench.run import orphans
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000002"
     run_dir.mkdir(parents=True)
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     orphans.claim(run_dir, tmp_path / "r.sqlite", "fake_ok", scenario.load("tiny_cpu"), "matched")  # this process is the host
     assert orphans.recover(fbench_home / "runs") == [] and (run_dir / orphans.HOST_FILE).exists()
 
@@ -516,7 +516,7 @@ def test_a_nan_loss_is_stored_as_nan_not_as_no_loss(fakes, fbench_home, tmp_path
 
 def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
     from framework_bench.measure import metrics
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     from framework_bench.plugins.contract import StepMetric
     s = scenario.load("tiny_cpu")
     steps = [StepMetric(step=i, seconds=1e-9, tokens=s.context_length) for i in range(1, s.steps.total + 1)]
@@ -526,7 +526,7 @@ def test_an_mfu_above_the_gpus_peak_makes_the_figures_impossible():
 
 def test_the_share_of_torch_pairs_runs_by_their_stored_definition(tmp_path, fbench_home):
     from framework_bench.present import report
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     short = scenario.load("tiny_cpu")
     longer = short.model_copy(update={"context_length": 2048})  # the same file, edited between the runs
     db = tmp_path / "r.sqlite"
@@ -602,7 +602,7 @@ def test_out_defaults_to_the_state_folder(fakes, fbench_home, tmp_path, monkeypa
 
 
 def test_results_list_shows_the_latest_50_unless_asked(tmp_path, fbench_home):
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     db = tmp_path / "r.sqlite"
     with ResultStore(db) as store:
         for i in range(60):
@@ -620,7 +620,7 @@ def test_results_list_shows_the_latest_50_unless_asked(tmp_path, fbench_home):
 
 
 def _keep_a_row(db: Path) -> Path:
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     folder = unstored.unstored_dir(db)
     folder.mkdir()
     result = results.RunResult(backend="fake_ok", scenario="tiny_cpu", status="ok")
@@ -673,7 +673,7 @@ def test_ctrl_c_while_storing_a_kept_row_gives_it_back(fbench_home, tmp_path, mo
 
 def test_the_db_written_into_host_json_is_absolute(fbench_home, tmp_path, monkeypatch):
     from framework_bench.run import orphans
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     monkeypatch.chdir(tmp_path)
     orphans.claim(tmp_path / "run", Path("results.sqlite"), "fake_ok", scenario.load("tiny_cpu"), "matched")
     assert json.loads((tmp_path / "run" / orphans.HOST_FILE).read_text())["db"] == str(tmp_path / "results.sqlite")
@@ -683,7 +683,7 @@ def test_the_db_written_into_host_json_is_absolute(fbench_home, tmp_path, monkey
 
 def _dead_hosts_run(fbench_home: Path, tmp_path: Path) -> Path:
     from framework_bench.run import orphans
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     run_dir = fbench_home / "runs" / "20260101-000000-tiny_cpu-fake_ok-000009"
     orphans.claim(run_dir, tmp_path / "r.sqlite", "fake_ok", scenario.load("tiny_cpu"), "matched")
     record = json.loads((run_dir / orphans.HOST_FILE).read_text())

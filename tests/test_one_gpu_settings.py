@@ -17,7 +17,7 @@ from framework_bench.plugins import plan_env
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 VERSIONS = {"xtuner": {"xtuner": "0.2.0"}, "llamafactory": {"llamafactory": "0.9.5"}, "torch": {"torch": "2.13.0"}}
 BACKENDS = sorted(VERSIONS)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from framework_bench.worker import packed
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.data import alpaca, packing, tokenizer
-from framework_bench.spec import catalog
+from framework_bench.scenario import catalog
 from framework_bench.worker.packed import IGNORE_INDEX, PackedRows
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 BOS, EOS = 1, 2
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from framework_bench.worker import packed
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.data import alpaca, packing
 from framework_bench.worker.packed import PackedRows
 

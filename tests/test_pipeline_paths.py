@@ -27,7 +27,7 @@ from framework_bench.plugins.contract import Job, Machine
 from framework_bench.run import pipeline
 from framework_bench.run.dry_run import dry_run
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 STANDINS = Path(__file__).parent / "slurm_standins"
 CPU = Machine(cpu_count=2)

@@ -1,4 +1,4 @@
-"""Where fbench keeps its state and finds scenarios (framework_bench/spec/places.py), installed
+"""Where fbench keeps its state and finds scenarios (framework_bench/scenario/places.py), installed
 or from a checkout."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from framework_bench.spec import places, scenario
+from framework_bench.scenario import places, scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

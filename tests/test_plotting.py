@@ -11,7 +11,7 @@ import pytest
 from framework_bench.present import chart_style, plotting, published_chart
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultStore
-from framework_bench.spec.scenario import PROJECT_ROOT, load
+from framework_bench.scenario.scenario import PROJECT_ROOT, load
 
 CPU_MANIFEST = {"hostname": "h", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0}
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from framework_bench.plugins import hookspecs
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import BackendEnv, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.cli import app
 from framework_bench.run import design

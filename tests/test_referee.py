@@ -17,7 +17,7 @@ from framework_bench.cli import app
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run import compare, referee
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 STANDINS = Path(__file__).parent / "slurm_standins"
 CANDIDATE = "fake_noisy"  # honest: its losses and update agree with fake_ok's, the fakes' reference

@@ -11,7 +11,7 @@ from framework_bench.present import plotting
 from framework_bench.measure.metrics import RunResult
 from framework_bench.present.report import write_report
 from framework_bench.store.results import ResultStore
-from framework_bench.spec.scenario import load
+from framework_bench.scenario.scenario import load
 
 MANIFEST = {"hostname": "bench-host", "cpu": "AMD EPYC", "cpu_count": 2, "gpu": None, "gpu_count": 0,
             "git_commit": "0123abc", "backend_env": {"flavour": "cpu", "versions": {"torch": "2.13.0+cpu"}}}

@@ -13,7 +13,7 @@ from framework_bench.cli import app
 from framework_bench.measure.metrics import RunResult
 from framework_bench.present.report import write_report
 from framework_bench.run import design
-from framework_bench.spec.scenario import load
+from framework_bench.scenario.scenario import load
 from framework_bench.store.results import ResultStore
 
 

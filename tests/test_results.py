@@ -14,7 +14,7 @@ from framework_bench.store import results, schema
 from framework_bench.store.export import export
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultsError, ResultStore
-from framework_bench.spec.scenario import Scenario, load
+from framework_bench.scenario.scenario import Scenario, load
 from framework_bench.worker.files import MetricsWriter
 
 

@@ -8,7 +8,7 @@ import sqlite3
 from framework_bench.store import schema
 from framework_bench.measure.metrics import RunResult
 from framework_bench.store.results import ResultStore
-from framework_bench.spec.scenario import load
+from framework_bench.scenario.scenario import load
 
 
 def test_seed_and_loss_curve_round_trip(tmp_path):

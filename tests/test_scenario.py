@@ -9,10 +9,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from framework_bench.spec import scenario
-from framework_bench.spec import catalog
+from framework_bench.scenario import scenario
+from framework_bench.scenario import catalog
 from framework_bench.cli import app
-from framework_bench.spec.scenario import ScenarioError, load_file
+from framework_bench.scenario.scenario import ScenarioError, load_file
 
 runner = CliRunner()
 

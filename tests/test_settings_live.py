@@ -13,7 +13,7 @@ import pytest
 
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 PROBE = """
 import json, sys, torch, transformers

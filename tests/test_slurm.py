@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from backend_helpers import slurm_cpu_row_ok
 from fbench_fixtures import backend_env_or_skip, ctrl_c_reaches_it
 from framework_bench.envs import venvs as envs
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.cli import app
 from framework_bench.run.launchers.slurm_time import MARGIN, STARTUP_S, estimate_time
 

@@ -19,7 +19,7 @@ from framework_bench.cli import app, common, render
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.run.reference import reference_backend
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_STORE = ROOT / "tests" / "golden" / "fixture_results.sqlite"

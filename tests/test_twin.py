@@ -5,7 +5,7 @@ from __future__ import annotations
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import BLOCKING, Check
 from framework_bench.run import referee, twin
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 
 def test_a_bf16_scenario_has_an_fp32_twin_of_a_few_steps_and_an_fp32_or_flash_only_one_none():

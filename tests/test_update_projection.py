@@ -19,7 +19,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.measure import clock, clock_checks, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.worker import LEARNING_RATE
 from framework_bench.worker import initial_weights_host as iw
 from framework_bench.worker import update as worker_update

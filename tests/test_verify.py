@@ -11,10 +11,10 @@ import pytest
 
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.measure import verify
 from framework_bench.plugins.contract import StepMetric, WorkerReport
-from framework_bench.spec.models import PRESETS, parameter_count
+from framework_bench.scenario.models import PRESETS, parameter_count
 from framework_bench.store.results import ResultStore
 
 

@@ -142,7 +142,7 @@ def test_derived_quantities_are_worked_out_once_for_host_and_worker(tmp_path):
     """Micro-batches per step, data-parallel size, rows needed and tokens per GPU: the host's
     scenario and the worker's reading of job.json derive them from the same worker SDK class,
     which alone works them out."""
-    from framework_bench.spec.scenario import Scenario, Steps
+    from framework_bench.scenario.scenario import Scenario, Steps
     from framework_bench.worker import job as worker_job
 
     host = host_job(tmp_path, "ab" * 32, grad_accum=3, micro_batch=2, sequence_parallel=2,

@@ -11,7 +11,7 @@ from fbench_fixtures import MULTIPROCESS_TIMEOUT, backend_env_or_skip
 from framework_bench.measure import losses
 from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.worker.files import read_metrics, read_worker_report
 
 

@@ -28,7 +28,7 @@ def _version(shown: bool) -> None:
 def _state_folder(ctx: typer.Context, version: Annotated[bool, common.Flag(
         "--version", callback=_version, is_eager=True, help="print fbench's version and exit")] = False) -> None:
     """An unusable FBENCH_HOME (not UTF-8, too long, not writable) is one line before any command."""
-    from framework_bench.spec import places
+    from framework_bench.scenario import places
     if problem := places.state_dir_problem(writable=ctx.invoked_subcommand not in READ_ONLY):
         common.fail(problem)
 

@@ -147,7 +147,7 @@ def user_errors():
     from framework_bench.envs.errors import EnvError
     from framework_bench.plugins.registry import UnknownBackend
     from framework_bench.store.results import ResultsError
-    from framework_bench.spec.scenario import ScenarioError
+    from framework_bench.scenario.scenario import ScenarioError
     return (ScenarioError, UnknownBackend, DataError, EnvError, ResultsError)
 
 
@@ -258,7 +258,7 @@ def check_scenario_names(names: list[str]) -> None:
 
 
 def load_scenario(name: str):
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     check_scenario_names([name])
     try:
         return scenario.load(name)

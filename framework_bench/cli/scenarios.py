@@ -17,7 +17,7 @@ def scenarios(wide: common.WideOption = False) -> None:
     """List the scenarios in scenarios/.
 
     Example: fbench scenarios --wide"""
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     t = render.FittedTable("scenarios", [
         render.Col("name"), render.Col("model"), render.Col("device"), render.Col("GPUs", "right"),
         render.Col("context", "right"), render.Col("SP", "right"), render.Col("ZeRO", "right"),
@@ -116,7 +116,7 @@ def validate(files: Annotated[list[Path], typer.Argument(metavar="FILE", help="s
     """Validate scenario files; exit 1 listing each bad field.
 
     Example: fbench validate scenarios/tiny_cpu.yaml"""
-    from framework_bench.spec import scenario
+    from framework_bench.scenario import scenario
     bad = 0
     for f in files:
         try:
@@ -134,7 +134,7 @@ def schema() -> None:
     """Print the JSON schema of a scenario file.
 
     Example: fbench schema > scenario.schema.json"""
-    from framework_bench.spec.scenario import Scenario
+    from framework_bench.scenario.scenario import Scenario
     print(json.dumps(Scenario.model_json_schema(), indent=2))
 
 

@@ -6,8 +6,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from framework_bench.spec.scenario import DataSource
-from framework_bench.spec.catalog import DataError
+from framework_bench.scenario.scenario import DataSource
+from framework_bench.scenario.catalog import DataError
 
 TEMPLATE_NAME = "alpaca-v1"
 # The full Alpaca sets are 20-50 MiB; one file is read and parsed whole (a 1 GiB one ran out of memory).

@@ -24,9 +24,9 @@ from rich.progress import Progress
 
 from framework_bench.worker import packed
 from framework_bench.data import alpaca, tokenizer as tokenizers_
-from framework_bench.spec import catalog
+from framework_bench.scenario import catalog
 from framework_bench.envs.venvs import fbench_home
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 FORMAT_VERSION = 3  # 2: sha256 covers the row shape; 3: and labels and document starts; files listed
 FREE_SPACE_MARGIN = 1 << 30  # left free after packing, for the run folders and the store

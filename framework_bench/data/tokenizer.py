@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from framework_bench.spec.scenario import TokenizerSpec
+from framework_bench.scenario.scenario import TokenizerSpec
 
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: Llama's unk/bos/eos ids
 

@@ -25,8 +25,8 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from pydantic import BaseModel
 
-from framework_bench.spec import catalog
-from framework_bench.spec.scenario import PROJECT_ROOT
+from framework_bench.scenario import catalog
+from framework_bench.scenario.scenario import PROJECT_ROOT
 
 LISTS_DIR = PROJECT_ROOT / "benchmarks" / "device"
 DATA_DIR = catalog.SHIPPED_DATA / "alpaca-demo"

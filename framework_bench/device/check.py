@@ -32,11 +32,11 @@ from framework_bench.envs import venvs as envs
 from framework_bench.measure import flops, gpus
 from framework_bench.measure.memory import estimate
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario as scenario_mod
+from framework_bench.scenario import scenario as scenario_mod
 from framework_bench.present.verdict import Points, share_cell, tgs_cell
 from framework_bench.run.reference import reference_backend
 from framework_bench.measure.metrics import RunResult
-from framework_bench.spec.scenario import PROJECT_ROOT, Scenario
+from framework_bench.scenario.scenario import PROJECT_ROOT, Scenario
 
 OUT_FILES = ("results.sqlite", "runs.json", "report.html", "logs.txt", "table.txt")
 TINY = {"cuda": "tiny_cuda", "cpu": "tiny_cpu"}

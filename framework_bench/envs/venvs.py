@@ -3,7 +3,7 @@
 XTuner 0.2.0 pins transformers==4.48.0 and LLaMA-Factory 0.9.5 needs >=4.55: no single
 environment holds both, so each backend's worker runs with its own env's Python.
 
-Layout: `<state folder>/envs/<backend>/` (`FBENCH_HOME`, else as `framework_bench/spec/places.py` says), with
+Layout: `<state folder>/envs/<backend>/` (`FBENCH_HOME`, else as `framework_bench/scenario/places.py` says), with
 `fbench-env.json` recording the flavour, the requirements hash, the resolved versions, how long
 creation took, that the worker SDK imports there, and the host packages made importable in it
 (a copied plugin's version and source hash: `inspect` calls the env stale once the host's plugin
@@ -21,7 +21,7 @@ from framework_bench.envs.host_packages import changed_links
 from framework_bench.envs.sdk_check import sdk_missing
 from framework_bench.envs.smoke import OPTIONAL_IMPORTS
 from framework_bench.plugins.contract import BackendEnv, EnvSpec
-from framework_bench.spec import places
+from framework_bench.scenario import places
 
 RECORD = "fbench-env.json"
 STALE_PLUGIN = "stale: plugin changed since env create"  # its copy in the env: `env create` refreshes it
@@ -30,7 +30,7 @@ FLAVOURS: tuple[Flavour, ...] = ("cpu", "cuda")
 
 
 def fbench_home() -> Path:
-    """The state folder: see `framework_bench/spec/places.py`."""
+    """The state folder: see `framework_bench/scenario/places.py`."""
     return places.state_dir()
 
 

@@ -16,9 +16,9 @@ gpus.py, a CPU's peak from cpu_peak.py) are applied in metrics.figures.
 from __future__ import annotations
 
 from framework_bench.measure import gpus
-from framework_bench.spec.models import ModelArch, parameter_counts
-from framework_bench.spec.finetune import FineTune
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.models import ModelArch, parameter_counts
+from framework_bench.scenario.finetune import FineTune
+from framework_bench.scenario.scenario import Scenario
 
 # Dense bf16 peak, TFLOP/s, by a substring of the device name (from the one GPU table).
 GPU_PEAK_TFLOPS = {key: gpu.peak_tflops for key, gpu in gpus.GPUS.items()}

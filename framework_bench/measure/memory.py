@@ -26,8 +26,8 @@ from framework_bench.measure.memory_terms import (
     layer_working_bytes, logits_bytes, optimizer_states_bytes, optimizer_temporaries_bytes, overhead_bytes,
     parameters_bytes, stored_activations_bytes, weight_cache_bytes)
 from framework_bench.plugins.contract import MemoryScheme, OptimizerImpl
-from framework_bench.spec.models import parameter_count
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.models import parameter_count
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.job import SettingsMode
 
 Phase = Literal["forward", "backward", "optimizer step"]

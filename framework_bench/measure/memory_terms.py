@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Literal
 
 from framework_bench.plugins.contract import OptimizerImpl
-from framework_bench.spec.finetune import FineTune
-from framework_bench.spec.models import ModelArch, parameter_count, parameter_counts
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.finetune import FineTune
+from framework_bench.scenario.models import ModelArch, parameter_count, parameter_counts
+from framework_bench.scenario.scenario import Scenario
 
 GIB = 1024**3
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.measure import cpu_peak, flops
 from framework_bench.plugins.contract import StepMetric
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.measure.verify import Check
 
 # invalid: the run finished but a claim of its worker did not hold (framework_bench/measure/verify.py)

@@ -46,8 +46,8 @@ from pydantic import BaseModel, Field
 from framework_bench.worker import initial_weights_host
 from framework_bench.plugins.contract import Job, StepMetric, WorkerReport
 from framework_bench.worker.packed import PackedRows
-from framework_bench.spec.models import parameter_count
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.models import parameter_count
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.rows import row_fingerprint
 
 THROUGHPUT_TOLERANCE = 0.10

@@ -21,7 +21,7 @@ from typing import ClassVar
 from framework_bench.plugins import deepspeed_jit, plan_env
 from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.plugins.hookspecs import hookimpl
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.files import read_metrics, read_worker_report
 from framework_bench.worker.report import Claims
 from framework_bench.worker.rows import read_consumed

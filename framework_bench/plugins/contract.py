@@ -19,7 +19,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker import job as worker_job
 from framework_bench.worker import report as worker_report
 from framework_bench.worker.job import SETTINGS_MODES, SettingsMode

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from framework_bench.plugins.contract import BackendEnv, Job
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.hparams import ADAM_BETAS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
 
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 import pluggy
 
 from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 PROJECT = "fbench"
 ENTRY_POINT_GROUP = "fbench.backends"

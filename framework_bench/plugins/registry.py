@@ -18,7 +18,7 @@ import pluggy
 
 from framework_bench.plugins import base, hookspecs
 from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 
 class UnknownBackend(LookupError):

@@ -13,7 +13,7 @@ from framework_bench.present.loss_chart import plot_loss_curves
 from framework_bench.present.methods_chart import plot_methods
 from framework_bench.present.tgs_chart import plot_tgs, references
 from framework_bench.present.verdict import Points
-from framework_bench.spec.scenario import load_all
+from framework_bench.scenario.scenario import load_all
 
 
 def _latest_per_point(rows: list[dict]) -> list[dict]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from framework_bench.present.chart_style import (DEFAULT_OUT, METRICS, RC, context_axis, ctx_label, framework_names,
                                                  save, slug)
-from framework_bench.spec.scenario import Scenario, load_all
+from framework_bench.scenario.scenario import Scenario, load_all
 
 
 def plot_published(out_dir: Path = DEFAULT_OUT, scenarios: list[Scenario] | None = None) -> list[Path]:

@@ -28,7 +28,7 @@ from framework_bench.run.reference import reference_backend
 from framework_bench.plugins import registry
 from framework_bench.present.chart_style import ctx_label, hardware
 from framework_bench.present.verdict import Points, share_cell
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 REASON_LINES = 6  # of a failed run's error tail, enough to see the cause without the whole log
 SPEED_MARK, OTHER_MARK = "⚠ ", "≠ "  # settings rows that differ between backends (speed-relevant / not)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from framework_bench.present.chart_style import (METHODS, METRICS, RC, context_axis, ctx_label, framework_names,
                                                  gpus_label, hardware, method_of, save, slug)
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 # One run per (backend, method) on a chart: the method by its line style and marker.
 _METHOD_STYLE = {"full": ("-", "o"), "lora": ("--", "^"), "qlora": ("-.", "v")}

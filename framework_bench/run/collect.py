@@ -40,8 +40,8 @@ from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
 from framework_bench.run.launchers.slurm import ROUND_LINE, SBATCH_EXIT_FILE, SBATCH_FILE, written_for
 from framework_bench.run.launchers.slurm_queue import JobState, job_state, node, outcome_of
-from framework_bench.spec.scenario import Scenario
-from framework_bench.spec.scenario import load as load_scenario
+from framework_bench.scenario.scenario import Scenario
+from framework_bench.scenario.scenario import load as load_scenario
 from framework_bench.worker.files import read_metrics
 
 JOB_FILE = "job.json"

@@ -22,8 +22,8 @@ from framework_bench.plugins import registry as plugins
 from framework_bench.run import design, pipeline, readback, referee, sealing, twin
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import judging_reference, reference_backend, absent_reason
-from framework_bench.spec import scenario as scenarios_
-from framework_bench.spec.scenario import Scenario, ScenarioError
+from framework_bench.scenario import scenario as scenarios_
+from framework_bench.scenario.scenario import Scenario, ScenarioError
 from framework_bench.store.results import ResultStore
 
 

@@ -8,7 +8,7 @@ import os
 import secrets
 import time
 
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 PINNED_SEED_NOTE = ("seed pinned with --seed: every compare with it starts from these initial weights, so a run "
                     "replaying an earlier compare's results, or training before its first step, is not excluded")

@@ -17,7 +17,7 @@ from framework_bench.plugins.contract import Machine
 from framework_bench.run import design, pipeline, twin, verdicts
 from framework_bench.run.launchers.slurm_time import TimeEstimate, duration, estimate_time
 from framework_bench.run.options import RunOptions
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.packed import TOKENIZER_DIR
 
 

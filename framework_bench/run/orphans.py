@@ -22,7 +22,7 @@ from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.descendants import of_run
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.store import results, unstored
 
 HOST_FILE = "host.json"

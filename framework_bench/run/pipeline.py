@@ -36,7 +36,7 @@ from framework_bench.run.interrupts import held
 from framework_bench.run.launchers import executor_for
 from framework_bench.run.launchers.base import Executor, Outcome, default_launcher
 from framework_bench.run.options import RunOptions
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.store import results, unstored
 from framework_bench.worker.hparams import SEED
 

@@ -14,7 +14,7 @@ from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import CONTRACT, Job, WorkerReport
 from framework_bench.run.hooks import HookError, call_hook
 from framework_bench.run.launchers.base import Outcome
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.files import read_metrics
 
 StepCallback = Callable[[int, int, float | None], None]  # (steps done, steps total, last step seconds)

@@ -20,7 +20,7 @@ from framework_bench.measure.verify import Check
 from framework_bench.run import twin
 from framework_bench.run.hooks import tail_of
 from framework_bench.run.reference import judging_reference
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 # A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
 REASON_LINES = 60

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from framework_bench.measure import losses, verify
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 # Pins the reference to another installed backend (a new reference loop, or a stand-in in tests):
 # the one whose runs judge every other's, named wherever its share is shown.

@@ -23,7 +23,7 @@ from framework_bench.run.launchers.slurm import SBATCH_FILE
 from framework_bench.run.launchers.slurm_time import TimeEstimate
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import reference_backend
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, WORLD_LABEL_MEAN
 
 

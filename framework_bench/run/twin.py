@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 CHECK = "fp32_twin"
 TWIN_WARMUP, TWIN_MEASURED = 1, 4

@@ -15,7 +15,7 @@ from framework_bench.envs import venvs as envs
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import BackendEnv, Machine, MemoryScheme
 from framework_bench.measure.memory import MemoryEstimate, estimate, gpu_memory_for
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 
 class Verdict(BaseModel):

@@ -13,7 +13,7 @@ from framework_bench import __version__
 from framework_bench.envs import venvs as envs
 from framework_bench.measure.machine import detect
 from framework_bench.plugins import registry
-from framework_bench.spec.scenario import PROJECT_ROOT
+from framework_bench.scenario.scenario import PROJECT_ROOT
 
 # The common stack of a backend env worth naming in the manifest (those that exist are kept);
 # each backend adds its framework package and its own (`BackendInfo.manifest_packages`).

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from framework_bench.envs import venvs as envs
 from framework_bench.plugins.contract import StepMetric
 from framework_bench.measure.metrics import RunResult
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.store import locks
 from framework_bench.store.provenance import manifest
 from framework_bench.store.schema import (APPLICATION_ID, MIGRATIONS, OWN_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 from framework_bench.store.provenance import manifest
 from framework_bench.store.results import ResultStore
 

@@ -34,8 +34,6 @@ so the host can import this package too (it never calls the torch parts).
 
 import importlib
 
-from framework_bench import _compat
-
 # Where each name lives. Loaded on first use (PEP 562): the host's CLI reads `SEED` from
 # `worker.hparams` for its `--seed` default, and `fbench --help` must not pay for numpy.
 _HOMES = {
@@ -57,7 +55,7 @@ __all__ = sorted(_HOMES)
 
 def __getattr__(name: str):
     if name not in _HOMES:
-        return _compat.attribute(__name__, name)  # a deprecated name, or the AttributeError
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     home = _HOMES[name]
     module = importlib.import_module(f"{__name__}.{home or name}")
     value = module if home is None else getattr(module, name)

@@ -8,7 +8,7 @@ newer host) is kept in `raw` and ignored, a key it expects but the file lacks (a
 takes the host's default.
 
 The scenario's fields are defined and validated once, by the host's pydantic models
-(framework_bench/spec/scenario.py); a worker reads them as the attributes of the dict the host
+(framework_bench/scenario/scenario.py); a worker reads them as the attributes of the dict the host
 dumped. What follows from them (micro-batches per step, data-parallel size, rows needed, tokens
 per GPU) is worked out here only, in `Scenario`, `Steps` and `FineTune`, which the host's models
 and the worker's view of the file both derive from.
@@ -120,7 +120,7 @@ class _ScenarioFields(_Fields, Scenario):
     def __init__(self, data: dict) -> None:
         super().__init__(data)
         self.steps = _StepsFields(data["steps"])
-        # The host leaves a full fine-tuning scenario's `finetune` out of its dump (spec/scenario.py).
+        # The host leaves a full fine-tuning scenario's `finetune` out of its dump (scenario/scenario.py).
         self.finetune = _FineTuneFields(data.get("finetune") or {"method": "full"})
 
 
@@ -200,7 +200,7 @@ class Job:
     def open_rows(self) -> PackedRows:
         """The host's packed rows (memory-mapped), after checking they hash to its stream."""
         # Imported here: the host reads this module for the job's schema and the scenario's
-        # derived quantities (spec/scenario.py) and never opens rows, so it does not load numpy for it.
+        # derived quantities (scenario/scenario.py) and never opens rows, so it does not load numpy for it.
         from framework_bench.worker.packed import PackedRows
         rows = PackedRows(self.data_dir)
         self.check_data(rows.sha256(), f"packed data in {self.data_dir}")

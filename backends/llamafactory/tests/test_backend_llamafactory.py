@@ -14,7 +14,7 @@ from backend_helpers import CPU, H100x8, tiny
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import BackendEnv, Job
 
 from fbench_llamafactory import plugin as lf_plugin

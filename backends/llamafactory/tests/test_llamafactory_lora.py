@@ -14,7 +14,7 @@ from backend_helpers import CPU, H100x8
 from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 

@@ -11,7 +11,7 @@ import backend_helpers as helpers
 from backend_helpers import H100x8
 
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 from fbench_llamafactory import train_args
 

@@ -13,7 +13,7 @@ from backend_helpers import CPU, H100x8, tiny
 
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import BackendEnv
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 
 @pytest.fixture(scope="module")

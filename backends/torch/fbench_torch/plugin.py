@@ -12,7 +12,7 @@ from pathlib import Path
 from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                               Machine, MemoryScheme)
 from framework_bench.plugins.base import Backend
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 NAME = "torch"
 HERE = Path(__file__).resolve().parent

@@ -19,7 +19,7 @@ from framework_bench.run.launchers import executor_for
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline
 from framework_bench.run.options import RunOptions
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import BackendEnv, Job
 from framework_bench.worker.files import read_metrics, read_worker_report
 

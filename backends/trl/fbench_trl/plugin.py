@@ -14,7 +14,7 @@ from framework_bench.plugins.base import Backend
 from framework_bench.plugins.contract import (CONTRACT, AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
                                              Machine, MemoryScheme)
 from framework_bench.plugins.deepspeed_settings import DEEPSPEED_SPEED_SETTINGS, DEEPSPEED_VERSION_NOTE
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 from fbench_trl import sft_args
 

@@ -15,7 +15,7 @@ from fbench_fixtures import backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import BackendEnv
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 
 @pytest.fixture(scope="module")

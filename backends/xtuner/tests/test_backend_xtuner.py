@@ -16,7 +16,7 @@ from fbench_fixtures import backend_env_or_skip
 from framework_bench.envs import venvs as envs
 from framework_bench.run.launchers import executor_for
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 from framework_bench.plugins.contract import BackendEnv, Job
 from framework_bench.worker.files import read_metrics
 

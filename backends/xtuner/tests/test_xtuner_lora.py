@@ -13,7 +13,7 @@ from fbench_fixtures import backend_env_or_skip
 from test_backend_xtuner import call_kwargs, make_job, ready_env, top_level
 
 from framework_bench.plugins import registry as plugins
-from framework_bench.spec import scenario
+from framework_bench.scenario import scenario
 
 LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

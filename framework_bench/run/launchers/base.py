@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.plugins.contract import Job, LaunchPlan
 from framework_bench.run.verdicts import Verdict
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 Launcher = Literal["local", "torchrun", "slurm"]
 LAUNCHERS: tuple[Launcher, ...] = ("local", "torchrun", "slurm")

@@ -26,7 +26,7 @@ from framework_bench.run.launchers.local import BYTECODE_PREFIX, NO_BYTECODE
 from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, estimate_time
 from framework_bench.run.launchers.torchrun import torchrun_argv
 from framework_bench.run.verdicts import Verdict
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 
 class SbatchOptions(BaseModel):

@@ -15,7 +15,7 @@ import re
 from pydantic import BaseModel, Field
 
 from framework_bench.measure import flops
-from framework_bench.spec.scenario import Scenario
+from framework_bench.scenario.scenario import Scenario
 
 # Margins, because a wrong guess costs a whole queue wait: twice the expected training
 # time, plus start-up (env import, model build, data conversion, NCCL).

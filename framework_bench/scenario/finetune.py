@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, StrictBool, model_validator
 
-from framework_bench.spec.fields import Int, StrictModel
-from framework_bench.spec.models import ModelArch
+from framework_bench.scenario.fields import Int, StrictModel
+from framework_bench.scenario.models import ModelArch
 from framework_bench.worker import job
 
 ALL_LINEAR = "all-linear"

@@ -1,7 +1,7 @@
 """Scenarios: one validated description of a training run, shared by every backend.
 
-Every field is defined and validated here (the fine-tuning axis in `spec/finetune.py`, the
-shared field types in `spec/fields.py`); YAML files in `scenarios/` are parsed into `Scenario`.
+Every field is defined and validated here (the fine-tuning axis in `scenario/finetune.py`, the
+shared field types in `scenario/fields.py`); YAML files in `scenarios/` are parsed into `Scenario`.
 Unknown keys are errors, so a typo never passes silently. What follows from the fields
 (micro-batches per step, data-parallel size, rows needed, tokens per GPU) is worked out by the
 worker SDK's `framework_bench.worker.job.Scenario`, which `Scenario` derives from, so host and
@@ -18,11 +18,11 @@ import yaml
 from pydantic import (BeforeValidator, Field, PrivateAttr, SerializerFunctionWrapHandler, Strict, StrictBool,
                       ValidationError, field_validator, model_serializer, model_validator)
 
-from framework_bench.spec import places
-from framework_bench.spec.catalog import DATASETS, DEFAULT_DATASET, DataSource
-from framework_bench.spec.fields import Int, Length, StrictModel
-from framework_bench.spec.finetune import FineTune
-from framework_bench.spec.models import PRESETS, ModelArch
+from framework_bench.scenario import places
+from framework_bench.scenario.catalog import DATASETS, DEFAULT_DATASET, DataSource
+from framework_bench.scenario.fields import Int, Length, StrictModel
+from framework_bench.scenario.finetune import FineTune
+from framework_bench.scenario.models import PRESETS, ModelArch
 from framework_bench.worker import job
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
