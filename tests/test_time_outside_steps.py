@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from backend_helpers import tiny
-from framework_bench.measure import clock, clock_checks, verify
+from framework_bench.measure import clock, clock_checks, reveal_checks, verify
 from framework_bench.run import compare, pipeline, referee
 from framework_bench.run.launchers import base as launch
 from framework_bench.run.options import RunOptions
@@ -156,18 +156,18 @@ def test_the_projection_delay_is_held_to_the_references(tmp_path):
         return RunResult.model_construct(backend=backend, checks=[Check(name="clock", status="pass", figures=figures)])
 
     reference = run("torch", projection_seconds=0.3, median_step_seconds=0.08)
-    ok = clock_checks.projection_delay_check(run("a", projection_seconds=1.1, median_step_seconds=0.1), reference)
+    ok = reveal_checks.projection_delay_check(run("a", projection_seconds=1.1, median_step_seconds=0.1), reference)
     assert ok.status == "pass" and ok.figures["limit"] == pytest.approx(1.2)  # 4x the reference's
-    assert clock_checks.projection_delay_check(run("b", projection_seconds=1.3, median_step_seconds=0.1), reference).status == "fail"
-    assert clock_checks.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
+    assert reveal_checks.projection_delay_check(run("b", projection_seconds=1.3, median_step_seconds=0.1), reference).status == "fail"
+    assert reveal_checks.projection_delay_check(run("c", projection_seconds=0.55), run("torch", projection_seconds=0.1)).status == "pass"
     # an honest run at a busier moment than its reference's: within 6 of its own median steps
     busy = run("f", projection_seconds=6.0, median_step_seconds=2.2)
-    assert clock_checks.projection_delay_check(busy, reference).status == "pass"
+    assert reveal_checks.projection_delay_check(busy, reference).status == "pass"
     deferred = run("g", projection_seconds=46.6, median_step_seconds=0.9)
-    late = clock_checks.projection_delay_check(deferred, reference)
+    late = reveal_checks.projection_delay_check(deferred, reference)
     assert late.status == "fail" and "work done after the last measured step" in late.detail
-    assert clock_checks.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
-    assert clock_checks.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
+    assert reveal_checks.projection_delay_check(run("d"), reference) is None  # no update claim: its update check says why
+    assert reveal_checks.projection_delay_check(run("e", projection_seconds=1.0), run("torch")).status == "unverified"
 
 
 def test_losses_must_be_written_by_the_reveal_and_kept_as_written(tmp_path):
@@ -194,7 +194,7 @@ def test_losses_must_be_written_by_the_reveal_and_kept_as_written(tmp_path):
                 time.sleep(0.005)
         lines.close()
         losses.write_text(written_by_reveal + written_after)
-        return clock_checks.losses_in_time_check(clock_checks.load_stamps(run_dir), run_dir)
+        return reveal_checks.losses_in_time_check(clock_checks.load_stamps(run_dir), run_dir)
 
     import time
     in_time = watched(tmp_path / "a", "".join(record(s) for s in (1, 2, 3)), record(4))
@@ -203,10 +203,10 @@ def test_losses_must_be_written_by_the_reveal_and_kept_as_written(tmp_path):
     assert late.status == "fail" and "steps 2-3 were computed after" in late.detail
     rewritten = watched(tmp_path / "c", "".join(record(s) for s in (1, 2, 3)), record(4))
     (tmp_path / "c" / "losses" / "rank0.jsonl").write_text(record(1).replace("2.0", "1.9") + record(2) + record(3) + record(4))
-    again = clock_checks.losses_in_time_check(clock_checks.load_stamps(tmp_path / "c"), tmp_path / "c")
+    again = reveal_checks.losses_in_time_check(clock_checks.load_stamps(tmp_path / "c"), tmp_path / "c")
     assert rewritten.status == "pass" and again.status == "fail" and "changed after it" in again.detail
     (tmp_path / "d").mkdir()
-    assert clock_checks.losses_in_time_check(None, tmp_path / "d") is None
+    assert reveal_checks.losses_in_time_check(None, tmp_path / "d") is None
 
 
 def test_the_watcher_stamps_the_update_claim_as_it_is_renamed_into_the_run_folder(tmp_path):

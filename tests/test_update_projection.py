@@ -16,7 +16,7 @@ import pytest
 
 from fbench_fixtures import backend_env_or_skip
 
-from framework_bench.measure import clock, clock_checks, update
+from framework_bench.measure import clock, clock_checks, reveal_checks, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.scenario import scenario
@@ -81,13 +81,13 @@ def test_the_initial_seed_is_revealed_once_every_rank_is_ready_and_the_time_to_t
     stamps = clock_checks.load_stamps(tmp_path)
     assert stamps["initial_reveal"]["stamp"] == stamps["ranks"]["1"][0][0]
     (tmp_path / REPORT_FILE).write_text(json.dumps({"seed": 1, "trained_seed": 54321, "tensors": {}}))
-    check = clock_checks.initial_reveal_check(stamps, tmp_path)
+    check = reveal_checks.initial_reveal_check(stamps, tmp_path)
     assert check.status == "pass" and check.figures["first_window_seconds"] >= 0.2, check
     (tmp_path / REPORT_FILE).write_text(json.dumps({"seed": 1, "trained_seed": 1, "tensors": {}}))
-    assert "the host revealed 54321" in clock_checks.initial_reveal_check(stamps, tmp_path).detail
+    assert "the host revealed 54321" in reveal_checks.initial_reveal_check(stamps, tmp_path).detail
     (tmp_path / REPORT_FILE).write_text(json.dumps({"seed": 1, "trained_seed": 54321, "tensors": {}}))
     stamps["ranks"]["0"][1][0] = stamps["initial_reveal"]["stamp"] - 0.5  # rank 0's step began before the reveal
-    early = clock_checks.initial_reveal_check(stamps, tmp_path)
+    early = reveal_checks.initial_reveal_check(stamps, tmp_path)
     assert early.status == "fail" and "before the host revealed" in early.detail, early
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from framework_bench.measure import losses, update, verify
-from framework_bench.measure.clock_checks import first_window_check, projection_delay_check
+from framework_bench.measure.reveal_checks import first_window_check, projection_delay_check
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
 from framework_bench.run import twin
