@@ -1,54 +1,26 @@
-"""The report: one Markdown page and one self-contained HTML page from results-store rows.
-
-Both pages are rendered from the same list of blocks (heading, paragraph, table, list,
-image, preformatted text), so they always say the same thing. The HTML embeds its images
-as base64 data URIs and its CSS inline: it can be mailed or attached as one file.
-
-Each report is a page of its own, `report-<compare id>.md/.html`, never written over by the next
-(`write_report`); `index.md/.html` lists them all, newest first, and `report.md/.html` is a copy of
-the newest.
-"""
+"""The report: one Markdown page and one self-contained HTML page (`page.py`) from results-store
+rows, written into the folder of reports (`report_index.py`): the answer, the results table, the
+host's verification, the settings in effect (`report_settings.py`), the charts, the caveats, the
+runs without a figure and the environment."""
 
 from __future__ import annotations
 
-import base64
-import html
 import json
-import os
-import re
 import shutil
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework_bench.measure import flops
-from framework_bench.present.differences import NOT_ALIGNED, speed_relevant
-from framework_bench.run.reference import reference_backend
-from framework_bench.plugins import registry
 from framework_bench.present.chart_style import ctx_label, hardware
+from framework_bench.present.page import Block, to_html, to_markdown
+from framework_bench.present.report_index import (NEWEST, SUMMARY, compares, own_folder, report_stem, report_summary,
+                                                  write_index, write_whole)
+from framework_bench.present.report_settings import modes, not_aligned, settings_sections
 from framework_bench.present.verdict import Points, share_cell
+from framework_bench.run.reference import reference_backend
 from framework_bench.scenario.scenario import Scenario
 
 REASON_LINES = 6  # of a failed run's error tail, enough to see the cause without the whole log
-SPEED_MARK, OTHER_MARK = "⚠ ", "≠ "  # settings rows that differ between backends (speed-relevant / not)
-LONG_CELL = 32  # characters from which a table cell is free text, wrapped anywhere so its column stays narrow
-NEWEST = "report"  # the stem of the copy of the newest report: the name earlier fbench versions wrote
-SUMMARY = "summary.json"  # in a report's own folder: what the index says of it
-
-
-@dataclass
-class Block:
-    kind: str  # h1 | h2 | p | table | list | image | pre
-    text: str = ""
-    header: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
-    items: list[str] = field(default_factory=list)
-    path: Path | None = None
-
-
-class Link(str):
-    """A table cell naming a page by its stem: the Markdown index links its `.md`, the HTML one its `.html`."""
 
 
 def _num(x: float | None, spec: str = ",.1f") -> str:
@@ -205,94 +177,8 @@ def verification(rows: list[dict]) -> Block | None:
     return Block("table", header=["scenario", "backend", "status", "checks passed", "not passed",
                                   "framework vs host throughput"], rows=body)
 
-
-def _settings_table(runs: list[dict], keys: set[str]) -> Block:
-    """These settings side by side, a column per run; rows that differ between the runs are
-    marked, speed-relevant ones first (highlighted in the HTML)."""
-    speed = speed_relevant()
-    table = []
-    for key in sorted(keys):
-        values = [r["settings"].get(key) for r in runs]
-        # a key one backend does not record is unknown there ("-"), not a difference
-        differs = all(key in r["settings"] for r in runs) and len({repr(v) for v in values}) > 1
-        mark = (SPEED_MARK if key in speed else OTHER_MARK) if differs else ""
-        table.append((0 if mark == SPEED_MARK else 1 if mark else 2, mark + key,
-                      ["-" if v is None else str(v) for v in values]))
-    table.sort(key=lambda t: t[0])
-    return Block("table", header=["setting", *(r["backend"] for r in runs)], rows=[[k, *v] for _, k, v in table])
-
-
-def _keys(runs: list[dict]) -> set[str]:
-    return {k for r in runs for k in r["settings"]} - {"settings_mode"}
-
-
-def _shared(by_scenario: dict[str, list[dict]]) -> tuple[set[str], list[dict]]:
-    """The settings every scenario ran with alike: recorded in each scenario, and each backend
-    with one value for it (or none) wherever it ran; with one run per backend standing for all of
-    its scenarios in their table (a backend's first, by scenario name)."""
-    def alike(key: str) -> bool:
-        seen: dict[str, str | None] = {}
-        for runs in by_scenario.values():
-            for r in runs:
-                value = repr(r["settings"][key]) if key in r["settings"] else None  # None: not recorded
-                if seen.setdefault(r["backend"], value) != value:
-                    return False
-        return True
-    common = set.intersection(*(_keys(runs) for runs in by_scenario.values()))
-    columns: dict[str, dict] = {}
-    for _, runs in sorted(by_scenario.items()):
-        for r in runs:
-            columns.setdefault(r["backend"], r)
-    return {k for k in common if alike(k)}, list(columns.values())
-
-
-def settings_sections(rows: list[dict]) -> list[Block]:
-    """The settings each backend really ran with (one trial of each: `Points.rows`), side by side.
-    One scenario: its table. Several: the settings they all share once, then per scenario only
-    the ones that differ from scenario to scenario (five near-identical tables said nothing more)."""
-    by_scenario: dict[str, list[dict]] = {}
-    for r in rows:
-        if r.get("settings"):
-            by_scenario.setdefault(r["scenario"], []).append(r)
-    legend = (f"{SPEED_MARK.strip()} differs between backends and can move TGS, {OTHER_MARK.strip()} differs "
-              "without a known effect on speed.")
-    shared, columns = _shared(by_scenario) if len(by_scenario) > 1 else (set(), [])
-    out = []
-    if shared:
-        out += [Block("p", f"Alike in every scenario ({', '.join(sorted(by_scenario))}; {_modes(rows)} settings): "
-                           f"{legend}"), _settings_table(columns, shared)]
-    for name, runs in sorted(by_scenario.items()):
-        rest = _keys(runs) - shared
-        if not rest:
-            out.append(Block("p", f"{name} ({_modes(runs)} settings): every setting as in the table above."))
-            continue
-        what = "the settings not alike in every scenario, marked as above." if shared else legend
-        out += [Block("p", f"{name} ({_modes(runs)} settings): {what}"), _settings_table(runs, rest)]
-    return out
-
-
-def _modes(rows: list[dict]) -> str:
-    return "/".join(sorted({r.get("settings_mode") or "matched" for r in rows})) or "matched"
-
-
-def not_aligned(rows: list[dict]) -> list[str]:
-    """What matched settings leave to the frameworks: the common notes, then each installed
-    backend's own (`BackendInfo.report_notes`) for the backends in `rows`."""
-    installed = registry.backends()
-    notes = list(NOT_ALIGNED)
-    for name in sorted({r["backend"] for r in rows} & set(installed)):
-        notes += installed[name].info.report_notes
-    return list(dict.fromkeys(notes))  # a note two backends share (their engine's) once
-
-
-def _compares(rows: list[dict]) -> list[str]:
-    """The compares the rows are trials of, newest first."""
-    return list(dict.fromkeys(r["compare_id"] for r in sorted(rows, key=lambda r: -(r.get("id") or 0))
-                              if r.get("compare_id")))
-
-
 def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
-    modes = _modes(rows)
+    settings_modes = modes(rows)
     points = Points(rows, reference_backend())
     out = [Block("h1", "fbench report")]
     answers = points.answers()
@@ -300,9 +186,9 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
         out += [Block("h2", "Answer"), Block("list", items=answers)]
     if points.with_intervals:
         out += [Block("h2", "Verdicts"), Block("list", items=points.with_intervals)]
-    compares = _compares(rows)
-    of = f" of compare{'s' * (len(compares) > 1)} {', '.join(compares)}" if compares else ""
-    out += [Block("p", f"{len(rows)} runs{of}, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {modes} settings. TGS "
+    ids = compares(rows)
+    of = f" of compare{'s' * (len(ids) > 1)} {', '.join(ids)}" if ids else ""
+    out += [Block("p", f"{len(rows)} runs{of}, written {time.strftime('%Y-%m-%d %H:%M %Z')}, {settings_modes} settings. TGS "
                        "is tokens per second per GPU, the median of the measured steps (warm-up excluded), with the "
                        "min–max over steps.")]
     out += [Block("h2", "Results"), *scenario_table(points)]
@@ -316,7 +202,7 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     settings = settings_sections(points.rows)
     if settings:
         out += [Block("h2", "Settings in effect"), *settings]
-        if "matched" in modes:
+        if "matched" in settings_modes:
             out += [Block("p", "Not aligned by matched settings (inside the frameworks' own code):"),
                     Block("list", items=not_aligned(rows))]
     pngs = [c for c in charts if c.suffix == ".png"]
@@ -331,167 +217,13 @@ def blocks(rows: list[dict], charts: list[Path]) -> list[Block]:
     return out
 
 
-def _md_cell(text: str) -> str:
-    if isinstance(text, Link):
-        return f"[{text}]({text}.md)"
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(items: list[Block], base: Path) -> str:
-    lines: list[str] = []
-    for b in items:
-        if b.kind == "h1":
-            lines += [f"# {b.text}", ""]
-        elif b.kind == "h2":
-            lines += [f"## {b.text}", ""]
-        elif b.kind == "p":
-            lines += [b.text, ""]
-        elif b.kind == "table":
-            lines.append("| " + " | ".join(map(_md_cell, b.header)) + " |")
-            lines.append("|" + "---|" * len(b.header))
-            lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in b.rows]
-            lines.append("")
-        elif b.kind == "list":
-            lines += [f"- {item}" for item in b.items] + [""]
-        elif b.kind == "image":
-            lines += [f"![{b.text}]({Path(os.path.relpath(b.path, base)).as_posix()})", ""]
-        elif b.kind == "pre":
-            lines += ["```", b.text, "```", ""]
-    return "\n".join(lines)
-
-
-# The page fits 1280 px: the body is at most that wide, and no table is wider than the body.
-# Free-text cells (LONG_CELL) wrap anywhere, so their columns give way; a table still wider
-# (many columns of whole words) scrolls inside its own box instead of widening the page.
-_CSS = """*{box-sizing:border-box}
-body{font-family:system-ui,sans-serif;margin:0 auto;padding:1.5em 2em;color:#222;max-width:1280px;
-overflow-wrap:break-word}
-div.table{max-width:100%;overflow-x:auto;margin:1em 0}
-table{border-collapse:collapse;font-size:0.85em}
-th,td{border:1px solid #ccc;padding:0.3em 0.5em;text-align:left;vertical-align:top}
-td.long{overflow-wrap:anywhere;min-width:10em}
-th{background:#f3f3f3}img{max-width:100%;height:auto;border:1px solid #ddd;margin:0.5em 0}
-figure{margin:1em 0}
-pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere;font-size:0.85em}
-tr.speed td{background:#fff3cd;font-weight:600}"""
-
-
-def _th(name: str) -> str:
-    """A column name that may break after `_` or `/`: the host checks' names (`initial_weights`,
-    `projection_delay`) set the width of twenty columns."""
-    return "<th>" + re.sub(r"([_/])", r"\1<wbr>", html.escape(name)) + "</th>"
-
-
-def _td(cell: str) -> str:
-    if isinstance(cell, Link):
-        return f'<td><a href="{html.escape(cell)}.html">{html.escape(cell)}</a></td>'
-    return f'<td class="long">{html.escape(cell)}</td>' if len(cell) >= LONG_CELL else f"<td>{html.escape(cell)}</td>"
-
-
-def to_html(items: list[Block], title: str = "fbench report") -> str:
-    e = html.escape
-    parts = ["<!DOCTYPE html>", f'<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f"<style>{_CSS}</style></head><body>"]
-    for b in items:
-        if b.kind in ("h1", "h2", "p"):
-            parts.append(f"<{b.kind}>{e(b.text)}</{b.kind}>")
-        elif b.kind == "table":
-            parts.append('<div class="table"><table><thead><tr>' + "".join(map(_th, b.header)) + "</tr></thead><tbody>")
-            parts += [("<tr class=\"speed\">" if row and row[0].startswith(SPEED_MARK) else "<tr>")
-                      + "".join(map(_td, row)) + "</tr>" for row in b.rows]
-            parts.append("</tbody></table></div>")
-        elif b.kind == "list":
-            parts.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")
-        elif b.kind == "image":
-            data = base64.b64encode(b.path.read_bytes()).decode()
-            parts.append(f'<figure><img alt="{e(b.text)}" src="data:image/png;base64,{data}">'
-                         f"<figcaption>{e(b.text)}</figcaption></figure>")
-        elif b.kind == "pre":
-            parts.append(f"<pre>{e(b.text)}</pre>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def report_stem(rows: list[dict]) -> str:
-    """`report-<id>`: the newest compare the rows are trials of (the one that wrote the report), or
-    the time for rows of no compare. An id is fbench's own (`design.new_compare_id`), but the
-    store is a file anyone can edit: any other character becomes `_`, and it stays a file name."""
-    compares = _compares(rows)
-    name = compares[0] if compares else time.strftime("%Y%m%d-%H%M%S")
-    return f"{NEWEST}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:100]}"
-
-
-def _own_folder(out_dir: Path, stem: str) -> Path:
-    """A folder no other report has, made now (so two reports written at once never share one):
-    `stem`, else `stem-2`, `stem-3`... (a compare reported again, e.g. by `fbench report`)."""
-    n = 1
-    while True:
-        folder = out_dir / (stem if n == 1 else f"{stem}-{n}")
-        try:
-            folder.mkdir()
-            return folder
-        except FileExistsError:
-            n += 1
-
-
-def _summary(rows: list[dict]) -> dict:
-    """What the index says of a report (its name is its folder's)."""
-    statuses = Counter(r["status"] for r in rows)
-    return {"written": time.time(), "compares": _compares(rows),
-            "scenarios": sorted({r["scenario"] for r in rows}), "backends": sorted({r["backend"] for r in rows}),
-            "runs": len(rows), "statuses": dict(sorted(statuses.items())), "settings": _modes(rows)}
-
-
-def _summaries(out_dir: Path) -> list[dict]:
-    """Every report's summary in `out_dir`, newest first. One unreadable (its folder half-deleted)
-    is left out of the index, not a reason to fail the report being written."""
-    found = []
-    for path in out_dir.glob(f"{NEWEST}-*/{SUMMARY}"):
-        try:
-            found.append(json.loads(path.read_text()) | {"report": path.parent.name})
-        except (OSError, ValueError):
-            continue
-    return sorted(found, key=lambda s: (s["written"], s["report"]), reverse=True)
-
-
-def index_blocks(summaries: list[dict]) -> list[Block]:
-    """The index of the reports in a folder, newest first."""
-    def runs(s: dict) -> str:
-        return f"{s['runs']}: " + ", ".join(f"{n} {status}" for status, n in s["statuses"].items())
-    rows = [[time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(s["written"])), Link(s["report"]),
-             ", ".join(s["compares"]) or "-", ", ".join(s["scenarios"]), ", ".join(s["backends"]), runs(s),
-             s["settings"]] for s in summaries]
-    newest = (f" {NEWEST}.md and {NEWEST}.html are copies of the newest, {summaries[0]['report']}."
-              if summaries else "")
-    return [Block("h1", "fbench reports"),
-            Block("p", f"{len(summaries)} report(s) in this folder, newest first: one per compare (or run of fbench "
-                       f"report), none written over by the next.{newest}"),
-            Block("table", header=["written", "report", "compare", "scenarios", "backends", "runs", "settings"],
-                  rows=rows)]
-
-
-def _write(path: Path, text: str) -> None:
-    """Whole or not at all: a reader (a browser refreshing the index) never sees half a page."""
-    part = path.with_name(f".{path.name}.part")
-    part.write_text(text)
-    os.replace(part, path)
-
-
-def write_index(out_dir: Path) -> None:
-    """`index.md` and `index.html` in `out_dir`: every report there, each linked in its own format."""
-    items = index_blocks(_summaries(out_dir))
-    _write(out_dir / "index.md", to_markdown(items, out_dir))
-    _write(out_dir / "index.html", to_html(items, "fbench reports"))
-
-
 def write_report(rows: list[dict], out_dir: Path, charts: list[Path]) -> tuple[Path, Path]:
     """`report-<compare id>.md` (its charts copied into the folder `report-<compare id>/` and linked
     from there: the next compare draws over the ones in `out_dir`) and `.html` (self-contained) in
     `out_dir`; `report.md/.html`, a copy of it as the newest; the index rebuilt."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    folder = _own_folder(out_dir, report_stem(rows))
+    folder = own_folder(out_dir, report_stem(rows))
     own = []
     for chart in (Path(c) for c in charts if Path(c).suffix == ".png"):
         shutil.copyfile(chart, folder / chart.name)
@@ -500,7 +232,7 @@ def write_report(rows: list[dict], out_dir: Path, charts: list[Path]) -> tuple[P
     pages = {".md": to_markdown(items, out_dir), ".html": to_html(items, f"fbench {folder.name}")}
     for suffix, text in pages.items():
         (out_dir / f"{folder.name}{suffix}").write_text(text)
-        _write(out_dir / f"{NEWEST}{suffix}", text)
-    _write(folder / SUMMARY, json.dumps(_summary(rows), indent=2))
+        write_whole(out_dir / f"{NEWEST}{suffix}", text)
+    write_whole(folder / SUMMARY, json.dumps(report_summary(rows), indent=2))
     write_index(out_dir)
     return out_dir / f"{folder.name}.md", out_dir / f"{folder.name}.html"
