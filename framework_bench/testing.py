@@ -12,8 +12,8 @@ step, step numbering, consumed rows, throughput agreement, parameter count, sett
 initial weights). Here a claim the plugin does not report (`unverified`) fails too:
 conformance means every claim is made and holds.
 
-On the CPU conformance scenario each run is judged by the referee every command calls
-(`framework_bench/run/referee.py`), against the reference's run on the same rows and seed: the
+On the CPU conformance scenario each run is judged in a round (`framework_bench/run/round.py`), as
+every command judges one, against the reference's run on the same rows and seed: the
 canonical loss at every step, the update projection and its delay, on `tiny_cpu`, a grad_accum 2
 variant, a 2-process variant (with ZeRO-2 when the backend refuses ZeRO 0 on several CPU
 processes, as XTuner does) and a LoRA point (`tiny_cpu_lora`: its adapters' trainable count, base
@@ -32,9 +32,10 @@ from pydantic import BaseModel
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import design, pipeline, referee
+from framework_bench.run import design, pipeline
 from framework_bench.run.options import RunOptions
-from framework_bench.run.reference import judging_reference, reference_backend
+from framework_bench.run.reference import reference_backend
+from framework_bench.run.round import Round
 from framework_bench.scenario import scenario as scenarios_
 
 SCENARIO = "tiny_cpu"
@@ -88,29 +89,18 @@ def parity_variants(scn: scenarios_.Scenario) -> list[tuple[str, list[scenarios_
 
 def _judge(backend: str, s: scenarios_.Scenario, own: RunResult, options: RunOptions,
            label: str | None = None) -> list[Check]:
-    """`own` judged by the referee against the reference's run of `s` (the reference judges its own
-    unsharded runs itself); the referee's checks as points named for `label` (default: the scenario)."""
+    """`own` judged in a round of `s` against the reference's run beside it (the reference backend's
+    own run judged against itself); the referee's checks as points named for `label` (default: the scenario)."""
     ref_name = reference_backend()
-    # As a compare judges it: the reference runs the same scenario, ZeRO included where it declares the
-    # stage (FSDP2); a reference that does not shards nothing (ZeRO shards states, not the forward pass).
-    zero = s.zero_stage in plugins.get(ref_name).info.capabilities.zero_stages if ref_name else True
-    ref_scn = s if zero else s.model_copy(update={"zero_stage": 0})
-    reference = own if backend == ref_name and s.zero_stage == 0 else pipeline.run_one(ref_name, ref_scn, options)
-
-    def run_reference(trained: scenarios_.Scenario, scheme: str | None) -> RunResult:
-        return pipeline.run_one(ref_name, trained, options.model_copy(update={"loss_scheme": scheme}))
-    twins: dict[tuple, RunResult] = {}
-
-    def run_twin(name: str, trained: scenarios_.Scenario, scheme: str | None) -> RunResult:
-        key = (name, trained.model_dump_json(), scheme)
-        if key not in twins:
-            twins[key] = pipeline.run_one(name, trained, options.model_copy(update={"loss_scheme": scheme}))
-        return twins[key]
-    if reference is not own:
-        reference = judging_reference(own, reference, ref_scn, run_reference, {})
+    # The reference backend's own run is the round's reference, judged against itself (its twin and
+    # projection delay still judge it); any other backend's is judged against the reference's run beside it.
+    round_ = Round(s, options, reference=ref_name, absent=f"no reference backend is installed to judge {backend}",
+                   judge_reference=backend == ref_name)
+    round_.add(backend, own)
+    if ref_name is not None and backend != ref_name:
+        round_.run(ref_name)
     before = len(own.checks)
-    referee.judge(own, reference, s, absent=f"no reference backend is installed to judge {backend}", run_twin=run_twin)
-    pipeline.write_result(own)
+    round_.close()
     label = label or s.name
     points = [c.model_copy(update={"name": f"{c.name} ({label})"}) for c in own.checks[before:]
               if c.name in JUDGED and c.name not in unchecked()]

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from framework_bench.run import compare, design, dry_run
+from framework_bench.run import round as round_
 from framework_bench.run.options import RunOptions
 from framework_bench.scenario import scenario
 from framework_bench.cli import app
@@ -177,8 +178,8 @@ def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_refe
         (run_dir / "update_projection.json").write_text(f'{{"run": "{name} {len(seen)}"}}')
         return RunResult(backend=name, scenario=s.name, status="ok", tgs=1.0, run_dir=run_dir)
 
-    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
-    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why, run_twin: judged.append(
+    monkeypatch.setattr(round_.pipeline, "run_one", run_one)
+    monkeypatch.setattr(round_.referee, "judge", lambda r, ref, s, why, run_twin: judged.append(
         (r.backend, r.trial_round, ref and (ref.backend, ref.trial_round))))
     results = compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
                               on_result=lambda r, s: handed.append(r.backend))
@@ -214,8 +215,8 @@ def test_an_interrupt_after_a_rotated_reference_puts_its_folder_back_and_judges_
         return RunResult(backend=name, scenario=s.name, run_dir=run_dir, tgs=1.0,
                          status="interrupted" if len(started) == 6 else "ok")
 
-    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
-    monkeypatch.setattr(compare.referee, "judge", lambda r, ref, s, why, run_twin: judged.append((r.backend, ref and ref.backend)))
+    monkeypatch.setattr(round_.pipeline, "run_one", run_one)
+    monkeypatch.setattr(round_.referee, "judge", lambda r, ref, s, why, run_twin: judged.append((r.backend, ref and ref.backend)))
     with pytest.raises(compare.Interrupted):
         compare.compare([scenario.load("tiny_cpu")], ["a", "b"], repeat=2,
                         on_result=lambda r, s: handed.append((r.backend, r.status)))
@@ -245,9 +246,9 @@ def _synthetic_trials(monkeypatch, tgs):
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
     monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
-    monkeypatch.setattr(compare.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
+    monkeypatch.setattr(round_.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
         backend=name, scenario=s.name, status="ok" if tgs(name) else "failed", tgs=tgs(name)))
-    monkeypatch.setattr(compare.referee, "judge", lambda result, reference, s, absent, run_twin: result)
+    monkeypatch.setattr(round_.referee, "judge", lambda result, reference, s, absent, run_twin: result)
 
 
 def _auto(precision, warmup_rounds=0):
@@ -381,7 +382,7 @@ def test_ctrl_c_while_a_twin_judges_keeps_the_rounds_runs_and_ends_the_compare(m
         status = "interrupted" if s.name.endswith("_fp32_twin") else "ok"
         return RunResult(backend=name, scenario=s.name, status=status, tgs=1.0)
 
-    monkeypatch.setattr(compare.pipeline, "run_one", run_one)
+    monkeypatch.setattr(round_.pipeline, "run_one", run_one)
     with pytest.raises(compare.Interrupted):
         compare.compare([scenario.load("tiny_cuda")], ["a"], repeat=3, warmup_rounds=0,
                         on_result=lambda r, s: handed.append(r))

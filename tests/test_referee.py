@@ -1,5 +1,6 @@
-"""The referee (framework_bench/run/referee.py): one judging function that `fbench compare`,
-`run`, `check-backend` and `results collect` all call, so one backend's run is judged by the same
+"""The referee (framework_bench/run/referee.py): one judging function, called by the round
+(framework_bench/run/round.py) that `fbench compare`, `run`, `check-backend`, `device check` and
+`results collect` all drive, so one backend's run is judged by the same
 checks whichever command ran it; and what it refuses to judge with."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from framework_bench import testing
+from framework_bench.device import check as device_check
 from framework_bench.cli import app
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run import compare, referee
@@ -41,6 +43,8 @@ def test_compare_run_check_backend_and_collect_judge_with_the_same_checks(fakes,
     assert res.exit_code == 0, res.output
     by_command["run"] = json.loads(res.stdout)
     by_command["check-backend"] = testing.check_backend(CANDIDATE, tmp_path / "check").result
+    device_rows = device_check.check(tmp_path / "device", budget_s=600, device="cpu", backends=("fake_ok", CANDIDATE))
+    [by_command["device check"]] = [r for r in device_rows if r.backend == CANDIDATE]
     monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path / "slurm-state"))
     monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
     slurm_db = tmp_path / "slurm.sqlite"

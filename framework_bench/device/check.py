@@ -6,7 +6,9 @@ Order (the device machine is lent for 15 minutes, start-up and install included,
 `llama2_7b_8k_1gpu_zero3` only if 2 minutes remain and deepspeed imports in the env. 7B runs take
 1 warm-up + 3 measured steps. Each run has a timeout; a run whose estimate could no longer finish
 within the budget is stored `unsupported` ("check budget") without starting. On a machine without a GPU
-(the CPU rehearsal) the plan is `tiny_cpu` for every backend.
+(the CPU rehearsal) the plan is `tiny_cpu` for every backend. Each scenario's runs are one round
+(`framework_bench/run/round.py`): every run judged against the reference's beside it, as a compare
+judges it, its judging runs (loss schemes, fp32 twins) started only while JUDGING_MIN_LEFT_S remain.
 
 `--out` holds exactly: results.sqlite, runs.json, report.html (charts inlined), logs.txt (every
 run's log tail) and table.txt (TGS, % of torch, TFLOPs, MFU, peak memory, start-up, and the GPU's
@@ -34,7 +36,9 @@ from framework_bench.measure.memory import estimate
 from framework_bench.plugins import registry as plugins
 from framework_bench.scenario import scenario as scenario_mod
 from framework_bench.present.verdict import Points, share_cell, tgs_cell
-from framework_bench.run.reference import reference_backend
+from framework_bench.run.options import RunOptions
+from framework_bench.run.reference import absent_reason, reference_backend
+from framework_bench.run.round import LocalRuns, Round
 from framework_bench.measure.metrics import RunResult
 from framework_bench.scenario.scenario import PROJECT_ROOT, Scenario
 
@@ -43,6 +47,7 @@ TINY = {"cuda": "tiny_cuda", "cpu": "tiny_cpu"}
 SEVEN_B = ("llama2_7b_8k_1gpu", "llama2_7b_32k_1gpu")
 ZERO3 = "llama2_7b_8k_1gpu_zero3"
 ZERO3_MIN_LEFT_S = 120
+JUDGING_MIN_LEFT_S = 30  # a judging run (the reference's loss scheme, an fp32 twin) starts only with this left
 SEVEN_B_STEPS = {"warmup": 1, "measured": 3}
 LOG_TAIL_LINES = 60
 
@@ -95,7 +100,8 @@ def peak_ratio(gpu: str, published: Scenario) -> float:
 
 
 def estimate_s(backend: str, s: Scenario, startups: dict[str, float], gpu: str = CHECK_GPU) -> float:
-    startup = startups[backend] * STARTUP_FACTOR + RUN_OVERHEAD_S
+    # a backend the rehearsal did not time (one named with --backends) is given the slowest start-up timed
+    startup = startups.get(backend, max(startups.values())) * STARTUP_FACTOR + RUN_OVERHEAD_S
     if s.name in PUBLISHED:
         published = scenario_mod.load(PUBLISHED[s.name])
         step = s.tokens_per_gpu_step / (published.reference.tgs * peak_ratio(gpu, published)) * STEP_SAFETY
@@ -224,62 +230,78 @@ class Check:
             (out / name).unlink(missing_ok=True)
         self.store = ResultStore(out / "results.sqlite")
         self.rows: list[tuple[RunResult, Scenario, float, tuple[float | None, float | None]]] = []
+        self.measured: dict[int, tuple[float, tuple[float | None, float | None]]] = {}  # by id(result), until stored
+        self.judging_runs: LocalRuns | None = None
         self.started = time.monotonic()
         self.sampler = GpuSampler()
 
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
 
-    def record(self, r: RunResult, s: Scenario, wall: float = 0.0, gpu=(None, None)) -> None:
-        self.store.add(r, s)
-        self.rows.append((r, s, wall, gpu))
+    def record(self, r: RunResult, s: Scenario) -> None:
+        """A run once judged and stored by its round (its wall time and GPU samples were taken as it ran)."""
+        self.rows.append((r, s, *self.measured.pop(id(r), (0.0, (None, None)))))
         self.write()
         self.say(f"{r.scenario} {r.backend}: {r.status}" + (f" TGS {r.tgs:,.1f}" if r.tgs else "")
                  + (f" ({r.reason.splitlines()[0]})" if r.reason and r.status != "ok" else ""))
 
-    def run(self, p: Planned) -> RunResult:
-        from framework_bench.run import pipeline
-        from framework_bench.run.options import RunOptions
-        s = load_scenario(p.scenario)
-        base = dict(backend=p.backend, scenario=s.name)
+    def run(self, p: Planned, round_: Round) -> RunResult:
+        s = round_.scenario
         left = self.left_s()
         if p.estimate_s > left:
-            r = RunResult(**base, status="unsupported",
-                          reason=f"check budget: estimated {p.estimate_s:.0f} s, {max(left, 0):.0f} s of the budget left")
-            self.record(r, s)
-            return r
+            return round_.add(p.backend, RunResult(
+                backend=p.backend, scenario=s.name, status="unsupported",
+                reason=f"check budget: estimated {p.estimate_s:.0f} s, {max(left, 0):.0f} s of the budget left"))
         # The run's own limit: twice its estimate, never past the budget. The estimates are an
         # H200's: the CPU rehearsal's runs are bounded by the budget alone.
         timeout = max(1.0, min(2 * p.estimate_s, left) if self.device == "cuda" else left)
         self.say(f"{s.name} {p.backend}: starting (estimate {p.estimate_s:.0f} s, timeout {timeout:.0f} s)")
         t0, w0 = time.monotonic(), time.time()
         try:
-            r = pipeline.run_one(p.backend, s, RunOptions(timeout=timeout))
+            r = round_.run(p.backend, timeout=timeout)
         except Exception as e:  # one broken run must not end a check that is never rerun
-            r = RunResult(**base, status="failed", reason=f"{type(e).__name__}: {e}")
-        self.record(r, s, time.monotonic() - t0, self.sampler.mean(w0, time.time()))
+            r = round_.add(p.backend, RunResult(backend=p.backend, scenario=s.name, status="failed",
+                                                reason=f"{type(e).__name__}: {e}"))
+        self.measured[id(r)] = (time.monotonic() - t0, self.sampler.mean(w0, time.time()))
         return r
 
-    def skip(self, p: Planned, why: str) -> None:
-        s = load_scenario(p.scenario)
-        self.record(RunResult(backend=p.backend, scenario=s.name, status="unsupported", reason=why), s)
+    def judging_run(self, backend: str, trained: Scenario, scheme: str | None) -> RunResult:
+        """A run that judges another (the reference trained as a run says it trained, an fp32 twin),
+        within what is left of the budget, never stored."""
+        left = self.left_s()
+        if left < JUDGING_MIN_LEFT_S:
+            return RunResult(backend=backend, scenario=trained.name, status="unsupported",
+                             reason=f"check budget: {max(left, 0):.0f} s left, too little for a judging run")
+        return self.judging_runs(backend, trained, scheme)
 
     def execute(self) -> list[RunResult]:
         failed_tiny: dict[str, str] = {}
         try:
-            for p in plan(self.device, self.backends):
-                if p.scenario == TINY[self.device]:
-                    r = self.run(p)
-                    if r.status != "ok":
+            planned = plan(self.device, self.backends)
+            for name in dict.fromkeys(p.scenario for p in planned):
+                mine = [p for p in planned if p.scenario == name]
+                s = load_scenario(name)
+                options = RunOptions(timeout=self.left_s())
+                self.judging_runs = LocalRuns(options)
+                round_ = Round(s, options, reference=reference_backend(), order=[p.backend for p in mine],
+                               store=self.store, judging=self.judging_run, absent=absent_reason(),
+                               on_result=self.record)
+                for p in mine:
+                    why = None
+                    if p.backend in failed_tiny and name != TINY[self.device]:
+                        why = f"skipped: its {TINY[self.device]} run was {failed_tiny[p.backend]}"
+                    elif name == ZERO3 and not _deepspeed_imports(p.backend):
+                        why = "skipped: deepspeed does not import in the env (see its smoke test)"
+                    elif name == ZERO3 and self.left_s() < ZERO3_MIN_LEFT_S:
+                        why = f"check budget: ZeRO-3 runs only with {ZERO3_MIN_LEFT_S} s left"
+                    if why:
+                        round_.add(p.backend, RunResult(backend=p.backend, scenario=s.name, status="unsupported",
+                                                        reason=why))
+                        continue
+                    r = self.run(p, round_)
+                    if name == TINY[self.device] and r.status != "ok":
                         failed_tiny[p.backend] = r.status
-                elif p.backend in failed_tiny:
-                    self.skip(p, f"skipped: its {TINY[self.device]} run was {failed_tiny[p.backend]}")
-                elif p.scenario == ZERO3 and not _deepspeed_imports(p.backend):
-                    self.skip(p, "skipped: deepspeed does not import in the env (see its smoke test)")
-                elif p.scenario == ZERO3 and self.left_s() < ZERO3_MIN_LEFT_S:
-                    self.skip(p, f"check budget: ZeRO-3 runs only with {ZERO3_MIN_LEFT_S} s left")
-                else:
-                    self.run(p)
+                round_.close()
         finally:
             self.sampler.stop()
             self.store.close()

@@ -35,7 +35,10 @@ from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Job
 from framework_bench.run import pipeline, referee
-from framework_bench.run.reference import RunReference, judging_reference, reference_backend
+from framework_bench.run.options import RunOptions
+from framework_bench.run.reference import reference_backend
+from framework_bench.run.round import JudgingRuns, Round
+from framework_bench.run.submit import twin_key
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
 from framework_bench.run.launchers.slurm import ROUND_LINE, SBATCH_EXIT_FILE, SBATCH_FILE, written_for
@@ -47,49 +50,58 @@ from framework_bench.worker.files import read_metrics
 JOB_FILE = "job.json"
 
 
-def ingest(sub: Submission, state: JobState, reference: RunResult | None = None) -> RunResult:
-    """The stored-to-be result of an ended job; its MFU against the GPU of the node that ran it
-    (none when that is unknown: the plan's target GPU may not be what the scheduler gave); judged
-    against `reference`, the reference's result (never `ok` without one: `referee.judge`). A run
-    whose job file is damaged cannot be read back: `failed`, naming the damage."""
+def ingest(sub: Submission, state: JobState, reference: RunResult | None = None,
+           store: ResultStore | None = None) -> tuple[RunResult, Round]:
+    """The stored-to-be result of an ended job, and its round resumed (`resumed`) to keep it in
+    `store`; its MFU against the GPU of the node that ran it (none when that is unknown: the plan's
+    target GPU may not be what the scheduler gave); judged against `reference`, the reference's
+    result (never `ok` without one). A run whose job file is damaged cannot be read back:
+    `failed`, naming the damage."""
     outcome = outcome_of(sub, state)
+    round_ = resumed(sub, store)
     if damage := job_damage(sub):
         reason = (f"{outcome.log_tail}\n[fbench] {damage}: the run cannot be read back (its row's scenario is "
                   f"{sub.scenario!r} as defined now)")
         return RunResult(backend=sub.backend, scenario=sub.scenario, status="failed", run_dir=sub.run_dir,
-                         wall_seconds=round(outcome.seconds, 2), reason=referee.shortened(reason.strip()))
+                         wall_seconds=round(outcome.seconds, 2), reason=referee.shortened(reason.strip())), round_
     result = pipeline.finish(pipeline.Prepared.of_run_dir(sub.run_dir, sub.backend, node(sub)[1]), outcome)
     result.compare_id, result.trial_round, result.trial_position = sub.compare_id, sub.trial_round, sub.trial_position
-    if sub.backend == reference_backend():
-        return result
+    if sub.backend != round_.reference:
+        round_.judge(result, reference)
+    return result, round_
+
+
+def resumed(sub: Submission, store: ResultStore | None) -> Round:
+    """The round `sub`'s job ran, resumed to judge and keep it: its judging runs are read back from
+    the folders the job trained them in (`_judging_runs`)."""
+    scenario = scenario_of(sub)
     absent = ("no reference run was submitted beside it" if sub.reference is None else
               f"the reference's run ({sub.reference}) left no result")
-    scenario = scenario_of(sub)
-    return referee.judge(result, judging_reference(result, reference, scenario, _judging_runs(sub, scenario), {}),
-                         scenario, absent)
+    return Round(scenario, RunOptions(), reference=reference_backend(), absent=absent, store=store,
+                 judging=_judging_runs(sub, scenario), compare_id=sub.compare_id, number=sub.trial_round,
+                 manifest=node_manifest(sub))
 
 
-def _judging_runs(sub: Submission, scenario: Scenario) -> RunReference:
-    """The reference runs of `sub`'s round trained with another loss normalisation (`sub.judging`),
-    read back as `judging_reference` asks for one: trained in the same job, after the reference,
-    where a run of the round showed that normalisation (framework_bench/run/submit.py). None is
-    trained with a run's own adapters there: such a run is judged as the reference's run allows,
-    saying so."""
-    def read_back(trained: Scenario, scheme: str | None) -> RunResult:
-        name = reference_backend() or "the reference"
-        unjudged = RunResult(backend=name, scenario=sub.scenario, status="unsupported")
+def _judging_runs(sub: Submission, scenario: Scenario) -> JudgingRuns:
+    """The runs that judge `sub` (`sub.judging`), read back as the round asks for one: the reference
+    trained with another loss normalisation, each fp32 twin (`twin_key`), trained in the same job
+    after the round's runs (framework_bench/run/submit.py). None is trained with a run's own
+    adapters there: such a run is judged as the reference's run allows, saying so."""
+    def read_back(backend: str, trained: Scenario, scheme: str | None) -> RunResult:
+        unjudged = RunResult(backend=backend, scenario=trained.name, status="unsupported")
         if trained.finetune != scenario.finetune:
             unjudged.reason = ("a SLURM round trains no reference with a run's own adapters (native settings): "
                                "judge them with --settings matched, or on the local launcher")
             return unjudged
-        folder = sub.judging.get(scheme or "")
+        key = twin_key(backend, scheme) if trained.precision != scenario.precision else (scheme or "")
+        folder = sub.judging.get(key)
         if folder is None or not (folder / SBATCH_EXIT_FILE).exists():
             unjudged.status = "failed"
-            unjudged.reason = (f"its round's reference run with loss_scheme {scheme} did not run"
+            unjudged.reason = (f"its round's run {key} did not run"
                                + (f" ({folder})" if folder else ": none was submitted with it"))
             return unjudged
-        run = sub.model_copy(update={"backend": name, "run_dir": folder, "reference": None, "judging": {}})
-        return pipeline.finish(pipeline.Prepared.of_run_dir(folder, name, node(run)[1]), outcome_of(run, job_state(run)))
+        run = sub.model_copy(update={"backend": backend, "run_dir": folder, "reference": None, "judging": {}})
+        return pipeline.finish(pipeline.Prepared.of_run_dir(folder, backend, node(run)[1]), outcome_of(run, job_state(run)))
     return read_back
 
 
@@ -256,16 +268,19 @@ def _stored_earlier(sub: Submission) -> tuple[RunResult, Path] | None:
     return storing.result, storing.db
 
 
-def _store(sub: Submission, result: RunResult, store: ResultStore, scenario: Scenario) -> None:
-    """Store the run's row through the pipeline's `keep`, named in the run folder first (`STORING`):
-    a collect that dies before `slurm.json` records the row leaves the next one to find it."""
+def _store(sub: Submission, result: RunResult, round_: Round) -> None:
+    """Keep the run's row through its round, named in the run folder first (`STORING`): a collect
+    that dies before `slurm.json` records the row leaves the next one to find it."""
     marker = sub.run_dir / STORING
     written = marker.with_name(f".{STORING}.{os.getpid()}")
-    written.write_text(_Storing(db=store.path, result=result).model_dump_json())
+    written.write_text(_Storing(db=round_.store.path, result=result).model_dump_json())
     os.replace(written, marker)
-    if kept := pipeline.keep(store, result, scenario, node_manifest(sub)):
-        raise OSError(f"{store.path} could not take the row now: kept in {kept}, stored by the next command; "
-                      "the next collect records it")
+    kept: list[Path] = []
+    round_.on_kept = kept.append
+    round_.keep(result)
+    if kept:
+        raise OSError(f"{round_.store.path} could not take the row now: kept in {kept[0]}, stored by the next "
+                      "command; the next collect records it")
 
 
 def _record(sub: Submission, result: RunResult, db: Path) -> None:
@@ -334,9 +349,9 @@ def collect(subs: list[Submission], store_for: Callable[[Submission], "ResultSto
                 if earlier := _stored_earlier(sub):
                     result, db = earlier
                 else:
-                    result, store = ingest(sub, state, reference), store_for(sub)
-                    _store(sub, result, store, scenario_of(sub))
-                    db = store.path
+                    result, round_ = ingest(sub, state, reference, store_for(sub))
+                    _store(sub, result, round_)
+                    db = round_.store.path
                 _record(sub, result, db)
         except Exception as e:  # noqa: BLE001 - one bad submission must not stop the others
             on_problem(sub, f"{type(e).__name__}: {e}".splitlines()[0])

@@ -19,9 +19,10 @@ from framework_bench.measure import statistics, update
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.statistics import Trial
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import design, pipeline, readback, referee, sealing, twin
+from framework_bench.run import design, readback
 from framework_bench.run.options import RunOptions
-from framework_bench.run.reference import judging_reference, reference_backend, absent_reason
+from framework_bench.run.reference import absent_reason, reference_backend
+from framework_bench.run.round import Round
 from framework_bench.scenario import scenario as scenarios_
 from framework_bench.scenario.scenario import Scenario, ScenarioError
 from framework_bench.store.results import ResultStore
@@ -121,99 +122,43 @@ def compare(
     absent = "--no-reference" if no_reference else absent_reason()
     orders = design.trial_orders(backend_names, reference_name)
     compare_id = design.new_compare_id()
-    pending: list[tuple[RunResult, Scenario]] = []  # the round's runs waiting for its end
-    held: list[tuple[RunResult, Scenario]] = []  # the round's reference run, once it ended
-    sealed: list[sealing.Sealed] = []  # its folder, while runs after it in the round still run
-    judging: dict[tuple, RunResult] = {}  # the round's reference runs trained as a run says it trained
-    twins: dict[tuple, RunResult] = {}  # the round's fp32 twins (framework_bench/run/twin.py)
-
-    stopped: list[RunResult] = []  # a judging run a Ctrl-C interrupted: the compare ends with its round
-
-    def judging_run(backend: str, trained: Scenario, scheme: str | None, round_options: RunOptions,
-                    interrupted: bool, made: dict[tuple, RunResult]) -> RunResult:
-        """A run that judges only (not stored, not a trial), made once per round."""
-        key = (backend, trained.model_dump_json(), scheme)
-        if key not in made:
-            if interrupted or stopped:  # nothing new starts after a Ctrl-C
-                return RunResult(backend=backend, scenario=trained.name, status="interrupted",
-                                 reason="the compare was interrupted before it ran")
-            made[key] = pipeline.run_one(backend, trained, round_options.model_copy(
-                update={"loss_scheme": scheme, "db": None}))
-            if made[key].status == "interrupted":
-                stopped.append(made[key])
-        return made[key]
-
-    def hand_on(result: RunResult, s: Scenario, reference: RunResult | None, round_options: RunOptions,
-                why: str = absent, interrupted: bool = False) -> None:
-        if result.backend != reference_name:
-            def run_reference(trained: Scenario, scheme: str | None) -> RunResult:
-                return judging_run(reference.backend, trained, scheme, round_options, interrupted, {})
-
-            def run_twin(backend: str, trained: Scenario, scheme: str | None) -> RunResult:
-                return judging_run(backend, trained, scheme, round_options, interrupted, twins)
-            referee.judge(result, judging_reference(result, reference, s, run_reference, judging), s, why, run_twin)
-        if kept := pipeline.keep(store, result, s):
-            on_kept(kept)
-        on_result(result, s)
-
-    def end_round(round_options: RunOptions, why: str = absent, interrupted: bool = False) -> None:
-        """The round's runs have ended: its reference's folder back on the disk, the reference
-        handed on, then the others judged against it."""
-        while sealed:
-            sealed.pop().restore()
-        reference = held[0][0] if held else None
-        while held:
-            hand_on(*held.pop(), None, round_options)
-        if reference is not None and reference.status in ("ok", "unverified") and not interrupted:
-            # every backend's fp32 twin before the reference's: no twin runs beside a reference twin's files
-            for result, s in pending:
-                if (twin_scenario := twin.twin_of(s)) and result.status in ("ok", "unverified"):
-                    judging_run(result.backend, twin_scenario, None, round_options, interrupted, twins)
-        while pending:
-            hand_on(*pending.pop(0), reference, round_options, why, interrupted)
-        twins.clear()
-
+    round_: Round | None = None
     try:
         for s in scenarios:
             warm = design.warmup_default(first, s) if warmup_rounds is None else warmup_rounds
             trials: list[RunResult] = []  # this scenario's, for the auto stop
-            for i, round_ in enumerate(range(1 - warm, last + 1)):
+            for i, number in enumerate(range(1 - warm, last + 1)):
                 # A projection vector of the round's own: a run cannot pass with an earlier round's
                 # reference projection, read from its folder (framework_bench/measure/update.py).
                 round_options = options.model_copy(update={"projection_round": update.new_round(),
                                                            "seed": design.round_seed(seed, i)})
                 order = orders[i % len(orders)]
-                for position, name in enumerate(order, 1):
+                round_ = Round(s, round_options, reference=reference_name, absent=absent, order=order, store=store,
+                               compare_id=compare_id, number=number, on_kept=on_kept, on_result=on_result)
+                for name in order:
                     on_start(name, s)
                     # run_one packs only when the backend can run the scenario; the packed data is
                     # cached by its inputs, so every trial reads the very same files.
-                    result = pipeline.run_one(name, s, round_options, on_step=on_step)
-                    result.compare_id, result.trial_round, result.trial_position = compare_id, round_, position
+                    result = round_.run(name, on_step=on_step)
                     if options.seed is not None:
                         result.notes.append(design.PINNED_SEED_NOTE)
                     elif older:
                         result.notes.append(design.older_plugin_note(older))
                     results.append(result)
                     trials.append(result)
-                    if name == reference_name:
-                        held.append((result, s))
-                        if position < len(order) and result.run_dir is not None and result.run_dir.is_dir():
-                            sealed.append(sealing.seal(result.run_dir))  # out of reach of the runs after it
-                    elif reference_name is None:
-                        hand_on(result, s, None, round_options)
-                    else:
-                        pending.append((result, s))
                     if result.status == "interrupted":
                         raise Interrupted(results)
-                end_round(round_options)
-                if stopped:  # Ctrl-C while a run judged the round's others: they are kept, nothing more runs
+                done, round_ = round_, None
+                done.close()
+                if done.stopped:  # Ctrl-C while a run judged the round's others: they are kept, nothing more runs
                     raise Interrupted(results)
-                if precision is not None and round_ >= first:
+                if precision is not None and number >= first:
                     widest = statistics.widest_half_width(
                         [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
-                    if widest is None or widest <= precision or round_ == last:
-                        on_auto(AutoStop(scenario=s.name, rounds=round_, precision=precision, widest=widest))
+                    if widest is None or widest <= precision or number == last:
+                        on_auto(AutoStop(scenario=s.name, rounds=number, precision=precision, widest=widest))
                         break
     finally:  # stopped inside a round: its finished runs are stored, judged if its reference ran
-        end_round(options, f"the round stopped before the reference {reference_name} ran", interrupted=True)
+        if round_ is not None:
+            round_.close(interrupted=True, why=f"the round stopped before the reference {reference_name} ran")
     return results

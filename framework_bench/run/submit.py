@@ -38,6 +38,15 @@ class Planned(BaseModel):
     note: str | None = None
 
 
+TWIN_KEY = "fp32_twin"
+
+
+def twin_key(backend: str, scheme: str | None = None) -> str:
+    """The `Submission.judging` key of `backend`'s fp32 twin in the round's job (with `scheme`: the
+    reference's twin trained with that loss normalisation)."""
+    return "/".join((TWIN_KEY, backend, *([scheme] if scheme else [])))
+
+
 def judging_schemes(scenario: Scenario) -> list[str]:
     """The loss normalisations a run of `scenario` can show apart from the others (micro-batch
     means only with accumulation, every process's labels only with several): a round's reference
