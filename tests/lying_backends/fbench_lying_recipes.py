@@ -1,0 +1,52 @@
+"""The torch reference worker with a recipe of bf16's own: the lie applies in bf16 only, the loop is
+honest in fp32, so in its fp32 twin. `python -m fbench_lying_recipes JOB LIE` runs a lie as
+`fbench_lying_worker` runs its own (each line replaced exactly once);
+its plugins are `fbench_lying_backends.LyingBackend`s running this module, registered with
+`register_through_entry_points(site, ENTRY_POINTS, "fbench-lying-recipes")`. Stdlib only at
+import: the plugins are made when an entry point asks for one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from fbench_lying_worker import LIES, lied_source, worker_path
+
+MODULE = "fbench_lying_recipes"
+CLIP = "        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n"
+LEDGER_CLIP = "        grad_clip=MAX_GRAD_NORM, sequence_parallel=sp,\n"
+
+RECIPES: dict[str, list[tuple[str, str]]] = {
+    # No gradient clipping in bf16 (a recipe of its own for bf16), the ledger saying so.
+    "bf16_no_clipping": [
+        (CLIP, CLIP.replace("        ", "        None if bf16 else ", 1)),
+        (LEDGER_CLIP, LEDGER_CLIP.replace("grad_clip=MAX_GRAD_NORM", "grad_clip=None if bf16 else MAX_GRAD_NORM")),
+    ],
+    # The same, the ledger claiming the clipping it skipped.
+    "bf16_no_clipping_unsaid": [
+        (CLIP, CLIP.replace("        ", "        None if bf16 else ", 1)),
+    ],
+}
+ENTRY_POINTS = {f"lying_{lie}": f"{MODULE}:lying_{lie}" for lie in RECIPES}
+
+
+def __getattr__(name: str):
+    """`lying_<recipe>`: its plugin (it imports the torch plugin, which the worker never needs)."""
+    lie = name.removeprefix("lying_")
+    if lie not in RECIPES:
+        raise AttributeError(name)
+    from fbench_lying_backends import LyingBackend
+
+    class RecipeBackend(LyingBackend):
+        def plan(self, job, env):
+            return super().plan(job, env).model_copy(update={"module": MODULE})
+
+    return RecipeBackend(lie)
+
+
+if __name__ == "__main__":
+    job_file, lie = sys.argv[1], sys.argv[2]
+    LIES.update(RECIPES)  # where `lied_source` reads them: in this process only (LIES names the other plugins)
+    worker = str(worker_path())
+    sys.argv = [worker, job_file]
+    exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
