@@ -23,6 +23,8 @@ from framework_bench.run.launchers.slurm import SBATCH_FILE
 from framework_bench.run.launchers.slurm_time import TimeEstimate
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import reference_backend
+from framework_bench.run.round import Round
+from framework_bench.store.results import ResultStore
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, WORLD_LABEL_MEAN
 
@@ -55,24 +57,28 @@ def judging_schemes(scenario: Scenario) -> list[str]:
             and (s != WORLD_LABEL_MEAN or scenario.cluster.gpus > 1)]
 
 
-def submit_round(order: list[str], scenario: Scenario, options: RunOptions, reference_name: str | None,
-                 on_planned: Callable[[str, Scenario, Planned], None], machine: Machine | None = None,
-                 compare_id: str | None = None, trial_round: int | None = None) -> None:
-    """Prepare the round's runs in `order` (the reference last) and submit them as one job. A
-    backend that refused, or whose hooks raised, is a result at once (the caller stores it) and
-    never submitted. Each submitted run records the reference's run folder and the judging runs'
+def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], None],
+                 machine: Machine | None = None) -> None:
+    """Prepare the round's runs in its order (the reference last) and submit them as one job. A
+    backend that refused, or whose hooks raised, is a result at once, kept by the round, and never
+    submitted. Each submitted run records the reference's run folder and the judging runs'
     (the reference prepared with each loss normalisation a run may show), and is judged against
-    them when collected. Nothing is started when no run is left."""
+    them when collected (`collect.resumed`). Nothing is started when no run is left."""
+    scenario, options, reference_name = round_.scenario, round_.options, round_.reference
+    compare_id, trial_round = round_.compare_id, round_.number
     prepared: list[tuple[int, pipeline.Prepared]] = []
-    for position, name in enumerate(order, 1):
+    refused: list[tuple[str, Planned]] = []
+    for position, name in enumerate(round_.order, 1):
         heard: list[verdicts.Verdict] = []
         p = pipeline.prepare(name, scenario, options, machine=machine, on_verdict=heard.append)
         if isinstance(p, RunResult):
-            p.compare_id, p.trial_round, p.trial_position = compare_id, trial_round, position
-            on_planned(name, scenario, Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=name, check=p.reason),
-                                               result=p))
+            refused.append((name, Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=name, check=p.reason),
+                                          result=round_.add(name, p))))
         else:
             prepared.append((position, p))
+    round_.close()  # the refusals kept: the submitted runs are `results collect`'s
+    for name, planned in refused:
+        on_planned(name, scenario, planned)
     if not prepared:
         return
     reference = prepared[-1][1] if prepared[-1][1].identity.backend == reference_name else None
@@ -105,15 +111,17 @@ def submit_all(
     scenarios: list[Scenario],
     backend_names: list[str],
     options: RunOptions,
+    store: ResultStore | None,
     *,
     repeat: int = 1,
     no_reference: bool = False,
     on_scenario: Callable[[Scenario], None] = lambda s: None,
     on_round: Callable[[Scenario, int, list[str]], None] = lambda s, i, order: None,
     on_planned: Callable[[str, Scenario, Planned], None] = lambda b, s, p: None,
+    on_kept: Callable[[Path], None] = lambda path: None,
 ) -> None:
     """`compare --launcher slurm`: on every scenario, `repeat` rounds, each one job
-    (`submit_round`): the backends in the order of `design.trial_orders` (rotated round after
+    (`submit_round`; what is refused is stored in `store` at once): the backends in the order of `design.trial_orders` (rotated round after
     round), the reference added and last unless `no_reference` (its files stay on the node's
     disk, where the runs after it could read them). Each round has its own seed,
     derived from the compare's (`design.round_seed`), as a compare here has."""
@@ -126,5 +134,6 @@ def submit_all(
         for i in range(repeat):
             order = orders[i % len(orders)]
             on_round(s, i + 1, order)
-            submit_round(order, s, options.model_copy(update={"seed": design.round_seed(seed, i)}), reference_name,
-                         on_planned, compare_id=compare_id, trial_round=i + 1)
+            submit_round(Round(s, options.model_copy(update={"seed": design.round_seed(seed, i)}),
+                               reference=reference_name, order=order, store=store, compare_id=compare_id,
+                               number=i + 1, on_kept=on_kept), on_planned)
