@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 from framework_bench.cli import app, common, render
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
+from framework_bench.present import terminal_tables
+from framework_bench.present.fitted_table import FittedTable
 from framework_bench.run.reference import reference_backend
 from framework_bench.scenario import scenario
 
@@ -37,7 +39,7 @@ SPREAD = "TGS spread 31% over the measured steps (more than 25%): the figure is 
 
 def rendered(renderable, width: int) -> str:
     console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
-    render.show(renderable, console) if isinstance(renderable, render.FittedTable) else console.print(renderable)
+    render.show(renderable, console) if isinstance(renderable, FittedTable) else console.print(renderable)
     return console.export_text()
 
 
@@ -105,7 +107,7 @@ def compare_results() -> tuple[list[RunResult], dict]:
 @pytest.mark.parametrize("width", WIDTHS)
 def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
     results, by_name = compare_results()
-    text = rendered(render.results_table(render.points(results), by_name), width)
+    text = rendered(terminal_tables.results_table(render.points(results), by_name), width)
     body = assert_fits(text, width, len(results))
     header = flat(text.split("┡")[0])
     reference = {r.scenario: r.tgs for r in results if r.backend == reference_backend() and r.status == "ok"}
@@ -118,16 +120,16 @@ def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
     for r, row in zip(results, body):
         record = render.result_dict(r)
         line = row[0]
-        for figure in (record["scenario"], record["backend"], record["status"], render.fmt(record["tgs"])):
+        for figure in (record["scenario"], record["backend"], record["status"], terminal_tables.fmt(record["tgs"])):
             assert figure in cells(line), (figure, line)
         pct = share.get((r.scenario, r.backend))
         assert (f"{pct:.0f}%" if pct is not None else "-") in cells(line)
         if "TFLOPs/GPU" in shown:
-            assert render.fmt(record["tflops"], ".3g") in cells(line)
+            assert terminal_tables.fmt(record["tflops"], ".3g") in cells(line)
         if "TGS min–max" in shown and record["tgs"] is not None:
-            assert f"{render.fmt(record['tgs_min'])}–{render.fmt(record['tgs_max'])}" in cells(line)
+            assert f"{terminal_tables.fmt(record['tgs_min'])}–{terminal_tables.fmt(record['tgs_max'])}" in cells(line)
         if "peak mem" in shown:
-            assert render.gib(record["peak_mem_bytes"]) in cells(line)
+            assert terminal_tables.gib(record["peak_mem_bytes"]) in cells(line)
     assert "% of" in header and reference_backend() in header.split()  # the header wraps between words
     # notes: numbered footnotes under the table, the same note once; the start-up breakdown not here
     assert STARTUP not in flat(text) and flat(f"[1] {SPREAD}") in flat(text)
@@ -138,7 +140,7 @@ def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
 
 def test_compare_wide_and_verbose_show_every_column_and_the_start_up_breakdown():
     results, by_name = compare_results()
-    text = rendered(render.results_table(render.points(results), by_name, wide=True, verbose=True), 80)
+    text = rendered(terminal_tables.results_table(render.points(results), by_name, wide=True, verbose=True), 80)
     assert_fits(text, 80, len(results), wide=True)
     assert not more_columns(text)
     for header in ("TGS min–max", "TFLOPs/GPU", "MFU", "peak mem", "reserved", "start-up"):
@@ -159,7 +161,7 @@ def test_results_list_shows_id_scenario_backend_status_and_tgs_whole(width, tmp_
     for record, row in zip(records, body):
         shown = cells(row[0])
         for figure in (str(record["id"]), record["scenario"], record["backend"], record["status"],
-                       render.fmt(record["tgs"])):
+                       terminal_tables.fmt(record["tgs"])):
             assert figure in shown, (figure, row)
     if width < 120:
         assert "data sha256" in more_columns(listed) and "results export --format json" in flat(listed)
@@ -199,7 +201,7 @@ def test_check_backend_keeps_points_and_verdicts_whole_and_long_details_under_th
               Check(name="parity (grad_accum 2)", status="skipped", detail="skipped (refused: no accumulation here)")]
     report = Conformance(backend="x", scenario="tiny_cpu", points=points,
                          result=RunResult(backend="x", scenario="tiny_cpu", status="ok"))
-    text = rendered(render.points_table("x", report), width)
+    text = rendered(terminal_tables.points_table("x", report), width)
     body = assert_fits(text, width, len(points))
     for p, row in zip(points, body):
         assert cells(row[0])[:2] == [p.name, p.status]
@@ -235,7 +237,7 @@ def test_run_prints_its_figures_whole_and_the_start_up_breakdown_with_verbose(wi
         text = console.export_text()
         assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
         words = set(text.split())
-        for figure in (render.fmt(r.tgs), render.fmt(r.tgs_min) + ",", render.fmt(r.tgs_max) + ")"):
+        for figure in (terminal_tables.fmt(r.tgs), terminal_tables.fmt(r.tgs_min) + ",", terminal_tables.fmt(r.tgs_max) + ")"):
             assert figure in words, figure
         assert (STARTUP in flat(text)) == verbose
 
@@ -350,7 +352,7 @@ def test_the_repeat_table_keeps_each_interval_whole(width):
     space, at 80 also after an interval's dash: rows of up to three lines)."""
     results, by_name = repeated_results()
     points = render.points(results)
-    text = rendered(render.results_table(points, by_name), width)
+    text = rendered(terminal_tables.results_table(points, by_name), width)
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
     body = table_rows(text)
     assert len(body) == len(points.rows) and all(len(row) <= 3 for row in body), text

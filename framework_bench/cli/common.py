@@ -126,7 +126,7 @@ GpuOption = Annotated[Optional[str], typer.Option(
                                   "e.g. --gpu H200")]
 
 # Tables fit the terminal, or COLUMNS when set; piped output without COLUMNS is 160 wide, not
-# rich's 80, so a log keeps most columns (framework_bench/cli/render.py says which go first).
+# rich's 80, so a log keeps most columns (framework_bench/present/fitted_table.py says which go first).
 console = Console(width=None if (sys.stdout is not None and sys.stdout.isatty()) or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True)
 
@@ -196,26 +196,10 @@ def _digits(number: str) -> str:
 
 
 def check_run_folders(backend_names: list[str], chosen: list) -> None:
-    """Fail now when a run folder, named `<time>-<scenario>-<backend>-<n>` (`pipeline.new_run_dir`),
-    would be longer than a file name may be: a plugin's name is not bounded as a scenario's is.
-    Names no backend has are left to the run's own error."""
-    from framework_bench.plugins import registry as plugins
-    from framework_bench.run.pipeline import new_run_dir, runs_root
-    found = plugins.backends()
-    folder = runs_root()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        limit = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255  # Linux's NAME_MAX
-    for s in chosen:
-        for name in (b for b in backend_names if b in found):
-            size = len(os.fsencode(new_run_dir(name, s, folder).name))
-            if size > limit:
-                fail(f"the backend {name[:40]!r}{'…' if len(name) > 40 else ''} ({len(os.fsencode(name))} bytes) on "
-                     f"{s.name} would write to a run folder whose name is {size} bytes, over the {limit} a file name "
-                     "may have there: the backend needs a shorter name (BackendInfo.name)")
+    """Fail now when a run folder's name would be longer than a file name may be (`preflight`)."""
+    from framework_bench.run.preflight import overlong_run_folder
+    if problem := overlong_run_folder(backend_names, chosen):
+        fail(problem)
 
 
 def check_local(launcher: str | None, chosen: list) -> None:
@@ -226,28 +210,16 @@ def check_local(launcher: str | None, chosen: list) -> None:
 
 def writable_folder(path: Path, what: str) -> None:
     """Fail now, before any training, if `path` cannot take files."""
-    import tempfile
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".fbench-write-check-"):
-            pass
-    except OSError as e:
-        fail(f"cannot write to the {what} folder {path}: {e.strerror or e}")
+    from framework_bench.run.preflight import unwritable
+    if problem := unwritable(path, what):
+        fail(problem)
 
 
 def preflight(store, out: Path | None = None) -> None:
     """Everything a run writes, checked writable before launching anything."""
-    from framework_bench.data.packing import cache_root
-    from framework_bench.store.results import ResultsError
-    from framework_bench.run.pipeline import runs_root
-    try:
-        store.check_writable()
-    except ResultsError as e:
-        fail(str(e))
-    writable_folder(runs_root(), "run")
-    writable_folder(cache_root(), "packed-data cache")
-    if out is not None:
-        writable_folder(out, "--out")
+    from framework_bench.run.preflight import unwritable_places
+    if problem := unwritable_places(store, out):
+        fail(problem)
 
 
 def check_scenario_names(names: list[str]) -> None:

@@ -57,10 +57,11 @@ def check(
     if device not in device_check.TINY:
         _fail(f"unknown device {device!r}: use cuda or cpu")
     from framework_bench.cli import render
+    from framework_bench.present.terminal_tables import results_table
     from framework_bench.scenario import scenario
 
     results = device_check.check(out, budget, device, say=lambda s: console.print(s, markup=False))
-    render.show(render.results_table(render.points(results), {name: scenario.load(name) for name in {r.scenario for r in results}}))
+    render.show(results_table(render.points(results), {name: scenario.load(name) for name in {r.scenario for r in results}}))
     render.print_reasons(results)
     console.print(f"every column, with the GPU's clock and power, the budget and each env's versions: {out / 'table.txt'}",
                   markup=False)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from framework_bench.cli import common
 
@@ -18,20 +17,8 @@ def backends() -> None:
     """List the installed backends, their environments and capabilities.
 
     Example: fbench backends"""
-    from framework_bench.envs import venvs as envs
-    from framework_bench.plugins import registry as plugins
-    t = Table("backend", "framework", "version", "env", "capabilities")
-    for name, b in plugins.backends().items():
-        info = b.info
-        env = envs.inspect(name, info.env)
-        c = info.capabilities
-        caps = ", ".join(k for k in ("cpu", "gpu", "sequence_parallel", "varlen") if getattr(c, k))
-        caps += f", ZeRO {'/'.join(map(str, c.zero_stages))}"
-        state = f"[green]ready ({env.flavour})[/green]" if env.ready else f"[yellow]{env.problem}[/yellow]"
-        t.add_row(name, info.framework, env.version(info.env.framework_package) or "-", state, caps)
-    for name, problem in plugins.load_errors.items():
-        t.add_row(name, "-", "-", f"[red]failed to load: {problem}[/red]", "-")
-    common.console.print(t)
+    from framework_bench.present.terminal_tables import backends_table
+    common.console.print(backends_table())
 
 
 @env_app.command("create")
@@ -91,13 +78,5 @@ def env_list() -> None:
     """Show each backend env: path, flavour, framework/torch/transformers versions, state.
 
     Example: fbench env list"""
-    from framework_bench.envs import venvs as envs
-    from framework_bench.plugins import registry as plugins
-    t = Table("backend", "path", "flavour", "framework", "torch", "transformers", "state")
-    for name, b in plugins.backends().items():
-        e = envs.inspect(name, b.info.env)
-        t.add_row(name, str(e.path), e.flavour or "-", e.version(b.info.env.framework_package) or "-",
-                  e.version("torch") or "-", e.version("transformers") or "-",
-                  "[green]ok[/green]" if e.ready else f"[yellow]{e.problem}[/yellow]")
-    common.console.print(t)
-
+    from framework_bench.present.terminal_tables import envs_table
+    common.console.print(envs_table())

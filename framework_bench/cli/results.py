@@ -55,38 +55,21 @@ def results_list(
     compare of several rounds.
 
     Example: fbench results list --scenario 'tiny_cpu*' --limit 10"""
+    from framework_bench.present.terminal_tables import by_compare, stored_runs_table
     from framework_bench.present.verdict import Points
     from framework_bench.run.reference import reference_backend
     store = reading_store(db)
-    t = render.FittedTable("results list", [
-        render.Col("id", "right"), render.Col("created"), render.Col("compare"), render.Col("round", "right"),
-        render.Col("scenario"), render.Col("backend"),
-        render.Col("version"), render.Col("settings"), render.Col("status"), render.Col("TGS", "right"),
-        render.Col("TFLOPs/GPU", "right"), render.Col("steps", "right"), render.Col("data sha256")],
-        more="--wide, or `fbench results export --format json`", wide=wide)
     rows = store.list(scenario, backend)
     say_damaged(store)
     shown = rows if all_ else rows[-limit:]
-    compares: dict = {}  # a compare's rows, in the order of its first shown row (rows from before trials: alone)
-    for r in shown:
-        compares.setdefault(r["compare_id"] or r["id"], []).append(r)
-    for trials in compares.values():
-        for r in sorted(trials, key=lambda r: (r["scenario"], r["backend"], r["trial_round"] or 0)):
-            t.add_row(str(r["id"]), r["created_at"], r["compare_id"] or "-",
-                      "-" if r["trial_round"] is None else f"{r['trial_round']}·{r['trial_position']}",
-                      r["scenario"], r["backend"], r["framework_version"] or "-",
-                      r["settings_mode"], render.status_text(r["status"]), render.fmt(r["tgs"]),
-                      render.fmt(r["tflops"], ".3g"),
-                      f"{r['steps_measured'] or 0}" + (" micro" if r.get("step_unit") == "micro" else ""),
-                      (r["data_sha256"] or "-")[:12])
-    render.show(t)
+    compares = by_compare(shown)
+    render.show(stored_runs_table(compares, wide))
     if len(shown) < len(rows):
         common.console.print(f"the latest {len(shown)} of {len(rows)} runs; --all or --limit N for more", highlight=False)
     for compare_id, trials in compares.items():
         if len({r["trial_round"] for r in trials}) > 1:  # the verdicts of a compare of several rounds
             common.console.print(f"compare {compare_id}:", highlight=False, markup=False)
-            for line in Points(trials, reference_backend()).lines:
-                common.console.print(f"  {line}", highlight=False, markup=False)
+            render.say([f"  {line}" for line in Points(trials, reference_backend()).lines])
 
 
 @results_app.command("show")
@@ -136,8 +119,10 @@ def results_collect(
     """Store every submitted SLURM run whose job has ended; list the ones still queued or running.
 
     Example: fbench results collect --wait --poll 60"""
-    from framework_bench.cli.runs import wait_for_jobs
+    from framework_bench.cli.progress import Progress
+    from framework_bench.present.run_lines import collected_lines
     from framework_bench.run import collect
+    from framework_bench.run.campaign import collect_jobs
     problems: list[str] = []
     subs = collect.pending(problems=problems)
     for line in problems:
@@ -159,25 +144,18 @@ def results_collect(
         common.err.print(f"[red]not stored[/red] SLURM job {sub.job_id} ({escape(sub.backend)} on {escape(sub.scenario)}, "
                   f"{escape(str(sub.run_dir))}): {escape(why)}; the others are collected", highlight=False, soft_wrap=True)
 
-    interrupted = False
-    if wait:
-        results, interrupted = wait_for_jobs(subs, store_for, poll)
-        still = []
-    else:
-        results = []
-        still = collect.collect(subs, store_for, collect.scenario_of, lambda r, sub: results.append(r), on_problem)
-    for r in results:
-        colour = "green" if r.status == "ok" else "red"
-        common.console.print(f"[{colour}]{r.status}[/{colour}] {escape(r.backend)} on {escape(r.scenario)}: stored as result "
-                      f"{r.result_id}" + (f", TGS {r.tgs:,.1f} over {r.steps_measured} measured steps" if r.tgs else ""),
-                      highlight=False)
-        if r.status != "ok" and r.reason:
-            for line in r.reason.splitlines()[-8:]:
-                common.console.print(f"    {line}", highlight=False, markup=False)
-    for sub, state in still:
-        common.console.print(f"[yellow]{state.state.lower()}[/yellow] SLURM job {sub.job_id}: {escape(sub.backend)} on "
-                      f"{escape(sub.scenario)}, {collect.steps_done(sub)} steps so far ({sub.run_dir})", highlight=False)
-    if interrupted:
+    class Events(Progress):
+        def problem(self, sub, why: str) -> None:
+            super().problem(sub, why)
+            on_problem(sub, why)
+
+    with Events() as events:
+        results, still = collect_jobs(subs, store_for, events, wait=wait, poll=poll)
+    if wait and still:
+        common.err.print(f"[yellow]stopped waiting: {len(still)} job(s) still queued or running; "
+                         "`fbench results collect` stores them when they end[/yellow]")
+    render.say(collected_lines(results, [] if wait else still))
+    if wait and still:
         raise typer.Exit(common.EXIT_INTERRUPTED)
     if problems:
         raise typer.Exit(1)

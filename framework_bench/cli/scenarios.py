@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.text import Text
 
 from framework_bench.cli import common, render
 
@@ -17,50 +16,8 @@ def scenarios(wide: common.WideOption = False) -> None:
     """List the scenarios in scenarios/.
 
     Example: fbench scenarios --wide"""
-    from framework_bench.scenario import scenario
-    t = render.FittedTable("scenarios", [
-        render.Col("name"), render.Col("model"), render.Col("device"), render.Col("GPUs", "right"),
-        render.Col("context", "right"), render.Col("SP", "right"), render.Col("ZeRO", "right"),
-        render.Col("published TGS", "right"), render.Col("notes", kind="notes")],
-        more="--wide, or `fbench show NAME`", wide=wide)
-    for p in scenario.scenario_paths():
-        try:
-            s = scenario.load_file(p)
-        except scenario.ScenarioError as e:
-            t.add_row(p.stem, Text("invalid", style="red"), "", "", "", "", "", "", [str(e).splitlines()[0]])
-            continue
-        notes = [f"yours ({p}), over the bundled one"] if scenario.shadowing(p) else []
-        t.add_row(s.name, s.model.preset or "inline", s.cluster.device, str(s.cluster.gpus), render.ctx(s.context_length),
-                  str(s.sequence_parallel), str(s.zero_stage), render.fmt(s.reference.tgs if s.reference else None), notes)
-    render.show(t)
-
-
-def hardware(s) -> str | None:
-    """The GPU a scenario is judged on without --gpu: its published reference's."""
-    return s.reference.hardware if s.reference else None
-
-
-def scenario_summary(s, gpu: str | None = None) -> dict:
-    """What `show` prints, judged on `gpu` (--gpu, a `gpus.MODELS` name) or the scenario's hardware."""
-    from framework_bench.measure import flops
-    from framework_bench.measure.memory import estimate
-    recompute = s.activation_checkpointing
-    mha = flops.mha_flops_per_token(s.arch, s.context_length, recompute)
-    model = flops.scenario_model_flops_per_token(s, recompute)
-    out = {
-        "name": s.name, "gpus": s.cluster.gpus, "nodes": s.cluster.nodes, "gpus_per_node": s.cluster.gpus_per_node,
-        "context_length": s.context_length, "sequence_parallel": s.sequence_parallel,
-        "reference": s.reference.model_dump() if s.reference else None,
-        # the key keeps its first name: `fbench show --json` readers and the golden files use it
-        "flops": {"xtuner_per_token": mha, "model_per_token": model},
-        "scenario": s.model_dump(mode="json"),
-        "model": s.arch.model_dump(),
-        "memory": estimate(s, gpu=gpu or hardware(s)),
-    }
-    if s.reference:
-        out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, mha)
-        out["flops"]["model_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, model)
-    return out
+    from framework_bench.present.terminal_tables import scenarios_table
+    render.show(scenarios_table(wide))
 
 
 def show(
@@ -76,40 +33,14 @@ def show(
     Example: fbench show llama2_7b_32k_1gpu --gpu A100-80G"""
     if (name is None) == (scenario is None):
         common.fail("give the scenario once: `fbench show NAME` or `fbench show --scenario NAME`")
+    from framework_bench.present.scenario_summary import scenario_lines, scenario_summary
     s = common.load_scenario(name if name is not None else scenario)
     gpu = common.gpu_named(gpu)
     info = scenario_summary(s, gpu)
     if as_json:
         print(json.dumps({**info, "memory": info["memory"].model_dump()}, indent=2))
         return
-    common.console.print(f"[bold]{s.name}[/bold]  {escape(s.description)}")
-    a = s.arch
-    common.console.print(f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
-                  f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}")
-    common.console.print(f"cluster    {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device} = {s.cluster.gpus}")
-    common.console.print(f"training   context {s.context_length:,} ({render.ctx(s.context_length)}), SP {s.sequence_parallel}, "
-                  f"micro batch {s.micro_batch}, grad accum {s.grad_accum}, ZeRO {s.zero_stage}, "
-                  f"checkpointing {s.activation_checkpointing}, {s.precision}, attention {s.attention}")
-    common.console.print(f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed")
-    adapters = s.finetune.method != "full"
-    if adapters:
-        common.console.print(f"finetune   {s.finetune.summary(s.arch)}", highlight=False, markup=False)
-    f = info["flops"]
-    model = "model (GQA-exact, frozen base + adapters)" if adapters else "model (GQA-exact)"
-    common.console.print(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} {f['model_per_token']:.4g}")
-    memory = info["memory"]
-    if gpu:  # the answer first, then what it is made of
-        common.console.print(f"memory     {memory.fit_line(gpu)}\n           {memory.breakdown()}", highlight=False,
-                             markup=False)
-    else:
-        common.console.print(f"memory     {memory.summary()}", highlight=False)
-    from framework_bench.run.launchers.slurm_time import estimate_time
-    common.console.print(f"slurm      {estimate_time(s, gpu or hardware(s)).summary()}",
-                  highlight=False, markup=False)
-    if s.reference:
-        r = s.reference
-        common.console.print(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
-                      f"(formula gives {f['xtuner_tflops_at_reference_tgs']:.1f}; model FLOPs {f['model_tflops_at_reference_tgs']:.1f})")
+    render.say(scenario_lines(s, info, gpu))
 
 
 def validate(files: Annotated[list[Path], typer.Argument(metavar="FILE", help="scenario files, one or more")]) -> None:

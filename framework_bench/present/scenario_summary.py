@@ -1,0 +1,70 @@
+"""One scenario as `fbench show` presents it: its FLOPs per token by both formulas, its memory
+estimate on a GPU, and the lines that say them with its model, cluster, training and steps."""
+
+from __future__ import annotations
+
+from rich.highlighter import ReprHighlighter
+from rich.text import Text
+
+from framework_bench.present.chart_style import ctx_label
+
+_highlight = ReprHighlighter()  # as rich highlights a printed string (numbers): the lines of figures
+
+
+def hardware(s) -> str | None:
+    """The GPU a scenario is judged on without --gpu: its published reference's."""
+    return s.reference.hardware if s.reference else None
+
+
+def scenario_summary(s, gpu: str | None = None) -> dict:
+    """What `show` prints, judged on `gpu` (--gpu, a `gpus.MODELS` name) or the scenario's hardware."""
+    from framework_bench.measure import flops
+    from framework_bench.measure.memory import estimate
+    recompute = s.activation_checkpointing
+    mha = flops.mha_flops_per_token(s.arch, s.context_length, recompute)
+    model = flops.scenario_model_flops_per_token(s, recompute)
+    out = {
+        "name": s.name, "gpus": s.cluster.gpus, "nodes": s.cluster.nodes, "gpus_per_node": s.cluster.gpus_per_node,
+        "context_length": s.context_length, "sequence_parallel": s.sequence_parallel,
+        "reference": s.reference.model_dump() if s.reference else None,
+        # the key keeps its first name: `fbench show --json` readers and the golden files use it
+        "flops": {"xtuner_per_token": mha, "model_per_token": model},
+        "scenario": s.model_dump(mode="json"),
+        "model": s.arch.model_dump(),
+        "memory": estimate(s, gpu=gpu or hardware(s)),
+    }
+    if s.reference:
+        out["flops"]["xtuner_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, mha)
+        out["flops"]["model_tflops_at_reference_tgs"] = flops.tflops(s.reference.tgs, model)
+    return out
+
+
+def scenario_lines(s, info: dict, gpu: str | None = None) -> list[Text]:
+    """`fbench show`'s lines of a scenario and its `scenario_summary` (`info`); with `gpu`, its
+    memory answers whether it fits there first."""
+    from framework_bench.run.launchers.slurm_time import estimate_time
+    a, f, memory = s.arch, info["flops"], info["memory"]
+    adapters = s.finetune.method != "full"
+    model = "model (GQA-exact, frozen base + adapters)" if adapters else "model (GQA-exact)"
+    out = [_highlight(Text.assemble((s.name, "bold"), f"  {s.description}")), *map(_highlight, map(Text, [
+        f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
+        f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}",
+        f"cluster    {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device} = {s.cluster.gpus}",
+        f"training   context {s.context_length:,} ({ctx_label(s.context_length)}), SP {s.sequence_parallel}, "
+        f"micro batch {s.micro_batch}, grad accum {s.grad_accum}, ZeRO {s.zero_stage}, "
+        f"checkpointing {s.activation_checkpointing}, {s.precision}, attention {s.attention}",
+        f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed"]))]
+    if adapters:
+        out.append(Text(f"finetune   {s.finetune.summary(s.arch)}"))
+    out.append(_highlight(Text(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} "
+                               f"{f['model_per_token']:.4g}")))
+    # with --gpu, the answer first, then what it is made of
+    out.append(Text(f"memory     {memory.fit_line(gpu)}\n           {memory.breakdown()}" if gpu
+                    else f"memory     {memory.summary()}"))
+    out.append(Text(f"slurm      {estimate_time(s, gpu or hardware(s)).summary()}"))
+    if s.reference:
+        r = s.reference
+        out.append(_highlight(Text(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
+                                   f"(formula gives {f['xtuner_tflops_at_reference_tgs']:.1f}; model FLOPs "
+                                   f"{f['model_tflops_at_reference_tgs']:.1f})")))
+    return out
