@@ -13,11 +13,18 @@ from rich.text import Text
 
 from framework_bench.present.terminal_tables import fmt, is_startup_breakdown
 
-# The lines of a run's figures are highlighted as rich highlights a printed string (numbers, paths).
-_highlight = ReprHighlighter()
 # The statuses in the order a closing line counts them.
 _STATUS_ORDER = ("ok", "unverified", "invalid", "failed", "oom", "timeout", "interrupted", "unsupported")
 PLAN_FILE_LINES = 40  # of each file a plan wrote, shown under it
+_highlighter = ReprHighlighter()
+
+
+def highlighted(text: Text) -> Text:
+    """`text` as rich prints a string it highlights (numbers, paths), its own styles over that: the
+    lines of figures."""
+    out = _highlighter(text.plain)
+    out.copy_styles(text)
+    return out
 
 
 def closing_line(results: list, code: int, why: str | None = None) -> str:
@@ -62,24 +69,24 @@ def run_lines(r, db: Path, verbose: bool = False) -> list[Text]:
     --verbose), reason, the host's checks."""
     colour = {"ok": "green", "unverified": "yellow"}.get(r.status, "red")
     version = f" ({r.framework_version})" if r.framework_version else ""
-    out = [_highlight(Text.assemble((r.status, colour), f" {r.backend} on {r.scenario}{version}"))]
+    out = [highlighted(Text.assemble((r.status, colour), f" {r.backend} on {r.scenario}{version}"))]
     if r.status in ("ok", "unverified"):
         mem = "-" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**30:.2f} GiB"
         reserved = "" if r.peak_reserved_bytes is None else f", {r.peak_reserved_bytes / 2**30:.2f} GiB reserved"
-        out += [_highlight(Text(f"TGS {fmt(r.tgs)} (min {fmt(r.tgs_min)}, max {fmt(r.tgs_max)}) over {r.steps_measured} "
+        out += [highlighted(Text(f"TGS {fmt(r.tgs)} (min {fmt(r.tgs_min)}, max {fmt(r.tgs_max)}) over {r.steps_measured} "
                                 f"measured steps; TFLOPs/GPU {fmt(r.tflops, '.3g')} (XTuner formula), "
                                 f"{fmt(r.model_tflops, '.3g')} (model FLOPs); step {fmt(r.step_seconds, '.3f')} s")),
-                _highlight(Text(f"peak memory {mem}{reserved} (max over measured steps); "
+                highlighted(Text(f"peak memory {mem}{reserved} (max over measured steps); "
                                 f"start-up {fmt(r.startup_seconds, '.1f')} s (worker start to first step)"))]
         if r.flags:
-            out.append(_highlight(Text(f"flags: {'; '.join(r.flags)}", style="yellow")))
+            out.append(highlighted(Text.assemble((f"flags: {'; '.join(r.flags)}", "yellow"))))
     out += [Text(f"note: {note}") for note in r.notes if verbose or not is_startup_breakdown(note)]
     if r.reason:
         out.append(Text(r.reason))
     out += check_lines(r.checks)
-    out.append(_highlight(Text(f"data sha256 {r.data_sha256}; {r.settings_mode} settings")))
+    out.append(highlighted(Text(f"data sha256 {r.data_sha256}; {r.settings_mode} settings")))
     if r.run_dir:
-        out.append(_highlight(Text(f"run folder {r.run_dir}")))
+        out.append(highlighted(Text(f"run folder {r.run_dir}")))
     if r.result_id is not None:  # else kept beside the store, as said above
         out.append(Text(f"stored as result {r.result_id} in {db}"))
     return out

@@ -3,12 +3,10 @@ estimate on a GPU, and the lines that say them with its model, cluster, training
 
 from __future__ import annotations
 
-from rich.highlighter import ReprHighlighter
 from rich.text import Text
 
 from framework_bench.present.chart_style import ctx_label
-
-_highlight = ReprHighlighter()  # as rich highlights a printed string (numbers): the lines of figures
+from framework_bench.present.run_lines import highlighted
 
 
 def hardware(s) -> str | None:
@@ -46,7 +44,7 @@ def scenario_lines(s, info: dict, gpu: str | None = None) -> list[Text]:
     a, f, memory = s.arch, info["flops"], info["memory"]
     adapters = s.finetune.method != "full"
     model = "model (GQA-exact, frozen base + adapters)" if adapters else "model (GQA-exact)"
-    out = [_highlight(Text.assemble((s.name, "bold"), f"  {s.description}")), *map(_highlight, map(Text, [
+    out = [highlighted(Text.assemble((s.name, "bold"), f"  {s.description}")), *map(highlighted, map(Text, [
         f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
         f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}",
         f"cluster    {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device} = {s.cluster.gpus}",
@@ -56,7 +54,7 @@ def scenario_lines(s, info: dict, gpu: str | None = None) -> list[Text]:
         f"steps      {s.steps.warmup} warm-up + {s.steps.measured} measured; {s.rows_needed} rows needed"]))]
     if adapters:
         out.append(Text(f"finetune   {s.finetune.summary(s.arch)}"))
-    out.append(_highlight(Text(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} "
+    out.append(highlighted(Text(f"FLOPs/tok  XTuner formula {f['xtuner_per_token']:.4g}; {model} "
                                f"{f['model_per_token']:.4g}")))
     # with --gpu, the answer first, then what it is made of
     out.append(Text(f"memory     {memory.fit_line(gpu)}\n           {memory.breakdown()}" if gpu
@@ -64,7 +62,7 @@ def scenario_lines(s, info: dict, gpu: str | None = None) -> list[Text]:
     out.append(Text(f"slurm      {estimate_time(s, gpu or hardware(s)).summary()}"))
     if s.reference:
         r = s.reference
-        out.append(_highlight(Text(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
+        out.append(highlighted(Text(f"published  {r.framework} on {r.hardware}: TGS {r.tgs}, TFLOPs {r.tflops} "
                                    f"(formula gives {f['xtuner_tflops_at_reference_tgs']:.1f}; model FLOPs "
                                    f"{f['model_tflops_at_reference_tgs']:.1f})")))
     return out
