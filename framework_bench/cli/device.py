@@ -8,17 +8,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from framework_bench.cli.common import Typer
+from framework_bench.cli import common
 from framework_bench.measure import gpus
 
-device_app = Typer(no_args_is_help=True, help="The offline one-GPU machine: bundle, check, estimate.\n\n"
-                                              "Example: fbench device estimate --gpu H200")
+device_app = common.Typer(no_args_is_help=True, help="The offline one-GPU machine: bundle, check, estimate.\n\n"
+                                                     "Example: fbench device estimate --gpu H200")
 console = Console(highlight=False)
-
-
-def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, markup=True)
-    raise typer.Exit(1)
 
 
 @device_app.command("bundle")
@@ -35,7 +30,7 @@ def bundle(
     try:
         m = device_bundle.build(dest, python, max_bytes=int(max_mib * 2**20), say=lambda s: console.print(s, markup=False))
     except device_bundle.BundleError as e:
-        _fail(str(e))
+        common.fail(str(e))
     console.print(f"{dest}: {len(m.wheels)} wheels for Python {m.python}, {m.total_bytes / 2**20:.1f} MiB "
                   f"(lists: {', '.join(f'{k} {len(v)}' for k, v in m.lists.items())})", markup=False)
 
@@ -55,7 +50,7 @@ def check(
     Example: fbench device check --out check/ --budget 420"""
     from framework_bench.device import check as device_check
     if device not in device_check.TINY:
-        _fail(f"unknown device {device!r}: use cuda or cpu")
+        common.fail(f"unknown device {device!r}: use cuda or cpu")
     from framework_bench.cli import render
     from framework_bench.present.terminal_tables import results_table
     from framework_bench.scenario import scenario
@@ -79,7 +74,6 @@ def estimate(
     """The check's runs and their estimated seconds on one GPU (the check's H200 unless --gpu).
 
     Example: fbench device estimate --gpu A100-80G --budget 600"""
-    from framework_bench.cli import common
     from framework_bench.device import check as device_check
     for line in device_check.dry_lines(budget, common.gpu_named(gpu)):
         typer.echo(line)

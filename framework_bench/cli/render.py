@@ -13,9 +13,7 @@ from rich.padding import Padding
 from framework_bench.cli import common
 from framework_bench.present import run_lines
 from framework_bench.present.fitted_table import FittedTable
-# cli/runs.py reads these from here until it imports them from present/ itself
-from framework_bench.present.run_lines import closing_line, estimate_line  # noqa: F401
-from framework_bench.present.terminal_tables import fmt, points_table, results_table  # noqa: F401
+from framework_bench.present.run_lines import closing_line  # noqa: F401 - cli/runs.py reads it here
 
 if TYPE_CHECKING:
     from framework_bench.present.verdict import Points
