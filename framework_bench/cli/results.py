@@ -55,9 +55,8 @@ def results_list(
     compare of several rounds.
 
     Example: fbench results list --scenario 'tiny_cpu*' --limit 10"""
+    from framework_bench.present.run_lines import compare_verdict_lines
     from framework_bench.present.terminal_tables import by_compare, stored_runs_table
-    from framework_bench.present.verdict import Points
-    from framework_bench.run.reference import reference_backend
     store = reading_store(db)
     rows = store.list(scenario, backend)
     say_damaged(store)
@@ -66,10 +65,7 @@ def results_list(
     render.show(stored_runs_table(compares, wide))
     if len(shown) < len(rows):
         common.console.print(f"the latest {len(shown)} of {len(rows)} runs; --all or --limit N for more", highlight=False)
-    for compare_id, trials in compares.items():
-        if len({r["trial_round"] for r in trials}) > 1:  # the verdicts of a compare of several rounds
-            common.console.print(f"compare {compare_id}:", highlight=False, markup=False)
-            render.say([f"  {line}" for line in Points(trials, reference_backend()).lines])
+    render.say(compare_verdict_lines(compares))
 
 
 @results_app.command("show")

@@ -58,6 +58,18 @@ def auto_stop_lines(stops, results) -> list[str]:
                                             if scenario == stop.scenario and not s.trials)) for stop in stops]
 
 
+def compare_verdict_lines(compares: dict) -> list[str]:
+    """`fbench results list`: the verdicts of each compare of several rounds (`compares`: the stored
+    rows by compare, `terminal_tables.by_compare`)."""
+    from framework_bench.present.verdict import Points
+    from framework_bench.run.reference import reference_backend
+    out = []
+    for compare_id, trials in compares.items():
+        if len({r["trial_round"] for r in trials}) > 1:
+            out += [f"compare {compare_id}:", *(f"  {line}" for line in Points(trials, reference_backend()).lines)]
+    return out
+
+
 def check_lines(checks) -> list[Text]:
     """The host's checks of a run, one a line: status, name, detail."""
     colours = {"pass": "green", "fail": "red", "unverified": "yellow", "skipped": "dim"}
