@@ -129,7 +129,7 @@ def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, 
                          highlight=False, markup=False)
         code, why = 1, f"a backend slower than the reference by more than {fail_if_slower:g}%"
     if closing:
-        (common.err if as_json else common.console).print(render.closing_line(results, code, why), highlight=False,
+        (common.err if as_json else common.console).print(closing_line(results, code, why), highlight=False,
                                                           markup=False)
     if code:
         raise typer.Exit(code)
