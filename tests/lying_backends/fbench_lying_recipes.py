@@ -22,10 +22,6 @@ RECIPES: dict[str, list[tuple[str, str]]] = {
         (CLIP, CLIP.replace("        ", "        None if bf16 else ", 1)),
         (LEDGER_CLIP, LEDGER_CLIP.replace("grad_clip=MAX_GRAD_NORM", "grad_clip=None if bf16 else MAX_GRAD_NORM")),
     ],
-    # The same, the ledger claiming the clipping it skipped.
-    "bf16_no_clipping_unsaid": [
-        (CLIP, CLIP.replace("        ", "        None if bf16 else ", 1)),
-    ],
 }
 ENTRY_POINTS = {f"lying_{lie}": f"{MODULE}:lying_{lie}" for lie in RECIPES}
 
