@@ -285,7 +285,8 @@ def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_pat
 
 # Misconfigurations a bf16 run's tolerances hide (each moves the losses and the update less than
 # bf16's bounds): judged in the run's fp32 twin.
-BF16_MISCONFIGURED = ("adamw_otherwise", "no_clipping", "dropout", "per_document_mask")
+# no gradient clipping is shown in its fp32 twin by tests/test_twin.py's sequence-parallel compare
+BF16_MISCONFIGURED = ("adamw_otherwise", "dropout", "per_document_mask")
 
 
 @pytest.fixture(scope="module")
