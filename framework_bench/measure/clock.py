@@ -11,11 +11,12 @@ step, and the update projection's seed once every rank ended the last step
 records what NVML reports over the steps (`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
 (`STAMPS_FILE`); `clock_checks.py` judges them after the run.
 
-Under SLURM the batch script runs the watcher on the job's first node, beside the workers
-(`python -m framework_bench.measure.clock RUN_DIR WARMUP STEPS RANKS [all]`, its projection seed
-on its standard input, stopped by SIGTERM once they end): lines of ranks on other nodes reach it
-through the shared filesystem, read every 0.1 s, and no CPU time is read there (the workers are
-no descendants of the watcher).
+Under SLURM the batch script's one task per node is this module (`python -m
+framework_bench.measure.clock RUN_DIR WARMUP STEPS RANKS [cpu|all] -- COMMAND...`, its projection seed
+on its standard input): on the job's first node it starts the node's workers (COMMAND) and watches
+them as the local launcher's watcher does, their CPU time read as descendants of the watcher; lines
+of ranks on other nodes reach it through the shared filesystem, read every 0.1 s (no CPU time is
+read for a run on several nodes: the other nodes' workers are none of its descendants).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from framework_bench.envs.children import dies_with_this_process
 from framework_bench.measure import processes
 from framework_bench.measure.nvml import NvmlSampler
 from framework_bench.measure import update
@@ -280,20 +283,39 @@ class Watcher:
                              "losses": written_losses(self.run_dir)}
 
 
-def _watch_until_terminated(run_dir: str, warmup: str, steps: str, ranks: str, gpus: str | None = None) -> None:
-    """The watcher on a SLURM job's first node. Its projection seed is the first line of its
-    standard input: the batch script draws one per job and pipes it to the watcher of each run
-    it holds (a SLURM round), so that the round's runs share one projection vector, while no
-    worker can read it (never in an argument or the environment)."""
-    # SIGTERM waited for, not handled: a handler setting an Event can deadlock on the lock the
-    # main thread holds inside Event.wait, leaving the batch script waiting for the watcher forever.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+def _watch_on_node(argv: list[str]) -> int:
+    """A SLURM run's task on each node: `RUN_DIR WARMUP STEPS RANKS [cpu|all] -- COMMAND...` (`cpu`:
+    read the workers' CPU time; `all`: sample every GPU of the node). On the job's first node it
+    starts COMMAND (the worker, or torchrun) under the watcher and returns its exit status; on
+    another node it becomes COMMAND. Without a COMMAND (a batch script written by an earlier fbench)
+    it watches beside the workers until SIGTERM.
+
+    The projection seed is the first line of its standard input: the batch script draws one per job
+    and pipes it to the watcher of each run it holds (a SLURM round), so that the round's runs share
+    one projection vector, while no worker can read it (never in an argument or the environment, and
+    the workers' standard input is /dev/null)."""
+    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    run_dir, warmup, steps, ranks, *reads = head
+    if command and os.environ.get("SLURM_NODEID", "0") != "0":
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.execvp(command[0], command)
+    if not command:
+        # SIGTERM waited for, not handled: a handler setting an Event can deadlock on the lock the main
+        # thread holds inside Event.wait, leaving the batch script waiting for the watcher forever.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     projection = int(sys.stdin.readline())
     reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=projection,
                     initial_seed=update.derived_initial_seed(projection))
-    with Watcher(Path(run_dir), int(warmup), cpu=False, gpus=gpus, reveal=reveal):
-        signal.sigwait({signal.SIGTERM})
+    with Watcher(Path(run_dir), int(warmup), cpu="cpu" in reads, gpus="all" if "all" in reads else None,
+                 reveal=reveal):
+        if not command:
+            signal.sigwait({signal.SIGTERM})
+            return 0
+        # SIGTERM ends the watcher (SLURM's time limit, scancel): the kernel then ends the worker too.
+        code = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                preexec_fn=dies_with_this_process(signal.SIGTERM)).wait()
+    return code if code >= 0 else 128 - code  # killed by a signal: the status a shell gives
 
 
 if __name__ == "__main__":
-    _watch_until_terminated(*sys.argv[1:6])
+    sys.exit(_watch_on_node(sys.argv[1:]))

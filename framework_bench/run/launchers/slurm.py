@@ -1,6 +1,7 @@
-"""The `slurm` launcher: an sbatch script whose one `srun` task per node starts the worker (or,
-for several processes, a torchrun over the node's GPUs, the rendezvous host taken from the
-allocation), and its submission. Its time limit: `slurm_time`; how the job ended: `slurm_queue`.
+"""The `slurm` launcher: an sbatch script whose one `srun` task per node is the host's clock
+watcher, which starts the worker (or, for several processes, a torchrun over the node's GPUs, the
+rendezvous host taken from the allocation) and watches it as the local launcher does, and its
+submission. Its time limit: `slurm_time`; how the job ended: `slurm_queue`.
 
 fbench assumes a filesystem every node shares, at the same path, for the run folder, the
 packed data and the backend env (FBENCH_HOME and the project checkout): the batch script
@@ -73,7 +74,7 @@ def written_for(script: str) -> tuple[str, str] | None:
 def _run_block(plan: LaunchPlan, job: Job, cpus: str, title: str) -> list[str]:
     """One run of the job, in a subshell of its own (its environment, its folder), all it prints
     in its run folder's `slurm-JOBID.out`: the node's name, the shared paths checked on every
-    node, then the workers with the host's clock watcher beside them, and its exit status."""
+    node, then the workers started by the host's clock watcher, and its exit status."""
     if job.nnodes * job.nprocs == 1:
         command = shlex.join([str(plan.python), "-m", plan.module, *plan.args])
     else:
@@ -83,7 +84,7 @@ def _run_block(plan: LaunchPlan, job: Job, cpus: str, title: str) -> list[str]:
     srun = f"srun --nodes={job.nnodes} --ntasks-per-node=1"
     shared = [str(job.run_dir), str(job.data_dir), str(plan.python)]
     watcher = [str(plan.python), "-m", "framework_bench.measure.clock", str(job.run_dir), str(job.scenario.steps.warmup),
-               str(job.scenario.steps.total), str(job.scenario.cluster.gpus)] + (["all"] if job.device == "cuda" else [])
+               str(job.scenario.steps.total), str(job.scenario.cluster.gpus), *_watcher_reads(job), "--"]
     run_dir = shlex.quote(str(job.run_dir))
     return [
         f"# {title}: {job.backend}",
@@ -98,19 +99,25 @@ def _run_block(plan: LaunchPlan, job: Job, cpus: str, title: str) -> list[str]:
         "same path\"; exit 3; }; done' fbench-shared-paths " + shlex.join(shared),
         "  status=$?",
         "  if [ $status -eq 0 ]; then",
-        "    # The host's clock, beside the workers: stamps their clock lines as they arrive, and reveals the",
+        f"    # One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'},",
+        "    # started on the first node by the host's clock watcher, so that they are its descendants, as on the",
+        "    # local launcher: it stamps their clock lines as they arrive, reads their CPU time on CPU, and reveals the",
         "    # round's projection seed (its standard input) after the last step (framework_bench/measure/clock.py).",
-        f"    printf '%s\\n' \"$seed\" | {shlex.join(watcher)} &",
-        "    clock_watcher=$!",
-        f"    # One task per node: {'the worker' if job.nnodes * job.nprocs == 1 else f'torchrun starts {job.nprocs} workers there and meets the other nodes at $head_node'}.",
-        f"    {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {command}",
+        f"    printf '%s\\n' \"$seed\" | {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {shlex.join(watcher)} {command}",
         "    status=$?",
-        "    kill -TERM $clock_watcher; wait $clock_watcher",
         "  fi",
         f"  echo $status > {SBATCH_EXIT_FILE}",
         "  exit $status",
         f') > {run_dir}/"slurm-$SLURM_JOB_ID.out" 2>&1',
     ]
+
+
+def _watcher_reads(job: Job) -> list[str]:
+    """What the watcher reads besides the clock: the workers' CPU time on one CPU node (it is the
+    ancestor of that node's workers only), every GPU of the node on CUDA."""
+    if job.device == "cuda":
+        return ["all"]
+    return ["cpu"] if job.nnodes == 1 else []
 
 
 def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:00", cpus_per_task: int | None = None,
