@@ -40,7 +40,7 @@ def _node_line(slurmd: str) -> str:
     return " ".join(f for f in first.split() if not f.startswith("RealMemory="))
 
 
-def write_conf(folder: Path) -> Path:
+def _write_conf(folder: Path) -> Path:
     node = _node_line(shutil.which("slurmd"))
     name = node.split()[0].removeprefix("NodeName=")
     user = getpass.getuser()
@@ -105,7 +105,7 @@ def start(folder: Path) -> Path:
     """Start munged, slurmctld and slurmd with every file in `folder`; returns the slurm.conf once
     the node takes jobs. Each daemon forks away (none is a child of the tests' process, whose
     own runs read the CPU time of its descendants)."""
-    conf = write_conf(folder)
+    conf = _write_conf(folder)
     key = folder / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
@@ -128,11 +128,12 @@ def start(folder: Path) -> Path:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the node is {state or 'not answering'} after {READY_S} s")
             time.sleep(0.5)
-    except BaseException as e:
+    except BaseException as e:  # Ctrl-C too: no daemon is left behind
         _stop(folder)
+        if not isinstance(e, Exception):
+            raise
         raise RuntimeError(f"the one-node Slurm did not start: {e}\n{_logs(folder)}") from None
     return conf
-
 
 
 @pytest.fixture(scope="session")
