@@ -534,3 +534,36 @@ def test_a_recovery_claim_named_with_odd_digits_is_left_alone_not_a_traceback(fb
     (run_dir / "host.json.\u00b2").write_text("{}")
     with ResultStore(tmp_path / "r.sqlite") as store:
         assert pipeline.recover(store) == []
+
+
+@pytest.mark.parametrize("command", [["show"], ["validate"], ["run", "--backend", "torch", "--scenario"],
+                                     ["compare", "--backends", "torch", "--scenario"]])
+def test_a_scenario_name_longer_than_a_file_name_is_one_line(tmp_path, fbench_home, command):
+    """No file can be named so (255 bytes at most): the name is looked up, not a traceback on its stat."""
+    one_error(cli(*command, "s" * 300, "--db", str(tmp_path / "r.sqlite")) if command[0] in ("run", "compare")
+              else cli(*command, "s" * 300), "s" * 40)
+    assert not (tmp_path / "r.sqlite").exists() or ResultStore(tmp_path / "r.sqlite").list() == []
+
+
+@pytest.mark.parametrize("command", [["diff"], ["results", "list"], ["results", "export"], ["results", "show", "1"],
+                                     ["report"], ["plot"]])
+def test_a_zero_byte_results_file_is_one_line_naming_it(tmp_path, fbench_home, command):
+    db = tmp_path / "empty.sqlite"
+    db.touch()
+    one_error(cli(*command, "--db", str(db)), str(db), "empty")
+    assert db.read_bytes() == b""  # a reading command writes nothing into it
+
+
+def test_a_relative_fbench_home_is_the_folder_it_names_from_where_the_command_was_typed(fakes, tmp_path, monkeypatch):
+    """The worker starts in its run folder: a run folder under a relative FBENCH_HOME was not found from there."""
+    from framework_bench.scenario import places
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FBENCH_HOME", "rel")
+    assert places.state_dir() == tmp_path / "rel"
+    monkeypatch.chdir("/")
+    assert places.state_dir() == tmp_path / "rel"  # decided once, wherever the process goes after
+    monkeypatch.chdir(tmp_path)
+    res = cli("compare", "--scenario", "tiny_cpu", "--backends", "fake_ok")
+    assert res.exit_code == 0, res.output
+    [row] = ResultStore(tmp_path / "rel" / "results" / "results.sqlite").list()
+    assert row["status"] == "ok" and Path(row["run_dir"]).is_relative_to(tmp_path / "rel" / "runs")

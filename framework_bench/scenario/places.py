@@ -32,15 +32,24 @@ def source_checkout() -> Path | None:
     return CHECKOUT if re.search(r'^name\s*=\s*"framework-bench"', pyproject, re.MULTILINE) else None
 
 
+HOME_ENV = "FBENCH_HOME"
+
+
 def state_dir() -> Path:
-    if os.environ.get("FBENCH_HOME"):
-        return Path(os.environ["FBENCH_HOME"])
+    """The state folder. A relative `FBENCH_HOME` is made absolute the first time it is read, in
+    the environment too: the workers (started in their run folders) and this process, wherever
+    it goes after, keep the folder it named where the command was typed."""
+    if value := os.environ.get(HOME_ENV):
+        home = Path(value)
+        if not home.is_absolute():
+            home = home.absolute()
+            os.environ[HOME_ENV] = str(home)
+        return home
     checkout = source_checkout()
     return checkout / ".fbench" if checkout else platformdirs.user_data_path("fbench")
 
 
 MAX_HOME_BYTES = 1024  # run folders, env trees and packed data nest below it, within a path's 4096 bytes
-HOME_ENV = "FBENCH_HOME"
 
 
 def state_dir_problem(writable: bool = True) -> str | None:

@@ -343,13 +343,21 @@ def shadowing(path: Path, directory: Path = SCENARIO_DIR) -> Path | None:
     return bundled if mine and bundled.is_file() else None
 
 
+def _exists(p: Path) -> bool:
+    """Whether `p` exists; a name no file can have (over 255 bytes) names none, not an OSError."""
+    try:
+        return p.exists()
+    except OSError:
+        return False
+
+
 def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
     """The file `load(name_or_path)` reads, resolved."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    if p.suffix in (".yaml", ".yml") or _exists(p):
         return _resolved(p)
     candidate = next((c for c in (places.user_scenarios() / f"{name_or_path}.yaml", directory / f"{name_or_path}.yaml")
-                      if c.exists()), None)
+                      if _exists(c)), None)
     if candidate is None:
         known = ", ".join(p.stem for p in scenario_paths(directory))
         raise ScenarioError(f"no scenario named {name_or_path!r}; known: {known}")

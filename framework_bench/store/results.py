@@ -85,6 +85,10 @@ class ResultStore:
             if self.read_only:
                 app, self.version = self._patience.briefly(self._state)
                 self._check_ours(app, self.version)
+                if self.version == 0:  # no tables: nothing to read (a writer would make the store in it)
+                    size = self.path.stat().st_size
+                    raise ResultsError(f"{self.path} is empty ({size} bytes, no fbench tables): no runs were stored "
+                                       "in it; give the --db the runs were stored in")
             else:
                 self.conn.execute("PRAGMA foreign_keys = ON")
                 self._migrate()
