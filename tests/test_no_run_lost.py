@@ -718,3 +718,44 @@ def test_a_dead_hosts_run_claimed_by_a_command_that_died_is_taken_over(fbench_ho
     assert [r["status"] for r in rows(tmp_path / "r.sqlite")] == ["failed"]
     assert not [p for p in run_dir.iterdir() if p.name.startswith(orphans.HOST_FILE)]
 
+
+
+def _by_round(db: Path) -> dict[tuple[int, str], dict]:
+    """Each stored row by (round, backend); every run folder once, every row in one compare."""
+    stored = rows(db)
+    assert len({r["run_dir"] for r in stored}) == len(stored), [r["run_dir"] for r in stored]
+    assert len({r["compare_id"] for r in stored}) == 1 and None not in {r["compare_id"] for r in stored}, stored
+    return {(r["trial_round"], r["backend"]): r for r in stored}
+
+
+def test_a_full_disk_when_the_held_reference_folder_is_written_back_loses_no_row(fakes, fbench_home, tmp_path,
+                                                                                 monkeypatch):
+    """Round 2 runs the reference first, its folder held in memory until the round's runs end: a
+    full disk then (ENOSPC writing it back) was a traceback, and the round's rows were lost."""
+    import errno
+    import tarfile
+
+    real = tarfile.TarFile.makefile
+
+    def full_in_round_2(self, tarinfo, targetpath):
+        if "result.json" in targetpath:  # some of the folder is written back, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", targetpath)
+        return real(self, tarinfo, targetpath)
+
+    monkeypatch.setattr(tarfile.TarFile, "makefile", full_in_round_2)
+    db = tmp_path / "r.sqlite"
+    res = cli("compare", "--scenario", "tiny_cpu", "--backends", "fake_noisy", "--repeat", "2", "--warmup-rounds", "0",
+              "--db", str(db), "--out", str(tmp_path / "plots"))
+    assert res.exit_code == 0, res.output
+    stored = _by_round(db)
+    assert sorted(stored) == [(1, "fake_noisy"), (1, "fake_ok"), (2, "fake_noisy"), (2, "fake_ok")]
+    assert stored[1, "fake_noisy"]["status"] == "ok" and stored[2, "fake_ok"]["status"] == "ok"
+    lost = stored[2, "fake_noisy"]
+    assert lost["status"] == "unverified" and "could not be written back" in lost["reason"], lost["reason"]
+    assert "No space left" in lost["reason"]
+    assert any("could not be written back" in n for n in stored[2, "fake_ok"]["notes"])
+    assert not Path(stored[2, "fake_ok"]["run_dir"]).exists()  # no half folder for a later run to read
+    listed = cli("results", "list", "--all", "--db", str(db))
+    exported = json.loads(cli("results", "export", "--format", "json", "--db", str(db)).stdout)
+    assert listed.exit_code == 0 and len(exported) == 4
+    assert {(r["compare_id"], r["trial_round"]) for r in exported} == {(lost["compare_id"], 1), (lost["compare_id"], 2)}

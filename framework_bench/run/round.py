@@ -109,19 +109,22 @@ class Round:
         judging run starts; what needs one stays `unverified`, saying `why`."""
         if isinstance(self.judging, LocalRuns):
             self.judging.interrupted = self.judging.interrupted or interrupted
-        if self._sealed is not None:
-            self._sealed.restore()
-            self._sealed = None
+        lost = self._sealed.restore() if self._sealed is not None else None  # a full disk: no folder to judge by
+        self._sealed = None
         reference, self.reference_run = self.reference_run, None
         if reference is not None:
-            if self.judge_reference:
+            if lost:
+                reference.notes.append(lost)
+            elif self.judge_reference:
                 self.judge(reference, reference)
             self.keep(reference)
+        if lost:
+            reference = None
         if reference is not None and reference.status in ("ok", "unverified") and not interrupted:
             for result in self.pending:
                 if (twin_scenario := twin.twin_of(self.scenario)) and result.status in ("ok", "unverified"):
                     self._judging_run(result.backend, twin_scenario, None)
-        absent = why or self.absent
+        absent = lost or why or self.absent
         while self.pending:
             result = self.pending.pop(0)
             self.judge(result, reference, absent)

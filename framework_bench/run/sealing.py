@@ -5,7 +5,8 @@ until the round's runs have ended, then written back as it was.
 
 In memory because anything the host could find again on disk, a worker of the same user could
 find too. The price: a host killed with -9 in between loses that reference's run (the round's
-others are recovered unjudged, as when a round is killed before its reference ran).
+others are recovered unjudged, as when a round is killed before its reference ran), and a disk
+full by the round's end loses its folder (its row is kept, the round's others stay unjudged).
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ class Sealed:
     run_dir: Path
     archive: bytes
 
-    def restore(self) -> None:
-        with tarfile.open(fileobj=io.BytesIO(self.archive)) as tar:
-            tar.extractall(self.run_dir.parent, filter="fully_trusted")  # the host's own archive of its own folder
+    def restore(self) -> str | None:
+        """None once the folder is back; else (a full disk) why not, the part written removed: no
+        half folder is left for anything to read as the run's."""
+        try:
+            with tarfile.open(fileobj=io.BytesIO(self.archive)) as tar:
+                tar.extractall(self.run_dir.parent, filter="fully_trusted")  # the host's own archive of its own folder
+        except OSError as e:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return (f"the reference's run folder {self.run_dir} could not be written back after its round "
+                    f"({e.strerror or e}): its files are lost")
+        return None
 
 
 def seal(run_dir: Path) -> Sealed:
