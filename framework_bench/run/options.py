@@ -12,6 +12,15 @@ from framework_bench.run.launchers.slurm import SbatchOptions
 from framework_bench.worker.job import SettingsMode
 
 
+class Trial(BaseModel):
+    """Which compare, round and place in it a run is a trial of (set by its round): the run's claim
+    on its folder records it, so that a run whose fbench died is stored as the trial it was."""
+
+    compare_id: str | None = None
+    trial_round: int | None = None
+    trial_position: int | None = None
+
+
 class RunOptions(BaseModel):
     launcher: Launcher | None = Field(None, description="None: local for one process, torchrun for several")
     timeout: float | None = Field(None, description="seconds before a run is stopped (runs here only)")
@@ -30,3 +39,4 @@ class RunOptions(BaseModel):
                                                       "(`Job.loss_scheme`): set by the referee only")
     projection_round: int = Field(0, description="the round whose update-projection vector the runs share "
                                                  "(framework_bench/measure/update.py): set by compare per round")
+    trial: Trial = Field(default_factory=Trial, description="the trial a run is (set by its round)")

@@ -1,11 +1,13 @@
 """Runs whose fbench died before storing them (`kill -9`, a lost node, a power cut).
 
 Before launching, the host writes `host.json` into the run folder (its pid, that pid's start
-time, the results file); once the run's row is stored, or kept aside for the next command,
-the file goes. On start, fbench looks for run folders still holding one whose host is gone:
-it ends what is left of the worker and stores the run as `failed`, saying so. A process is
-ended only when its own command line names that run folder, or its environment does (what the
-worker started in a session of its own: `launchers/descendants.py`): pids are reused.
+time, the results file, the trial it is); once the run's row is stored, or kept aside for the next
+command, the file goes. On start, fbench looks for run folders still holding one whose host is
+gone: it ends what is left of the worker and stores the run as the trial it was: `failed`, saying
+so, or, where its read-back had ended (its `result.json`), with its own status, judged without a
+reference since its round never judged it. A process is ended only when its own command line
+names that run folder, or its environment does (what the worker started in a session of its own:
+`launchers/descendants.py`): pids are reused.
 """
 
 from __future__ import annotations
@@ -20,21 +22,26 @@ from pathlib import Path
 
 from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
+from framework_bench.run import referee
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.descendants import of_run
+from framework_bench.run.options import Trial
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.store import results, unstored
 
 HOST_FILE = "host.json"
 
 
-def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, settings_mode: str) -> None:
-    """Mark `run_dir` (made here) as this process's to store in `db`, with what its row needs."""
+def claim(run_dir: Path, db: Path | None, backend: str, scenario: Scenario, settings_mode: str,
+          trial: Trial | None = None) -> None:
+    """Mark `run_dir` (made here) as this process's to store in `db`, with what its row needs: the
+    trial it is (compare, round, place) too."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / HOST_FILE).write_text(json.dumps({
         "pid": os.getpid(), "started": processes.start_time(os.getpid()), "hostname": socket.gethostname(),
         "db": str(Path(db).absolute()) if db else None,  # the next command may run from another folder
-        "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json")}))
+        "backend": backend, "settings_mode": settings_mode, "scenario": scenario.model_dump(mode="json"),
+        "trial": (trial or Trial()).model_dump()}))
 
 
 def release(run_dir: Path | None) -> None:
@@ -134,8 +141,37 @@ def recover(root: Path) -> list[str]:
     return lines
 
 
+def _ended(run_dir: Path) -> RunResult | None:
+    """The result the run's read-back left in its folder (`pipeline.finish`), or None: it had not ended."""
+    try:
+        return RunResult.model_validate_json((run_dir / "result.json").read_text())
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
+def _dead_hosts_result(run_dir: Path, record: dict, scenario: Scenario) -> RunResult:
+    """The run as its dead host left it, as the trial its claim names: one that had ended, with its
+    own status, judged without a reference (its round never judged it: `ok` becomes `unverified`);
+    one that had not, `failed`."""
+    died = f"the fbench host (pid {record['pid']}) died"
+    if (result := _ended(run_dir)) is not None:
+        referee.judge(result, None, scenario, f"its round never judged it: {died} before the round ended")
+    else:
+        job_file = run_dir / "job.json"
+        stage = "during the run" if job_file.exists() else "while packing the data"
+        try:
+            sha = json.loads(job_file.read_text()).get("data_sha256") if job_file.exists() else None
+        except (OSError, ValueError, AttributeError):
+            sha = None
+        result = RunResult(backend=record["backend"], scenario=scenario.name, status="failed", run_dir=run_dir,
+                           settings_mode=record["settings_mode"], data_sha256=sha, reason=f"{died} {stage}")
+    for field, value in Trial.model_validate(record.get("trial") or {}):  # an older fbench's claim names none
+        setattr(result, field, value)
+    return result
+
+
 def _recover_one(run_dir: Path, record: dict, taken: Path, host_file: Path) -> str:
-    """End what is left of the dead host's run and store it as failed; the line saying so."""
+    """End what is left of the dead host's run and store it (`_dead_hosts_result`); the line saying so."""
     ended = end_leftovers(run_dir)
     what = f"fbench (pid {record.get('pid')}) ended before storing the run in {run_dir}"
     if ended:
@@ -143,12 +179,7 @@ def _recover_one(run_dir: Path, record: dict, taken: Path, host_file: Path) -> s
     if record.get("db"):
         try:
             scenario = Scenario.model_validate(record["scenario"])
-            job_file = run_dir / "job.json"
-            stage = "during the run" if job_file.exists() else "while packing the data"
-            sha = json.loads(job_file.read_text()).get("data_sha256") if job_file.exists() else None
-            result = RunResult(backend=record["backend"], scenario=scenario.name, status="failed", run_dir=run_dir,
-                               settings_mode=record["settings_mode"], data_sha256=sha,
-                               reason=f"the fbench host (pid {record['pid']}) died {stage}")
+            result = _dead_hosts_result(run_dir, record, scenario)
             with results.ResultStore(record["db"]) as store, held():  # the row and the claim's end, together
                 if (stored := store.id_of_run(run_dir)) is not None:  # it died between the row and the claim's end
                     taken.unlink(missing_ok=True)
@@ -156,7 +187,7 @@ def _recover_one(run_dir: Path, record: dict, taken: Path, host_file: Path) -> s
                 kept = save(store, result, scenario)
                 taken.unlink(missing_ok=True)
             what += f": kept in {kept} for the next command" if kept else \
-                f": stored as failed result {result.result_id} in {record['db']}"
+                f": stored as {result.status} result {result.result_id} in {record['db']}"
         except Exception as e:  # noqa: BLE001 - one damaged folder must not stop the others
             taken.rename(host_file)
             return f"{what}, but it could not be stored yet: {type(e).__name__}: {e}"

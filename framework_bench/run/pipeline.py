@@ -136,7 +136,7 @@ def _packed_job(identity: Identity, scenario: Scenario, data: PackedData | None,
     # that should fbench die now (packing, the worker, storing), the next command stores it.
     run_dir = new_run_dir(identity.backend, scenario, options.root)
     try:
-        orphans.claim(run_dir, options.db, identity.backend, scenario, options.settings_mode)
+        orphans.claim(run_dir, options.db, identity.backend, scenario, options.settings_mode, options.trial)
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return identity.result("failed", reason=f"cannot write the run folder: {e}")
     try:

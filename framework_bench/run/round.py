@@ -21,7 +21,7 @@ from pathlib import Path
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.run import pipeline, readback, referee, sealing, twin
-from framework_bench.run.options import RunOptions
+from framework_bench.run.options import RunOptions, Trial
 from framework_bench.run.reference import judging_reference
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.store.results import ResultStore
@@ -84,18 +84,28 @@ class Round:
             timeout: float | None = None) -> RunResult:
         """Run `name`'s trial of the round here; a reference with runs after it in the order is held
         off the disk until `close` (`sealing`)."""
-        options = self.options if timeout is None else self.options.model_copy(update={"timeout": timeout})
+        options = self.trial_options(name)
+        options = options if timeout is None else options.model_copy(update={"timeout": timeout})
         result = self.add(name, pipeline.run_one(name, self.scenario, options, on_step=on_step))
-        position = self.order.index(name) + 1 if name in self.order else None
+        position = result.trial_position
         if (name == self.reference and position is not None and position < len(self.order)
                 and result.run_dir is not None and result.run_dir.is_dir()):
             self._sealed = sealing.seal(result.run_dir)  # out of reach of the runs after it
         return result
 
+    def trial(self, name: str) -> Trial:
+        """`name`'s trial of the round: the compare, the round, its place in the round's order."""
+        return Trial(compare_id=self.compare_id, trial_round=self.number,
+                     trial_position=self.order.index(name) + 1 if name in self.order else None)
+
+    def trial_options(self, name: str) -> RunOptions:
+        """The round's options for `name`'s run, naming its trial (its claim records it: `orphans.claim`)."""
+        return self.options.model_copy(update={"trial": self.trial(name)})
+
     def add(self, name: str, result: RunResult) -> RunResult:
         """A trial of the round that ended (or never ran: a refusal), tagged with the round."""
-        result.compare_id, result.trial_round = self.compare_id, self.number
-        result.trial_position = self.order.index(name) + 1 if name in self.order else None
+        for field, value in self.trial(name):  # compare_id, trial_round, trial_position
+            setattr(result, field, value)
         if name == self.reference:
             self.reference_run = result
         else:

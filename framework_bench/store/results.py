@@ -8,6 +8,7 @@ transaction, so an interrupted compare never leaves a half-written run behind.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import shutil
@@ -72,6 +73,7 @@ class ResultStore:
         self.read_only = read_only and self.path.exists()
         try:
             if self.read_only:
+                self._roll_back_a_killed_write()
                 self.conn = sqlite3.connect(f"file:{_uri_path(self.path)}?mode=ro", uri=True,
                                             timeout=locks.LOCK_WAIT)
             else:
@@ -103,6 +105,20 @@ class ResultStore:
         if bad != "ok":
             self.conn.close()
             raise ResultsError(f"{self.path} is damaged ({bad}): give another --db")
+
+    def _roll_back_a_killed_write(self) -> None:
+        """A process killed inside a write (`kill -9`) leaves SQLite's journal of it hot, which only
+        a connection that may write can roll back: a read-only one answers "attempt to write a
+        readonly database". Where a journal lies beside the file, one such connection reads it
+        first, rolling the write back as SQLite does for any reader (a writer alive now holds its
+        lock: this waits for it, and rolls nothing back)."""
+        if not self.path.with_name(self.path.name + "-journal").exists():
+            return
+        try:
+            with contextlib.closing(sqlite3.connect(self.path, timeout=locks.LOCK_WAIT)) as conn:
+                conn.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.Error:
+            pass  # not ours to roll back (a file we may not write): the read-only connection says why
 
     def _check_ours(self, app: int, version: int) -> None:
         """Raise ResultsError unless the file is fbench's (or new) and of a schema this fbench knows."""
