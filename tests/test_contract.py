@@ -1,30 +1,123 @@
-"""Claims required by contract: a plugin declares the contract it was
-written against; at the current one a claim not made makes the run `invalid` (the claimless
-fake: tests/test_host_clock.py), at contract 1 the run still goes, `unverified`, kept out of
-"% of reference" and of the charts unless asked."""
+"""Claims required by contract: a plugin declares, as a number, the contract it was written
+against; at the current one a claim not made makes the run `invalid` (the claimless fake:
+tests/test_host_clock.py), at contract 1 the run still goes, `unverified`, kept out of "% of
+reference" and of the charts unless asked. The window: the contracts this release runs, the
+release that drops the oldest, and a plugin outside them refused before any run."""
 
 from __future__ import annotations
 
-import pydantic
-import pytest
+import re
+import sys
+from pathlib import Path
 
-from backend_helpers import CPU
+import pytest
+from typer.testing import CliRunner
+
+import framework_bench
+from backend_helpers import CPU, contributing_backend
+from framework_bench.cli import app
+from framework_bench.plugins import contract
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import CONTRACT, BackendInfo, Capabilities, EnvSpec
 from framework_bench.present.verdict import Points
 
-
-def test_a_plugin_declaring_no_contract_is_of_contract_1_and_none_beyond_the_hosts():
-    base = dict(name="x", framework="x", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
-                env=EnvSpec(requirements={}, framework_package="x"))
-    assert BackendInfo(**base).contract == 1 and CONTRACT == 4
-    with pytest.raises(pydantic.ValidationError):
-        BackendInfo(**base, contract=CONTRACT + 1)
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ("torch", "xtuner", "llamafactory", "trl", "swift")
+BASE = dict(name="x", framework="x", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+            env=EnvSpec(requirements={}, framework_package="x"))
 
 
-def test_the_bundled_backends_declare_the_current_contract():
-    for name in ("torch", "xtuner", "llamafactory"):
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def test_a_plugin_declaring_no_contract_is_of_contract_1_and_one_naming_the_hosts_constant_of_2():
+    """`contract=CONTRACT` names the host's contract, whatever the release: it is read as the first
+    contract the name stood for, never raised by the host's next release."""
+    assert BackendInfo(**BASE).contract == 1 and CONTRACT == 4
+    assert BackendInfo(**BASE, contract=CONTRACT).contract == contract.CONTRACT_NAMED_FROM == 2
+    assert BackendInfo(**BASE, contract=4).contract == 4 and BackendInfo(**BASE, contract=3).contract == 3
+
+
+def test_the_bundled_backends_and_contributings_example_declare_the_current_contract_as_a_number():
+    for name in BUNDLED:
         assert plugins.get(name).info.contract == CONTRACT, name
+    for source in [*ROOT.glob("backends/*/fbench_*/plugin.py")]:
+        assert re.findall(r"\bcontract=(\w+)", source.read_text()) == [str(CONTRACT)], source
+    assert re.findall(r"\bcontract=(\w+)", contributing_backend()[1]) == [str(CONTRACT)]
+
+
+def test_this_release_runs_its_predecessors_contracts_and_names_the_release_dropping_the_oldest():
+    """The window's end: once the version reaches OLDEST_DROPPED_IN, the oldest contract goes (the
+    fakes of contract 1 move on), and the next oldest gets its own release, a release ahead."""
+    assert _release(framework_bench.__version__) < _release(contract.OLDEST_DROPPED_IN), (
+        f"fbench {framework_bench.__version__} still runs plugin contract {contract.OLDEST_CONTRACT}, "
+        f"which {contract.OLDEST_DROPPED_IN} drops")
+    assert contract.OLDEST_CONTRACT <= CONTRACT - 1  # a plugin of the previous release keeps running
+
+
+def test_contributing_states_the_window_this_release_runs():
+    text = " ".join((ROOT / "CONTRIBUTING.md").read_text().split())
+    assert f"fbench {framework_bench.__version__} runs {contract.window()}." in text
+    assert contract.window() == f"plugin contracts 1 to {CONTRACT}, contract 1 until 0.4.0"
+
+
+PLUGIN = '''
+from framework_bench.plugins.base import Backend
+from framework_bench.plugins.contract import CONTRACT, BackendInfo, Capabilities, EnvSpec
+
+
+class Declared(Backend):
+    def info(self):
+        return BackendInfo(name=__name__.removeprefix("declares_"), framework="a probe", contract={contract},
+                           capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+                           env=EnvSpec(requirements={{}}, framework_package="pytest"))
+'''
+
+
+@pytest.fixture
+def declaring(tmp_path, monkeypatch, fbench_home):
+    """Plugins declaring `contract=CONTRACT`, 4 and 5, installed through entry points."""
+    site = tmp_path / "site"
+    info = site / "fbench_declaring-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-declaring\nVersion: 0.1\n")
+    declared = {"named": "CONTRACT", "four": "4", "five": "5"}
+    (info / "entry_points.txt").write_text(
+        "[fbench.backends]\n" + "".join(f"{name} = declares_{name}:Declared\n" for name in declared))
+    for name, value in declared.items():
+        (site / f"declares_{name}.py").write_text(PLUGIN.format(contract=value))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "load_errors", {})
+    yield
+    for name in declared:
+        sys.modules.pop(f"declares_{name}", None)
+
+
+def test_a_plugin_outside_the_window_is_refused_in_one_line_naming_it_before_any_run(declaring, fbench_home, tmp_path):
+    found = plugins.backends()
+    assert found["named"].info.contract == 2 and found["four"].info.contract == 4
+    assert "five" not in found
+    why = plugins.load_errors["five"]
+    assert why == (f"it declares plugin contract 5, newer than fbench {framework_bench.__version__}, which runs "
+                   f"plugin contracts 1 to 4, contract 1 until 0.4.0: upgrade fbench")
+    res = CliRunner().invoke(app, ["run", "--scenario", "tiny_cpu", "--backend", "five", "--db", str(tmp_path / "r.sqlite")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    [line] = res.stderr.strip().splitlines()
+    assert line.endswith(f"the backend 'five' is installed but broken: {why}"), line
+    assert not list(fbench_home.glob("runs/*five*"))  # nothing was started
+
+
+def test_a_contract_older_than_the_window_is_refused_naming_the_one_to_declare(declaring, monkeypatch):
+    """What 0.4.0 will do with contract 1 (and `contract=CONTRACT` once contract 2 goes): refuse it
+    in one line, never judge its runs by claims it was not written for."""
+    monkeypatch.setattr(contract, "OLDEST_CONTRACT", 3)
+    monkeypatch.setattr(contract, "OLDEST_DROPPED_IN", "0.5.0")
+    found = plugins.backends()
+    assert "four" in found and "named" not in found
+    assert plugins.load_errors["named"] == (
+        f"it declares plugin contract 2; fbench {framework_bench.__version__} runs plugin contracts 3 to 4, contract 3 "
+        'until 0.5.0: update it to contract 4 (CONTRIBUTING.md, "Compatibility and the contract version")')
 
 
 def test_an_unverified_run_is_no_share_of_the_reference():

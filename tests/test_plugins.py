@@ -494,36 +494,6 @@ def test_the_bundled_backends_and_contributings_example_leave_the_report_to_the_
         assert isinstance(plugins.manager().get_plugin(name), Backend), name
 
 
-# Modules that moved (the contract's data models to plugins/contract.py, the two sides'
-# initial weights to modules named for their side): plugins written against
-# the older paths import the very same objects, with a DeprecationWarning naming the new one.
-CONTRACT_NAMES = ("CONTRACT", "AdamWImpl", "MemoryScheme", "Capabilities", "EnvSpec", "BackendInfo", "Machine",
-                  "BackendEnv", "Job", "LaunchPlan", "StepMetric", "WorkerReport")
-
-
-@pytest.mark.parametrize("old, new", [("framework_bench.plugins.backend", "framework_bench.plugins.contract"),
-                                      ("framework_bench.backend", "framework_bench.plugins.contract"),
-                                      ("framework_bench.hookspecs", "framework_bench.plugins.hookspecs"),
-                                      ("framework_bench.worker_io", "framework_bench.worker.files"),
-                                      ("framework_bench.packed", "framework_bench.worker.packed"),
-                                      ("framework_bench.worker.init_weights",
-                                       "framework_bench.worker.initial_weights_worker"),
-                                      ("framework_bench.worker.initial_weights",
-                                       "framework_bench.worker.initial_weights_host")])
-def test_old_module_names_warn_and_keep_working(old, new):
-    import importlib
-
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
-        module = importlib.import_module(old)
-    home = importlib.import_module(new)
-    for name, value in vars(home).items():
-        if not name.startswith("__"):
-            assert getattr(module, name) is value, name
-    if new.endswith(".contract"):
-        assert all(hasattr(module, name) for name in CONTRACT_NAMES)
-
-
 # One reference: a copy of the torch plugin that keeps `reference=True`
 # (as starting from backends/torch invites) is refused like a name clash, never made the reference.
 

@@ -46,9 +46,10 @@ class Backend:
     # --- what a backend writes -------------------------------------------------------------
 
     def info(self) -> BackendInfo:
-        """Name, framework, capabilities and env spec (see `fbench_backend_info`). Set
-        `contract=CONTRACT` (`framework_bench.plugins.contract`): a subclass that leaves it unset
-        is of contract `SUBCLASS_CONTRACT`, the one in force before contracts moved on without it."""
+        """Name, framework, capabilities and env spec (see `fbench_backend_info`). Set `contract`
+        to the number of the plugin contract you wrote against (`contract=4`): a subclass that leaves
+        it unset is of contract `SUBCLASS_CONTRACT`, the one in force before contracts moved on
+        without it, and one naming the host's `CONTRACT` of `contract.CONTRACT_NAMED_FROM`."""
         raise NotImplementedError(f"{type(self).__name__} does not implement info()")
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:

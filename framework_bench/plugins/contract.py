@@ -16,9 +16,10 @@ import functools
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from framework_bench import __version__
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker import job as worker_job
 from framework_bench.worker import report as worker_report
@@ -114,15 +115,49 @@ class EnvSpec(BaseModel):
     )
 
 
+class _HostContract(int):
+    """The type of `CONTRACT` alone: the number, which `BackendInfo` can tell from a plugin's own."""
+
+
 # The plugin contract this host implements. 1: the claims are optional (a claim not made is
 # flagged "unverified"). 2: the step timer's clock lines (framework_bench/measure/clock.py) and every
 # claim of `WorkerReport` are required; a run missing one is `invalid`. 3: the update projection
 # after training too (framework_bench/worker/update.py). 4: the trained weights filled from the
 # seed the host reveals once the worker is ready for its first step (`initial_reveal`:
-# framework_bench/worker/initial_weights_worker.py, fill_revealed). A plugin declares the version it was
-# written against (`BackendInfo.contract`); one declaring none is of contract 1. A claim its
-# contract does not name leaves its run `unverified` (framework_bench/measure/verify.py: CLAIMED_SINCE).
-CONTRACT = 4
+# framework_bench/worker/initial_weights_worker.py, fill_revealed). A plugin declares, as a number,
+# the contract it was written against (`BackendInfo.contract`); one declaring none is of contract 1.
+# A claim its contract does not name leaves its run `unverified` (framework_bench/measure/verify.py:
+# CLAIMED_SINCE).
+CONTRACT = _HostContract(4)
+# A plugin declaring `contract=CONTRACT` (as CONTRIBUTING told it to up to 0.3.0) names whichever
+# contract the host it runs on implements, not the one it was written against: the host's next
+# release would require claims its worker never makes, and end every run `invalid`. It is read as
+# the first contract the name stood for, so that the claims added since are `unverified` when not made.
+CONTRACT_NAMED_FROM = 2
+
+# The contracts this release runs (CONTRIBUTING.md, "Compatibility policy"): OLDEST_CONTRACT to
+# CONTRACT. A release runs every contract the release before it ran, and the oldest goes only in
+# the release named here a release ahead, OLDEST_DROPPED_IN (tests/test_contract.py fails once the
+# version reaches it while the oldest is still run). A plugin declaring a contract outside them is
+# refused before any run (`outside_window`, through the registry).
+OLDEST_CONTRACT = 1
+OLDEST_DROPPED_IN = "0.4.0"
+
+
+def window() -> str:
+    """The contracts this release runs, in words."""
+    return f"plugin contracts {OLDEST_CONTRACT} to {CONTRACT}, contract {OLDEST_CONTRACT} until {OLDEST_DROPPED_IN}"
+
+
+def outside_window(contract: int) -> str | None:
+    """Why a plugin declaring `contract` cannot run on this release (one line), or None."""
+    if contract > CONTRACT:
+        return (f"it declares plugin contract {contract}, newer than fbench {__version__}, which runs {window()}: "
+                "upgrade fbench")
+    if contract < OLDEST_CONTRACT:
+        return (f"it declares plugin contract {contract}; fbench {__version__} runs {window()}: "
+                f"update it to contract {CONTRACT} (CONTRIBUTING.md, \"Compatibility and the contract version\")")
+    return None
 
 
 class BackendInfo(BaseModel):
@@ -134,9 +169,9 @@ class BackendInfo(BaseModel):
     memory: MemoryScheme = Field(default_factory=MemoryScheme, description=(
         "how it holds a training step: its AdamW table (per settings mode and device) and its "
         "sequence-parallel engine, the only backend-specific input of the memory estimate"))
-    contract: int = Field(1, ge=1, le=CONTRACT, description=(
-        "the plugin contract it was written against (`CONTRACT`): at the current one every claim is required, "
-        "at an older one a claim not made leaves its runs `unverified`"))
+    contract: int = Field(1, description=(
+        "the plugin contract it was written against, as a number: every claim it names is required, a claim "
+        "added by a later one and not made leaves its runs `unverified`; one outside `window()` is refused"))
     reference: bool = Field(False, description=(
         "the no-framework reference whose TGS the report shows the others' as a share of (one installed backend)"))
     manifest_packages: list[str] = Field(default_factory=list, description=(
@@ -148,6 +183,11 @@ class BackendInfo(BaseModel):
     speed_settings: list[str] = Field(default_factory=list, description=(
         "settings keys that only this backend's engine records (DeepSpeed's ZeRO buckets, say) and that change "
         "a step's time: marked where backends differ, beside the keys every backend records"))
+
+    @field_validator("contract", mode="before")
+    @classmethod
+    def _written_against(cls, value: Any) -> Any:
+        return CONTRACT_NAMED_FROM if type(value) is _HostContract else value  # `contract=CONTRACT`
 
 
 class Machine(BaseModel):

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from framework_bench.plugins import base, hookspecs
+from framework_bench.plugins import base, contract, hookspecs
 from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.scenario.scenario import Scenario
 
@@ -139,7 +139,8 @@ def _build(found, errors: dict[str, str], where: dict[str, str]) -> pluggy.Plugi
 
 def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBackend]:
     """The working backends by name. Two answering to one name, or two declaring themselves the
-    reference, are broken all (`load_errors`): none is chosen by the order they sort in."""
+    reference, are broken all (`load_errors`): none is chosen by the order they sort in. So is one
+    declaring a plugin contract this release does not run (`contract.window`)."""
     pm = pm or manager()
     by_name: dict[str, list[tuple[str, RegisteredBackend]]] = {}
     for name, plugin in pm.list_name_plugin():
@@ -150,6 +151,9 @@ def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBack
                 raise TypeError(f"fbench_backend_info returned {type(info).__name__}, not BackendInfo")
         except Exception as e:  # noqa: BLE001 - a plugin's own bug: report it, keep the others
             load_errors[name] = f"{type(e).__name__}: {e}"
+            continue
+        if outside := contract.outside_window(info.contract):  # claims this host no longer judges, or not yet
+            load_errors[name] = outside
             continue
         by_name.setdefault(info.name, []).append((name, backend))
     found = {}
