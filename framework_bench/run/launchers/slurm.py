@@ -103,7 +103,7 @@ def _run_block(plan: LaunchPlan, job: Job, cpus: str, title: str) -> list[str]:
         "    # started on the first node by the host's clock watcher, so that they are its descendants, as on the",
         "    # local launcher: it stamps their clock lines as they arrive, reads their CPU time on CPU, and reveals the",
         "    # round's projection seed (its standard input) after the last step (framework_bench/measure/clock.py).",
-        f"    printf '%s\\n' \"$seed\" | {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {shlex.join(watcher)} {command}",
+        f"    {srun} --cpus-per-task={cpus} --kill-on-bad-exit=1 {shlex.join(watcher)} {command} <<< \"$seed\"",
         "    status=$?",
         "  fi",
         f"  echo $status > {SBATCH_EXIT_FILE}",
