@@ -1,20 +1,22 @@
 """What a plugin may import (CONTRIBUTING.md, "What a plugin may import"): every name listed
 there imports without a warning, and every old path listed there still imports the very same
 objects, warning (DeprecationWarning) with its new home and its removal release, until that
-release (framework_bench/_compat.py holds them all)."""
+release (framework_bench/deprecations.py holds them all). And what plugins of earlier releases
+were written as, from CONTRIBUTING's own example (tests/released_plugins/), still runs."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RELEASED = ROOT / "tests" / "released_plugins"
 
 
 def _section() -> str:
@@ -41,12 +43,17 @@ def old_paths() -> list[tuple[str, str]]:
     return pairs
 
 
+def said_removals() -> dict[str, str]:
+    """Old path -> the release its line says removes it: "- `old` → `new` (removed in X.Y.Z)"."""
+    return dict(re.findall(r"^- `(framework_bench[\w.]*)` → `[\w.]*` \(removed in (\d+\.\d+\.\d+)\)$", _section(), re.M))
+
+
 def test_the_section_lists_the_surface():
     names = public_names()
     assert "framework_bench.plugins.base" in names and "Backend" in names["framework_bench.plugins.base"]
     assert "hookimpl" in names["framework_bench.plugins.hookspecs"] and "StepTimer" in names["framework_bench.worker"]
-    assert ("framework_bench.scenario", "framework_bench.spec.scenario") in old_paths()
-    assert ("framework_bench.plugins.get", "framework_bench.plugins.registry") in old_paths()
+    assert names["framework_bench.scenario.scenario"] == ["Scenario"]
+    assert ("framework_bench.spec.scenario", "framework_bench.scenario.scenario") in old_paths()
 
 
 def test_every_public_name_imports_without_a_warning():
@@ -58,166 +65,197 @@ def test_every_public_name_imports_without_a_warning():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_the_bundled_backends_and_contract1_plugin_import_only_the_surface_or_old_paths():
-    """What the bundled backends and the kept contract-1 plugin import from fbench is listed."""
+def test_the_bundled_backends_and_the_kept_plugins_import_only_the_surface():
+    """What the bundled backends, the contract-1 copy and the released example plugins import
+    from fbench is listed: a released plugin importing a name no longer listed was broken by us."""
     import ast
 
-    names, old = public_names(), dict(old_paths())
+    names = public_names()
     listed = {f"{module}.{name}" for module, module_names in names.items() for name in module_names}
-    sources = [*ROOT.glob("backends/*/fbench_*/*.py"), ROOT / "tests/contract1_backend/plugin.py"]
+    sources = [*ROOT.glob("backends/*/fbench_*/*.py"), *ROOT.glob("tests/contract1_backend/*.py"),
+               *RELEASED.glob("*/*.py")]
+    assert len(list(RELEASED.glob("*/plugin.py"))) >= 2
     unlisted = set()
     for source in sources:
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("framework_bench"):
                 for alias in node.names:
                     path = f"{node.module}.{alias.name}"
-                    if not ({path, node.module} & (listed | set(names) | set(old))):
+                    if not ({path, node.module} & (listed | set(names))):
                         unlisted.add(f"{path} ({source.relative_to(ROOT)})")
     assert not unlisted, sorted(unlisted)
-
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 
 
 def test_every_deprecated_name_has_a_removal_release_still_to_come():
     """One minor release of warning: each entry names the release that removes it, later than
     this one, so that bumping the version to it fails here until the entry and its path go."""
     import framework_bench
-    from framework_bench import _compat
+    from framework_bench import deprecations
 
-    entries = {**_compat.MODULES, **_compat.ATTRIBUTES}
-    assert entries
-    for old, moved in entries.items():
+    assert deprecations.MODULES
+    for old, moved in deprecations.MODULES.items():
         assert re.fullmatch(r"\d+\.\d+\.\d+", moved.removal), (old, moved)
         assert _release(framework_bench.__version__) < _release(moved.removal), (old, moved)
 
 
 def test_the_old_paths_listed_are_the_deprecated_names_kept():
-    """CONTRIBUTING's list and framework_bench/_compat.py name the same old paths and homes."""
-    from framework_bench import _compat
+    """CONTRIBUTING's list and framework_bench/deprecations.py name the same old paths, homes and
+    removal releases."""
+    from framework_bench import deprecations
 
-    listed = dict(old_paths())
-    kept = {old: moved.home for old, moved in {**_compat.MODULES, **_compat.ATTRIBUTES}.items()}
-    assert {old: listed.get(old) for old in kept} == kept
-    assert set(listed) <= set(kept)
+    assert dict(old_paths()) == {old: moved.home for old, moved in deprecations.MODULES.items()}
+    assert said_removals() == {old: moved.removal for old, moved in deprecations.MODULES.items()}
 
 
 @pytest.mark.parametrize("old, new", old_paths())
 def test_an_old_path_warns_naming_its_new_home_and_keeps_the_objects(old, new):
-    module_name, _, attr = old.rpartition(".")
-    try:
-        importlib.import_module(module_name)
-        parent_is_module = True
-    except ImportError:
-        parent_is_module = False
-    if parent_is_module and not _is_module(old):  # an attribute kept on a package
-        parent = importlib.import_module(module_name)
-        with pytest.warns(DeprecationWarning, match=_warning(old, new)):
-            value = getattr(parent, attr)
-        home = importlib.import_module(new)
-        assert value is getattr(home, attr, None) or value is getattr(home, "Registered" + attr)
-        return
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=_warning(old, new)):
+    from framework_bench import deprecations
+
+    for name in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
+        sys.modules.pop(name)  # imported afresh, as a plugin's first import of it
+    removal = deprecations.MODULES[old].removal
+    with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}") + ".*" + re.escape(f"removed in {removal}")):
         module = importlib.import_module(old)
     home = importlib.import_module(new)
+    assert module is home
     kept = [name for name in vars(home) if not name.startswith("__")]
     assert kept and all(getattr(module, name) is getattr(home, name) for name in kept)
 
 
-def _warning(old: str, new: str) -> str:
-    """What the warning of an old path says: its new home and the release that removes it."""
-    from framework_bench import _compat
+def test_the_paths_0_2_0_kept_for_0_1_0_are_gone():
+    """0.3.0 removes them, as 0.2.0's CHANGELOG announced: an import fails, no alias is left."""
+    for old in ("framework_bench.backend", "framework_bench.hookspecs", "framework_bench.worker_io",
+                "framework_bench.packed", "framework_bench.memory", "framework_bench.worker.init_weights"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    import framework_bench.envs
+    import framework_bench.plugins
 
-    removal = {**_compat.MODULES, **_compat.ATTRIBUTES}[old].removal
-    return re.escape(f"{old} moved to {new}") + ".*" + re.escape(f"removed in {removal}")
-
-
-def _is_module(path: str) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            return importlib.util.find_spec(path) is not None
-        except (ImportError, AttributeError):
-            return False
+    assert not hasattr(framework_bench.plugins, "get") and not hasattr(framework_bench.envs, "inspect")
 
 
-def test_the_envs_attribute_shim_covers_the_former_module():
-    from framework_bench.envs import creation, venvs
+# --- the example plugins of earlier releases, run ----------------------------------------------
 
-    import framework_bench.envs as old
-    with pytest.warns(DeprecationWarning, match="framework_bench.envs.create moved to framework_bench.envs.creation.create"):
-        assert old.create is creation.create
-    with pytest.warns(DeprecationWarning, match="framework_bench.envs.inspect moved to framework_bench.envs.venvs.inspect"):
-        assert old.inspect is venvs.inspect
-    with pytest.raises(AttributeError):
-        old.no_such_name  # noqa: B018 - an unknown name stays an AttributeError
+# Each kept plugin: its folder, and the entry point's object in its package (a Backend subclass,
+# or the module of hooks). They are installed under backend names of their own, so one compare holds them all.
+KEPT = {"released_v0_2_0": (RELEASED / "v0_2_0", "plugin:MyBackend"),
+        "released_v0_3_0_dev": (RELEASED / "v0_3_0_dev", "plugin:MyBackend"),
+        "contract1_module_hooks": (ROOT / "tests" / "contract1_backend", "plugin")}
 
 
-# A plugin written against the previous release's CONTRIBUTING: its module-level hooks
-# (tests/contract1_backend/plugin.py) declaring the memory scheme through `framework_bench.memory`
-# and annotating with `framework_bench.scenario.Scenario`, as that CONTRIBUTING and the bundled
-# plugins of the time did, and its worker on worker_io, packed and init_weights (contract1_backend/worker.py).
-OLD_IMPORTS = ("from framework_bench.memory import AdamWImpl, MemoryScheme\n"
-               "from framework_bench.scenario import Scenario\n")
-OLD_MEMORY = ('framework_package="torch"),\n                       memory=MemoryScheme(adamw={"matched": '
-              'AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused")}))')
-
-
-def previous_release_plugin(site: Path) -> None:
-    """Install it into `site` (on sys.path) through an entry point, like any third-party plugin;
-    its requirements are the torch backend's, so the torch env serves as its own."""
-    kept = ROOT / "tests" / "contract1_backend"
-    package = site / "fbench_mybackend"
+def install_plugin(site: Path, name: str, folder: Path, entry: str) -> None:
+    """Install the plugin of `folder` (plugin.py, worker.py) into `site` (on sys.path) through an
+    entry point, like any third-party plugin: its package and backend name `mybackend` become
+    `name` (the only edit), and its requirements are the torch backend's, so the torch env
+    serves as its own."""
+    package = site / f"fbench_{name}"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    plugin = (kept / "plugin.py").read_text().replace("from framework_bench.hookspecs", OLD_IMPORTS
-                                                     + "from framework_bench.hookspecs")
-    plugin = plugin.replace('framework_package="torch"))', OLD_MEMORY).replace(
-        "def fbench_check(scenario, machine, env):", "def fbench_check(scenario: Scenario, machine, env):")
-    assert "framework_bench.memory" in plugin and "MemoryScheme(" in plugin and "scenario: Scenario" in plugin
-    (package / "plugin.py").write_text(plugin)
-    (package / "worker.py").write_text((kept / "worker.py").read_text())
+    for file in ("plugin.py", "worker.py"):
+        (package / file).write_text((folder / file).read_text().replace("mybackend", name))
     (package / "requirements-cpu.txt").write_bytes((ROOT / "backends/torch/fbench_torch/requirements-cpu.txt").read_bytes())
-    info = site / "fbench_mybackend-0.1.dist-info"
+    info = site / f"fbench_{name}-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-mybackend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[fbench.backends]\nmybackend = fbench_mybackend.plugin\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fbench-{name.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[fbench.backends]\n{name} = fbench_{name}.{entry}\n")
+
+
+@pytest.fixture(scope="module")
+def kept_plugins_ran(tmp_path_factory) -> dict:
+    """The kept plugins installed, then each released example through `fbench run` and all of them
+    in one `fbench compare`, on tiny_cpu (eight runs, the reference's included), in a state folder
+    whose envs link to the torch env: {"listed": the broken ones, "run": {name: (exit code, its
+    record)}, "compare": (exit code, the records by backend)}."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from fbench_fixtures import backend_env_or_skip
+    from framework_bench.cli import app
+    from framework_bench.plugins import registry
+
+    torch_env = backend_env_or_skip("torch")
+    root = tmp_path_factory.mktemp("kept-plugins")
+    site, home = root / "site", root / "home"
+    for name, (folder, entry) in KEPT.items():
+        install_plugin(site, name, folder, entry)
+    (home / "envs").mkdir(parents=True)
+    for name in (*KEPT, "torch"):
+        (home / "envs" / name).symlink_to(torch_env.path)
+    ran: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FBENCH_HOME", str(home))
+        mp.syspath_prepend(str(site))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+        importlib.invalidate_caches()
+
+        def fbench(*args: str) -> tuple[int, str]:
+            res = CliRunner().invoke(app, [*args, "--db", str(root / "results.sqlite"), "--json", "--timeout", "600"])
+            return res.exit_code, res.stdout
+
+        ran["listed"] = {name: registry.load_errors.get(name) for name in KEPT if name not in registry.backends()}
+        ran["run"] = {}
+        for name in [name for name in KEPT if name.startswith("released_")]:
+            code, out = fbench("run", "--scenario", "tiny_cpu", "--backend", name)
+            ran["run"][name] = (code, json.loads(out) if out.strip() else out)
+        code, out = fbench("compare", "--scenario", "tiny_cpu", "--backends", ",".join(KEPT), "--out", str(root / "plots"))
+        ran["compare"] = (code, {r["backend"]: r for r in json.loads(out)["runs"]} if out.strip() else out)
+    return ran
+
+
+def _passed(record: dict) -> set[str]:
+    return {c["name"] for c in record["checks"] if c["status"] == "pass"}
+
+
+# The claims every kept plugin makes, each to pass; the contract-1 worker predates the loss scale,
+# so its parity is unverified (what it applied to each loss before backward is unknown), never failed.
+MADE = {"tokens", "steps", "rows", "initial_weights", "clock", "pauses", "cpu", "settings", "parameters"}
 
 
 @pytest.mark.slow
-def test_a_plugin_of_the_previous_release_installs_runs_and_is_unverified_not_broken(tmp_path, monkeypatch):
-    import os
+def test_the_kept_plugins_install_and_none_is_broken(kept_plugins_ran):
+    assert kept_plugins_ran["listed"] == {}
 
-    from backend_helpers import CPU
-    from fbench_fixtures import backend_env_or_skip
-    from framework_bench.data.packing import pack
-    from framework_bench.plugins import registry
-    from framework_bench.run import pipeline
-    from framework_bench.run.options import RunOptions
-    from framework_bench.spec import scenario
 
-    torch_env = backend_env_or_skip("torch")
-    site = tmp_path / "site"
-    previous_release_plugin(site)
-    home = tmp_path / "home"
-    (home / "envs").mkdir(parents=True)
-    for name in ("mybackend", "torch"):  # its env: made from the same requirements as torch's
-        (home / "envs" / name).symlink_to(torch_env.path)
-    monkeypatch.setenv("FBENCH_HOME", str(home))
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    importlib.invalidate_caches()
-    sys.modules.pop("framework_bench.memory", None)  # imported afresh, as in a new host process
+@pytest.mark.slow
+def test_fbench_run_of_each_released_example_is_ok_or_unverified_for_what_its_contract_does_not_name(kept_plugins_ran):
+    """`contract=CONTRACT`, as both wrote, reads as contract 2 on every release: 0.2.0's worker,
+    written for 3, makes no revealed-seed claim (contract 4's), and that alone leaves its run
+    `unverified` (it was `invalid`: "claims missing, which plugin contract 4 requires:
+    initial_reveal"); the worker written for 4 makes every claim and is `ok`."""
+    from framework_bench.plugins.contract import CONTRACT
 
-    with pytest.warns(DeprecationWarning, match="framework_bench.memory moved to framework_bench.measure.memory"):
-        backend = registry.get("mybackend")  # not broken: the old paths it imports are kept
-    assert backend.info.memory.adamw["matched"].cuda == "fused" and backend.info.contract == 1
-    scn = scenario.load("tiny_cpu")
-    data = pack(scn, progress=False, say=lambda msg: None)
-    result = pipeline.run_one("mybackend", scn, RunOptions(root=tmp_path / "runs"), data=data, machine=CPU)
-    assert result.status in ("unverified", "ok"), result.reason
-    checks = {c.name: c.status for c in result.checks}
-    for name in ("tokens", "steps", "rows", "initial_weights", "clock"):  # the claims it makes still hold
-        assert checks[name] == "pass", (name, result.checks)
+    for name, (code, record) in kept_plugins_ran["run"].items():
+        assert code == 0, (name, record)
+        assert record["backend"] == name and MADE | {"parity", "update"} <= _passed(record), (name, record["checks"])
+    v020 = kept_plugins_ran["run"]["released_v0_2_0"][1]
+    assert v020["status"] == "unverified", v020["reason"]
+    assert v020["reason"] == f"claims not made by this contract-2 plugin (contract {CONTRACT} requires them): initial_reveal"
+    v030 = kept_plugins_ran["run"]["released_v0_3_0_dev"][1]
+    assert v030["status"] == "ok", v030["reason"]
+    assert "initial_reveal" in _passed(v030)
+
+
+@pytest.mark.slow
+def test_one_compare_holds_every_kept_plugin_beside_the_reference_none_invalid(kept_plugins_ran):
+    """The released examples and the contract-1 form in one compare: the reference `ok`; the
+    example written for contract 4 `ok` (every claim made); the others `unverified` for the claims
+    their contract does not name, what they claim passing; every run from the compare's seed,
+    older plugins being in it, and saying so."""
+    code, records = kept_plugins_ran["compare"]
+    assert code == 0, records
+    assert set(records) == {*KEPT, "torch"}
+    assert records["torch"]["status"] == "ok", records["torch"]["reason"]
+    for name in KEPT:
+        record = records[name]
+        assert record["status"] in ("ok", "unverified"), (name, record["reason"])
+        assert MADE <= _passed(record), (name, record["checks"])  # a blocking check failed would be `invalid`
+        assert any("a plugin of a contract before the initial seed's reveal" in note for note in record["notes"]), name
+    assert records["released_v0_3_0_dev"]["status"] == "ok", records["released_v0_3_0_dev"]["reason"]
+    assert {"initial_reveal", "update", "parity"} <= _passed(records["released_v0_3_0_dev"])
+    assert records["released_v0_2_0"]["reason"].endswith("requires them): initial_reveal")
+    assert records["contract1_module_hooks"]["reason"].startswith("claims not made by this contract-1 plugin")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))

@@ -1,14 +1,16 @@
 """CONTRIBUTING.md's example plugin as it stood in release 0.1.0 (dcebcb8), before the Backend base class:
-the four module-level hooks, no contract declared. Kept verbatim, so that a plugin written
-against that CONTRIBUTING stays tested (tests/test_plugin_outside_repo.py,
-backends/torch/tests/test_backend_torch.py); do not edit it.
+the four module-level hooks, no contract declared (contract 1, which 0.3.0 runs until 0.4.0). Kept as
+written then but for its imports: 0.1.0's `framework_bench.backend`, `framework_bench.hookspecs` and
+`framework_bench.worker_io` went in 0.3.0, as 0.2.0 announced, so these name their homes. A plugin of
+this form is still tested (tests/test_public_surface.py, tests/test_plugin_outside_repo.py,
+backends/torch/tests/test_backend_torch.py); do not edit it otherwise.
 """
 
 from pathlib import Path
 
-from framework_bench import worker_io
-from framework_bench.backend import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
-from framework_bench.hookspecs import hookimpl
+from framework_bench.plugins.contract import BackendInfo, Capabilities, EnvSpec, LaunchPlan, StepMetric, WorkerReport
+from framework_bench.plugins.hookspecs import hookimpl
+from framework_bench.worker import files as worker_io
 from framework_bench.worker.rows import read_consumed
 
 HERE = Path(__file__).resolve().parent

@@ -1,6 +1,7 @@
 # CONTRIBUTING.md's example worker as it stood in release 0.1.0 (dcebcb8), before the Backend base class,
-# the companion of plugin.py here: the worker on worker_io, packed and init_weights. Kept verbatim below this
-# comment, so that a plugin written against that CONTRIBUTING stays tested (tests/test_public_surface.py).
+# the companion of plugin.py here. Kept as written then below this comment but for its imports: 0.1.0's
+# worker_io, packed and init_weights went in 0.3.0 (as 0.2.0 announced), so they name their homes, bound
+# to the old names. A plugin of this form stays tested (tests/test_public_surface.py).
 import sys
 import time
 
@@ -8,15 +9,16 @@ import numpy as np
 import torch
 import transformers
 
-from framework_bench import worker_io
-from framework_bench.packed import PackedRows
 from framework_bench.worker import ADAM_BETAS, ADAM_EPS, LEARNING_RATE, MAX_GRAD_NORM, WEIGHT_DECAY
-from framework_bench.worker import ConsumedRows, StepTimer, dist_info, init_weights, settings
+from framework_bench.worker import ConsumedRows, StepTimer, dist_info, load_job, settings
+from framework_bench.worker import files as worker_io
+from framework_bench.worker import initial_weights_worker as init_weights
+from framework_bench.worker.packed import PackedRows
 from framework_bench.worker.losses import MicroLosses, supervised_after_shift
 
 
 def main(job_file: str) -> None:
-    job = worker_io.load_job(job_file)          # the host's Job, as JSON
+    job = load_job(job_file)                    # the host's Job, as JSON
     scenario, dist = job["scenario"], dist_info()
     rows = PackedRows(job["data_dir"])           # the host's packed stream: train on it, verified
     sha = rows.sha256()
