@@ -1,4 +1,5 @@
-"""The CLI's output is pinned by golden files captured before the architecture refactor.
+"""What the CLI prints, pinned by golden files as a spec of its behaviour (tests/golden/golden.py:
+what they hold, and how they are made independent of the machine's paths).
 
 A difference is either a regression or a deliberate change; a deliberate one is re-captured with
 `python tests/golden/golden.py --write` and named in the commit that makes it.
@@ -12,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from fbench_fixtures import backend_env_or_skip
+
 sys.path.insert(0, str(Path(__file__).parent / "golden"))
 import golden  # noqa: E402
 
 
 @pytest.mark.slow  # starts a framework's or the host's own process
 def test_cli_output_equals_the_golden_files():
+    for name in golden.BACKENDS.split(","):  # a missing env would change every dry run's verdict
+        backend_env_or_skip(name)
     pinned = {str(p.relative_to(golden.FILES)): p.read_text()
               for p in golden.FILES.rglob("*") if p.is_file()}
     now = golden.capture()
