@@ -153,3 +153,19 @@ def test_the_claim_on_a_run_folder_names_the_trial(fbench_home, tmp_path):
     record = json.loads((run_dir / orphans.HOST_FILE).read_text())
     assert record["trial"] == {"compare_id": "c1", "trial_round": 3, "trial_position": 2}
     assert record["pid"] == os.getpid() and record["hostname"] == socket.gethostname()
+
+
+def test_a_run_its_dead_host_had_submitted_to_slurm_is_left_to_results_collect(fbench_home, tmp_path):
+    """Killed between sbatch and recording the trial: the job is the run's, not a failed row (which
+    `results collect` would have stored a second time), and it is collected as its trial."""
+    from framework_bench.run.launchers.base import Submission
+    db = tmp_path / "r.sqlite"
+    ResultStore(db).close()
+    run_dir = _dead_hosts_run(fbench_home / "runs", db, "fake_a", 2, None)
+    Submission(job_id="1001", backend="fake_a", scenario="tiny_cpu", run_dir=run_dir, submitted_at="x",
+               time_limit="00:11:00", db=str(db)).save()  # as sbatch's answer left it: no trial yet
+    lines = orphans.recover(fbench_home / "runs")
+    assert len(lines) == 1 and "SLURM job 1001" in lines[0] and "results collect" in lines[0], lines
+    sub = Submission.load(run_dir)
+    assert (sub.compare_id, sub.trial_round, sub.trial_position) == ("c1", 2, 2)
+    assert ResultStore(db).list() == [] and not (run_dir / orphans.HOST_FILE).exists()

@@ -24,6 +24,7 @@ from framework_bench.measure import processes
 from framework_bench.measure.metrics import RunResult
 from framework_bench.run import referee
 from framework_bench.run.interrupts import held
+from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.descendants import of_run
 from framework_bench.run.options import Trial
 from framework_bench.scenario.scenario import Scenario
@@ -170,8 +171,29 @@ def _dead_hosts_result(run_dir: Path, record: dict, scenario: Scenario) -> RunRe
     return result
 
 
+def _handed_to_slurm(run_dir: Path, record: dict) -> Submission | None:
+    """The SLURM job that took the run, where its host died as it recorded the submission: its
+    `slurm.json` completed with the trial the claim names (`results collect` stores the run)."""
+    try:
+        sub = Submission.load(run_dir)
+    except (OSError, ValueError):  # none (not a SLURM run, or not yet submitted), or cut by the kill
+        return None
+    if sub.job_id is None:
+        return None
+    if sub.compare_id is None:
+        for field, value in Trial.model_validate(record.get("trial") or {}):
+            setattr(sub, field, value)
+        sub.save()
+    return sub
+
+
 def _recover_one(run_dir: Path, record: dict, taken: Path, host_file: Path) -> str:
-    """End what is left of the dead host's run and store it (`_dead_hosts_result`); the line saying so."""
+    """End what is left of the dead host's run and store it (`_dead_hosts_result`), unless a SLURM
+    job took it; the line saying so."""
+    if (sub := _handed_to_slurm(run_dir, record)) is not None:
+        taken.unlink(missing_ok=True)
+        return (f"fbench (pid {record.get('pid')}) ended as it submitted the run in {run_dir} as SLURM job "
+                f"{sub.job_id}: `fbench results collect` stores it")
     ended = end_leftovers(run_dir)
     what = f"fbench (pid {record.get('pid')}) ended before storing the run in {run_dir}"
     if ended:

@@ -128,6 +128,11 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
         if not dry:
             return write_result(identity.result("failed", reason=str(e), run_dir=job.run_dir, data_sha256=job.data_sha256))
         prepared.plan_error = str(e)
+    except KeyboardInterrupt:
+        if dry:
+            raise
+        return write_result(identity.result("interrupted", reason="interrupted while the backend planned the run",
+                                            run_dir=job.run_dir, data_sha256=job.data_sha256))
     return prepared
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Machine
 from framework_bench.run import design, orphans, pipeline, verdicts
+from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.slurm import SBATCH_FILE
 from framework_bench.run.launchers.slurm_time import TimeEstimate
@@ -63,48 +64,100 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
     backend that refused, or whose hooks raised, is a result at once, kept by the round, and never
     submitted. Each submitted run records the reference's run folder and the judging runs'
     (the reference prepared with each loss normalisation a run may show), and is judged against
-    them when collected (`collect.resumed`). Nothing is started when no run is left."""
-    scenario, options, reference_name = round_.scenario, round_.options, round_.reference
-    compare_id, trial_round = round_.compare_id, round_.number
-    prepared: list[tuple[int, pipeline.Prepared]] = []
+    them when collected (`collect.resumed`). Nothing is started when no run is left.
+
+    Ctrl-C while the round is prepared or submitted: a job sbatch took is handed over all the same
+    (every run of it recorded, as the trial it is, for `results collect`); runs no job took are kept
+    `interrupted` by the round; then the KeyboardInterrupt goes on."""
+    scenario, reference_name = round_.scenario, round_.reference
+    prepared: list[pipeline.Prepared] = []
     refused: list[tuple[str, Planned]] = []
-    for position, name in enumerate(round_.order, 1):
-        heard: list[verdicts.Verdict] = []
-        p = pipeline.prepare(name, scenario, options, machine=machine, on_verdict=heard.append)
-        if isinstance(p, RunResult):
-            refused.append((name, Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=name, check=p.reason),
-                                          result=round_.add(name, p))))
-        else:
-            prepared.append((position, p))
-    round_.close()  # the refusals kept: the submitted runs are `results collect`'s
-    for name, planned in refused:
-        on_planned(name, scenario, planned)
-    if not prepared:
-        return
-    reference = prepared[-1][1] if prepared[-1][1].identity.backend == reference_name else None
     judging: dict[str, pipeline.Prepared] = {}
-    if reference is not None and len(prepared) > 1:
-        for scheme in judging_schemes(scenario):
-            p = pipeline.prepare(reference.identity.backend, scenario, options.model_copy(update={"loss_scheme": scheme}),
-                                 machine=machine)
-            if not isinstance(p, RunResult):
-                judging[scheme] = p
-    executor, gpu_name = prepared[0][1].executor, prepared[0][1].gpu_name
-    subs = executor.submit_round([(p.plan, p.job) for _, p in prepared], {k: (p.plan, p.job) for k, p in judging.items()},
-                                 options, gpu_name)
+    subs: list[Submission] | None = None
+    try:
+        for name in round_.order:
+            heard: list[verdicts.Verdict] = []
+            p = pipeline.prepare(name, scenario, round_.trial_options(name), machine=machine, on_verdict=heard.append)
+            if isinstance(p, RunResult):
+                refused.append((name, Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=name, check=p.reason),
+                                              result=round_.add(name, p))))
+                if p.status == "interrupted":  # Ctrl-C while packing: nothing more is prepared
+                    raise KeyboardInterrupt
+            else:
+                prepared.append(p)
+        reference = prepared[-1] if prepared and prepared[-1].identity.backend == reference_name else None
+        if reference is not None and len(prepared) > 1:
+            for scheme in judging_schemes(scenario):
+                p = pipeline.prepare(reference.identity.backend, scenario,
+                                     round_.options.model_copy(update={"loss_scheme": scheme}), machine=machine)
+                if isinstance(p, RunResult):  # never stored: not a trial
+                    orphans.release(p.run_dir)
+                    if p.status == "interrupted":
+                        raise KeyboardInterrupt
+                else:
+                    judging[scheme] = p
+        if prepared:
+            subs = prepared[0].executor.submit_round([(p.plan, p.job) for p in prepared],
+                                                     {k: (p.plan, p.job) for k, p in judging.items()},
+                                                     round_.options, prepared[0].gpu_name)
+    except KeyboardInterrupt:
+        with held(reraise=False):  # a second Ctrl-C must not leave the round half recorded
+            _handed_over(round_, prepared, judging, _taken(prepared), refused, on_planned)
+        raise
+    with held():  # each run's folder records its job before Ctrl-C can stop the command
+        _handed_over(round_, prepared, judging, subs, refused, on_planned)
+
+
+def _taken(prepared: list[pipeline.Prepared]) -> list[Submission] | None:
+    """The round's submissions where a Ctrl-C stopped its submission after sbatch took the job: one
+    job for all its runs, recorded (`slurm.json`) in the folders written before the interrupt, the
+    others' made from one of them; None where no job was taken."""
+    for p in prepared:
+        try:
+            sub = Submission.load(p.job.run_dir)
+        except (OSError, ValueError):  # not written, or cut by the interrupt
+            continue
+        if sub.job_id is not None:
+            return [sub.model_copy(update={"backend": q.identity.backend, "run_dir": q.job.run_dir}) for q in prepared]
+    return None
+
+
+def _handed_over(round_: Round, prepared: list[pipeline.Prepared], judging: dict[str, pipeline.Prepared],
+                 subs: list[Submission] | None, refused: list[tuple[str, Planned]],
+                 on_planned: Callable[[str, Scenario, Planned], None]) -> None:
+    """The round's runs given up by this command: the round closed (its `refused` kept), then each
+    run `subs` holds recorded as its trial of the round, with the reference's run folder and the
+    judging runs' it is judged by when collected; without `subs` (no job taken: a Ctrl-C) each
+    kept `interrupted`. Every claim released."""
     for p in judging.values():
         orphans.release(p.job.run_dir)  # a judging run is never stored: its candidate's notes name it
-    time = executor.time_limit(scenario, gpu_name, len(prepared) + min(len(judging), len(prepared) - 1))
-    for (position, p), sub in zip(prepared, subs):
-        orphans.release(p.job.run_dir)  # its job is `results collect`'s to store now
-        sub.compare_id, sub.trial_round, sub.trial_position = compare_id, trial_round, position
+    if subs is None:
+        for p in prepared:
+            # No job took it: a job sbatch took while it was stopped is never collected (`collect.pending`).
+            (p.job.run_dir / SBATCH_FILE).unlink(missing_ok=True)
+            round_.add(p.identity.backend, p.identity.result(
+                "interrupted", run_dir=p.job.run_dir, data_sha256=p.job.data_sha256,
+                reason="interrupted before its round's job was submitted"))
+    round_.close(interrupted=subs is None)  # the refusals (and runs never submitted) kept
+    for name, planned in refused:
+        on_planned(name, round_.scenario, planned)
+    if not subs:
+        return
+    reference = prepared[-1] if prepared[-1].identity.backend == round_.reference else None
+    time = prepared[0].executor.time_limit(round_.scenario, prepared[0].gpu_name,
+                                           len(prepared) + min(len(judging), len(prepared) - 1))
+    for p, sub in zip(prepared, subs):
+        for field, value in round_.trial(p.identity.backend):  # compare_id, trial_round, trial_position
+            setattr(sub, field, value)
         if reference is not None and p is not reference:
             sub.reference = reference.job.run_dir
             sub.judging = {scheme: j.job.run_dir for scheme, j in judging.items()}
         if sub.job_id is not None:
             sub.save()
-        on_planned(p.identity.backend, scenario, Planned(verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=time,
-                                                         submission=sub if sub.job_id else None, note=sub.note))
+        orphans.release(p.job.run_dir)  # its job is `results collect`'s to store now
+        on_planned(p.identity.backend, round_.scenario, Planned(
+            verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=time,
+            submission=sub if sub.job_id else None, note=sub.note))
 
 
 def submit_all(
