@@ -23,7 +23,8 @@ from framework_bench.present.verdict import Points
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ("torch", "xtuner", "llamafactory", "trl", "swift")
-BASE = dict(name="x", framework="x", capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
+BASE = dict(name="x", framework="x",
+            capabilities=Capabilities(cpu=True, gpu=False, sequence_parallel=False, varlen=False),
             env=EnvSpec(requirements={}, framework_package="x"))
 
 
@@ -101,7 +102,8 @@ def test_a_plugin_outside_the_window_is_refused_in_one_line_naming_it_before_any
     why = plugins.load_errors["five"]
     assert why == (f"it declares plugin contract 5, newer than fbench {framework_bench.__version__}, which runs "
                    f"plugin contracts 1 to 4, contract 1 until 0.4.0: upgrade fbench")
-    res = CliRunner().invoke(app, ["run", "--scenario", "tiny_cpu", "--backend", "five", "--db", str(tmp_path / "r.sqlite")])
+    res = CliRunner().invoke(app, ["run", "--scenario", "tiny_cpu", "--backend", "five",
+                                   "--db", str(tmp_path / "r.sqlite")])
     assert res.exit_code == 1 and "Traceback" not in res.output
     [line] = res.stderr.strip().splitlines()
     assert line.endswith(f"the backend 'five' is installed but broken: {why}"), line

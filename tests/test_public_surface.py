@@ -45,7 +45,8 @@ def old_paths() -> list[tuple[str, str]]:
 
 def said_removals() -> dict[str, str]:
     """Old path -> the release its line says removes it: "- `old` → `new` (removed in X.Y.Z)"."""
-    return dict(re.findall(r"^- `(framework_bench[\w.]*)` → `[\w.]*` \(removed in (\d+\.\d+\.\d+)\)$", _section(), re.M))
+    line = r"^- `(framework_bench[\w.]*)` → `[\w.]*` \(removed in (\d+\.\d+\.\d+)\)$"
+    return dict(re.findall(line, _section(), re.M))
 
 
 def test_the_section_lists_the_surface():
@@ -114,7 +115,8 @@ def test_an_old_path_warns_naming_its_new_home_and_keeps_the_objects(old, new):
     for name in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
         sys.modules.pop(name)  # imported afresh, as a plugin's first import of it
     removal = deprecations.MODULES[old].removal
-    with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}") + ".*" + re.escape(f"removed in {removal}")):
+    said = re.escape(f"{old} moved to {new}") + ".*" + re.escape(f"removed in {removal}")
+    with pytest.warns(DeprecationWarning, match=said):
         module = importlib.import_module(old)
     home = importlib.import_module(new)
     assert module is home
@@ -153,7 +155,8 @@ def install_plugin(site: Path, name: str, folder: Path, entry: str) -> None:
     (package / "__init__.py").write_text("")
     for file in ("plugin.py", "worker.py"):
         (package / file).write_text((folder / file).read_text().replace("mybackend", name))
-    (package / "requirements-cpu.txt").write_bytes((ROOT / "backends/torch/fbench_torch/requirements-cpu.txt").read_bytes())
+    torch_requirements = ROOT / "backends/torch/fbench_torch/requirements-cpu.txt"
+    (package / "requirements-cpu.txt").write_bytes(torch_requirements.read_bytes())
     info = site / f"fbench_{name}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fbench-{name.replace('_', '-')}\nVersion: 0.1\n")
@@ -198,7 +201,8 @@ def kept_plugins_ran(tmp_path_factory) -> dict:
         for name in [name for name in KEPT if name.startswith("released_")]:
             code, out = fbench("run", "--scenario", "tiny_cpu", "--backend", name)
             ran["run"][name] = (code, json.loads(out) if out.strip() else out)
-        code, out = fbench("compare", "--scenario", "tiny_cpu", "--backends", ",".join(KEPT), "--out", str(root / "plots"))
+        code, out = fbench("compare", "--scenario", "tiny_cpu", "--backends", ",".join(KEPT),
+                           "--out", str(root / "plots"))
         ran["compare"] = (code, {r["backend"]: r for r in json.loads(out)["runs"]} if out.strip() else out)
     return ran
 
@@ -230,7 +234,8 @@ def test_fbench_run_of_each_released_example_is_ok_or_unverified_for_what_its_co
         assert record["backend"] == name and MADE | {"parity", "update"} <= _passed(record), (name, record["checks"])
     v020 = kept_plugins_ran["run"]["released_v0_2_0"][1]
     assert v020["status"] == "unverified", v020["reason"]
-    assert v020["reason"] == f"claims not made by this contract-2 plugin (contract {CONTRACT} requires them): initial_reveal"
+    assert v020["reason"] == (f"claims not made by this contract-2 plugin (contract {CONTRACT} requires them): "
+                              "initial_reveal")
     v030 = kept_plugins_ran["run"]["released_v0_3_0_dev"][1]
     assert v030["status"] == "ok", v030["reason"]
     assert "initial_reveal" in _passed(v030)

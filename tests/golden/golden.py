@@ -65,7 +65,8 @@ class Capture:
         self.places = places
 
     def run(self, argv: list[str]) -> str:
-        env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "FBENCH_HOME": str(self.places["<HOME>"])}
+        env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1",
+               "FBENCH_HOME": str(self.places["<HOME>"])}
         done = subprocess.run(fbench() + argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
         return f"exit {done.returncode}\n{done.stdout}"
 
