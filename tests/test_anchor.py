@@ -29,7 +29,7 @@ def test_within_ten_percent_passes(seconds):
 def test_outside_ten_percent_is_flagged_naming_the_figure(seconds):
     check = verify.check_anchor(SCN, report(seconds))
     assert check.status == "fail" and "1.170 s" in check.detail and "regression" in check.detail
-    reason, flags = verify.verdict([check])
+    reason, flags = verify.fold([check])
     assert reason is None  # flagged: the row stays, with the flag beside it
     assert flags == [f"anchor: {check.detail}"]
 

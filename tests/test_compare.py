@@ -396,12 +396,12 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
     from framework_bench.plugins.contract import Machine
     from framework_bench.run.dry_run import DryRun
     from framework_bench.run.launchers.slurm_time import estimate_time
-    from framework_bench.run.verdicts import Verdict
+    from framework_bench.run.refusals import Refusals
     s = scenario.load("llama2_7b_8k_1gpu")
 
     def plan(backend, **refusal):
         return DryRun(backend=backend, scenario=s.name, launcher="local", check=None,
-                      verdict=Verdict(backend=backend, **refusal), argv=[], env={}, files={}, run_dir="/nowhere")
+                      refusals=Refusals(backend=backend, **refusal), argv=[], env={}, files={}, run_dir="/nowhere")
 
     planned = [plan("a"), plan("b", machine="no GPU here", memory="GPU memory unknown"), plan("c", check="no ZeRO-3")]
     machine = Machine()
@@ -423,8 +423,8 @@ def test_dry_run_gives_the_cost_of_the_trials_on_a_gpu_scenario(monkeypatch):
         "5 trials + 0 warm-up of 2 backend(s) (a (the reference), b): 10 runs, ~")
     refusal: dict = {}
     monkeypatch.setattr(dry_run.plugins, "get", lambda name: name)
-    monkeypatch.setattr(dry_run.verdicts, "verdict_for", lambda backend, s, machine: (
-        None, Verdict(backend=backend, **refusal)))
+    monkeypatch.setattr(dry_run, "refusals_for", lambda backend, s, machine: (
+        None, Refusals(backend=backend, **refusal)))
     cost = dry_run.trial_cost(s, [plan("x")], machine, 5, None, reference="torch")
     assert cost.summary().startswith("5 trials + 0 warm-up of 2 backend(s) (x, torch (the reference)): 10 runs, ~")
     assert ("; up to 5 more of torch, one a round for each run whose loss normalisation or native adapters differ "

@@ -21,7 +21,7 @@ def test_dry_run_plans_every_published_scenario(name, backend, fbench_home):
     d = dry_run(backend, s, RunOptions(launcher="slurm"), NO_GPU)
     assert d.check and f"{s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} GPUs" in d.check
     # the backend's own verdict on the scenario's nodes stands beside this machine's shortfall
-    v = d.verdict
+    v = d.refusals
     assert v.machine and v.machine in d.check
     if v.check:
         assert f"{backend}: {v.check}" in d.check

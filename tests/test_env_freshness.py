@@ -130,7 +130,7 @@ def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
     from backend_helpers import CPU
     from framework_bench.cli import app
     from framework_bench.plugins import registry
-    from framework_bench.run import verdicts
+    from framework_bench.run import refusals
     from framework_bench.scenario import scenario
 
     house = tmp_path / "house"
@@ -173,7 +173,7 @@ def test_a_copied_plugin_that_changed_makes_its_env_stale_until_env_create(
     assert "fbench env create probe" in env.problem
     state = " ".join(line.split("│")[-2].strip() for line in fbench("env", "list").splitlines() if "│" in line)
     assert "stale: plugin changed since env create (fbench_probe_plugin version 0.1→0.2" in state, state
-    _, verdict = verdicts.verdict_for(registry.get("probe"), scenario.load("tiny_cpu"), CPU)
+    _, verdict = refusals.refusals_for(registry.get("probe"), scenario.load("tiny_cpu"), CPU)
     assert verdict.check == f"the probe env is not ready: {env.problem}"  # what the run is refused with
 
     said = fbench("env", "create", "probe", "--flavour", "cpu", *wheels)

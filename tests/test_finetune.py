@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from framework_bench.cli import app
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import QLORA_ON_CPU, BackendEnv, Capabilities, Machine
-from framework_bench.run import verdicts
+from framework_bench.run import refusals
 from framework_bench.scenario import scenario
 from framework_bench.scenario.finetune import FineTune
 from framework_bench.scenario.scenario import Scenario
@@ -74,7 +74,7 @@ def test_a_backend_declaring_no_lora_refuses_it_without_running_and_the_bundled_
 def test_qlora_on_cpu_is_refused_with_the_bitsandbytes_reason_even_where_declared():
     s = scenario.load("tiny_cpu_qlora")
     for name, backend in _bundled().items():
-        _, verdict = verdicts.verdict_for(backend, s, CPU, env=_env(name))
+        _, verdict = refusals.refusals_for(backend, s, CPU, env=_env(name))
         assert verdict.check == QLORA_ON_CPU
     assert "bitsandbytes 0.45.0" in QLORA_ON_CPU and "CUDA only" in QLORA_ON_CPU
     everything = Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=True, lora=True, qlora=True)

@@ -373,7 +373,7 @@ def test_far_more_cpu_processes_than_cores_is_unsupported(tmp_path, fbench_home)
 def test_a_cpu_scenario_beyond_this_machines_memory_is_refused_with_the_figures(fakes, tmp_path):
     """A LoRA rank of 10^9 passed every check before the run (the dry run's own estimate: ~278,000
     GiB a process); so did a model of 10^7 layers, here on a backend without LoRA."""
-    from framework_bench.run.verdicts import ram_refusal
+    from framework_bench.run.refusals import ram_refusal
     lora = tmp_path / "huge_rank.yaml"
     lora.write_text((scenario.SCENARIO_DIR / "tiny_cpu_lora.yaml").read_text().replace("rank: 8", f"rank: {10**9}"))
     said = ram_refusal(scenario.load(str(lora)), None, "matched")

@@ -99,9 +99,9 @@ def test_one_failing_node_stops_the_others(tmp_path):
 def test_a_launcher_says_which_refusals_stop_it():
     """A run started here stops at any refusal; one given to SLURM only at what no machine lifts
     (this machine's shortfall is why it goes to SLURM): the pipeline asks the launcher, never its type."""
-    from framework_bench.run.verdicts import Verdict
-    elsewhere = Verdict(backend="xtuner", machine="needs 4 node(s) x 8 GPUs")
-    refused = Verdict(backend="xtuner", machine="needs 4 node(s) x 8 GPUs", check="sequence_parallel 16 needs flash_attn")
+    from framework_bench.run.refusals import Refusals
+    elsewhere = Refusals(backend="xtuner", machine="needs 4 node(s) x 8 GPUs")
+    refused = Refusals(backend="xtuner", machine="needs 4 node(s) x 8 GPUs", check="sequence_parallel 16 needs flash_attn")
     for name in ("local", "torchrun"):
         assert executor_for(name).refusal(elsewhere) == "needs 4 node(s) x 8 GPUs"
     assert executor_for("slurm").refusal(elsewhere) is None

@@ -80,7 +80,7 @@ def test_foreach_adamw_peaks_at_the_optimizer_step():
 def test_fit_check_refuses_a_ddp_wrapped_world_of_one_naming_the_phase():
     """What XTuner once did on one H200: DDP around one process (a bucket copy of
     every gradient) plus foreach AdamW: ~6 x 25 GiB at the step, out of memory at 8k and 32k."""
-    from framework_bench.run.verdicts import fit_refusal
+    from framework_bench.run.refusals import fit_refusal
 
     for ctx in (8192, 32768):
         e = estimate(make(context_length=ctx), gpu="NVIDIA H200", optimizer_impl="foreach", ddp_wrapped=True)

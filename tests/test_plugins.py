@@ -331,10 +331,10 @@ def test_dry_run_shows_the_verdict_then_the_plan_error(probes):
 
 
 def test_declared_capabilities_are_enforced_by_the_host(fake):
-    from framework_bench.run import verdicts
+    from framework_bench.run import refusals
 
     gpu_tiny = scenario.load("tiny_cpu").model_copy(update={"cluster": scenario.Cluster(device="cuda")})
-    _, verdict = verdicts.verdict_for(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
+    _, verdict = refusals.refusals_for(plugins.get("fake"), gpu_tiny, Machine(gpus=1, gpu_name="H100", gpu_memory_gib=80))
     assert verdict.reason == "fake: the fake backend declares no GPU support; the scenario runs on CUDA GPUs"
     assert sys.modules["fake_backend_mod"].calls.count("check") == 0  # refused before the plugin was asked
 

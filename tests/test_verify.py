@@ -63,7 +63,7 @@ def test_a_plugin_that_reports_no_claims_is_unverified_not_invalid():
     status = {c.name: c.status for c in checks}
     assert status == {"tokens": "pass", "steps": "pass", "rows": "unverified", "throughput": "unverified",
                       "parameters": "unverified", "settings": "unverified"}
-    reason, flags = verify.verdict(checks)
+    reason, flags = verify.fold(checks)
     assert reason is None and len(flags) == 4 and all("unverified: " in f for f in flags)
 
 
@@ -73,7 +73,7 @@ def test_throughput_disagreement_is_flagged_not_invalid():
     report = WorkerReport(steps=steps, framework_throughput={"tokens_per_sec": 2048.0})
     check = verify.check_throughput(scn, report, host_tgs=1024.0)
     assert check.status == "fail" and "+100.0%" in check.detail
-    reason, flags = verify.verdict([check])
+    reason, flags = verify.fold([check])
     assert reason is None and flags == [f"throughput: {check.detail}"]
     whole = WorkerReport(steps=steps, framework_throughput={"tokens_per_sec_whole_run": 1000.0})
     assert verify.check_throughput(scn, whole, host_tgs=None).status == "pass"

@@ -279,7 +279,7 @@ def _charts(store, by_name: dict, settings: str | None, out: Path, as_json: bool
 
 
 def _print_plans(request, outcome, as_json: bool) -> None:
-    """--dry-run: every plan, with every verdict side by side; nothing is launched or submitted.
+    """--dry-run: every plan, with every refusal side by side; nothing is launched or submitted.
     With --json, one JSON list of the plans on stdout and nothing else there. On GPU scenarios,
     what --repeat and the warm-up rounds multiply (`Outcome.costs`). --gpu: memory and time are
     judged on it, each estimate answering whether it fits."""
@@ -290,11 +290,11 @@ def _print_plans(request, outcome, as_json: bool) -> None:
         show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}"
                   + (f", judged on {gpu}" if gpu else ""))
         # Each backend's own estimate in this settings mode (its declared AdamW and sequence-parallel
-        # engine), the figure of its verdict and plan lines below; one line per distinct estimate.
+        # engine), the figure of its refusals and plan lines below; one line per distinct estimate.
         by_estimate: dict[str, list[str]] = {}
         for d in mine:
-            if d.verdict is not None and d.verdict.estimate is not None:
-                by_estimate.setdefault(estimate_line(d.verdict.estimate, gpu), []).append(d.backend)
+            if d.refusals is not None and d.refusals.estimate is not None:
+                by_estimate.setdefault(estimate_line(d.refusals.estimate, gpu), []).append(d.backend)
         for summary, names in by_estimate.items():
             show.print(f"{', '.join(names)} ({request.options.settings_mode} settings): {summary}", highlight=False,
                        markup=False)

@@ -315,7 +315,7 @@ def unchecked() -> set[str]:
     return {n for n in os.environ.get(UNCHECKED_ENV, "").split(",") if n}
 
 
-def verdict(checks: list[Check]) -> tuple[str | None, list[str]]:
+def fold(checks: list[Check]) -> tuple[str | None, list[str]]:
     """(the reason the run is invalid or None, flags for the rest)."""
     checks = [c for c in checks if c.name not in unchecked()]
     failed = [c for c in checks if c.status == "fail" and c.name in BLOCKING]

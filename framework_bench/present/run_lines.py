@@ -120,34 +120,34 @@ def reason_lines(results: list) -> list[Text]:
     return out
 
 
-def verdict_lines(name: str, launcher: str, verdict) -> list[Text]:
+def refusal_lines(name: str, launcher: str, refusals) -> list[Text]:
     """Every refusal on its own line: this machine, the env, the backend's check, memory."""
-    if verdict.reason is None:
+    if refusals.reason is None:
         head = Text("checks pass on this machine", style="green")
-    elif verdict.refused_by_backend:
+    elif refusals.refused_by_backend:
         head = Text("refused", style="red")
     else:
         head = Text.assemble(("not runnable on this machine", "yellow"),
                              "; the backend's checks pass for the scenario's nodes")
     out = [Text.assemble((name, "bold"), f" via {launcher}: ", head)]
-    for label, text in (("this machine", verdict.machine), (f"{name} env", verdict.env), (name, verdict.check),
-                        ("memory", verdict.memory)):
+    for label, text in (("this machine", refusals.machine), (f"{name} env", refusals.env), (name, refusals.check),
+                        ("memory", refusals.memory)):
         if text:
             out.append(Text(f"  {label}: {text}"))
     return out
 
 
 def plan_lines(d, options) -> list[Text]:
-    """One dry-run plan: the verdicts, then the command, its environment and the files it wrote."""
-    if d.verdict is not None:
-        out = verdict_lines(d.backend, d.launcher, d.verdict)
+    """One dry-run plan: the refusals, then the command, its environment and the files it wrote."""
+    if d.refusals is not None:
+        out = refusal_lines(d.backend, d.launcher, d.refusals)
     else:
         out = [Text.assemble((d.backend, "bold"), f" via {d.launcher}: ", ("refused", "red"), f" {d.check or ''}")]
     if d.plan_error:
         return out + [Text.assemble("  ", ("no plan:", "red"), f" {d.plan_error}")]
     if d.time is not None:
         out.append(Text(time_line(d.time, options.sbatch)))
-    if (e := d.verdict and d.verdict.estimate) is not None:  # per phase, as this backend declares its AdamW
+    if (e := d.refusals and d.refusals.estimate) is not None:  # per phase, as this backend declares its AdamW
         out.append(Text(f"  memory: ~{e.total_gib:.1f} GiB at the {e.peak_phase} ({e.phases_line()}; "
                         f"{e.optimizer_impl} AdamW, {'DDP-wrapped' if e.ddp_wrapped else 'not DDP-wrapped'})"))
     out.append(Text(f"  argv: {shlex.join(d.argv)}"))
@@ -165,8 +165,8 @@ def plan_lines(d, options) -> list[Text]:
 
 
 def submission_lines(name: str, p, options) -> list[Text]:
-    """One backend x scenario given to SLURM: the verdicts, then the script and the job, or nothing."""
-    out = verdict_lines(name, "slurm", p.verdict)
+    """One backend x scenario given to SLURM: the refusals, then the script and the job, or nothing."""
+    out = refusal_lines(name, "slurm", p.refusals)
     if p.result is not None:
         return out
     out += [Text(time_line(p.time, options.sbatch)), Text(f"  sbatch: {p.sbatch}")]

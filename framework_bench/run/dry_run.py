@@ -14,7 +14,8 @@ from framework_bench.data.packing import PackedData, packed_dir
 from framework_bench.measure import memory
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import design, pipeline, twin, verdicts
+from framework_bench.run import design, pipeline, twin
+from framework_bench.run.refusals import Refusals, fit_refusal, refusals_for, target_machine
 from framework_bench.run.launchers.slurm_time import TimeEstimate, duration, estimate_time
 from framework_bench.run.options import RunOptions
 from framework_bench.scenario.scenario import Scenario
@@ -28,7 +29,7 @@ class DryRun(BaseModel):
     scenario: str
     launcher: str
     check: str | None = Field(description="why it would be refused on this machine; None if it would run")
-    verdict: verdicts.Verdict | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
+    refusals: Refusals | None = Field(None, description="each refusal on its own: machine, env, backend, memory")
     time: TimeEstimate | None = Field(None, description="the SLURM time limit estimate (slurm launcher)")
     plan_error: str | None = Field(None, description="fbench_plan raised: its error (no argv, env or files then)")
     argv: list[str]
@@ -39,7 +40,7 @@ class DryRun(BaseModel):
 
 def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = None,
             machine: Machine | None = None, gpu: str | None = None) -> DryRun:
-    """`prepare` without packing, described: the verdict, the command, its environment and the
+    """`prepare` without packing, described: the refusals, the command, its environment and the
     files the plan and the launcher wrote. The run folder is under `options.root`, or
     FBENCH_HOME/runs/dry-run. `gpu` (--gpu, a `gpus.MODELS` name): the memory and the time are
     judged on it instead of the scenario's nodes' GPU (`on_gpu`)."""
@@ -47,13 +48,13 @@ def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = 
     options = options.model_copy(update={"root": options.root or pipeline.runs_root() / "dry-run"})
     p = pipeline.prepare(backend_name, scenario, options, machine=machine, data=unpacked(scenario, options.root),
                          dry=True)
-    verdict, refusal, gpu_name = p.verdict, p.refusal, gpu or p.gpu_name
-    if gpu and verdict is not None:
-        verdict = on_gpu(verdict, scenario, options, gpu)
-        refusal = p.executor.refusal(verdict)
+    refusals, refusal, gpu_name = p.refusals, p.refusal, gpu or p.gpu_name
+    if gpu and refusals is not None:
+        refusals = on_gpu(refusals, scenario, options, gpu)
+        refusal = p.executor.refusal(refusals)
     files = {"job": p.job.job_file}
     head = dict(backend=backend_name, scenario=scenario.name, launcher=p.executor.name, check=refusal,
-                verdict=verdict, run_dir=p.job.run_dir)
+                refusals=refusals, run_dir=p.job.run_dir)
     if p.plan is None:
         return DryRun(**head, plan_error=p.plan_error, argv=[], env={}, files=files)
     files |= p.plan.files | p.executor.write(p.plan, p.job, options, gpu_name)
@@ -61,16 +62,16 @@ def dry_run(backend_name: str, scenario: Scenario, options: RunOptions | None = 
                   env=p.plan.env, files=files)
 
 
-def on_gpu(verdict: verdicts.Verdict, scenario: Scenario, options: RunOptions, gpu: str) -> verdicts.Verdict:
-    """The verdict with its memory judged on `gpu` (the backend's own estimate, and its refusal
-    unless --force) where `verdicts.verdict_for` judged the scenario's nodes' GPU: the question a
+def on_gpu(refusals: Refusals, scenario: Scenario, options: RunOptions, gpu: str) -> Refusals:
+    """The refusals with their memory judged on `gpu` (the backend's own estimate, and its refusal
+    unless --force) where `refusals.refusals_for` judged the scenario's nodes' GPU: the question a
     dry run with --gpu asks. The rest stands as judged; a CPU scenario has no GPU to judge on."""
-    if verdict.estimate is None:
-        return verdict
-    e = memory.estimate(scenario, declared=plugins.get(verdict.backend).info.memory,
+    if refusals.estimate is None:
+        return refusals
+    e = memory.estimate(scenario, declared=plugins.get(refusals.backend).info.memory,
                         settings_mode=options.settings_mode, gpu=gpu)
-    refused = not options.force and verdict.check is None and e.fits is False
-    return verdict.model_copy(update={"estimate": e, "memory": verdicts.fit_refusal(e, gpu) if refused else None})
+    refused = not options.force and refusals.check is None and e.fits is False
+    return refusals.model_copy(update={"estimate": e, "memory": fit_refusal(e, gpu) if refused else None})
 
 
 def unpacked(scenario: Scenario, root: Path) -> PackedData:
@@ -140,11 +141,11 @@ def trial_cost(scenario: Scenario, planned: list[DryRun], machine: Machine, repe
         return None
     # A backend's own check refuses the scenario wherever it runs (stored unsupported at once, for
     # nothing); this machine, the env's flavour and memory are judged here, not on the GPU node.
-    running = [d.backend for d in planned if d.verdict is not None and not d.verdict.check and not d.plan_error]
+    running = [d.backend for d in planned if d.refusals is not None and not d.refusals.check and not d.plan_error]
     if reference is not None and reference not in (d.backend for d in planned):
-        if verdicts.verdict_for(plugins.get(reference), scenario, machine)[1].check is None:
+        if refusals_for(plugins.get(reference), scenario, machine)[1].check is None:
             running.append(reference)
-    estimate = estimate_time(scenario, gpu or verdicts.target_machine(scenario, machine).gpu_name)
+    estimate = estimate_time(scenario, gpu or target_machine(scenario, machine).gpu_name)
     return TrialCost(scenario=scenario.name, trials=(first, last), warmup=warm, backends=running,
                      reference=reference if reference in running else None,
                      training_s=estimate.steps * estimate.step_seconds, source=estimate.source,

@@ -30,7 +30,7 @@ from framework_bench.measure.machine import detect
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import Job, LaunchPlan, Machine
-from framework_bench.run import orphans, readback, referee, verdicts
+from framework_bench.run import orphans, readback, referee, refusals
 from framework_bench.run.hooks import HookError, call_hook, tail_of
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers import executor_for
@@ -70,7 +70,7 @@ class Prepared:
     gpu_name: str | None
     plan: LaunchPlan | None = None
     executor: Executor | None = None
-    verdict: verdicts.Verdict | None = None
+    refusals: refusals.Refusals | None = None
     refusal: str | None = None
     plan_error: str | None = None
 
@@ -84,31 +84,31 @@ class Prepared:
 
 def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machine: Machine | None = None,
             data: PackedData | None = None, dry: bool = False,
-            on_verdict: Callable[[verdicts.Verdict], None] = lambda v: None) -> Prepared | RunResult:
+            on_refusals: Callable[[refusals.Refusals], None] = lambda v: None) -> Prepared | RunResult:
     """Judge, pack, write the job and plan it; a `RunResult` when the run ends here (refused, a
     raising hook, a run folder that cannot be written). `dry`: refusals and a raising plan are
     kept on the `Prepared` instead, and nothing is packed: the plan gets `data`, a stand-in
     (`framework_bench/run/dry_run.py`). A run that is not dry is claimed
     (framework_bench/run/orphans.py) before packing.
-    `on_verdict` hears the verdict, every refusal on its own, whatever comes of it."""
+    `on_refusals` hears the refusals, each on its own, whatever comes of them."""
     backend, machine = plugins.get(backend_name), machine or detect()
     seed = SEED if options.seed is None else options.seed  # a compare sets its round's
     identity = Identity(backend=backend_name, scenario=scenario.name, settings_mode=options.settings_mode, seed=seed)
     executor = executor_for(options.launcher or default_launcher(scenario))
     try:
-        env, verdict = call_hook("fbench_check", verdicts.verdict_for, backend, scenario, machine, force=options.force,
+        env, judged = call_hook("fbench_check", refusals.refusals_for, backend, scenario, machine, force=options.force,
                                  settings_mode=options.settings_mode)
-        refusal = executor.refusal(verdict)
-        on_verdict(verdict)
+        refusal = executor.refusal(judged)
+        on_refusals(judged)
     except HookError as e:
         if not dry:
             return identity.result("failed", reason=str(e))
-        env, verdict, refusal = envs.inspect(backend.name, backend.info.env), None, str(e)
+        env, judged, refusal = envs.inspect(backend.name, backend.info.env), None, str(e)
     identity.framework_version = env.version(backend.info.env.framework_package)
     if refusal and not dry:
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run
         # (a scenario outside its declared capabilities stays unsupported, env or not).
-        setup = (not env.ready and verdicts.machine_shortfall(scenario, machine) is None
+        setup = (not env.ready and refusals.machine_shortfall(scenario, machine) is None
                  and backend.info.capabilities.refusal(scenario, backend.name) is None)
         return identity.result("failed" if setup else "unsupported", reason=refusal)
     if dry:
@@ -119,8 +119,8 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
         job = _packed_job(identity, scenario, data, options)
         if isinstance(job, RunResult):
             return job
-    prepared = Prepared(identity, backend, job, verdicts.target_machine(scenario, machine).gpu_name,
-                        executor=executor, verdict=verdict, refusal=refusal)
+    prepared = Prepared(identity, backend, job, refusals.target_machine(scenario, machine).gpu_name,
+                        executor=executor, refusals=judged, refusal=refusal)
     try:  # job.json again after the plan: whatever a plan wrote there, the worker reads the host's job
         prepared.plan = call_hook("fbench_plan", lambda: LaunchPlan.model_validate(backend.plan(job, env)))
         job.write()

@@ -92,7 +92,7 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
                      + [c for c in [reveal_checks.losses_in_time_check(stamps, job.run_dir),
                                     reveal_checks.initial_reveal_check(stamps, job.run_dir)] if c is not None]
                      if c.name not in off]
-    reason, flags = verify.verdict(result.checks)
+    reason, flags = verify.fold(result.checks)
     result.flags += flags
     if reason and result.status == "ok":
         result.status, result.reason = "invalid", reason

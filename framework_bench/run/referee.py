@@ -90,7 +90,7 @@ def _parity(result: RunResult, reference: RunResult, scenario: Scenario, twin_ch
                           projection_delay_check(result, reference), first_window_check(result, reference),
                           twin_check) if c is not None]
     result.checks += checks
-    reason, flags = verify.verdict(checks)
+    reason, flags = verify.fold(checks)
     result.flags += flags
     unjudged = [c for c in checks if c.status == "unverified" and c.name in verify.BLOCKING
                 and c.name not in verify.unchecked()]

@@ -18,7 +18,7 @@ from framework_bench.measure.memory import MemoryEstimate, estimate, gpu_memory_
 from framework_bench.scenario.scenario import Scenario
 
 
-class Verdict(BaseModel):
+class Refusals(BaseModel):
     backend: str
     machine: str | None = Field(None, description="why this machine cannot host the scenario's processes")
     env: str | None = Field(None, description="the backend env here vs what the scenario's nodes need")
@@ -115,9 +115,9 @@ def env_for_target(scenario: Scenario, env: BackendEnv) -> tuple[BackendEnv, str
     return env, None
 
 
-def verdict_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
-          force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Verdict]:
-    """(env, verdict) for `backend` running `scenario`, seen from `machine`."""
+def refusals_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine: Machine, env: BackendEnv | None = None,
+          force: bool = False, settings_mode: str = "matched") -> tuple[BackendEnv, Refusals]:
+    """(env, refusals) for `backend` running `scenario`, seen from `machine`."""
     env = env or envs.inspect(backend.name, backend.info.env)
     target = target_machine(scenario, machine)
     e = (estimate(scenario, declared=backend.info.memory, settings_mode=settings_mode,
@@ -130,4 +130,4 @@ def verdict_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine:
         memory = fit_refusal(e, target.gpu_name)
     elif not force and check is None and scenario.cluster.device == "cpu":
         memory = ram_refusal(scenario, backend.info.memory, settings_mode)
-    return env, Verdict(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory, estimate=e)
+    return env, Refusals(backend=backend.name, machine=shortfall, env=env_note, check=check, memory=memory, estimate=e)

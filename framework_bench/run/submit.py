@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import design, orphans, pipeline, verdicts
+from framework_bench.run import design, orphans, pipeline, refusals
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.slurm import SBATCH_FILE
@@ -33,7 +33,7 @@ from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, WORLD_
 class Planned(BaseModel):
     """One backend x scenario for SLURM: refused or failed (result), or written (and maybe submitted)."""
 
-    verdict: verdicts.Verdict
+    refusals: refusals.Refusals
     result: RunResult | None = Field(None, description="the unsupported or failed result: nothing submitted")
     sbatch: Path | None = None
     time: TimeEstimate | None = None
@@ -76,10 +76,10 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
     subs: list[Submission] | None = None
     try:
         for name in round_.order:
-            heard: list[verdicts.Verdict] = []
-            p = pipeline.prepare(name, scenario, round_.trial_options(name), machine=machine, on_verdict=heard.append)
+            heard: list[refusals.Refusals] = []
+            p = pipeline.prepare(name, scenario, round_.trial_options(name), machine=machine, on_refusals=heard.append)
             if isinstance(p, RunResult):
-                refused.append((name, Planned(verdict=heard[0] if heard else verdicts.Verdict(backend=name, check=p.reason),
+                refused.append((name, Planned(refusals=heard[0] if heard else refusals.Refusals(backend=name, check=p.reason),
                                               result=round_.add(name, p))))
                 if p.status == "interrupted":  # Ctrl-C while packing: nothing more is prepared
                     raise KeyboardInterrupt
@@ -156,7 +156,7 @@ def _handed_over(round_: Round, prepared: list[pipeline.Prepared], judging: dict
             sub.save()
         orphans.release(p.job.run_dir)  # its job is `results collect`'s to store now
         on_planned(p.identity.backend, round_.scenario, Planned(
-            verdict=p.verdict, sbatch=p.job.run_dir / SBATCH_FILE, time=time,
+            refusals=p.refusals, sbatch=p.job.run_dir / SBATCH_FILE, time=time,
             submission=sub if sub.job_id else None, note=sub.note))
 
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from framework_bench.plugins.contract import Job, LaunchPlan
-from framework_bench.run.verdicts import Verdict
+from framework_bench.run.refusals import Refusals
 from framework_bench.scenario.scenario import Scenario
 
 Launcher = Literal["local", "torchrun", "slurm"]
@@ -93,9 +93,9 @@ class Executor(ABC):
 
     name: ClassVar[Launcher]
 
-    def refusal(self, verdict: Verdict) -> str | None:
-        """What of the verdict stops a run on this launcher: every refusal, for one started here."""
-        return verdict.reason
+    def refusal(self, refusals: Refusals) -> str | None:
+        """What of the refusals stops a run on this launcher: every one, for a run started here."""
+        return refusals.reason
 
     @abstractmethod
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:

@@ -26,7 +26,7 @@ from framework_bench.envs.venvs import bytecode_dir
 from framework_bench.run.launchers.local import BYTECODE_PREFIX, NO_BYTECODE
 from framework_bench.run.launchers.slurm_time import SLURM_TIME, TimeEstimate, estimate_time
 from framework_bench.run.launchers.torchrun import torchrun_argv
-from framework_bench.run.verdicts import Verdict
+from framework_bench.run.refusals import Refusals
 from framework_bench.scenario.scenario import Scenario
 
 
@@ -204,9 +204,9 @@ class SlurmExecutor(Executor):
 
     name = "slurm"
 
-    def refusal(self, verdict: Verdict) -> str | None:
+    def refusal(self, refusals: Refusals) -> str | None:
         """Only what no machine can lift: a shortfall of this machine is why SLURM is used."""
-        return verdict.reason if verdict.refused_by_backend else None
+        return refusals.reason if refusals.refused_by_backend else None
 
     def argv(self, plan: LaunchPlan, job: Job) -> list[str]:
         return ["sbatch", str(sbatch_path(job))]
