@@ -100,10 +100,3 @@ def train_tiny_cpu(backend: str, tmp_path: Path, framework_version: str, setting
     assert set(REQUIRED_SETTINGS) <= set(result.settings)
     assert result.settings_mode == result.settings["settings_mode"] == settings_mode
     return scn, result
-
-
-def slurm_cpu_row_ok(row: dict) -> bool:
-    """A CPU job's row as SLURM leaves it when every check passed: `unverified`, never `ok`, naming
-    what the host could not measure there (the node's watcher reads no CPU time: measure/clock.py)."""
-    return (row["status"] == "unverified" and row["reason"].startswith("what the host could not measure: warmup")
-            and "not read on a SLURM node" in row["reason"])

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from backend_helpers import slurm_cpu_row_ok
 from fbench_fixtures import backend_env_or_skip
 from framework_bench.cli import app
 from framework_bench.plugins.contract import Job, Machine
@@ -140,7 +139,7 @@ def test_slurm_submit_and_collect_keep_the_hook_guarantees(cluster, fakes, tmp_p
         assert res.exit_code == 0 and time.monotonic() < deadline, res.output
         time.sleep(1)
     row = _rows(db)["fake_plan_writes_job"]
-    assert slurm_cpu_row_ok(row), row["reason"]
+    assert row["status"] == "ok", row["reason"]  # its CPU time read on the node by the watcher that started it
     _is_the_hosts(row["run_dir"], "fake_plan_writes_job", "tiny_cpu")
 
 
@@ -165,4 +164,4 @@ def test_the_seed_reaches_the_workers_job_on_every_path(cluster, fakes, tmp_path
         assert _invoke("results", "collect", "--db", str(db)).exit_code == 0 and time.monotonic() < deadline
         time.sleep(1)
     row = _rows(db)["fake_ok"]
-    assert slurm_cpu_row_ok(row) and row["seed"] == 7 and _seed_of(row["run_dir"]) == 7, row
+    assert row["status"] == "ok" and row["seed"] == 7 and _seed_of(row["run_dir"]) == 7, row
