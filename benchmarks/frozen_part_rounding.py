@@ -14,7 +14,7 @@ seed the job's seed + `--fills` + i, the projection seed i. Every |dw| should be
 element whose recomputed float64 value rounds to the other side of a float32 boundary adds one ulp
 (CI saw 2^-34 once on the torch reference's LoRA base). Printed per part of the model (`all`,
 `base`, `adapters`, each part `update.part_of` names): in how many projections its |dw| was not 0,
-and the largest.
+and the largest. About 3 s a fill and projection on this 2-core machine: 500 take about 25 min.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ keeps |dw| of each part of the model (embeddings, each decoder layer, final norm
 reference's part, against the reference normalising alike (`ratio:<part>`). Printed per scenario
 and backend: the lowest and highest ratio over its runs' parts, and how many parts; a backend that
 did not run or was not judged, why. `--db` keeps the runs (benchmarks/warmup_ratios.py reads them).
-About 6 min here at `--repeat 1` (XTuner refuses bf16 on CPU: LLaMA-Factory's bf16 runs and their
-judging runs are most of it).
+About 7 min here at `--repeat 1` beside other engineers' test runs (XTuner refuses bf16 on CPU).
 """
 
 from __future__ import annotations
