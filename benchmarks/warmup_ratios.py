@@ -12,7 +12,7 @@ measured steps' median (`measured_median_cpu_seconds`). Per round of a compare (
 scenario and round), each run of a backend other than the reference against the reference's run
 of that round: its warm-up over the reference's warm-up, over the reference's measured step, and
 over its own measured step (the check's figure, as benchmarks/check_false_alarms.py reads it).
-Printed per store and backend: the highest of each over its rounds, and how many rounds; runs
+Printed per store and backend: the highest of each over its rounds, and how many runs; runs
 whose round has no reference with the figures (a refusal, a run stopped) are left out.
 """
 
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     reference = args.reference or reference_backend()
     table = Table(title=f"Warm-up CPU work per round, the highest over the rounds, against {reference}'s")
-    for column in ("store", "backend", "rounds", f"over {reference}'s warm-up", f"over {reference}'s measured step",
+    for column in ("store", "backend", "runs", f"over {reference}'s warm-up", f"over {reference}'s measured step",
                    "over its own measured step"):
         table.add_column(column, justify="left" if column in ("store", "backend") else "right")
     every: list[tuple[float, float, float]] = []
