@@ -38,10 +38,9 @@ from framework_bench.run import pipeline, referee
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import reference_backend
 from framework_bench.run.round import JudgingRuns, Round
-from framework_bench.run.submit import twin_key
 from framework_bench.store.results import ResultStore
 from framework_bench.run.launchers.base import SUBMISSION, Submission
-from framework_bench.run.launchers.slurm import ROUND_LINE, SBATCH_EXIT_FILE, SBATCH_FILE, written_for
+from framework_bench.run.launchers.slurm import ROUND_LINE, SBATCH_EXIT_FILE, SBATCH_FILE, twin_key, written_for
 from framework_bench.run.launchers.slurm_queue import JobState, job_state, node, outcome_of
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.scenario.scenario import load as load_scenario

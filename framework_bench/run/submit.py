@@ -17,10 +17,10 @@ from pydantic import BaseModel, Field
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import design, orphans, pipeline, refusals
+from framework_bench.run import design, orphans, pipeline, refusals, twin
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.base import Submission
-from framework_bench.run.launchers.slurm import SBATCH_FILE
+from framework_bench.run.launchers.slurm import SBATCH_FILE, round_runs, twin_key
 from framework_bench.run.launchers.slurm_time import TimeEstimate
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import reference_backend
@@ -39,15 +39,6 @@ class Planned(BaseModel):
     time: TimeEstimate | None = None
     submission: Submission | None = None
     note: str | None = None
-
-
-TWIN_KEY = "fp32_twin"
-
-
-def twin_key(backend: str, scheme: str | None = None) -> str:
-    """The `Submission.judging` key of `backend`'s fp32 twin in the round's job (with `scheme`: the
-    reference's twin trained with that loss normalisation)."""
-    return "/".join((TWIN_KEY, backend, *([scheme] if scheme else [])))
 
 
 def judging_schemes(scenario: Scenario) -> list[str]:
@@ -87,15 +78,13 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
                 prepared.append(p)
         reference = prepared[-1] if prepared and prepared[-1].identity.backend == reference_name else None
         if reference is not None and len(prepared) > 1:
-            for scheme in judging_schemes(scenario):
-                p = pipeline.prepare(reference.identity.backend, scenario,
-                                     round_.options.model_copy(update={"loss_scheme": scheme}), machine=machine)
-                if isinstance(p, RunResult):  # never stored: not a trial
-                    orphans.release(p.run_dir)
-                    if p.status == "interrupted":
-                        raise KeyboardInterrupt
-                else:
-                    judging[scheme] = p
+            judging.update(_judging_runs(round_, reference, scenario, judging_schemes(scenario), machine))
+            if twin_scenario := twin.twin_of(scenario):  # every run's fp32 twin, in the same job
+                for p in prepared:
+                    judging.update(_judging_runs(round_, p, twin_scenario, [None], machine, twin_key(p.identity.backend)))
+                if twin_key(reference.identity.backend) in judging:
+                    judging.update(_judging_runs(round_, reference, twin_scenario, judging_schemes(twin_scenario),
+                                                 machine, twin_key(reference.identity.backend) + "/"))
         if prepared:
             subs = prepared[0].executor.submit_round([(p.plan, p.job) for p in prepared],
                                                      {k: (p.plan, p.job) for k, p in judging.items()},
@@ -106,6 +95,23 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
         raise
     with held():  # each run's folder records its job before Ctrl-C can stop the command
         _handed_over(round_, prepared, judging, subs, refused, on_planned)
+
+
+def _judging_runs(round_: Round, run: pipeline.Prepared, scenario: Scenario, schemes: list[str | None],
+                  machine: Machine | None, key: str = "") -> dict[str, pipeline.Prepared]:
+    """`run`'s backend prepared on `scenario` with each loss scheme (None: its own), as runs that only
+    judge (never stored), by `key` + scheme; one refused is left out (its judging reads it as not run)."""
+    made = {}
+    for scheme in schemes:
+        p = pipeline.prepare(run.identity.backend, scenario, round_.options.model_copy(update={"loss_scheme": scheme}),
+                             machine=machine)
+        if isinstance(p, RunResult):  # never stored: not a trial
+            orphans.release(p.run_dir)
+            if p.status == "interrupted":
+                raise KeyboardInterrupt
+        else:
+            made[key + (scheme or "")] = p
+    return made
 
 
 def _taken(prepared: list[pipeline.Prepared]) -> list[Submission] | None:
@@ -145,7 +151,7 @@ def _handed_over(round_: Round, prepared: list[pipeline.Prepared], judging: dict
         return
     reference = prepared[-1] if prepared[-1].identity.backend == round_.reference else None
     time = prepared[0].executor.time_limit(round_.scenario, prepared[0].gpu_name,
-                                           len(prepared) + min(len(judging), len(prepared) - 1))
+                                           round_runs(len(prepared), list(judging)))
     for p, sub in zip(prepared, subs):
         for field, value in round_.trial(p.identity.backend):  # compare_id, trial_round, trial_position
             setattr(sub, field, value)

@@ -130,7 +130,9 @@ def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:0
     clock watcher reveals one projection seed, drawn here, so each run's update is projected as
     the reference's. Then, for each loss normalisation a run of the round showed that the
     reference's differs from (`framework_bench/worker/loss_weighting.py`, asked on the node),
-    its `judging` run: the reference trained that way, to judge it at every step.
+    its `judging` run: the reference trained that way, to judge it at every step. Then, where
+    `judging` holds them (`twin_key`), every run's fp32 twin, the reference's last, and the
+    reference's twin trained as each twin normalised its loss.
     `extra` lines (`--partition=...`) become `#SBATCH` lines; `written_for`: the run whose
     folder holds this copy (named in its header).
 
@@ -170,22 +172,61 @@ def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:0
     for i, (run_plan, run_job) in enumerate(runs, 1):
         lines += _run_block(run_plan, run_job, cpus, f"{i}/{len(runs)}")
         lines.append("status=$?; [ $status -eq 0 ] || [ $worst -ne 0 ] || worst=$status")
-    if judging:
-        ref_plan, ref_job = runs[-1]
-        ask = [str(ref_plan.python), "-m", "framework_bench.worker.loss_weighting", str(ref_job.run_dir),
-               *(str(j.run_dir) for _, j in runs[:-1])]
-        lines += ["# The reference trained as each run of the round normalised its loss, where that differs from its",
-                  "# own (framework_bench/worker/loss_weighting.py): judging runs, never trials.",
-                  "if [ $status -eq 0 ]; then",
-                  f"  for scheme in $({shlex.join(ask)}); do",
-                  '    case "$scheme" in']
-        for scheme, (j_plan, j_job) in sorted(judging.items()):
-            lines += [f"      {scheme})", *("        " + line for line in _run_block(j_plan, j_job, cpus,
-                                                                                 f"judging, loss_scheme {scheme}")),
-                      "        ;;"]
-        lines += ["    esac", "  done", "fi"]
+    lines.append("reference_status=$status")
+    schemes = {k: v for k, v in judging.items() if not k.startswith(TWIN_KEY + "/")}
+    lines += _judging_lines(runs, schemes, cpus)
+    twins = [judging[key] for _, j in runs if (key := twin_key(j.backend)) in judging]
+    if twins and twins[-1][1].backend == runs[-1][1].backend:  # the reference's twin judges the others'
+        lines += ["# Each run's fp32 twin, the reference's last (framework_bench/run/twin.py): judging runs, never trials.",
+                  "if [ $reference_status -eq 0 ]; then"]
+        for twin_plan, twin_job in twins:
+            lines += ["  " + line for line in _run_block(twin_plan, twin_job, cpus, "fp32 twin")]
+        lines += ["  status=$?"]
+        reference = runs[-1][1].backend
+        twin_schemes = {k.rsplit("/", 1)[1]: v for k, v in judging.items() if k.startswith(twin_key(reference) + "/")}
+        lines += ["  " + line for line in _judging_lines(twins, twin_schemes, cpus)]
+        lines += ["fi"]
     lines.append("exit $worst")
     return "\n".join(lines) + "\n"
+
+
+def _judging_lines(runs: list[tuple[LaunchPlan, Job]], judging: dict[str, tuple[LaunchPlan, Job]], cpus: str) -> list[str]:
+    """For each loss normalisation a run of `runs` showed that the last's (the reference's) differs from
+    (`framework_bench/worker/loss_weighting.py`, asked on the node), its `judging` run: the reference
+    trained that way, to judge it at every step; nothing where the reference's run failed."""
+    if not judging:
+        return []
+    ref_plan, ref_job = runs[-1]
+    ask = [str(ref_plan.python), "-m", "framework_bench.worker.loss_weighting", str(ref_job.run_dir),
+           *(str(j.run_dir) for _, j in runs[:-1])]
+    lines = ["# The reference trained as each run normalised its loss, where that differs from its",
+             "# own (framework_bench/worker/loss_weighting.py): judging runs, never trials.",
+             "if [ $status -eq 0 ]; then",
+             f"  for scheme in $({shlex.join(ask)}); do",
+             '    case "$scheme" in']
+    for scheme, (j_plan, j_job) in sorted(judging.items()):
+        lines += [f"      {scheme})", *("        " + line for line in _run_block(j_plan, j_job, cpus,
+                                                                             f"judging, loss_scheme {scheme}")),
+                  "        ;;"]
+    return lines + ["    esac", "  done", "fi"]
+
+
+TWIN_KEY = "fp32_twin"
+
+
+def twin_key(backend: str, scheme: str | None = None) -> str:
+    """The key of `backend`'s fp32 twin among a round's judging runs (`Submission.judging`); with
+    `scheme`, the reference's twin trained with that loss normalisation."""
+    return "/".join((TWIN_KEY, backend, *([scheme] if scheme else [])))
+
+
+def round_runs(runs: int, judging: list[str]) -> int:
+    """The most runs a round's job may train: its `runs`, then of its `judging` keys at most one
+    reference run a run for the loss schemes, every twin, and at most one reference twin a twin."""
+    twins = sum(1 for k in judging if k.startswith(TWIN_KEY + "/") and k.count("/") == 1)
+    schemes = sum(1 for k in judging if not k.startswith(TWIN_KEY + "/"))
+    twin_schemes = sum(1 for k in judging if k.count("/") == 2)
+    return runs + min(schemes, runs - 1) + twins + min(twin_schemes, max(twins - 1, 0))
 
 
 def write_sbatch(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:00", cpus_per_task: int | None = None,
@@ -236,7 +277,7 @@ class SlurmExecutor(Executor):
         saying why. Its time limit covers every run and the judging runs it may add."""
         sbatch: SbatchOptions = options.sbatch
         scenario = runs[0][1].scenario
-        limit = self._limit(options, scenario, gpu_name, len(runs) + min(len(judging), len(runs) - 1))
+        limit = self._limit(options, scenario, gpu_name, round_runs(len(runs), list(judging)))
         script = write_sbatch(runs, limit, sbatch.cpus_per_task, tuple(sbatch.extra), judging)
         warnings = list(dict.fromkeys(w for plan, job in [*runs, *judging.values()]
                                       for w in shared_path_warnings(job, plan.python)))
