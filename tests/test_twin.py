@@ -76,7 +76,7 @@ def test_a_twin_that_cannot_run_or_did_not_leaves_the_run_unverified_naming_why(
     assert refused.status == "unverified" and refused.detail == (
         "its fp32 twin cannot run: sequence_parallel 8 needs flash_attn and deepspeed")
     none_run = referee._twin_check(run, reference, s, None)
-    assert none_run.status == "unverified" and "a SLURM round runs none yet" in none_run.detail
+    assert none_run.status == "unverified" and "no fp32 twin was run beside it" in none_run.detail
 
 
 def test_a_twin_whose_ledger_is_not_the_runs_fails_but_for_the_precisions_settings():

@@ -63,7 +63,7 @@ def check(result: RunResult, twin: RunResult | None) -> Check:
     `unverified`; one whose ledger is not the run's, or that failed a step check, fails it."""
     if twin is None:
         return Check(name=CHECK, status="unverified",
-                     detail="no fp32 twin was run beside it (a SLURM round runs none yet)")
+                     detail="no fp32 twin was run beside it (its judge was given no way to run one)")
     result.notes.append(f"its training step judged in its fp32 twin ({twin.status}; not stored, not a trial: "
                         f"{twin.run_dir})")
     if twin.status == "unsupported":
