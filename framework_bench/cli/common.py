@@ -290,7 +290,7 @@ def open_store(db: Path | None, read_only: bool = False):
 
 
 def say_kept(path: Path) -> None:
-    """A run's row the store could not take now, kept beside it (`pipeline.keep`)."""
+    """A run's row the store could not take now, kept beside it for the next command."""
     err.print(f"[yellow]the results file could not take the run now: kept in {escape(str(path))}; "
               "the next fbench command stores it[/yellow]", highlight=False, soft_wrap=True)
 

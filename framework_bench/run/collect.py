@@ -276,7 +276,7 @@ def _store(sub: Submission, result: RunResult, round_: Round) -> None:
     os.replace(written, marker)
     kept: list[Path] = []
     round_.on_kept = kept.append
-    round_.keep(result)
+    round_.conclude(result)
     if kept:
         raise OSError(f"{round_.store.path} could not take the row now: kept in {kept[0]}, stored by the next "
                       "command; the next collect records it")

@@ -1,6 +1,6 @@
 """`fbench compare` (and `fbench run`, with one backend): the round loop. Every chosen backend on
-every chosen scenario, round after round, the reference in each round to judge the others; each
-run handed to its life's owner (`framework_bench/run/pipeline.py`) to be judged and stored.
+every chosen scenario, round after round, each round a `Round` (`round.py`) that runs them beside
+the reference, judges and stores them.
 
 Runs are sequential (they would compete for the same devices). Each finished run is stored once
 judged, so Ctrl-C or a crash loses only the run in flight.
@@ -89,15 +89,14 @@ def compare(
     `design.warmup_default`): each trial a full run with every check, tagged with the compare's id,
     its round (warm-up rounds are 0 and below: stored, never counted) and its place in the round.
 
-    No verdict without a reference: the reference backend runs in every round, added when not
+    Each round is a `Round` (`round.py`): the reference backend runs in every round, added when not
     chosen, in its place of the round's order (`design.trial_orders`: last in the first round,
     rotated with the others after), and each other run of the round is judged against it once
-    the round's runs have ended (`referee.judge`); until then a reference that ran before others
-    is held off the disk (`sealing`). `no_reference` leaves them `unverified`. Each run is then
-    kept (`pipeline.keep`: stored in `store`, or in a file `on_kept` hears of when the store
-    cannot take it now) and handed to `on_result`: the reference's first, then the round's others.
-    Interrupted, the round's finished runs are judged against its reference if it ran (no judging
-    reference is started after the interrupt), else kept `unverified`.
+    the round's runs have ended; `no_reference` leaves them `unverified`. Each run is then stored
+    in `store` (or in a file `on_kept` hears of when the store cannot take it now) and handed to
+    `on_result`: the reference's first, then the round's others. Interrupted, the round's finished
+    runs are judged against its reference if it ran (no judging run is started after the
+    interrupt), else kept `unverified`.
 
     `repeat="auto"`: from AUTO_MIN_ROUNDS rounds on, stop once every pair's 95% interval is within
     ±`precision` percent (`statistics.widest_half_width`), or at AUTO_MAX_ROUNDS, said through

@@ -7,7 +7,7 @@
    (`run_one`), or on SLURM to a `Submission` (`framework_bench/run/submit.py`) that
    `framework_bench/run/collect.py` finishes when its job ends;
 3. `finish`: read the report back and verify every claim (`framework_bench/run/readback.py`);
-4. the referee judges it against its round's reference (`framework_bench/run/referee.py`);
+4. its round (`framework_bench/run/round.py`) judges it against the round's reference;
 5. `keep`: result.json, the row stored, the claim released; `recover`: what a dead fbench left.
 
 Every outcome is a `RunResult`: unsupported settings, a raising hook, crashes, OOMs and timeouts
@@ -167,7 +167,7 @@ def run_one(backend_name: str, scenario: Scenario, options: RunOptions | None = 
             data: PackedData | None = None, machine: Machine | None = None,
             on_step: readback.StepCallback = lambda done, total, secs: None) -> RunResult:
     """Prepare, start here (the local or torchrun launcher) and read back: the run's own checks,
-    not yet judged against a reference (`referee.judge`) nor stored (`keep`).
+    not yet judged against a reference nor stored (its round does both).
 
     `options.db`: the results file the caller will store the run in; should fbench die before
     that, the next command stores the run there as `failed` (`recover`)."""

@@ -127,7 +127,7 @@ class Round:
                 reference.notes.append(lost)
             elif self.judge_reference:
                 self.judge(reference, reference)
-            self.keep(reference)
+            self.conclude(reference)
         if lost:
             reference = None
         if reference is not None and reference.status in ("ok", "unverified") and not interrupted:
@@ -138,7 +138,7 @@ class Round:
         while self.pending:
             result = self.pending.pop(0)
             self.judge(result, reference, absent)
-            self.keep(result)
+            self.conclude(result)
 
     def judge(self, result: RunResult, reference: RunResult | None, absent: str | None = None) -> RunResult:
         """`result` judged by the referee against `reference` (the round's reference run), through the
@@ -168,7 +168,7 @@ class Round:
             self._made[key] = self.judging(backend, trained, scheme)
         return self._made[key]
 
-    def keep(self, result: RunResult) -> RunResult:
+    def conclude(self, result: RunResult) -> RunResult:
         """The end of a run's life (`pipeline.keep`): stored, or kept in a file the next command stores."""
         if kept := pipeline.keep(self.store, result, self.scenario, self.manifest):
             self.on_kept(kept)
