@@ -545,6 +545,23 @@ def test_a_scenario_name_longer_than_a_file_name_is_one_line(tmp_path, fbench_ho
     assert not (tmp_path / "r.sqlite").exists() or ResultStore(tmp_path / "r.sqlite").list() == []
 
 
+def _store_with_one_compare(db: Path) -> str:
+    with ResultStore(db) as store:
+        for round_ in (1, 2):
+            store.add(RunResult(backend="fake_ok", scenario="tiny_cpu", status="ok", tgs=100.0 + round_,
+                                compare_id="20260101-000000-abcd", trial_round=round_, trial_position=1),
+                      scenario.load("tiny_cpu"), manifest_={})
+    return "20260101-000000-abcd"
+
+
+@pytest.mark.parametrize("second", ["whole", "a start of it"])
+def test_diff_of_a_compare_against_itself_is_refused(tmp_path, fbench_home, second):
+    db = tmp_path / "r.sqlite"
+    compare_id = _store_with_one_compare(db)
+    other = compare_id if second == "whole" else compare_id[:10]
+    one_error(cli("diff", compare_id, other, "--db", str(db)), compare_id, "itself")
+
+
 @pytest.mark.parametrize("command", [["diff"], ["results", "list"], ["results", "export"], ["results", "show", "1"],
                                      ["report"], ["plot"]])
 def test_a_zero_byte_results_file_is_one_line_naming_it(tmp_path, fbench_home, command):

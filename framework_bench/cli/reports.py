@@ -62,7 +62,6 @@ def report(
     common.console.print(f"{md}\n{page}", highlight=False)
 
 
-
 def diff(
     before: Annotated[Optional[str], typer.Argument(
         metavar="BEFORE",
@@ -102,6 +101,8 @@ def diff(
             before, after = pick(found, before), pick(found, after)
         except ValueError as e:
             common.fail(str(e))
+        if before == after:  # its trials against themselves: an interval that says nothing
+            common.fail(f"both ids name the compare {before}: diff compares one against another, not itself")
     d = Diff(before, found[before], after, found[after])
     if as_json:
         print(json.dumps(d.data(), indent=2))
