@@ -3,6 +3,8 @@
 Two conventions, reported side by side:
 - `mha_flops_per_token`: every attention projection at full multi-head size (XTuner's
   ThroughputHook formula, which the published table used), so it over-counts GQA models.
+A MoE model's FLOPs, by either convention, count the experts a token is routed to (top-k, its
+router, a shared expert), not every expert: the work done, which is why a MoE's tokens/s is high.
 - `model_flops_per_token`: projections at their real size (GQA K/V counted with their KV
   heads), causal attention as half of the full score matrix (Megatron / torchtitan
   convention), with or without recomputation of the layers.
@@ -26,17 +28,20 @@ GPU_PEAK_TFLOPS = {key: gpu.peak_tflops for key, gpu in gpus.GPUS.items()}
 
 def mha_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, causal: bool = True) -> float:
     """Training FLOPs per token with the attention projections counted as full multi-head
-    attention (K and V at num_attention_heads even for a GQA model), the MLP as three
-    hidden x intermediate matmuls, causal attention as half the score matrix, and the LM head.
+    attention at the hidden width (K and V at num_attention_heads even for a GQA model), the MLP as
+    three hidden x intermediate matmuls, causal attention as half the score matrix, and the LM head.
 
     The formula of XTuner's ThroughputHook (xtuner/engine/hooks/throughput_hook.py), behind
     the TFLOPs of XTuner's published table: per GPU and iteration, with s = seq_len / sp and
     batch B, (3 + ckpt) * L * (8 B s h^2 + 4 B s^2 h sp / (1 + causal) + 4 r B s h^2) + 6 B s h V,
-    r = 1.5 * intermediate / hidden; divided here by the B s tokens of the iteration."""
+    r = 1.5 * intermediate / hidden; divided here by the B s tokens of the iteration. A MoE layer's
+    MLP counts what one token runs through: its router, its top-k experts and any shared expert
+    (`parameter_counts`' `moe_mlp_active`), never every expert; 4 r h^2 is 2 x a dense MLP's weights."""
     h, L, V = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size
-    r = 1.5 * arch.intermediate_size / h
-    per_layer = 8 * h * h + 4 * seq_len * h / (1 + int(causal)) + 4 * r * h * h
-    return (3 + int(recompute)) * L * per_layer + 6 * h * V
+    counts, n_moe = parameter_counts(arch), len(arch.moe_layers)
+    mlp = (L - n_moe) * counts["dense_mlp"] + n_moe * counts["moe_mlp_active"]
+    per_model = L * (8 * h * h + 4 * seq_len * h / (1 + int(causal))) + 2 * mlp
+    return (3 + int(recompute)) * per_model + 6 * h * V
 
 
 def model_flops_per_token(
@@ -44,13 +49,14 @@ def model_flops_per_token(
 ) -> float:
     """Exact matmul FLOPs per trained token: forward x3 (forward + backward), layers x4 with
     recomputation. `mean_attended` is the mean number of keys a query sees: (seq_len + 1) / 2
-    for causal attention over a packed row (the default); smaller for varlen attention."""
+    for causal attention over a packed row (the default); smaller for varlen attention. The
+    linear weights are the ones a token passes through (`parameter_counts`' `active_linear`):
+    in a MoE layer its router, its top-k experts and any shared expert, never every expert."""
     counts = parameter_counts(arch)
     attended = (seq_len + 1) / 2 if mean_attended is None else mean_attended
-    linears = 2 * counts["layer_linear"]  # q, k, v, o, gate, up, down: 2 FLOPs a weight
-    attention = 2 * 2 * attended * arch.hidden_size  # scores and weighted sum
-    layer_fwd = linears + attention
-    return (3 + int(recompute)) * arch.num_hidden_layers * layer_fwd + 3 * 2 * counts["lm_head"]
+    linears = 2 * counts["active_linear"]  # q, k, v, o, the MLP or active experts: 2 FLOPs a weight
+    attention = arch.num_hidden_layers * 2 * 2 * attended * arch.q_dim  # scores and weighted sum
+    return (3 + int(recompute)) * (linears + attention) + 3 * 2 * counts["head_matmul"]
 
 
 def lora_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, finetune: FineTune,
@@ -76,13 +82,13 @@ def lora_flops_per_token(arch: ModelArch, seq_len: int, recompute: bool, finetun
 
     c = 1 with recomputation. QLoRA's dequantization of the 4-bit weights is elementwise work,
     not counted, as no elementwise work is."""
-    counts, L = parameter_counts(arch), arch.num_hidden_layers
+    counts = parameter_counts(arch)
     attended = (seq_len + 1) / 2 if mean_attended is None else mean_attended
-    base = 2 * counts["layer_linear"]
-    attention = 2 * 2 * attended * arch.hidden_size
-    adapters = 2 * finetune.adapter_parameter_count(arch) / L
+    base = 2 * counts["active_linear"]
+    attention = arch.num_hidden_layers * 2 * 2 * attended * arch.q_dim
+    adapters = 2 * finetune.adapter_parameter_count(arch)
     c = int(recompute)
-    return L * ((2 + c) * base + (3 + c) * adapters + (3 + c) * attention) + 2 * 2 * counts["lm_head"]
+    return (2 + c) * base + (3 + c) * adapters + (3 + c) * attention + 2 * 2 * counts["head_matmul"]
 
 
 def scenario_model_flops_per_token(scenario: Scenario, recompute: bool | None = None,

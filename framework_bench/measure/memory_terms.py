@@ -1,8 +1,10 @@
-"""The terms of one training step's memory, in bytes per GPU, for a Llama decoder trained with
-AdamW (`memory.py` assembles them into the step's phases): weights, gradients and optimizer
-states by precision scheme and ZeRO sharding; activations of the local sequence (memory-efficient
-attention: no s x s score matrix); logits; the optimizer step's temporaries; DDP's buckets; a
-fixed overhead; for a frozen base with adapters (LoRA, QLoRA), its 4-bit weights and the adapters'.
+"""The terms of one training step's memory, in bytes per GPU, for a decoder of any family
+(`scenario/families.py`) trained with AdamW (`memory.py` assembles them into the step's phases):
+weights, gradients and optimizer states by precision scheme and ZeRO sharding (a MoE model's every
+expert: all of them train, whichever tokens they saw); activations of the local sequence
+(memory-efficient attention: no s x s score matrix; a MoE layer's for the tokens routed to each
+of its top-k experts); logits; the optimizer step's temporaries; DDP's buckets; a fixed overhead;
+for a frozen base with adapters (LoRA, QLoRA), its 4-bit weights and the adapters'.
 
 Precision schemes, by where a parameter's 16 bytes (params + grads + AdamW states) live:
 - ``amp``: torch autocast over fp32 parameters, 4 + 4 + 8; a bf16 copy of each weight cached
@@ -104,41 +106,68 @@ def layer_input_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int:
     return (2 if scheme in ("deepspeed", "fsdp2") else 4) * arch.hidden_size
 
 
-def layer_activation_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int:
-    """Tensors one HF Llama decoder layer saves for backward, per token, excluding its input.
+def layer_activation_bytes_per_token(arch: ModelArch, scheme: Scheme, moe: bool = False) -> int:
+    """Tensors one HF decoder layer saves for backward, per token, excluding its input.
 
     Counted from the HF implementation (RMSNorm computes in fp32; SDPA/flash attention
     saves q, k, v, the output and a per-row logsumexp, no s x s matrix; GQA k and v at
     their kv width; the SwiGLU MLP at its real intermediate size i). With h = hidden,
-    kv = kv_heads x head_dim:
+    q = heads x head_dim (h for Llama), kv = kv_heads x head_dim:
 
-    deepspeed (bf16 activations): 22h + 4kv + 8i
+    deepspeed (bf16 activations): 16h + 6q + 4kv + 8i
       each RMSNorm 8h (fp32 copy of its input 4h, bf16 normalised 2h, bf16 output 2h);
-      attention 6h + 4kv (q after RoPE 2h, k, v 2kv each, SDPA output 2h, contiguous
-      o_proj input 2h); MLP 8i (gate, silu(gate), up, and their product, 2i each).
-    amp (autocast, fp32 residual): 28h + 4kv + 8i
+      attention 6q + 4kv (q after RoPE 2q, k, v 2kv each, SDPA output 2q, contiguous
+      o_proj input 2q); MLP 8i (gate, silu(gate), up, and their product, 2i each).
+    amp (autocast, fp32 residual): 22h + 6q + 4kv + 8i
       RMSNorm on the fp32 stream saves its fp32 product 4h, and every projection saves its
       own bf16 cast of the fp32 norm output (3 x 2h for q/k/v, 2 x 2h for gate/up); RoPE
       with fp32 cos/sin promotes q, k to fp32, which SDPA casts back to bf16; the second
       norm also saves its fp32 input 4h (the first norm's input is the layer input).
-    fp32: 36h + 8kv + 16i (the deepspeed tensors at 4 bytes, norms 12h each)."""
-    h, i, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim
+    fp32: 24h + 12q + 8kv + 16i (the deepspeed tensors at 4 bytes, norms 12h each).
+    Per-head q/k norms (Qwen3) save what a norm does, over q and kv: 8 (12 in fp32) bytes each.
+    A MoE layer's MLP (`moe`), per token: the router's logits and fp32 softmax (8 x experts); for
+    each of its top-k experts the gathered input and the weighted output (2h each, fp32 4h), gate
+    and up, silu and the product (8 x moe_intermediate, 16 in fp32); a shared expert as a dense MLP
+    of its width plus its gated output (2h)."""
+    h, q, kv = arch.hidden_size, arch.q_dim, arch.kv_dim
+    wide = 2 if scheme == "fp32" else 1  # fp32 activations: twice the bf16 bytes
+    qk_norm = (12 if scheme == "fp32" else 8) * (q + kv) if arch.family.qk_norm else 0
+    if moe:
+        shared = (8 * wide * arch.shared_expert_intermediate_size + 2 * wide * h
+                  if arch.family.shared_expert else 0)
+        mlp = 8 * arch.num_experts + arch.num_experts_per_tok * (4 * wide * h + 8 * wide * arch.moe_intermediate_size) + shared
+        up_casts = 2 * h  # amp: the router's bf16 copy of the norm output (the experts cast what they gather)
+    else:
+        mlp, up_casts = 8 * wide * arch.intermediate_size, 2 * 2 * h
     if scheme in ("deepspeed", "fsdp2"):
-        return 22 * h + 4 * kv + 8 * i
+        return 16 * h + 6 * q + 4 * kv + qk_norm + mlp
     if scheme == "amp":
         norm1 = 4 * h + 3 * 2 * h
-        attention = 2 * h + 2 * kv + 2 * kv + 2 * h + 2 * h
-        norm2 = 4 * h + 4 * h + 2 * 2 * h
-        mlp = 8 * i
-        return norm1 + attention + norm2 + mlp  # 28h + 4kv + 8i
-    return 36 * h + 8 * kv + 16 * i
+        attention = 2 * q + 2 * kv + 2 * kv + 2 * q + 2 * q
+        norm2 = 4 * h + 4 * h + up_casts
+        return norm1 + attention + norm2 + qk_norm + mlp  # 22h + 6q + 4kv + 8i
+    return 24 * h + 12 * q + 8 * kv + qk_norm + mlp
 
 
-def backward_temporaries_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int:
+def mlp_width(arch: ModelArch, moe: bool) -> int:
+    """The intermediate width one token's MLP runs at: a dense layer's, or a MoE layer's top-k
+    experts' and shared expert's together."""
+    if not moe:
+        return arch.intermediate_size
+    return arch.num_experts_per_tok * arch.moe_intermediate_size + (arch.shared_expert_intermediate_size or 0)
+
+
+def layer_kinds(arch: ModelArch) -> dict[bool, int]:
+    """How many layers are dense (False) and MoE (True)."""
+    n_moe = len(arch.moe_layers)
+    return {kind: n for kind, n in ((False, arch.num_hidden_layers - n_moe), (True, n_moe)) if n}
+
+
+def backward_temporaries_bytes_per_token(arch: ModelArch, scheme: Scheme, moe: bool = False) -> int:
     """Gradients in flight while one layer is back-propagated: the residual-stream gradient
     coming in and going out (fp32 under amp/fp32, bf16 under DeepSpeed) and two gradients
-    of the MLP intermediate."""
-    h, i = arch.hidden_size, arch.intermediate_size
+    of the MLP intermediate (a MoE layer's at its experts' width, `mlp_width`)."""
+    h, i = arch.hidden_size, mlp_width(arch, moe)
     g = 2 if scheme in ("deepspeed", "fsdp2") else 4
     a = 4 if scheme == "fp32" else 2
     return 2 * g * h + 2 * a * i
@@ -147,24 +176,29 @@ def backward_temporaries_bytes_per_token(arch: ModelArch, scheme: Scheme) -> int
 def stored_activations_bytes(arch: ModelArch, scheme: Scheme, tokens: int, checkpointing: bool) -> float:
     """Activations held from the forward pass until backward reaches them: every layer's
     input with checkpointing, every layer's saved tensors (input included) without."""
-    L = arch.num_hidden_layers
-    per_layer = layer_input_bytes_per_token(arch, scheme)
-    if not checkpointing:
-        per_layer += layer_activation_bytes_per_token(arch, scheme)
-    return float(L * per_layer * tokens)
+    total = 0
+    for moe, n in layer_kinds(arch).items():
+        per_layer = layer_input_bytes_per_token(arch, scheme)
+        if not checkpointing:
+            per_layer += layer_activation_bytes_per_token(arch, scheme, moe)
+        total += n * per_layer
+    return float(total * tokens)
 
 
 def layer_working_bytes(arch: ModelArch, scheme: Scheme, tokens: int, checkpointing: bool) -> float:
-    """Extra memory while one layer is back-propagated: with checkpointing, that layer's
-    recomputed activations (and, under amp, the bf16 copies of its weights autocast makes
-    again) plus the gradient temporaries; without, just the temporaries."""
-    per_token = backward_temporaries_bytes_per_token(arch, scheme)
-    extra = 0.0
-    if checkpointing:
-        per_token += layer_activation_bytes_per_token(arch, scheme)
-        if scheme == "amp":
-            extra = 2.0 * parameter_counts(arch)["layer"]
-    return per_token * tokens + extra
+    """Extra memory while one layer is back-propagated (the largest kind of layer): with
+    checkpointing, that layer's recomputed activations (and, under amp, the bf16 copies of its
+    weights autocast makes again) plus the gradient temporaries; without, just the temporaries."""
+    working = 0.0
+    for moe in layer_kinds(arch):
+        per_token = backward_temporaries_bytes_per_token(arch, scheme, moe)
+        extra = 0.0
+        if checkpointing:
+            per_token += layer_activation_bytes_per_token(arch, scheme, moe)
+            if scheme == "amp":
+                extra = 2.0 * parameter_counts(arch)["layer"]
+        working = max(working, per_token * tokens + extra)
+    return working
 
 
 def logits_bytes(arch: ModelArch, scheme: Scheme, tokens: int) -> float:
@@ -188,7 +222,7 @@ def optimizer_temporaries_bytes(arch: ModelArch, n_params: int, scheme: Scheme, 
     an embedding); fused AdamW in place. DeepSpeed bf16 first copies the gradient
     partition to fp32 for its fp32 master weights."""
     stepped = n_params / optimizer_shard
-    temp = {"fused": 0.0, "foreach": 4.0 * stepped, "for-loop": 4.0 * parameter_counts(arch)["embedding"]}[impl]
+    temp = {"fused": 0.0, "foreach": 4.0 * stepped, "for-loop": 4.0 * parameter_counts(arch)["largest_tensor"]}[impl]
     return temp + (4.0 * stepped if scheme == "deepspeed" else 0.0)
 
 
@@ -240,8 +274,9 @@ def four_bit_bytes_per_param(double_quant: bool) -> float:
 
 
 def linear_parameter_count(arch: ModelArch) -> int:
-    """The decoder layers' linear weights, the ones QLoRA stores in 4 bits."""
-    return arch.num_hidden_layers * parameter_counts(arch)["layer_linear"]
+    """The decoder layers' linear modules' weights, the ones QLoRA stores in 4 bits (a MoE's routed
+    experts are 3D tensors in transformers >= 5, not linear modules: they stay at the compute dtype)."""
+    return parameter_counts(arch)["linear"]
 
 
 def frozen_base_bytes(arch: ModelArch, finetune: FineTune) -> float:

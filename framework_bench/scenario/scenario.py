@@ -16,10 +16,11 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import (BeforeValidator, Field, PrivateAttr, SerializerFunctionWrapHandler, Strict, StrictBool,
-                      ValidationError, field_validator, model_serializer, model_validator)
+                      ValidationError, ValidationInfo, field_validator, model_serializer, model_validator)
 
 from framework_bench.scenario import places
 from framework_bench.scenario.catalog import DATASETS, DEFAULT_DATASET, DataSource
+from framework_bench.scenario.families import ConfigFileError, read_config_json
 from framework_bench.scenario.fields import Int, Length, StrictModel
 from framework_bench.scenario.finetune import FineTune
 from framework_bench.scenario.models import PRESETS, ModelArch
@@ -38,10 +39,16 @@ def _whole(value: object) -> object:
 
 
 class ModelSpec(StrictModel):
-    """A preset by name, optionally with some fields overridden, or a full inline architecture."""
+    """A preset by name or a model's HF `config.json` (`config_file`: no weights, random ones are
+    built), optionally with some fields overridden, or a full inline architecture. A config file is
+    read once, when the scenario is: its dump holds the fields read, inline (`config`), so a stored
+    run or a worker's job never reads the file again."""
 
     preset: str | None = None
-    config: dict = Field(default_factory=dict, description="HF-style fields (override the preset, or all of them)")
+    config_file: str | None = Field(None, description="a model's config.json, or the folder holding it (relative: "
+                                                      "to the scenario file's folder)")
+    config: dict = Field(default_factory=dict, description="HF-style fields (override the preset or file, or all of them)")
+    _read: dict = PrivateAttr(default_factory=dict)  # the config file's fields
 
     @field_validator("preset")
     @classmethod
@@ -51,19 +58,37 @@ class ModelSpec(StrictModel):
         return v
 
     def arch(self) -> ModelArch:
-        base = PRESETS[self.preset].model_dump() if self.preset else {}
+        base = PRESETS[self.preset].model_dump() if self.preset else self._read
         return ModelArch.model_validate({**base, **self.config})
 
     @model_validator(mode="after")
-    def _buildable(self) -> "ModelSpec":
+    def _buildable(self, info: ValidationInfo) -> "ModelSpec":
         """The architecture's errors under their place in the file (`model.config.FIELD`)."""
+        if self.config_file is not None:
+            if self.preset is not None:
+                raise ValueError("give a preset or a config_file, not both")
+            path = Path(self.config_file).expanduser()
+            folder = (info.context or {}).get("scenario_folder")
+            try:
+                self._read = read_config_json(path if path.is_absolute() or folder is None else folder / path)
+            except ConfigFileError as e:
+                raise ValueError(f"config_file: {e}") from None
         try:
             arch = self.arch()
         except ValidationError as e:
-            raise ValueError("; ".join(f"config.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+            raise ValueError("; ".join(".".join(["config", *map(str, x["loc"])]) + ": " + x["msg"].removeprefix("Value error, ")
+                                       for x in e.errors())) from None
         if not math.isfinite(arch.rope_theta):
             raise ValueError(f"config.rope_theta: {arch.rope_theta} is not a finite number")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """A config file's fields inline, the file itself left out; without one, as before it existed."""
+        data = handler(self)
+        if data.pop("config_file", None) is not None:
+            data["config"] = {**self._read, **self.config}
+        return data
 
 
 class Cluster(StrictModel):
@@ -304,7 +329,7 @@ def load_file(path: Path) -> Scenario:
     if raw["name"] != path.stem:
         raise ScenarioError(f"{path}: name: {raw['name']!r} differs from the file name {path.stem!r}")
     try:
-        scenario = Scenario.model_validate(raw)
+        scenario = Scenario.model_validate(raw, context={"scenario_folder": path.parent})
     except ValidationError as e:
         raise ScenarioError(format_validation_error(e, str(path))) from None
     if bundled := shadowing(path):
