@@ -18,6 +18,8 @@ def scenario_summary(s, gpu: str | None = None) -> dict:
     """What `show` prints, judged on `gpu` (--gpu, a `gpus.MODELS` name) or the scenario's hardware."""
     from framework_bench.measure import flops
     from framework_bench.measure.memory import estimate
+    from framework_bench.scenario.models import parameter_counts
+    counts = parameter_counts(s.arch)
     recompute = s.activation_checkpointing
     mha = flops.mha_flops_per_token(s.arch, s.context_length, recompute)
     model = flops.scenario_model_flops_per_token(s, recompute)
@@ -29,6 +31,7 @@ def scenario_summary(s, gpu: str | None = None) -> dict:
         "flops": {"xtuner_per_token": mha, "model_per_token": model},
         "scenario": s.model_dump(mode="json"),
         "model": s.arch.model_dump(),
+        "parameters": {"total": counts["model"], "active": counts["active"]},
         "memory": estimate(s, gpu=gpu or hardware(s)),
     }
     if s.reference:
@@ -37,16 +40,36 @@ def scenario_summary(s, gpu: str | None = None) -> dict:
     return out
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def model_line(s, parameters: dict) -> str:
+    """'qwen3-30b-a3b (qwen3_moe): hidden 2048, ...; 128 experts, top-8, width 768; 30.53 B parameters,
+    3.35 B active': the model's source, family, shapes and size."""
+    a = s.arch
+    source = s.model.preset or (f"config_file {s.model.config_file}" if s.model.config_file else "inline")
+    head = f", head_dim {a.head_dim}" if a.head_dim else ""
+    experts = (f"; {a.num_experts} experts, top-{a.num_experts_per_tok}, width {a.moe_intermediate_size}"
+               + (f", shared expert {a.shared_expert_intermediate_size}" if a.shared_expert_intermediate_size else "")
+               if a.family.moe else "")
+    size = f"{_count(parameters['total'])} parameters"
+    if parameters["active"] != parameters["total"]:
+        size += f", {_count(parameters['active'])} active"
+    return (f"{source} ({a.architecture}): hidden {a.hidden_size}, layers {a.num_hidden_layers}, heads "
+            f"{a.num_attention_heads}/{a.num_key_value_heads} KV{head}, ffn {a.intermediate_size}, vocab {a.vocab_size}"
+            f"{experts}; {size}")
+
+
 def scenario_lines(s, info: dict, gpu: str | None = None) -> list[Text]:
     """`fbench show`'s lines of a scenario and its `scenario_summary` (`info`); with `gpu`, its
     memory answers whether it fits there first."""
     from framework_bench.run.launchers.slurm_time import estimate_time
-    a, f, memory = s.arch, info["flops"], info["memory"]
+    f, memory = info["flops"], info["memory"]
     adapters = s.finetune.method != "full"
     model = "model (GQA-exact, frozen base + adapters)" if adapters else "model (GQA-exact)"
     out = [highlighted(Text.assemble((s.name, "bold"), f"  {s.description}")), *map(highlighted, map(Text, [
-        f"model      {s.model.preset or 'inline'}: hidden {a.hidden_size}, layers {a.num_hidden_layers}, "
-        f"heads {a.num_attention_heads}/{a.num_key_value_heads} KV, ffn {a.intermediate_size}, vocab {a.vocab_size}",
+        f"model      {model_line(s, info['parameters'])}",
         f"cluster    {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device} = {s.cluster.gpus}",
         f"training   context {s.context_length:,} ({ctx_label(s.context_length)}), SP {s.sequence_parallel}, "
         f"micro batch {s.micro_batch}, grad accum {s.grad_accum}, ZeRO {s.zero_stage}, "
