@@ -219,12 +219,14 @@ def test_moe_memory_holds_every_expert_and_the_routed_tokens_activations():
 # ---- which env can build it --------------------------------------------------------------
 
 
-def test_an_env_whose_transformers_lacks_the_family_refuses_it():
+def test_an_env_whose_transformers_lacks_the_family_or_its_expert_layout_refuses_it():
     reason = transformers_refusal("qwen3", "4.48.0")
     assert reason == ("qwen3 models (Qwen3ForCausalLM) need transformers >= 4.51.0; this env has transformers "
                       "4.48.0, which has no qwen3")
-    assert transformers_refusal("qwen2_moe", "4.48.0") is None
-    assert transformers_refusal("qwen3_moe", "4.51.0.dev0") is None and transformers_refusal("qwen3", "5.6.0") is None
+    assert transformers_refusal("qwen2", "4.48.0") is None
+    # a MoE the env has, but with an expert module each: the initial weights could not be the reference's
+    assert "each expert is a module of its own, where transformers >= 5.0.0" in transformers_refusal("qwen2_moe", "4.48.0")
+    assert transformers_refusal("qwen3", "4.51.0.dev0") is None and transformers_refusal("qwen3_moe", "5.6.0") is None
     assert transformers_refusal("qwen3", None) is None  # an env that builds without transformers: its plugin's call
 
 

@@ -56,14 +56,26 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
+# transformers 5.0 holds a MoE layer's experts as fused 3D tensors (experts.gate_up_proj, experts.down_proj),
+# 4.x as one module per expert: the shared initial weights and the update projection, drawn per tensor
+# name, would start and judge 4.x's experts otherwise than the 5.x reference's.
+FUSED_EXPERTS = "5.0.0"
+
+
 def transformers_refusal(family: str, version: str | None) -> str | None:
-    """Why an env whose transformers is `version` cannot build `family` (None: it can, or the env
-    builds without transformers, which is its plugin's business)."""
+    """Why an env whose transformers is `version` cannot build `family` as fbench judges it (None: it
+    can, or the env builds without transformers, which is its plugin's business)."""
     since = FAMILIES[family].since
-    if version is None or _release(version) >= _release(since):
+    if version is None:
         return None
-    return (f"{family} models ({FAMILIES[family].hf_class}) need transformers >= {since}; this env has "
-            f"transformers {version}, which has no {family}")
+    if _release(version) < _release(since):
+        return (f"{family} models ({FAMILIES[family].hf_class}) need transformers >= {since}; this env has "
+                f"transformers {version}, which has no {family}")
+    if FAMILIES[family].moe and _release(version) < _release(FUSED_EXPERTS):
+        return (f"{family} on transformers {version}: each expert is a module of its own, where transformers >= "
+                f"{FUSED_EXPERTS} (fbench's layout) fuses them into 3D tensors; the shared initial weights are drawn "
+                "per tensor, so this model's experts would start from other weights than the reference's")
+    return None
 
 
 # config.json fields that decide nothing fbench measures or builds differently: bookkeeping, the
