@@ -166,28 +166,27 @@ def test_clipping_skipped_in_bf16_only_fails_by_the_twins_ledger(sp_bf16):
 
 # --- the twins of a SLURM round: trained in the round's job, read back by results collect --------
 
-STANDINS = Path(__file__).parent / "slurm_standins"
+from slurm_cluster import real_slurm, slurm_cluster  # noqa: E402,F401 - the fixtures: a one-node Slurm of this machine
 
 
 @pytest.mark.slow
-def test_a_slurm_round_of_a_bf16_scenario_trains_its_twins_in_its_job_and_judges_them(liars, tmp_path, monkeypatch,
+def test_a_slurm_round_of_a_bf16_scenario_trains_its_twins_in_its_job_and_judges_them(liars, real_slurm, tmp_path,
                                                                                       home_with_envs):
-    """The honest copy's fp32 twin passes and the copy without gradient clipping's fails, as on the
-    local launcher: the twins run in the round's job after its runs, and collect reads them back."""
+    """On a real Slurm: the honest copy's fp32 twin passes and the copy without gradient clipping's
+    fails, as on the local launcher: the twins run in the round's job after its runs, and collect
+    reads them back."""
     import json
 
     from typer.testing import CliRunner
 
     from framework_bench.cli import app
-    monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path / "slurm-state"))
-    monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
     # bf16 at 1k tokens a row, as tests/test_model_lies.py's bf16 compare (its warm-up on a CPU's bf16)
     bf16 = tmp_path / "tiny_cpu_bf16_slurm.yaml"
     bf16.write_text((scenario.SCENARIO_DIR / "tiny_cpu.yaml").read_text()
                     .replace("precision: fp32", "precision: bf16").replace("context_length: 512", "context_length: 1024"))
     db = tmp_path / "slurm.sqlite"
     res = CliRunner().invoke(app, ["compare", "--scenario", str(bf16), "--backends", "lying_honest,lying_no_clipping",
-                                   "--launcher", "slurm", "--wait", "--poll", "0.5", "--db", str(db)])
+                                   "--launcher", "slurm", "--wait", "--poll", "1", "--db", str(db)])
     rows = {r["backend"]: r for r in json.loads(CliRunner().invoke(
         app, ["results", "export", "--db", str(db), "--format", "json"]).stdout)}
     checks = {b: {c["name"]: c for c in r["checks"]} for b, r in rows.items()}
@@ -195,4 +194,6 @@ def test_a_slurm_round_of_a_bf16_scenario_trains_its_twins_in_its_job_and_judges
     assert checks["lying_honest"][twin.CHECK]["status"] == "pass", checks["lying_honest"][twin.CHECK]
     assert rows["lying_no_clipping"]["status"] == "invalid", rows["lying_no_clipping"]["reason"]
     assert checks["lying_no_clipping"][twin.CHECK]["status"] == "fail", checks["lying_no_clipping"][twin.CHECK]
+    submitted = json.loads((Path(rows["lying_honest"]["run_dir"]) / "slurm.json").read_text())
+    assert {"fp32_twin/lying_honest", "fp32_twin/torch"} <= set(submitted["judging"])  # trained in the round's job
     assert res.exit_code == 1, res.output  # an invalid run fails the command
