@@ -243,6 +243,22 @@ def test_xtuner_refuses_qwen3_by_its_envs_transformers(name, refused):
     assert (check is not None and "need transformers >= 4.51.0; this env has transformers 4.48.0" in check) == refused
 
 
+def test_the_backends_build_the_family_they_are_given(tmp_path):
+    """ms-swift is told the family's model type, never Llama's; TRL's SFTConfig, which switches the
+    router's aux loss on whenever the config's coefficient is non-zero, gets 0 where the config's
+    output_router_logits keeps it out of the loss (the referee found TRL's MoE losses 3.5e-4 off)."""
+    from backend_helpers import make_job
+    from fbench_swift.swift_args import sft_args
+    from fbench_trl.sft_args import sft_config
+
+    moe = scenario.load("qwen3_moe_tiny_cpu")
+    assert sft_args(make_job("swift", tmp_path / "s", moe), None, "sdpa")["model_type"] == "qwen3_moe"
+    assert sft_config(make_job("trl", tmp_path / "t", moe), None)["router_aux_loss_coef"] == 0.0
+    with_aux = moe.model_copy(update={"model": moe.model.model_copy(update={"config": {"output_router_logits": True}})})
+    assert sft_config(make_job("trl", tmp_path / "a", with_aux), None)["router_aux_loss_coef"] == 0.001
+    assert "router_aux_loss_coef" not in sft_config(make_job("trl", tmp_path / "d", scenario.load("qwen3_tiny_cpu")), None)
+
+
 # ---- built for real ----------------------------------------------------------------------
 
 COUNT = """
