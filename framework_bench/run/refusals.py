@@ -15,6 +15,7 @@ from framework_bench.envs import venvs as envs
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import BackendEnv, Machine, MemoryScheme
 from framework_bench.measure.memory import MemoryEstimate, estimate, gpu_memory_for
+from framework_bench.scenario.families import transformers_refusal
 from framework_bench.scenario.scenario import Scenario
 
 
@@ -124,7 +125,9 @@ def refusals_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine
                   gpu_memory_gib=target.gpu_memory_gib) if scenario.cluster.device == "cuda" else None)
     shortfall = machine_shortfall(scenario, machine, e)
     judged_env, env_note = env_for_target(scenario, env) if shortfall else (env, None)
-    check = backend.info.capabilities.refusal(scenario, backend.name) or backend.check(scenario, target, judged_env)
+    check = (backend.info.capabilities.refusal(scenario, backend.name)
+             or transformers_refusal(scenario.arch.architecture, judged_env.version("transformers"))
+             or backend.check(scenario, target, judged_env))
     memory = None
     if not force and check is None and e is not None and e.fits is False:
         memory = fit_refusal(e, target.gpu_name)

@@ -54,7 +54,7 @@ def sft_args(job: Job, deepspeed_file: Path | None, attn_impl: str) -> dict:
     args = {
         # the model: config.json and tokenizer, built with random weights (SwiftSft's dummy model path)
         "model": str(run_dir / model_folder.MODEL_DIR),
-        "model_type": "llama",  # ms-swift's LLMModelType for LlamaForCausalLM (swift/model/models/llama.py)
+        "model_type": s.arch.architecture,  # ms-swift's LLMModelType: HF's model_type for fbench's families
         "template": "dummy",  # rows arrive encoded: the template only collates them
         "torch_dtype": torch_dtype(job),
         "attn_impl": attn_impl,

@@ -43,6 +43,10 @@ def sft_config(job: Job, deepspeed_file: Path | None) -> dict:
         "train_sampling_strategy": "sequential",
         **mode_args(job),
     }
+    if s.arch.family.moe and job.settings_mode == "matched":
+        # SFTConfig turns the router's aux loss on whenever the config's coefficient is non-zero, over the
+        # config's output_router_logits: the scenario's loss, with it only where the model's config adds it
+        args["router_aux_loss_coef"] = s.arch.router_aux_loss_coef if s.arch.output_router_logits else 0.0
     if deepspeed_file is not None:
         args["deepspeed"] = str(deepspeed_file)
     return args
