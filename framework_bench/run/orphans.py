@@ -25,7 +25,7 @@ from framework_bench.measure.metrics import RunResult
 from framework_bench.run.interrupts import held
 from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.descendants import of_run
-from framework_bench.run.options import RunOptions, Trial
+from framework_bench.run.options import Trial
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.store import results, unstored
 
@@ -153,12 +153,12 @@ def _dead_hosts_result(run_dir: Path, record: dict, scenario: Scenario) -> RunRe
     """The run as its dead host left it, as the trial its claim names: one that had ended, with its
     own status, judged without a reference (its round never judged it: `ok` becomes `unverified`);
     one that had not, `failed`."""
-    from framework_bench.run.round import Round  # the round runs (and so claims) runs: imported when recovering
-
     died = f"the fbench host (pid {record['pid']}) died"
     if (result := _ended(run_dir)) is not None:
-        Round(scenario, RunOptions(), reference=None).judge(
-            result, None, f"its round never judged it: {died} before the round ended")
+        if result.status in ("ok", "unverified"):  # never `ok` unjudged; a run's own failure stands
+            result.status = "unverified"
+            result.reason = "; ".join(p for p in (result.reason, f"parity not judged: its round never judged it: "
+                                                                 f"{died} before the round ended") if p)
     else:
         job_file = run_dir / "job.json"
         stage = "during the run" if job_file.exists() else "while packing the data"
