@@ -487,7 +487,7 @@ def test_a_users_scenario_shadowing_a_bundled_one_is_shown(fbench_home):
     (fbench_home / "scenarios" / "tiny_cpu.yaml").write_text(TINY.read_text().replace("micro_batch: 1", "micro_batch: 2"))
     result = cli("scenarios", "--wide")
     assert result.exit_code == 0, result.output
-    row = next(l for l in result.stdout.splitlines() if "tiny_cpu " in l)
+    row = next(l for l in result.stdout.splitlines() if l.startswith("│ tiny_cpu "))  # not qwen3_tiny_cpu's
     assert "[1]" in row and "over the bundled one" in result.stdout, result.stdout  # a footnote of its row
     assert scenario.shadowing(scenario.source_path("tiny_cpu")) is not None
 
