@@ -2,8 +2,10 @@
 per clock event (begin, pause, resume, end: `framework_bench/worker/steps.py`) the moment it
 happens, carrying no time; `Watcher` stamps each line as it arrives with the host's monotonic
 clock, warm-up steps too. On CPU runs it also reads, at each stamp, the CPU time of the host's
-process tree (the worker, torchrun, its ranks): the time its threads ran, and the time they
-waited runnable for a CPU; and the whole machine's busy time, which less the tree's is the other
+process tree (the worker, torchrun, its ranks, and whatever they started: every process found
+at that stamp, with the time of the children they reaped; `tree_cpu_seconds`): the time its
+threads ran, and the time they waited runnable for a CPU; and the whole machine's busy time,
+which less the tree's is the other
 work the run shared the machine with. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
 reveals the initial seed of the trained weights once every rank said it is ready for its first
 step, and the update projection's seed once every rank ended the last step
@@ -45,27 +47,26 @@ STAMPS_FILE = "host_clock.json"
 POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus scheduling)
 
 
-def cpu_seconds(pids: list[int]) -> tuple[float, float] | None:
-    """(seconds the processes' threads ran on a CPU or waited, runnable, for one; seconds they
-    ran) from /proc/PID/task/TID/schedstat; None where no such file can be read. The wait
-    counts in the first: on a machine shared with other work an honest worker waits for a
-    CPU; a worker asleep through its steps neither runs nor waits. The second is the work
-    done, whatever else the machine runs."""
-    total, ran_only, seen = 0, 0, False
-    for pid in pids:
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:  # ended since: its time is lost, which only lowers the share
+def tree_cpu_seconds(root: int) -> tuple[float, float] | None:
+    """(seconds the processes descending from `root` ran on a CPU or waited, runnable, for one;
+    seconds they ran), every one of them found now (/proc's parent links: a process started since
+    the last read, or adopted by a subreaper, is there), and the children `root` reaped (its own
+    time is not counted: the watcher's); None without /proc. Each process counts its live
+    threads' run time (schedstat), or every thread's, the ended ones' too, where that is more
+    (utime + stime), and its children's that ended and were waited for (cutime + cstime: a child
+    that trained and was reaped between two stamps). A checked figure is the difference of two
+    readings: what `root` reaped before the run is the same in both. The wait counts in the first:
+    on a machine shared with other work an honest worker waits for a CPU; a worker asleep through
+    its steps neither runs nor waits. The second is the work done, whatever else the machine runs."""
+    if (own := processes.cpu(root)) is None:  # no /proc
+        return None
+    total = ran = own.reaped
+    for pid in processes.descendants(processes.table(), root):
+        if (c := processes.cpu(pid)) is None:  # ended since: its time is in its parent's once reaped
             continue
-        for tid in tasks:
-            try:
-                ran, waited = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
-            except (OSError, ValueError):
-                continue
-            total += int(ran) + int(waited)
-            ran_only += int(ran)
-            seen = True
-    return (total / 1e9, ran_only / 1e9) if seen else None
+        work = max(c.ran, c.own) + c.reaped
+        total, ran = total + work + c.waited, ran + work
+    return total, ran
 
 
 def machine_busy_seconds() -> float | None:
@@ -149,7 +150,9 @@ class Watcher:
         self.events: dict[int, list[list]] = {}
         self._files: dict[int, tuple[int, bytearray]] = {}
         self._last_end: dict[int, int] = {}
-        self._pids: list[int] | None = None
+        # the process tree's CPU seconds never read lower than before; the last reading, by stamp
+        self._cpu_floor: tuple[float, float] = (0.0, 0.0)
+        self._cpu_read: tuple[float, tuple | None] | None = None
         self.reveal, self.revealed = reveal, None  # revealed: {"seed", "stamp"} once written
         self.initial_revealed: dict | None = None  # {"seed", "stamp"} once the initial seed was written
         self._ready: set[int] = set()
@@ -231,7 +234,7 @@ class Watcher:
             event, step = str(rec["event"]), rec.get("step")
         except (ValueError, KeyError, TypeError):
             return  # not a clock line: no claim made, nothing stamped
-        cpu = self._cpu()
+        cpu = self._cpu(stamp)
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
             self._reveal_after(stamp)
@@ -240,15 +243,20 @@ class Watcher:
             self._reveal_initial(stamp, cpu)
         self.events.setdefault(rank, []).append([stamp, event, step, *(cpu or (None, None, None))])
 
-    def _cpu(self) -> tuple[float, float, float | None] | None:
-        """The process tree's CPU seconds now (`cpu_seconds`) and the machine's busy seconds
-        (`machine_busy_seconds`), on CPU runs."""
+    def _cpu(self, stamp: float) -> tuple[float, float, float | None] | None:
+        """The process tree's CPU seconds at `stamp` (`tree_cpu_seconds`, read once for the lines
+        stamped together) and the machine's busy seconds (`machine_busy_seconds`), on CPU runs.
+        Never below an earlier reading: a process that ends takes its wait for a CPU with it, and
+        its run time is then read in clock ticks."""
         if not self.cpu:
             return None
-        if self._pids is None:  # the process tree, found once: the workers exist by their first line
-            self._pids = processes.descendants(processes.table(), os.getpid())
-        tree = cpu_seconds(self._pids)
-        return None if tree is None else (*tree, machine_busy_seconds())
+        if self._cpu_read is None or self._cpu_read[0] != stamp:
+            tree = tree_cpu_seconds(os.getpid())
+            if tree is not None:
+                self._cpu_floor = (max(tree[0], self._cpu_floor[0]), max(tree[1], self._cpu_floor[1]))
+                tree = (*self._cpu_floor, machine_busy_seconds())
+            self._cpu_read = (stamp, tree)
+        return self._cpu_read[1]
 
     def _see_update_claim(self) -> None:
         """Stamp the worker's update claim (`UPDATE_FILE`) when it first shows in the run folder:
