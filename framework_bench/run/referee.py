@@ -12,12 +12,13 @@ reference.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from framework_bench.measure import losses, update, verify
 from framework_bench.measure.reveal_checks import first_window_check, projection_delay_check
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.run import twin
+from framework_bench.run import dropout_twin, twin
 from framework_bench.run.hooks import tail_of
 from framework_bench.run.reference import judging_reference
 from framework_bench.scenario.scenario import Scenario
@@ -32,7 +33,9 @@ def judge(result: RunResult, reference: RunResult | None, scenario: Scenario,
     """The last word on a run whose own checks passed (`ok`, or `unverified` for want of some
     claim): its parity with `reference`, which can only make it `invalid` or `unverified`; in a
     bf16 scenario, its training step in its fp32 twin too (`twin.py`: `run_twin` runs the twins
-    and the reference's judging runs of them; None where the launcher runs no twin).
+    and the reference's judging runs of them; None where the launcher runs no twin); in a native
+    LoRA run claiming adapter dropout, its adapters in its dropout twin (`dropout_twin.py`, run by
+    `run_twin` in matched settings).
     Without a reference fit to judge (`absent` says why there was none) it is `unverified`,
     never `ok`. Any other status passes through, its reason shortened."""
     if result.status in ("ok", "unverified"):
@@ -41,7 +44,8 @@ def judge(result: RunResult, reference: RunResult | None, scenario: Scenario,
                 result.status = "unverified"
                 result.reason = "; ".join(p for p in (result.reason, missing) if p)
             else:
-                _parity(result, reference, scenario, _twin_check(result, reference, scenario, run_twin))
+                _parity(result, reference, scenario, _twin_check(result, reference, scenario, run_twin),
+                        _dropout_twin_check(result, reference, scenario, run_twin))
         except Exception as e:  # noqa: BLE001 - a bug in the checks must not lose the run
             result.status = "failed"
             result.reason = f"fbench could not judge the run: {type(e).__name__}: {e}\n{tail_of(e)}".rstrip()
@@ -72,23 +76,46 @@ def _twin_check(result: RunResult, reference: RunResult, scenario: Scenario,
         return None
     if run_twin is None:
         return twin.check(result, None)
-    own = run_twin(result.backend, twin_scenario, None)
+    return twin.check(result, _judged_twin(result.backend, reference.backend, twin_scenario, run_twin))
+
+
+def _dropout_twin_check(result: RunResult, reference: RunResult, scenario: Scenario,
+                        run_twin: twin.RunTwin | None) -> Check | None:
+    """The `dropout_twin` check of a native LoRA run claiming adapter dropout: its dropout twin (its
+    backend on the scenario with the adapters it claims, dropout 0) judged against the reference
+    trained so, both in matched settings; None where none is needed (`dropout_twin.twin_of`)."""
+    twin_scenario = dropout_twin.twin_of(scenario, result)
+    if twin_scenario is None:
+        return None
+    if isinstance(twin_scenario, str):
+        return dropout_twin.check(result, None, why_none=twin_scenario)
+    if run_twin is None:
+        return dropout_twin.check(result, None)
+    matched = partial(run_twin, settings_mode=dropout_twin.SETTINGS_MODE)
+    return dropout_twin.check(result, _judged_twin(result.backend, reference.backend, twin_scenario, matched))
+
+
+def _judged_twin(backend: str, reference: str, twin_scenario: Scenario, run: twin.RunTwin) -> RunResult:
+    """`backend`'s run of `twin_scenario` (made by `run`), judged against `reference`'s (trained as
+    the twin says it trained, as `judging_reference` does for any run) where it ended `ok` or
+    `unverified`."""
+    own = run(backend, twin_scenario, None)
     if own.status not in ("ok", "unverified"):
-        return twin.check(result, own)
-    reference_twin = judging_reference(own, run_twin(reference.backend, twin_scenario, None), twin_scenario,
-                                       lambda trained, scheme: run_twin(reference.backend, trained, scheme), {})
-    return twin.check(result, judge(own, reference_twin, twin_scenario))
+        return own
+    reference_twin = judging_reference(own, run(reference, twin_scenario, None), twin_scenario,
+                                       lambda trained, scheme: run(reference, trained, scheme), {})
+    return judge(own, reference_twin, twin_scenario)
 
 
-def _parity(result: RunResult, reference: RunResult, scenario: Scenario, twin_check: Check | None = None) -> None:
-    """Losses, update projection and projection delay against the reference (and the fp32 twin's
-    check): a failed check makes the run `invalid`; one that could not be judged leaves it
+def _parity(result: RunResult, reference: RunResult, scenario: Scenario, *twin_checks: Check | None) -> None:
+    """Losses, update projection and projection delay against the reference (and the twins'
+    checks): a failed check makes the run `invalid`; one that could not be judged leaves it
     `unverified`, saying why."""
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
                           update.parity(result, reference, scenario.precision),
                           update.parts_parity(result, reference),
                           projection_delay_check(result, reference), first_window_check(result, reference),
-                          twin_check) if c is not None]
+                          *twin_checks) if c is not None]
     result.checks += checks
     reason, flags = verify.fold(checks)
     result.flags += flags

@@ -70,22 +70,33 @@ RunReference = Callable[[Scenario, "str | None"], RunResult]
 NATIVE_ADAPTERS = "native_adapters"  # FBENCH_UNCHECKED name: judge native adapters at step 1 only, as before
 
 
+def adapters_claimed(settings: dict) -> dict | str:
+    """The `finetune` fields (rank, alpha, targets; dropout 0) of the adapters a settings ledger
+    claims, for a reference, or a dropout twin, trained with them; or why none can be: rsLoRA, DoRA
+    or an adapted LM head, which no reference trains, or a ledger short of them (the trainable
+    check says so)."""
+    unshared = [k for k in ("lora_rslora", "lora_dora", "lora_head_adapted") if settings.get(k)]
+    if unshared:
+        return f"no reference trains adapters with {', '.join(unshared)}"
+    try:
+        return {"rank": int(settings["lora_rank"]), "alpha": float(settings["lora_alpha"]), "dropout": 0.0,
+                "targets": str(settings["lora_targets"]).split(",")}
+    except (KeyError, TypeError, ValueError):
+        return "its settings ledger does not say which adapters it trained (lora_rank, lora_alpha, lora_targets)"
+
+
 def claimed_adapters(result: RunResult, reference: RunResult) -> dict | None:
     """The `finetune` fields of a reference trained with the adapters `result` claims, where they
     differ from the reference's (native mode: a framework's own rank, alpha, targets), so that
     every step and the update are judged against the adapters the run says it trained; None where
-    they agree, or where no reference can train the same (rsLoRA, DoRA, an adapted LM head, or
-    dropout, whose draws no two frameworks share: those stay judged at step 1)."""
+    they agree, or where no reference can train the same (`adapters_claimed`) or the run's own
+    draws differ from any reference's (dropout: judged at step 1, and at dropout 0 in its dropout
+    twin, `dropout_twin.py`)."""
     if NATIVE_ADAPTERS in verify.unchecked() or not losses.native_adapter_differences(result, reference):
         return None
     claim = result.settings or {}
-    if claim.get("lora_rslora") or claim.get("lora_dora") or claim.get("lora_head_adapted") or claim.get("lora_dropout"):
-        return None
-    try:
-        return {"rank": int(claim["lora_rank"]), "alpha": float(claim["lora_alpha"]), "dropout": 0.0,
-                "targets": str(claim["lora_targets"]).split(",")}
-    except (KeyError, TypeError, ValueError):  # a ledger short of them: the trainable check says so
-        return None
+    adapters = adapters_claimed(claim)
+    return None if claim.get("lora_dropout") or isinstance(adapters, str) else adapters
 
 
 def judging_reference(result: RunResult, reference: RunResult | None, scenario: Scenario,

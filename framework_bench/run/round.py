@@ -2,7 +2,8 @@
 
 A round is one scenario's runs that judge each other: the candidates in their rotated order, the
 reference among them, and the runs that only judge (the reference trained as a run says it
-trained: `reference.judging_reference`; every run's fp32 twin and the reference's: `twin.py`).
+trained: `reference.judging_reference`; every run's fp32 twin and the reference's: `twin.py`; a
+native LoRA run's dropout twin and the reference's, in matched settings: `dropout_twin.py`).
 Every command drives rounds: `compare` and `run` (`compare.py`), `check-backend`
 (`framework_bench/testing.py`), the device check (`framework_bench/device/check.py`), and SLURM's
 `results collect`, which resumes the round its submission wrote (`collect.py`). Only the round
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import pipeline, readback, referee, sealing, twin
+from framework_bench.run import dropout_twin, pipeline, readback, referee, sealing, twin
 from framework_bench.run.options import RunOptions, Trial
 from framework_bench.run.reference import judging_reference
 from framework_bench.scenario.scenario import Scenario
@@ -40,11 +41,14 @@ class LocalRuns:
         self.stopped: list[RunResult] = []
         self.interrupted = False
 
-    def __call__(self, backend: str, trained: Scenario, scheme: str | None) -> RunResult:
+    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
+        """`backend`'s run of `trained`, the reference's with loss scheme `scheme`, in the round's
+        settings or `settings_mode` (a dropout twin's: matched)."""
         if self.interrupted or self.stopped:
             return RunResult(backend=backend, scenario=trained.name, status="interrupted",
                              reason="the round was interrupted before it ran")
-        result = pipeline.run_one(backend, trained, self.options.model_copy(update={"loss_scheme": scheme, "db": None}))
+        mode = {"settings_mode": settings_mode} if settings_mode else {}
+        result = pipeline.run_one(backend, trained, self.options.model_copy(update={"loss_scheme": scheme, "db": None, **mode}))
         if result.status == "interrupted":
             self.stopped.append(result)
         return result
@@ -134,6 +138,9 @@ class Round:
             for result in self.pending:
                 if (twin_scenario := twin.twin_of(self.scenario)) and result.status in ("ok", "unverified"):
                     self._judging_run(result.backend, twin_scenario, None)
+                dropout_scenario = dropout_twin.twin_of(self.scenario, result)
+                if isinstance(dropout_scenario, Scenario) and result.status in ("ok", "unverified"):
+                    self._judging_run(result.backend, dropout_scenario, None, dropout_twin.SETTINGS_MODE)
         absent = lost or why or self.absent
         while self.pending:
             result = self.pending.pop(0)
@@ -162,10 +169,23 @@ class Round:
         return judging_reference(result, reference, self.scenario,
                                  lambda trained, scheme: self._judging_run(reference.backend, trained, scheme), {})
 
-    def _judging_run(self, backend: str, trained: Scenario, scheme: str | None) -> RunResult:
-        key = (backend, trained.model_dump_json(), scheme)
-        if key not in self._made:
+    def _judging_run(self, backend: str, trained: Scenario, scheme: str | None,
+                     settings_mode: str | None = None) -> RunResult:
+        """A run that judges (`twin.RunTwin`), once per round. In other settings than the round's
+        (a dropout twin's, and the reference's run judging it: matched) only `LocalRuns` makes one:
+        SLURM's rounds train what their job held."""
+        other = settings_mode not in (None, self.options.settings_mode)
+        key = (backend, trained.model_dump_json(), scheme) + ((settings_mode,) if other else ())
+        if key in self._made:
+            return self._made[key]
+        if not other:
             self._made[key] = self.judging(backend, trained, scheme)
+        elif isinstance(self.judging, LocalRuns):
+            self._made[key] = self.judging(backend, trained, scheme, settings_mode)
+        else:
+            self._made[key] = RunResult(backend=backend, scenario=trained.name, status="unsupported", reason=(
+                f"this round's judging runs train in its own {self.options.settings_mode} settings only "
+                f"(a SLURM round), not in {settings_mode} ones"))
         return self._made[key]
 
     def conclude(self, result: RunResult) -> RunResult:

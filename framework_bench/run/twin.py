@@ -43,8 +43,9 @@ PRECISION_SETTINGS = frozenset({
     "attention", "attention_kv_repeat", "seed",
 })
 
-# Runs a backend on a scenario (the twin), with a loss scheme for the reference (None: its own): its result.
-RunTwin = Callable[[str, Scenario, "str | None"], RunResult]
+# Runs a backend on a scenario (the twin), with a loss scheme for the reference (None: its own), and
+# optionally in other settings than the round's (a dropout twin's, `dropout_twin.py`): its result.
+RunTwin = Callable[..., RunResult]
 
 
 def twin_of(scenario: Scenario) -> Scenario | None:
@@ -67,7 +68,7 @@ def check(result: RunResult, twin: RunResult | None) -> Check:
     result.notes.append(f"its training step judged in its fp32 twin ({twin.status}; not stored, not a trial: "
                         f"{twin.run_dir})")
     if twin.status == "unsupported":
-        return Check(name=CHECK, status="unverified", detail=f"its fp32 twin cannot run: {_last_line(twin.reason)}")
+        return Check(name=CHECK, status="unverified", detail=f"its fp32 twin cannot run: {last_line(twin.reason)}")
     step = {c.name: c for c in twin.checks if c.name in STEP_CHECKS}
     failed = [f"{c.name}: {c.detail}" for c in step.values() if c.status == "fail"]
     if differences := ledger_differences(result.settings, twin.settings):
@@ -75,7 +76,7 @@ def check(result: RunResult, twin: RunResult | None) -> Check:
     if failed:
         return Check(name=CHECK, status="fail", detail="in fp32: " + "; ".join(failed))
     if "parity" not in step or step["parity"].status != "pass":
-        why = _last_line(twin.reason) or "its fp32 twin was not judged"
+        why = last_line(twin.reason) or "its fp32 twin was not judged"
         return Check(name=CHECK, status="unverified", detail=f"its fp32 twin ended {twin.status}: {why}")
     return Check(name=CHECK, status="pass", detail=f"in fp32 over {len(twin.loss_curve)} steps: "
                  + "; ".join(f"{c.name} {c.status}" for c in step.values()))
@@ -95,5 +96,5 @@ def ledger_differences(run: dict | None, twin: dict | None) -> str:
                      if said(run, k) != said(twin, k))
 
 
-def _last_line(text: str | None) -> str:
+def last_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[-1][:300] if (text or "").strip() else ""

@@ -1,0 +1,53 @@
+"""The torch reference worker training smaller adapters than its ledger claims:
+`python -m fbench_lying_adapters JOB LIE` runs a lie as `fbench_lying_worker` runs its own (each
+line replaced exactly once). Its plugins are `fbench_lying_backends.LyingBackend`s running this
+module, registered with `register_through_entry_points(site, ENTRY_POINTS, "fbench-lying-adapters")`.
+Stdlib only at import: the plugins are made when an entry point asks for one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from fbench_lying_worker import BUILT, INITIAL, LEDGER, LIES, PARAMS, lied_source, worker_path
+
+MODULE = "fbench_lying_adapters"
+
+ADAPTERS: dict[str, list[tuple[str, str]]] = {
+    # Trains the job's rank on q_proj and v_proj only, and reports the adapters the job asks for
+    # (every linear of tiny_cpu_lora) from a second model built with them: its initial weights,
+    # parameter count and ledger, which in native settings also claims dropout 0.1, so that the
+    # referee judges its losses at step 1 only (where B is zero whatever the adapters).
+    "claims_dropout": [
+        (BUILT, "    targets, job.scenario.finetune.targets = job.scenario.finetune.targets, ['q_proj', 'v_proj']\n"
+                + BUILT + "    job.scenario.finetune.targets = targets\n"
+                '    claimed = from_config(job, device, attn_implementation="sdpa", dtype=torch.float32)\n'),
+        (INITIAL, INITIAL + "    initial_weights_worker.fill_revealed(claimed, job, log.timer.clock)\n"),
+        (PARAMS, "        param_count=settings.param_count(claimed),\n"),
+        (LEDGER, "        settings={**settings_in_effect, **adapters.settings(claimed),\n"
+                 "                  **({'lora_dropout': 0.1} if job.settings_mode == 'native' else {})},\n"),
+    ],
+}
+ENTRY_POINTS = {f"lying_{lie}": f"{MODULE}:lying_{lie}" for lie in ADAPTERS}
+
+
+def __getattr__(name: str):
+    """`lying_<lie>`: its plugin (it imports the torch plugin, which the worker never needs)."""
+    lie = name.removeprefix("lying_")
+    if lie not in ADAPTERS:
+        raise AttributeError(name)
+    from fbench_lying_backends import LyingBackend
+
+    class AdaptersBackend(LyingBackend):
+        def plan(self, job, env):
+            return super().plan(job, env).model_copy(update={"module": MODULE})
+
+    return AdaptersBackend(lie)
+
+
+if __name__ == "__main__":
+    job_file, lie = sys.argv[1], sys.argv[2]
+    LIES.update(ADAPTERS)  # where `lied_source` reads them: in this process only (LIES names the other plugins)
+    worker = str(worker_path())
+    sys.argv = [worker, job_file]
+    exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
