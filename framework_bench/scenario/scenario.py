@@ -14,11 +14,10 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import (BeforeValidator, Field, PrivateAttr, SerializerFunctionWrapHandler, Strict, StrictBool,
                       ValidationError, ValidationInfo, field_validator, model_serializer, model_validator)
 
-from framework_bench.scenario import places
+from framework_bench.scenario import places, strict_yaml
 from framework_bench.scenario.catalog import DATASETS, DEFAULT_DATASET, DataSource
 from framework_bench.scenario.families import ConfigFileError, read_config_json
 from framework_bench.scenario.fields import Int, Length, StrictModel
@@ -258,71 +257,11 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-MAX_FILE_BYTES = 1 << 20  # a scenario is a few hundred bytes: a larger file is not one (/dev/zero, a dataset)
-
-
-def _read_text(path: Path) -> str:
-    """A scenario file's text: a regular file of at most MAX_FILE_BYTES, never an endless device."""
-    if path.exists() and not path.is_file():
-        raise ScenarioError(f"{path}: cannot read: not a regular file")
-    with path.open("rb") as fh:
-        data = fh.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ScenarioError(f"{path}: cannot read: larger than {MAX_FILE_BYTES >> 20} MiB, not a scenario file")
-    return data.decode("utf-8")
-
-
-class _Refused(yaml.YAMLError):
-    """YAML that parses but is no scenario's: said with its line, never read another way."""
-
-    def __init__(self, mark, message: str):
-        super().__init__(message)
-        self.line, self.message = mark.line + 1, message
-
-
-MAX_DIGITS = 100  # no count or figure of a scenario has more; Python refuses int() past 4300
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML's safe loader, refusing what it would silently resolve: a key given twice (the last
-    won) and an integer too long to convert (a ValueError from deep inside the constructor)."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first: dict = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key, (str, int, float, bool)):
-                    continue
-                if key in first:
-                    raise _Refused(key_node.start_mark, f"duplicate key {key!r} (first on line {first[key]}): "
-                                                        "give each key once")
-                first[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node):
-        digits = sum(ch.isdigit() for ch in str(node.value))
-        if digits > MAX_DIGITS:
-            raise _Refused(node.start_mark, f"an integer of {digits} digits: no scenario field holds one")
-        return super().construct_yaml_int(node)
-
-
-_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
-
-
 def load_file(path: Path) -> Scenario:
     try:
-        raw = yaml.load(_read_text(path), Loader=_Loader)  # noqa: S506 - a SafeLoader
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
-    except RecursionError:  # the composer recurses once per level: no scenario is nested 1,000 deep
-        raise ScenarioError(f"{path}: cannot read: nested too deeply to be a scenario") from None
-    except _Refused as e:
-        raise ScenarioError(f"{path}: line {e.line}: {e.message}") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: cannot read: not YAML: {' '.join(str(e).split())}") from None
+        raw = strict_yaml.load(path)
+    except strict_yaml.Unreadable as e:
+        raise ScenarioError(str(e)) from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: a scenario file must hold a mapping")
     raw.setdefault("name", path.stem)
