@@ -54,7 +54,7 @@ THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weights", "parity",
             "clock", "pauses", "gaps", "warmup", "cpu", "losses_in_time", "update", "update_parity",
-            "update_parts", "fp32_twin", "initial_reveal", "first_window")
+            "update_parts", "fp32_twin", "dropout_twin", "initial_reveal", "first_window")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
 # out the rule of the current contract that every claim be made (one not made is then a flag).
