@@ -7,9 +7,7 @@ Stdlib only at import: the plugins are made when an entry point asks for one.
 
 from __future__ import annotations
 
-import sys
-
-from fbench_lying_worker import BUILT, INITIAL, LEDGER, LIES, PARAMS, lied_source, worker_path
+from fbench_lying_worker import BUILT, INITIAL, LEDGER, PARAMS, plugins_of, run
 
 MODULE = "fbench_lying_adapters"
 
@@ -31,23 +29,8 @@ ADAPTERS: dict[str, list[tuple[str, str]]] = {
 ENTRY_POINTS = {f"lying_{lie}": f"{MODULE}:lying_{lie}" for lie in ADAPTERS}
 
 
-def __getattr__(name: str):
-    """`lying_<lie>`: its plugin (it imports the torch plugin, which the worker never needs)."""
-    lie = name.removeprefix("lying_")
-    if lie not in ADAPTERS:
-        raise AttributeError(name)
-    from fbench_lying_backends import LyingBackend
-
-    class AdaptersBackend(LyingBackend):
-        def plan(self, job, env):
-            return super().plan(job, env).model_copy(update={"module": MODULE})
-
-    return AdaptersBackend(lie)
+__getattr__ = plugins_of(MODULE, ADAPTERS)
 
 
 if __name__ == "__main__":
-    job_file, lie = sys.argv[1], sys.argv[2]
-    LIES.update(ADAPTERS)  # where `lied_source` reads them: in this process only (LIES names the other plugins)
-    worker = str(worker_path())
-    sys.argv = [worker, job_file]
-    exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
+    run(ADAPTERS)

@@ -28,8 +28,8 @@ def torch_env() -> BackendEnv:
 
 
 class LyingBackend(torch_plugin.TorchBackend):
-    def __init__(self, lie: str, **info_fields):
-        self.lie = lie
+    def __init__(self, lie: str, module: str = "fbench_lying_worker", **info_fields):
+        self.lie, self.module = lie, module  # the worker module that runs the lie
         self.info_fields = info_fields
 
     def info(self):
@@ -42,7 +42,7 @@ class LyingBackend(torch_plugin.TorchBackend):
     def plan(self, job, env):
         plan = super().plan(job, torch_env())
         path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-        return plan.model_copy(update={"module": "fbench_lying_worker", "args": [str(job.job_file), self.lie],
+        return plan.model_copy(update={"module": self.module, "args": [str(job.job_file), self.lie],
                                        "env": {**plan.env, "PYTHONPATH": path}})
 
     @property

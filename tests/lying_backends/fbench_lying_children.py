@@ -8,9 +8,7 @@ import: the plugins are made when an entry point asks for one.
 
 from __future__ import annotations
 
-import sys
-
-from fbench_lying_worker import BACKWARD, FORWARD, INITIAL, LIES, OPTIMIZER, lied_source, worker_path
+from fbench_lying_worker import BACKWARD, FORWARD, INITIAL, OPTIMIZER, plugins_of, run
 
 MODULE = "fbench_lying_children"
 
@@ -44,23 +42,8 @@ CHILDREN: dict[str, list[tuple[str, str]]] = {
 ENTRY_POINTS = {f"lying_{lie}": f"{MODULE}:lying_{lie}" for lie in CHILDREN}
 
 
-def __getattr__(name: str):
-    """`lying_<lie>`: its plugin (it imports the torch plugin, which the worker never needs)."""
-    lie = name.removeprefix("lying_")
-    if lie not in CHILDREN:
-        raise AttributeError(name)
-    from fbench_lying_backends import LyingBackend
-
-    class ChildBackend(LyingBackend):
-        def plan(self, job, env):
-            return super().plan(job, env).model_copy(update={"module": MODULE})
-
-    return ChildBackend(lie)
+__getattr__ = plugins_of(MODULE, CHILDREN)
 
 
 if __name__ == "__main__":
-    job_file, lie = sys.argv[1], sys.argv[2]
-    LIES.update(CHILDREN)  # where `lied_source` reads them: in this process only (LIES names the other plugins)
-    worker = str(worker_path())
-    sys.argv = [worker, job_file]
-    exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
+    run(CHILDREN)

@@ -8,9 +8,7 @@ import: the plugins are made when an entry point asks for one.
 
 from __future__ import annotations
 
-import sys
-
-from fbench_lying_worker import LIES, lied_source, worker_path
+from fbench_lying_worker import plugins_of, run
 
 MODULE = "fbench_lying_recipes"
 CLIP = "        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n"
@@ -26,23 +24,8 @@ RECIPES: dict[str, list[tuple[str, str]]] = {
 ENTRY_POINTS = {f"lying_{lie}": f"{MODULE}:lying_{lie}" for lie in RECIPES}
 
 
-def __getattr__(name: str):
-    """`lying_<recipe>`: its plugin (it imports the torch plugin, which the worker never needs)."""
-    lie = name.removeprefix("lying_")
-    if lie not in RECIPES:
-        raise AttributeError(name)
-    from fbench_lying_backends import LyingBackend
-
-    class RecipeBackend(LyingBackend):
-        def plan(self, job, env):
-            return super().plan(job, env).model_copy(update={"module": MODULE})
-
-    return RecipeBackend(lie)
+__getattr__ = plugins_of(MODULE, RECIPES)
 
 
 if __name__ == "__main__":
-    job_file, lie = sys.argv[1], sys.argv[2]
-    LIES.update(RECIPES)  # where `lied_source` reads them: in this process only (LIES names the other plugins)
-    worker = str(worker_path())
-    sys.argv = [worker, job_file]
-    exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
+    run(RECIPES)

@@ -247,7 +247,27 @@ def changed_lines(lie: str) -> int:
     return sum(d.startswith(("+ ", "- ")) for d in diff)
 
 
-if __name__ == "__main__":
+def run(more: dict[str, list[tuple[str, str]]] | None = None) -> None:
+    """`python -m MODULE JOB LIE`: the lie's worker run as the real one (`more`: a module's lies of
+    its own, added to LIES in this process only: LIES names the plugins of this module)."""
     job_file, lie = sys.argv[1], sys.argv[2]
-    sys.argv = [str(worker_path()), job_file]
-    exec(compile(lied_source(lie), str(worker_path()), "exec"), {"__name__": "__main__", "__file__": str(worker_path())})
+    LIES.update(more or {})
+    worker = str(worker_path())
+    sys.argv = [worker, job_file]
+    exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
+
+
+def plugins_of(module: str, lies: dict[str, list[tuple[str, str]]]):
+    """The `__getattr__` of a module of more lies: `lying_<lie>` is its plugin, a `LyingBackend`
+    running `module` (made on demand: it imports the torch plugin, which the worker never needs)."""
+    def plugin(name: str):
+        lie = name.removeprefix("lying_")
+        if lie not in lies:
+            raise AttributeError(name)
+        from fbench_lying_backends import LyingBackend
+        return LyingBackend(lie, module=module)
+    return plugin
+
+
+if __name__ == "__main__":
+    run()
