@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check, unchecked
 from framework_bench.plugins import registry as plugins
-from framework_bench.run import design, pipeline
+from framework_bench.run import design, pipeline, preflight
 from framework_bench.run.options import RunOptions
 from framework_bench.run.reference import reference_backend
 from framework_bench.run.round import Round
@@ -58,8 +58,11 @@ class Conformance(BaseModel):
 
 def check_backend(backend: str, root: Path | None = None, scenario: str = SCENARIO,
                   settings_mode: str = "matched", timeout: float | None = 900) -> Conformance:
-    """Run `backend` on `scenario` (the CPU conformance scenario by default) and judge each point."""
+    """Run `backend` on `scenario` (the CPU conformance scenario by default) and judge each point.
+    Raises `preflight.Refused` when a run folder's name would be too long."""
     scn = scenarios_.load(scenario)
+    if problem := preflight.overlong_run_folder([backend, *filter(None, [reference_backend()])], [scn]):
+        raise preflight.Refused(problem)
     # an older plugin's worker fills its trained weights at start-up: its reference runs start there too
     options = RunOptions(root=root, timeout=timeout, settings_mode=settings_mode,
                          pinned_seed=bool(design.older_than_reveal(plugins.backends(), [backend])))

@@ -146,9 +146,10 @@ def user_errors():
     from framework_bench.data.alpaca import DataError
     from framework_bench.envs.errors import EnvError
     from framework_bench.plugins.registry import UnknownBackend
+    from framework_bench.run.preflight import Refused
     from framework_bench.store.results import ResultsError
     from framework_bench.scenario.scenario import ScenarioError
-    return (ScenarioError, UnknownBackend, DataError, EnvError, ResultsError)
+    return (ScenarioError, UnknownBackend, DataError, EnvError, ResultsError, Refused)
 
 
 def exit_code(results) -> int:
@@ -195,19 +196,6 @@ def _digits(number: str) -> str:
     return number if len(number) <= 12 else f"{number[:12]}… ({len(number)} digits)"
 
 
-def check_run_folders(backend_names: list[str], chosen: list) -> None:
-    """Fail now when a run folder's name would be longer than a file name may be (`preflight`)."""
-    from framework_bench.run.preflight import overlong_run_folder
-    if problem := overlong_run_folder(backend_names, chosen):
-        fail(problem)
-
-
-def check_local(launcher: str | None, chosen: list) -> None:
-    for s in chosen:
-        if launcher == "local" and s.cluster.gpus > 1:
-            fail(f"{s.name} runs {s.cluster.gpus} processes; --launcher local runs one: use torchrun (the default)")
-
-
 def writable_folder(path: Path, what: str) -> None:
     """Fail now, before any training, if `path` cannot take files."""
     from framework_bench.run.preflight import unwritable
@@ -215,23 +203,8 @@ def writable_folder(path: Path, what: str) -> None:
         fail(problem)
 
 
-def preflight(store, out: Path | None = None) -> None:
-    """Everything a run writes, checked writable before launching anything."""
-    from framework_bench.run.preflight import unwritable_places
-    if problem := unwritable_places(store, out):
-        fail(problem)
-
-
-def check_scenario_names(names: list[str]) -> None:
-    """An empty scenario name is a mistake: as a path it is the folder the command was typed in."""
-    if any(not name.strip() for name in names):
-        fail(f"an empty scenario name ({next(n for n in names if not n.strip())!r}): give a scenario name, glob or "
-             "file (see `fbench scenarios`)")
-
-
 def load_scenario(name: str):
     from framework_bench.scenario import scenario
-    check_scenario_names([name])
     try:
         return scenario.load(name)
     except user_errors() as e:

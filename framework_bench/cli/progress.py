@@ -5,6 +5,7 @@ bar per job waited for."""
 from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.progress import Progress as Bars
 
 from framework_bench.cli import common, render
@@ -28,6 +29,9 @@ class Progress(Events):
 
     def __exit__(self, *_exc) -> None:
         self.bars.stop()
+
+    def recovered(self, line) -> None:
+        common.err.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
 
     def run_started(self, backend, s) -> None:
         if "current" in self.tasks:  # runs go one at a time: the one before has ended, its clock stops

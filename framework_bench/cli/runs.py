@@ -30,7 +30,7 @@ def check_backend(
     from framework_bench.run.interrupts import stop_signals_interrupt
     common.check_settings(settings)
     common.check_timeout(timeout)
-    common.check_run_folders([name, *_reference(False)], [common.load_scenario(scenario)])
+    _reference(False)  # one line, before any run, where the reference cannot be used
     try:
         with stop_signals_interrupt(), common.err.status(f"{name} on {scenario}: running"):
             report = testing.check_backend(name, scenario=scenario, settings_mode=settings, timeout=timeout)
@@ -81,15 +81,14 @@ def run(
     common.check_launcher(launcher)
     common.check_timeout(timeout)
     common.check_settings(settings)
-    common.check_local(launcher, [s])
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
     gpu = _dry_gpu(gpu, dry_run)
     reference = _reference(no_reference)
-    common.check_run_folders([backend, *reference], [s])
     request = _request([s], [backend], _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task,
                                                     sbatch_arg), trials, warmup_rounds, precision, no_reference,
-                       dry_run, gpu, wait, poll)
-    store, outcome = _campaign(request, db, None, reference, as_json)
+                       dry_run, gpu, wait, poll, None, db)
+    outcome = _campaign(request, reference)
+    store = outcome.store
     if dry_run or launcher == "slurm":
         _show(request, outcome, store, None, as_json, wide=False, verbose=verbose, settings=settings)
         return
@@ -177,7 +176,6 @@ def compare(
     common.check_settings(settings)
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
     gpu = _dry_gpu(gpu, dry_run)
-    common.check_scenario_names(scenario)
     out = common.out_folder(out)
     try:
         chosen = compare_.expand(scenario)
@@ -187,38 +185,36 @@ def compare(
     if backends_ is None and plugins.load_errors:  # every installed backend, less the broken ones: said once
         common.err.print("[yellow]skipped, broken: " + escape("; ".join(f"{n} ({why})" for n, why in plugins.load_errors.items()))
                   + "[/yellow]", highlight=False, soft_wrap=True)
-    common.check_local(launcher, chosen)
     reference = _reference(no_reference)
-    common.check_run_folders([*names, *reference], chosen)
     request = _request(chosen, names, _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task,
                                                    sbatch_arg), trials, warmup_rounds, precision, no_reference,
-                       dry_run, gpu, wait, poll)
-    store, outcome = _campaign(request, db, out, reference, as_json)
+                       dry_run, gpu, wait, poll, out, db)
+    outcome = _campaign(request, reference)
+    store = outcome.store
     points = _show(request, outcome, store, out, as_json, wide=wide, verbose=verbose, settings=settings)
     if points is not None:
         _end(outcome.results, outcome.interrupted, fail_if_slower, points, closing=True, as_json=as_json)
 
 
 def _request(chosen: list, names: list[str], options, trials, warmup_rounds: int | None, precision: float | None,
-             no_reference: bool, dry_run: bool, gpu: str | None, wait: bool, poll: float):
+             no_reference: bool, dry_run: bool, gpu: str | None, wait: bool, poll: float, out: Path | None,
+             db: Path | None):
     from framework_bench.run.campaign import Request
-    return Request(scenarios=chosen, backends=names, options=options, repeat=trials, warmup_rounds=warmup_rounds,
-                   precision=precision, no_reference=no_reference, dry_run=dry_run, gpu=gpu, wait=wait, poll=poll)
+    return Request(scenarios=chosen, backends=names, options=options.model_copy(update={"db": db}), repeat=trials,
+                   warmup_rounds=warmup_rounds,
+                   precision=precision, no_reference=no_reference, dry_run=dry_run, gpu=gpu, wait=wait, poll=poll,
+                   out=out)
 
 
-def _campaign(request, db: Path | None, out: Path | None, reference: list[str], as_json: bool):
-    """The store opened (none for a dry run), then the campaign, its events rendered: (store, outcome)."""
+def _campaign(request, reference: list[str]):
+    """The campaign, its events rendered: its outcome (one error line where it cannot start)."""
     from framework_bench.cli.progress import Progress
     from framework_bench.run.campaign import campaign
     from framework_bench.run.interrupts import stop_signals_interrupt
     from framework_bench.store.unstored import Unstored
-    store = None
-    if not request.dry_run:
-        store = common.open_store(db)
-        common.preflight(store, out if request.options.launcher != "slurm" else None)
     try:
         with Progress(request) as events, stop_signals_interrupt():
-            return store, campaign(request, store, events, reference=next(iter(reference), None))
+            return campaign(request, events, reference=next(iter(reference), None))
     except Unstored as e:
         common.fail_unstored(e)
     except common.user_errors() as e:

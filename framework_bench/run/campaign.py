@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins.contract import Machine
-from framework_bench.run import collect, compare, dry_run, submit
+from framework_bench.run import collect, compare, dry_run, pipeline, preflight, submit
 from framework_bench.run.compare import AutoStop
 from framework_bench.run.launchers.base import Submission
 from framework_bench.run.launchers.slurm_queue import JobState
@@ -24,7 +24,8 @@ from framework_bench.store.results import ResultStore
 
 
 class Request(BaseModel):
-    """What to run: checked by the caller (the CLI checks each option as it parses it)."""
+    """What to run: each option checked by the caller (the CLI, as it parses it); the request as a
+    whole by the campaign, before anything runs (`preflight.refusal`)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -39,10 +40,13 @@ class Request(BaseModel):
     gpu: str | None = Field(None, description="--dry-run only: the GPU the plans' memory and time are judged on")
     wait: bool = Field(False, description="SLURM: wait for the jobs and store each run as its job ends")
     poll: float = 30.0
+    out: Path | None = Field(None, description="where the charts and report go (--out): checked writable first")
 
 
 class Events:
     """What a campaign says as it goes; each a no-op here, the CLI's subclass renders them."""
+
+    def recovered(self, line: str) -> None: ...
 
     def run_started(self, backend: str, scenario: Scenario) -> None: ...
 
@@ -79,19 +83,30 @@ class Outcome(BaseModel):
     costs: dict[str, dry_run.TrialCost] = Field(default_factory=dict, description="--dry-run: by scenario, on GPUs")
     submitted: list[Submission] = Field(default_factory=list, description="SLURM: jobs not yet collected")
     waited: bool = Field(False, description="SLURM: the jobs were waited for (a Ctrl-C then stopped the waiting)")
+    store: ResultStore | None = Field(None, description="where the runs were stored (None: a dry run)")
 
 
-def campaign(request: Request, store: ResultStore | None, events: Events | None = None,
-             machine: Machine | None = None, reference: str | None = None) -> Outcome:
-    """Run `request`, storing each run in `store` (None: a dry run stores nothing); `reference`: the
-    reference the dry run's trial cost counts beside the backends."""
+def campaign(request: Request, events: Events | None = None, machine: Machine | None = None,
+             reference: str | None = None) -> Outcome:
+    """Run `request`, storing each run in the results store `request.options.db` (opened first, the
+    runs earlier commands could not store stored then, each said through `events.recovered`; a dry
+    run stores nothing); `reference`: the reference backend, whose run folders are checked too and
+    whose trial cost a dry run counts beside the backends. Raises `preflight.Refused` when the
+    request cannot start, before anything is written."""
+    if problem := preflight.refusal(request, reference):
+        raise preflight.Refused(problem)
     events = events or Events()
     if request.dry_run:
         return _dry(request, machine, reference)
+    store = ResultStore(request.options.db)
+    for line in pipeline.recover(store):
+        events.recovered(line)
+    if problem := preflight.unwritable_places(store, request.out if request.options.launcher != "slurm" else None):
+        raise preflight.Refused(problem)
     options = request.options.model_copy(update={"db": store.path})
     if options.launcher == "slurm":
         return _slurm(request, options, store, events)
-    outcome = Outcome()
+    outcome = Outcome(store=store)
     try:
         compare.compare(request.scenarios, request.backends, options, store=store, repeat=request.repeat,
                         warmup_rounds=request.warmup_rounds, precision=request.precision,
@@ -121,7 +136,7 @@ def _dry(request: Request, machine: Machine | None, reference: str | None) -> Ou
 def _slurm(request: Request, options: RunOptions, store: ResultStore, events: Events) -> Outcome:
     """Each round submitted as one job (refusals stored at once by their round); with `wait`, every
     job waited for and each run stored as its job ends."""
-    outcome = Outcome()
+    outcome = Outcome(store=store)
 
     def planned(name: str, s: Scenario, p: submit.Planned) -> None:
         if p.result is not None:

@@ -1,6 +1,7 @@
 """What is checked before anything is launched, so that no training is lost to it after: every
-place a run writes can take files now, and no run folder's name is longer than a file name may be.
-Each check says why not, or None."""
+place a run writes can take files now, no run folder's name is longer than a file name may be, and
+the launcher can start each scenario's processes. Each check says why not, or None; `refusal`
+is a campaign's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from framework_bench.data.packing import cache_root
 from framework_bench.plugins import registry as plugins
 from framework_bench.run.pipeline import new_run_dir, runs_root
 from framework_bench.store.results import ResultsError
+
+
+class Refused(Exception):
+    """A campaign that cannot start: the user's to fix, said in one line before anything runs."""
 
 
 def unwritable(path: Path, what: str) -> str | None:
@@ -55,4 +60,17 @@ def overlong_run_folder(backend_names: list[str], scenarios: list) -> str | None
                 return (f"the backend {name[:40]!r}{'…' if len(name) > 40 else ''} ({len(os.fsencode(name))} bytes) on "
                         f"{s.name} would write to a run folder whose name is {size} bytes, over the {limit} a file name "
                         "may have there: the backend needs a shorter name (BackendInfo.name)")
+    return None
+
+
+def refusal(request, reference: str | None) -> str | None:
+    """Why a campaign's `request` (`campaign.Request`) cannot start, or None: a multi-process
+    scenario under --launcher local, or a run folder's name too long (`reference`: the reference
+    backend, run beside the others). The places it writes are checked once the store is open
+    (`unwritable_places`)."""
+    if request.options.launcher == "local":
+        if s := next((s for s in request.scenarios if s.cluster.gpus > 1), None):
+            return f"{s.name} runs {s.cluster.gpus} processes; --launcher local runs one: use torchrun (the default)"
+    if problem := overlong_run_folder([*request.backends, *([reference] if reference else [])], request.scenarios):
+        return problem
     return None

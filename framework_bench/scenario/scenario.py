@@ -316,7 +316,11 @@ def _exists(p: Path) -> bool:
 
 
 def source_path(name_or_path: str, directory: Path = SCENARIO_DIR) -> Path:
-    """The file `load(name_or_path)` reads, resolved."""
+    """The file `load(name_or_path)` reads, resolved. An empty name is refused: as a path it is the
+    folder the command was typed in."""
+    if not name_or_path.strip():
+        raise ScenarioError(f"an empty scenario name ({name_or_path!r}): give a scenario name, glob or file "
+                            "(see `fbench scenarios`)")
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or _exists(p):
         return _resolved(p)
