@@ -35,7 +35,7 @@ def _release(version: str) -> tuple[int, ...]:
 def test_a_plugin_declaring_no_contract_is_of_contract_1_and_one_naming_the_hosts_constant_of_2():
     """`contract=CONTRACT` names the host's contract, whatever the release: it is read as the first
     contract the name stood for, never raised by the host's next release."""
-    assert BackendInfo(**BASE).contract == 1 and CONTRACT == 4
+    assert BackendInfo(**BASE).contract == 1 and CONTRACT == 5
     assert BackendInfo(**BASE, contract=CONTRACT).contract == contract.CONTRACT_NAMED_FROM == 2
     assert BackendInfo(**BASE, contract=4).contract == 4 and BackendInfo(**BASE, contract=3).contract == 3
 
@@ -78,12 +78,12 @@ class Declared(Backend):
 
 @pytest.fixture
 def declaring(tmp_path, monkeypatch, fbench_home):
-    """Plugins declaring `contract=CONTRACT`, 4 and 5, installed through entry points."""
+    """Plugins declaring `contract=CONTRACT`, 4 and 6, installed through entry points."""
     site = tmp_path / "site"
     info = site / "fbench_declaring-0.1.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fbench-declaring\nVersion: 0.1\n")
-    declared = {"named": "CONTRACT", "four": "4", "five": "5"}
+    declared = {"named": "CONTRACT", "four": "4", "six": "6"}
     (info / "entry_points.txt").write_text(
         "[fbench.backends]\n" + "".join(f"{name} = declares_{name}:Declared\n" for name in declared))
     for name, value in declared.items():
@@ -98,16 +98,16 @@ def declaring(tmp_path, monkeypatch, fbench_home):
 def test_a_plugin_outside_the_window_is_refused_in_one_line_naming_it_before_any_run(declaring, fbench_home, tmp_path):
     found = plugins.backends()
     assert found["named"].info.contract == 2 and found["four"].info.contract == 4
-    assert "five" not in found
-    why = plugins.load_errors["five"]
-    assert why == (f"it declares plugin contract 5, newer than fbench {framework_bench.__version__}, which runs "
-                   f"plugin contracts 1 to 4, contract 1 until 0.4.0: upgrade fbench")
-    res = CliRunner().invoke(app, ["run", "--scenario", "tiny_cpu", "--backend", "five",
+    assert "six" not in found
+    why = plugins.load_errors["six"]
+    assert why == (f"it declares plugin contract 6, newer than fbench {framework_bench.__version__}, which runs "
+                   f"plugin contracts 1 to 5, contract 1 until 0.4.0: upgrade fbench")
+    res = CliRunner().invoke(app, ["run", "--scenario", "tiny_cpu", "--backend", "six",
                                    "--db", str(tmp_path / "r.sqlite")])
     assert res.exit_code == 1 and "Traceback" not in res.output
     [line] = res.stderr.strip().splitlines()
-    assert line.endswith(f"the backend 'five' is installed but broken: {why}"), line
-    assert not list(fbench_home.glob("runs/*five*"))  # nothing was started
+    assert line.endswith(f"the backend 'six' is installed but broken: {why}"), line
+    assert not list(fbench_home.glob("runs/*six*"))  # nothing was started
 
 
 def test_a_contract_older_than_the_window_is_refused_naming_the_one_to_declare(declaring, monkeypatch):
@@ -118,8 +118,8 @@ def test_a_contract_older_than_the_window_is_refused_naming_the_one_to_declare(d
     found = plugins.backends()
     assert "four" in found and "named" not in found
     assert plugins.load_errors["named"] == (
-        f"it declares plugin contract 2; fbench {framework_bench.__version__} runs plugin contracts 3 to 4, contract 3 "
-        'until 0.5.0: update it to contract 4 (CONTRIBUTING.md, "Compatibility and the contract version")')
+        f"it declares plugin contract 2; fbench {framework_bench.__version__} runs plugin contracts 3 to 5, contract 3 "
+        'until 0.5.0: update it to contract 5 (CONTRIBUTING.md, "Compatibility and the contract version")')
 
 
 def test_an_unverified_run_is_no_share_of_the_reference():

@@ -95,11 +95,11 @@ def test_the_claimless_fake_of_the_current_contract_is_invalid(lie_runs, monkeyp
     result = lie_runs("lying_no_claims")
     assert result.status == "invalid"
     assert result.reason.startswith(f"claims missing, which plugin contract {CONTRACT} requires:")
-    for claim in ("clock", "rows", "throughput", "parameters", "settings", "update", "initial_reveal"):
+    for claim in ("clock", "rows", "throughput", "parameters", "settings", "update", "initial_reveal", "warmup_update"):
         assert claim in result.reason
     off = judged_again(result, monkeypatch, f"clock,update,{verify.CLAIMS}")
     assert off.status == "ok", off.reason
-    assert len([f for f in off.flags if "unverified: " in f]) == 5  # each missing claim flagged, as before claims were required
+    assert len([f for f in off.flags if "unverified: " in f]) == 6  # each missing claim flagged, as before claims were required
 
 
 def test_the_stamps_judge_a_run_as_written(tmp_path):

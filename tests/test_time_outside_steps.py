@@ -28,10 +28,11 @@ SCENARIO = tiny(name="tiny_outside_steps", context_length=256, steps={"warmup": 
 # lie -> (the check that must catch it, the checks switched off to show the lie is live). Under
 # a heavy load the optimizer step between steps outgrows the clock's 10 % slack too.
 CAUGHT_BY = {
-    "train_after_steps": ("losses_in_time", "losses_in_time"),
-    "trained_in_warmup": ("warmup", "warmup"),
+    "train_after_steps": ("losses_in_time", "losses_in_time,warmup_update"),
+    # `warmup` first; where it stands aside under load, `warmup_update_parity` (an invalid run is judged no further)
+    "trained_in_warmup": ("warmup|warmup_update_parity", "warmup,warmup_update_parity"),
     "claims_moved": ("clock", "clock"),
-    "optimizer_between_steps": ("gaps", "gaps,clock"),
+    "optimizer_between_steps": ("gaps", "gaps,clock,median_step,warmup_update_parity"),
 }
 
 
@@ -63,11 +64,12 @@ def test_the_honest_copy_and_the_reference_pass_every_time_check(runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("lie", list(CAUGHT_BY))
 def test_time_outside_the_measured_steps_is_invalid_naming_its_check_and_live_without_it(lie, runs, monkeypatch):
-    check, off = CAUGHT_BY[lie]
+    checks, off = CAUGHT_BY[lie]
     result = runs[f"lying_{lie}"]
     assert result.status == "invalid", (result.status, result.reason)
-    assert f"{check} check failed" in result.reason, result.reason
-    assert {c.name: c.status for c in result.checks}[check] == "fail"
+    status = {c.name: c.status for c in result.checks}
+    caught = [check for check in checks.split("|") if status.get(check) == "fail"]
+    assert caught and f"{caught[0]} check failed" in result.reason, result.reason
 
     again = judged_again(result, runs["torch"], monkeypatch, off)
     # A lie whose measured steps run forward only can span under the 0.2 s the CPU share needs

@@ -31,11 +31,12 @@ def test_an_honest_backend_passes_every_check(fakes, tmp_path):
     assert {n: c.status for n, c in checks.items()} == {n: "pass" for n in
                                                          ("tokens", "steps", "rows", "throughput", "parameters", "settings",
                                                           "clock", "pauses", "gaps", "warmup_time", "warmup", "cpu",
-                                                          "initial_weights", "update", "losses_in_time", "initial_reveal")}
+                                                          "initial_weights", "update", "losses_in_time", "initial_reveal",
+                                                          "warmup_update", "median_step")}
     assert result.settings["trainer"] == "fake-loop-ok" and not result.flags
     with ResultStore(tmp_path / "r.sqlite") as store:
         row = store.get(store.add(result, scenario.load("tiny_cpu")))
-    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 16
+    assert row["status"] == "ok" and [c["status"] for c in row["checks"]] == ["pass"] * 18
     assert row["settings"]["zero_stage"] == 0 and row["settings_mode"] == "matched"
 
 
@@ -100,7 +101,7 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
                 if len(cells := line.split("│")) > 3 and cells[1].strip()}  # not a wrapped detail's next line
     assert verdicts == {p: "pass" for p in ("run", "tokens", "steps", "rows", "throughput", "parameters", "settings",
                                             "clock", "pauses", "gaps", "warmup_time", "warmup", "cpu", "update",
-                                            "losses_in_time", "initial_reveal")}
+                                            "losses_in_time", "initial_reveal", "warmup_update", "median_step")}
     liar = CliRunner().invoke(app, ["check-backend", "fake_double_tokens"])
     assert liar.exit_code == 1
     assert "fail" in liar.output and "reports 1024 tokens" in liar.output

@@ -6,10 +6,11 @@ process tree (the worker, torchrun, its ranks, and whatever they started: every 
 at that stamp, with the time of the children they reaped; `tree_cpu_seconds`): the time its
 threads ran, and the time they waited runnable for a CPU; and the whole machine's busy time,
 which less the tree's is the other
-work the run shared the machine with. It stamps the worker's update claim (`UPDATE_FILE`) when it appears,
-reveals the initial seed of the trained weights once every rank said it is ready for its first
-step, and the update projection's seed once every rank ended the last step
-(`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU
+work the run shared the machine with. It stamps the worker's update claims (`UPDATE_FILE`, the
+warm-up's `WARMUP_UPDATE_FILE`) when they appear, reveals the initial seed of the trained weights
+once every rank said it is ready for its first step, the seed of the projection at the warm-up's
+end once every rank ended the last warm-up step, and the update projection's seed once every rank
+ended the last step (`framework_bench/measure/update.py`), noting then how far the loss records reach, and on GPU
 records what NVML reports over the steps (`framework_bench/measure/nvml.py`, never judged). The stamps are kept in the run folder
 (`STAMPS_FILE`); `clock_checks.py` judges them after the run.
 
@@ -42,6 +43,7 @@ from framework_bench.measure import update
 from framework_bench.measure.update import Reveal
 from framework_bench.worker.files import CLOCK_DIR, UPDATE_FILE
 from framework_bench.worker.losses import LOSSES_DIR
+from framework_bench.worker.update import WARMUP_UPDATE_FILE
 
 STAMPS_FILE = "host_clock.json"
 POLL_SECONDS = 0.005  # without inotify, a stamp is at most this late (plus scheduling)
@@ -157,6 +159,8 @@ class Watcher:
         self.initial_revealed: dict | None = None  # {"seed", "stamp"} once the initial seed was written
         self._ready: set[int] = set()
         self.update_claim: dict | None = None  # {"stamp"} when the worker's update claim appeared
+        self.warmup_revealed: dict | None = None  # {"seed", "stamp", "after_step"} once the warm-up's seed was written
+        self.warmup_claim: dict | None = None  # {"stamp"} when the worker's projection at the warm-up's end appeared
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fbench-clock", daemon=True)
 
@@ -177,7 +181,8 @@ class Watcher:
         try:
             self.out.write_text(json.dumps({"warmup": self.warmup, "cpu_read": self.cpu, "cpus": os.cpu_count(), "nvml": nvml,
                                             "initial_reveal": self.initial_revealed, "reveal": self.revealed,
-                                            "update_claim": self.update_claim,
+                                            "update_claim": self.update_claim, "warmup_reveal": self.warmup_revealed,
+                                            "warmup_update_claim": self.warmup_claim,
                                             "ranks": {str(r): ev for r, ev in self.events.items()}}))
         except OSError:  # a full disk: the run is still read back; its clock is then unverified, said so
             pass
@@ -200,6 +205,8 @@ class Watcher:
             polls += 1
             self._read()
             self._see_update_claim()
+            if self.warmup_revealed is not None:
+                self._see_warmup_claim(time.monotonic())
         if notify:
             notify.close()
 
@@ -237,7 +244,10 @@ class Watcher:
         cpu = self._cpu(stamp)
         if event == "end" and isinstance(step, int):
             self._last_end[rank] = step
+            self._reveal_warmup(stamp)
             self._reveal_after(stamp)
+        elif event == "begin" and self.warmup_claim is None and self.warmup_revealed is not None:
+            self._see_warmup_claim(stamp)  # the claim is renamed into place before this line is written
         elif event == "ready":
             self._ready.add(rank)
             self._reveal_initial(stamp, cpu)
@@ -263,6 +273,24 @@ class Watcher:
         the time from the reveal to it is the projection's, unless the worker trained there."""
         if self.update_claim is None and (self.run_dir / UPDATE_FILE).exists():
             self.update_claim = {"stamp": time.monotonic()}
+
+    def _see_warmup_claim(self, stamp: float) -> None:
+        """Stamp the worker's projection at the warm-up's end when it first shows in the run folder
+        (at the latest with the begin line written after it: so it is stamped no later than that)."""
+        if self.warmup_claim is None and (self.run_dir / WARMUP_UPDATE_FILE).exists():
+            self.warmup_claim = {"stamp": stamp}
+
+    def _reveal_warmup(self, stamp: float) -> None:
+        """Reveal the seed of the projection at the warm-up's end once every rank's clock says it
+        ended the last warm-up step (none without warm-up steps)."""
+        if self.reveal is None or self.warmup_revealed is not None or not self.warmup:
+            return
+        if sum(step >= self.warmup for step in self._last_end.values()) >= self.reveal.ranks:
+            try:
+                self.reveal.write_warmup(self.run_dir)
+            except OSError:  # a full disk: no seed, so no projection; the claim is then missing
+                return
+            self.warmup_revealed = {"seed": self.reveal.warmup_seed, "stamp": stamp, "after_step": self.warmup}
 
     def _reveal_initial(self, stamp: float, cpu: tuple | None) -> None:
         """Reveal the initial seed once every rank said it is ready for its first step."""
@@ -313,7 +341,8 @@ def _watch_on_node(argv: list[str]) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     projection = int(sys.stdin.readline())
     reveal = Reveal(after_step=int(steps), ranks=int(ranks), seed=projection,
-                    initial_seed=update.derived_initial_seed(projection))
+                    initial_seed=update.derived_initial_seed(projection),
+                    warmup_seed=update.derived_warmup_seed(projection, None))
     with Watcher(Path(run_dir), int(warmup), cpu="cpu" in reads, gpus="all" if "all" in reads else None,
                  reveal=reveal):
         if not command:

@@ -8,6 +8,13 @@ measured step ended), and of the time from each reveal to what the worker did ne
   the last rank's first step (`first_window_seconds`, on CPU runs also the process tree's CPU
   work in it) is held against the reference's in `first_window_check`: training there shows;
   training before the reveal starts from weights nobody knew;
+- warmup_update (`warmup_update_check`; a claim of plugin contract 5): when the warm-up ended,
+  the worker projected its live weights with the seed the host revealed on seeing every rank end
+  the last warm-up step (`framework_bench/worker/update.py`: report_at_warmup_end), and the
+  projection was in the run folder before rank 0's first measured step began. The referee holds it
+  against the reference's (`update.parity` of `update.WARMUP_UPDATE`): the reference's weights there
+  are its warm-up's training alone, so training of later steps done inside the warm-up shows, and
+  the projection cannot be made after the timed steps from weights trained again;
 - losses_in_time (`losses_in_time_check`): when the last measured step ended (the seed's
   reveal), rank 0's loss records reached the step before it, and no record written by then was
   changed after. A step's loss needs the updates of the steps before it, so a worker that
@@ -29,7 +36,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from framework_bench.measure.clock_checks import WARMUP_OTHERS_SHARE, StepWindow
+from framework_bench.measure import update
+from framework_bench.measure.clock_checks import WARMUP_OTHERS_SHARE, StepWindow, windows
 from framework_bench.measure.verify import Check
 from framework_bench.worker import initial_weights_host
 from framework_bench.worker.losses import LOSSES_DIR
@@ -144,6 +152,30 @@ def first_window_check(run, reference) -> Check | None:
             "busy: not judged beside other work"))
     return Check(name="first_window", status="fail", figures=out, detail=(
         f"{detail}: above {limit:.3f}, work done before the first step"))
+
+
+def warmup_update_check(stamps: dict | None, run_dir: Path, adapters: bool = False) -> Check | None:
+    """The projection the worker made when the warm-up ended (`update.check` of
+    `update.WARMUP_UPDATE`), and that it was in the run folder when rank 0's first measured step
+    began (the watcher stamps it no later than the begin line written after it). None without
+    stamps (the clock check says why) or warm-up steps."""
+    if stamps is None or not stamps.get("warmup"):
+        return None
+    checked = update.check(run_dir, stamps, adapters, of=update.WARMUP_UPDATE)
+    if checked.status != "pass":
+        return checked
+    warmup, reveal, claim = stamps["warmup"], stamps["warmup_reveal"], stamps.get("warmup_update_claim") or {}
+    first = next((w.begin for w in windows((stamps.get("ranks") or {}).get("0", [])) if w.step == warmup + 1), None)
+    if first is None:
+        return None  # no measured step on rank 0: the clock check says so
+    if "stamp" not in claim or claim["stamp"] > first:
+        late = "after the run ended" if "stamp" not in claim else f"{claim['stamp'] - first:.3f} s after it began"
+        return Check(name=checked.name, status="fail", figures=checked.figures, detail=(
+            f"the projection of the weights when the warm-up ended appeared {late}: rank 0's first measured step "
+            "began before the worker made it"))
+    figures = {**checked.figures, "seconds_from_reveal": round(claim["stamp"] - reveal["stamp"], 4)}
+    return Check(name=checked.name, status="pass", figures=figures, detail=(
+        f"{checked.detail}, {figures['seconds_from_reveal']:.3f} s after it, before the first measured step"))
 
 
 def _digest(path: Path, size: int) -> str | None:

@@ -9,8 +9,10 @@ the last measured step ended, and its checks of the worker's projection
   a secret drawn at start-up, so every run of one `fbench compare` (or `check-backend`) on a
   scenario projects onto the same vector, and no worker can know it before its reveal. Under
   SLURM the watcher on the node draws its own (no run there has a reference to match).
-- `check`: the worker projected with the revealed seed, and the weights moved.
-- `parity`: the projection equals the reference's on the same rows and seeds, where both
+- `check`: the worker projected with the revealed seed, and the weights moved; the same of the
+  projection the worker makes when the warm-up ends (`WARMUP_UPDATE`: the watcher reveals its seed
+  once every rank ended the last warm-up step; `reveal_checks.warmup_update_check` adds when).
+- `parity`: the projection (or the warm-up's) equals the reference's on the same rows and seeds, where both
   weighed each token alike (the same loss normalisation `scheme`, framework_bench/measure/losses.py):
   |p - p_ref| / |dw_ref|, the difference over the reference's update norm (reported with the
   projection, computed in the same pass). The projection is ~N(0, |dw|^2) over the random
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework_bench.worker.files import INITIAL_REVEAL_FILE, REVEAL_FILE, UPDATE_FILE
+from framework_bench.worker.update import WARMUP_REVEAL_FILE, WARMUP_UPDATE_FILE
 
 _PROCESS_SECRET = secrets.token_bytes(16)
 # |p - p_ref| / |dw_ref| (fp32 / bf16 autocast): far above what honest backends measured against
@@ -81,18 +84,36 @@ def derived_initial_seed(projection_seed: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"initial/{projection_seed}".encode(), digest_size=4).digest(), "big") >> 1
 
 
+def derived_warmup_seed(projection_seed: int, secret: bytes | None = _PROCESS_SECRET) -> int:
+    """The seed of the projection at the warm-up's end, from the round's projection seed: the runs
+    of a round share it. Keyed by this host process's secret, so that no worker can work the
+    projection seed out of it; a SLURM job's watcher (a process of its own) derives it unkeyed
+    (`secret=None`), as its initial seed, for its round's runs to share it."""
+    digest = hashlib.blake2b(f"warmup/{projection_seed}".encode(), key=secret or b"", digest_size=4).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 @dataclass(frozen=True)
 class Reveal:
-    """Reveal `initial_seed` once each of `ranks` ranks said it is ready for its first step, and
-    `seed` (the projection's) once each ended step `after_step` (the last one)."""
+    """Reveal `initial_seed` once each of `ranks` ranks said it is ready for its first step,
+    `warmup_seed` (its projection's) once each ended the last warm-up step, and `seed` (the projection's)
+    once each ended step `after_step` (the last one)."""
 
     after_step: int
     ranks: int
     seed: int
     initial_seed: int
+    warmup_seed: int | None = None  # None: this host process's (`derived_warmup_seed`)
+
+    def __post_init__(self) -> None:
+        if self.warmup_seed is None:
+            object.__setattr__(self, "warmup_seed", derived_warmup_seed(self.seed))
 
     def write(self, run_dir: Path) -> None:
         _write(Path(run_dir) / REVEAL_FILE, {"projection_seed": self.seed})
+
+    def write_warmup(self, run_dir: Path) -> None:
+        _write(Path(run_dir) / WARMUP_REVEAL_FILE, {"projection_seed": self.warmup_seed})
 
     def write_initial(self, run_dir: Path) -> None:
         _write(Path(run_dir) / INITIAL_REVEAL_FILE, {"initial_seed": self.initial_seed})
@@ -104,9 +125,24 @@ def _write(path: Path, content: dict) -> None:
     tmp.replace(path)  # whole or absent: the worker polls for it
 
 
-def _claim(run_dir: Path) -> dict | None:
+@dataclass(frozen=True)
+class Claim:
+    """A projection claim: its check's name, the worker's file, the watcher's record of its seed's
+    reveal (in the stamps), and when that seed is revealed, in words."""
+
+    name: str
+    file: str
+    reveal: str
+    when: str
+
+
+UPDATE = Claim("update", UPDATE_FILE, "reveal", "after the last step")
+WARMUP_UPDATE = Claim("warmup_update", WARMUP_UPDATE_FILE, "warmup_reveal", "when the warm-up ended")
+
+
+def _claim(run_dir: Path, file: str = UPDATE_FILE) -> dict | None:
     try:
-        claim = json.loads((Path(run_dir) / UPDATE_FILE).read_text())
+        claim = json.loads((Path(run_dir) / file).read_text())
         norm = claim.get("norm")  # absent from an older worker SDK's claim
         parts = {f"{part}_{figure}": float(claim[part][figure]) for part in ("adapters", "base") if part in claim
                  for figure in ("projection", "norm")}  # LoRA: each part alone
@@ -118,42 +154,44 @@ def _claim(run_dir: Path) -> dict | None:
         return None
 
 
-def check(run_dir: Path, stamps: dict | None, adapters: bool = False):
-    """The `update` check of a finished run, from the worker's claim and the host's record of
-    the seed it revealed (`stamps`, the watcher's record: `clock_checks.load_stamps`). With LoRA
-    adapters (`adapters`) two figures more: the frozen base did not move (`unmoved`: |dw| 0 but
-    for the rounding of recomputed initial values) and the adapters did."""
+def check(run_dir: Path, stamps: dict | None, adapters: bool = False, of: Claim = UPDATE):
+    """The `update` check of a finished run (or `of` another projection claim), from the worker's
+    claim and the host's record of the seed it revealed (`stamps`, the watcher's record:
+    `clock_checks.load_stamps`). With LoRA adapters (`adapters`) two figures more: the frozen base
+    did not move (`unmoved`: |dw| 0 but for the rounding of recomputed initial values) and the
+    adapters did."""
     from framework_bench.measure.verify import Check  # here: the node-side watcher imports this module
 
-    claim, revealed = _claim(run_dir), (stamps or {}).get("reveal")
+    name, claim, revealed = of.name, _claim(run_dir, of.file), (stamps or {}).get(of.reveal)
     if claim is None:
-        why = "" if revealed else " (the host revealed no projection seed: it never saw the last step end on every rank)"
-        return Check(name="update", status="unverified", detail=f"unverified: the worker reported no update projection{why}")
+        why = "" if revealed else f" (the host revealed no seed: it never saw every rank get there, {of.when})"
+        return Check(name=name, status="unverified",
+                     detail=f"unverified: the worker reported no projection {of.when}{why}")
     if not revealed:
-        return Check(name="update", status="unverified", detail="unverified: the host kept no record of a revealed seed")
+        return Check(name=name, status="unverified", detail="unverified: the host kept no record of a revealed seed")
     figures = {**claim, "revealed_seed": revealed["seed"]}
     if claim["projection_seed"] != revealed["seed"]:
-        return Check(name="update", status="fail", figures=figures,
+        return Check(name=name, status="fail", figures=figures,
                      detail=f"projected with seed {claim['projection_seed']}, the host revealed {revealed['seed']}")
     if not math.isfinite(claim["projection"]) or claim["projection"] == 0.0:
-        return Check(name="update", status="fail", figures=figures, detail=(
-            f"the update projects to {claim['projection']}: "
+        return Check(name=name, status="fail", figures=figures, detail=(
+            f"the weights project to {claim['projection']} {of.when}: "
             + ("the weights never changed" if claim["projection"] == 0.0 else "not a number")))
-    detail = f"(final - initial weights) . v = {claim['projection']:.6e} with the seed revealed after the last step"
+    detail = f"(weights - initial weights) . v = {claim['projection']:.6e} with the seed revealed {of.when}"
     if not adapters:
-        return Check(name="update", status="pass", figures=figures, detail=detail)
+        return Check(name=name, status="pass", figures=figures, detail=detail)
     if "base_norm" not in claim or "adapters_norm" not in claim:
-        return Check(name="update", status="unverified", figures=figures, detail=(
+        return Check(name=name, status="unverified", figures=figures, detail=(
             "unverified: the worker's projection does not part the frozen base from the adapters (an older worker SDK)"))
     base, adapted = claim["base_norm"], claim["adapters_norm"]
     if not adapted > 0.0:  # NaN fails too
-        return Check(name="update", status="fail", figures=figures,
+        return Check(name=name, status="fail", figures=figures,
                      detail=f"the adapters never changed: |dw| over the adapters {adapted}")
     if not unmoved(base, adapted):
-        return Check(name="update", status="fail", figures=figures, detail=(
+        return Check(name=name, status="fail", figures=figures, detail=(
             f"the frozen base moved: |dw| over the base {base:.3e}, over the adapters {adapted:.3e}"))
     still = "|dw| 0" if base == 0.0 else f"|dw| {base:.1e}, the rounding of a recomputed initial value"
-    return Check(name="update", status="pass", figures=figures,
+    return Check(name=name, status="pass", figures=figures,
                  detail=f"{detail}; base unchanged ({still}), adapters |dw| {adapted:.3e}")
 
 
@@ -182,8 +220,8 @@ def _part_norms(figures: dict) -> dict[str, float]:
             if key.startswith(PART) and key.endswith(":norm")}
 
 
-def _passed(result) -> dict | None:
-    return next((c.figures for c in result.checks if c.name == "update" and c.status == "pass"), None)
+def _passed(result, of: Claim = UPDATE) -> dict | None:
+    return next((c.figures for c in result.checks if c.name == of.name and c.status == "pass"), None)
 
 
 def parts_parity(run, reference, name: str = "update_parts"):
@@ -226,13 +264,14 @@ def parts_parity(run, reference, name: str = "update_parts"):
         f"each of {len(ratios)} parts moved as {reference.backend}'s: |dw| ratios {spread}"))
 
 
-def parity(run, reference, precision: str, name: str = "update_parity"):
-    """The run's update projection against the reference's (`RunResult`s), or None when either
-    has no passed `update` check to compare (the run's own checks say why)."""
+def parity(run, reference, precision: str, name: str = "update_parity", of: Claim = UPDATE):
+    """The run's update projection (or `of` another projection claim: `WARMUP_UPDATE`) against the
+    reference's (`RunResult`s), or None when either has no passed check of it to compare (the
+    run's own checks say why)."""
     from framework_bench.measure import losses
     from framework_bench.measure.verify import Check
 
-    mine, theirs = _passed(run), _passed(reference)
+    mine, theirs = _passed(run, of), _passed(reference, of)
     if mine is None or theirs is None:
         return None
     if mine["projection_seed"] != theirs["projection_seed"]:
@@ -261,5 +300,5 @@ def parity(run, reference, precision: str, name: str = "update_parity"):
         return Check(name=name, status="unverified", figures=figures, detail=f"{detail}; not judged: {why}")
     if not off <= tolerance:  # NaN fails too
         return Check(name=name, status="fail", figures=figures,
-                     detail=f"{detail}: the weights moved otherwise than the reference's")
+                     detail=f"{detail}: the weights moved otherwise than the reference's, {of.when}")
     return Check(name=name, status="pass", figures=figures, detail=detail)

@@ -54,7 +54,8 @@ THROUGHPUT_TOLERANCE = 0.10
 # Checks whose failure makes a run invalid; the others are flagged only.
 BLOCKING = ("tokens", "steps", "rows", "parameters", "trainable", "initial_weights", "parity",
             "clock", "pauses", "gaps", "warmup", "cpu", "losses_in_time", "update", "update_parity",
-            "update_parts", "fp32_twin", "dropout_twin", "initial_reveal", "first_window")
+            "update_parts", "fp32_twin", "dropout_twin", "initial_reveal", "first_window", "warmup_update", "warmup_update_parity",
+            "median_step")
 # Tests only: check names (comma-separated) left out of the judgement, so that a test can show
 # that a lie it catches with the check would pass without it (the lie is live); `claims` leaves
 # out the rule of the current contract that every claim be made (one not made is then a flag).
@@ -66,7 +67,7 @@ REQUIRED_SETTINGS = ("trainer", "optimizer", "optimizer_impl", "param_dtype", "a
                      "activation_checkpointing", "zero_stage")
 # The plugin contract (`framework_bench.plugins.contract.CONTRACT`) from which each claim is
 # required; every claim not named here is required from contract 2.
-CLAIMED_SINCE = {"update": 3, "initial_reveal": 4}
+CLAIMED_SINCE = {"update": 3, "initial_reveal": 4, "warmup_update": 5}
 
 
 def claimed_since(check: str) -> int:

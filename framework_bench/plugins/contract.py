@@ -124,11 +124,13 @@ class _HostContract(int):
 # claim of `WorkerReport` are required; a run missing one is `invalid`. 3: the update projection
 # after training too (framework_bench/worker/update.py). 4: the trained weights filled from the
 # seed the host reveals once the worker is ready for its first step (`initial_reveal`:
-# framework_bench/worker/initial_weights_worker.py, fill_revealed). A plugin declares, as a number,
+# framework_bench/worker/initial_weights_worker.py, fill_revealed). 5: the live weights projected when
+# the warm-up ends, onto a vector whose seed the host reveals then (`warmup_update`:
+# framework_bench/worker/update.py, report_at_warmup_end). A plugin declares, as a number,
 # the contract it was written against (`BackendInfo.contract`); one declaring none is of contract 1.
 # A claim its contract does not name leaves its run `unverified` (framework_bench/measure/verify.py:
 # CLAIMED_SINCE).
-CONTRACT = _HostContract(4)
+CONTRACT = _HostContract(5)
 # A plugin declaring `contract=CONTRACT` (as CONTRIBUTING told it to up to 0.3.0) names whichever
 # contract the host it runs on implements, not the one it was written against: the host's next
 # release would require claims its worker never makes, and end every run `invalid`. It is read as

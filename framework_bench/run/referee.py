@@ -114,6 +114,7 @@ def _parity(result: RunResult, reference: RunResult, scenario: Scenario, *twin_c
     checks = [c for c in (losses.parity(result, reference, scenario.precision),
                           update.parity(result, reference, scenario.precision),
                           update.parts_parity(result, reference),
+                          update.parity(result, reference, scenario.precision, "warmup_update_parity", update.WARMUP_UPDATE),
                           projection_delay_check(result, reference), first_window_check(result, reference),
                           *twin_checks) if c is not None]
     result.checks += checks

@@ -6,7 +6,8 @@ trainer, ms-swift's Seq2SeqTrainer, TRL's SFTTrainer):
   model really got, tokens counted from what it is fed) and `step_metrics_callback`, its callback;
 - `Claims`: what the host verifies, recorded from the live trainer (rows fed, each micro-batch's
   loss with the divisor and backward scale the trainer used, the settings ledger, the parameter
-  count, the initial weights revealed at `on_train_begin`, the update projection at its end);
+  count, the initial weights revealed at `on_train_begin`, the projection of the weights when the
+  warm-up ends and the update projection at the end);
 - `effective_settings`, `backward_scale`, `normalization`: read from the live trainer;
 - `write_run_report`: once the trainer returned, the steps counted and the worker report written.
 """
@@ -189,7 +190,8 @@ class Claims:
                 # fp32 copies refreshed); then read back as the first step trains from them
                 started = time.perf_counter()
                 initial_weights_worker.fill_revealed(model, job, clock, optimizer)
-                claims.fbench_seconds = time.perf_counter() - started  # inside HF's train_runtime
+                claims.untimed(time.perf_counter() - started)  # inside HF's train_runtime
+                update.report_at_warmup_end(model, job, clock, then=claims.untimed)  # the weights when the warm-up ends
 
             def on_step_end(self, args, state, control, **kw):
                 for ids, labels in claims.fed:
@@ -211,8 +213,12 @@ class Claims:
         self.settings: dict = {}
         self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
-        self.fbench_seconds = 0.0  # the initial seed's wait, fill and report, timed by the trainer's runtime
+        self.fbench_seconds = 0.0  # fbench's own work (the seeds' waits, fill, reports) timed by the trainer's runtime
         self.normalization: str | None = None  # set by the first loss computed (record_losses)
+
+    def untimed(self, seconds: float) -> None:
+        """Seconds of fbench's own work inside the trainer's runtime (`fbench_seconds`)."""
+        self.fbench_seconds += seconds
 
     def remember_prepared(self) -> None:
         """The model that trains is the one accelerate's `prepare_model` returns (DDP when it
@@ -300,8 +306,8 @@ def write_run_report(job: Job, recorder: StepRecorder, claims: Claims, startup, 
                      train_runtime: float, native_adapters: str, **extra) -> None:
     """Every rank once the trainer returned: the recorder closed, its optimizer steps counted (a
     trainer that ran other than the job's fails the worker), then rank 0's report, whose own
-    throughput is the HF Trainer's `train_runtime` less what fbench's `on_train_begin` took
-    inside it (the initial seed's wait, fill and report). `startup`: the worker's StartupClock;
+    throughput is the HF Trainer's `train_runtime` less what fbench's own work took inside it (the
+    initial seed's wait, fill and report; the projection when the warm-up ends). `startup`: the worker's StartupClock;
     `native_adapters`: the framework's own adapter defaults, named in a native adapter run's notes."""
     from importlib.metadata import version
 

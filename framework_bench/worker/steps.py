@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from framework_bench.worker.dist import dist_info, sync
@@ -54,9 +55,17 @@ class ClockLines:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"rank{dist_info().rank if rank is None else rank}.jsonl"
         self._fh = self.path.open("a", buffering=1)
+        self._after_end: dict[int, Callable[[], None]] = {}
+
+    def after_end(self, step: int, call: Callable[[], None]) -> None:
+        """Call `call` once, right after the end line of `step` is written: what the host reveals
+        when it sees that line (`framework_bench/worker/update.py`, `report_at_warmup_end`)."""
+        self._after_end[step] = call
 
     def write(self, event: str, step: int | None = None) -> None:
         self._fh.write(json.dumps({"event": event} if step is None else {"event": event, "step": step}) + "\n")
+        if event == "end" and step in self._after_end:
+            self._after_end.pop(step)()
 
     def close(self) -> None:
         self._fh.close()

@@ -23,6 +23,12 @@ writes `RUN_DIR/update_projection.json` ({"projection_seed", "projection", "norm
 decoder layer, final norm, head, adapters), so the host sees every part move as the reference's,
 a frozen one too small to show in the whole included; with LoRA adapters "adapters" and "base",
 so the host sees the adapters moved and the frozen base did not).
+
+`report_at_warmup_end(model, job, clock)` makes the same projection of the live weights once
+more, when the warm-up ends: right after each rank's end line of the last warm-up step, onto a
+vector whose seed the host reveals only when it sees those lines (`WARMUP_REVEAL_FILE`), before
+the first measured step begins (`WARMUP_UPDATE_FILE`). The reference's weights there are its
+warm-up's training alone; a worker that trained later steps inside the warm-up cannot match.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from framework_bench.worker.dist import dist_info
@@ -39,10 +46,15 @@ from framework_bench.worker.initial_weights_worker import (chunks, gathered, ini
                                                            standard_normal, whole)
 from framework_bench.worker.initial_weights_host import canonical_name, is_adapter, projection_key, starts_revealed
 
+# The projection at the warm-up's end: the seed the host reveals once every rank ended the last
+# warm-up step, and the worker's projection with it (read by `framework_bench/measure/update.py`).
+WARMUP_REVEAL_FILE = "warmup_projection_seed.json"
+WARMUP_UPDATE_FILE = "warmup_update_projection.json"
 
-def wait_for_reveal(run_dir: str | Path, timeout: float = REVEAL_TIMEOUT) -> int | None:
-    """The projection seed the host revealed, or None when none came within `timeout`."""
-    return wait_for_seed(Path(run_dir) / REVEAL_FILE, "projection_seed", timeout)
+
+def wait_for_reveal(run_dir: str | Path, timeout: float = REVEAL_TIMEOUT, reveal_file: str = REVEAL_FILE) -> int | None:
+    """The projection seed the host revealed (in `reveal_file`), or None when none came within `timeout`."""
+    return wait_for_seed(Path(run_dir) / reveal_file, "projection_seed", timeout)
 
 
 def part_of(name: str) -> str:
@@ -106,16 +118,38 @@ def report(model, job) -> None:
     """Every rank, after the last step, with the process group still up: wait for the host's
     projection seed, project, and (rank 0) write the result. Without a seed (no host watching
     the run) nothing is written: the host then says the claim is missing."""
-    projection_seed = wait_for_reveal(job.run_dir)
+    _project_revealed(model, job, REVEAL_FILE, UPDATE_FILE)
+
+
+def report_at_warmup_end(model, job, clock, then: Callable[[float], None] = lambda seconds: None) -> None:
+    """Every rank, once the model is set up, before the first step (after
+    `initial_weights_worker.fill_revealed`): right after the last warm-up step's end line on
+    `clock` (a `steps.ClockLines`: the step timer's), project the live weights as `report` does,
+    onto the vector the host reveals when it sees that line on every rank, before the first
+    measured step begins; then call `then` with the seconds that took (a trainer timing its whole
+    run leaves them out). Nothing without warm-up steps."""
+    warmup = job.scenario.steps.warmup
+    if warmup:
+        def project_now() -> None:
+            started = time.monotonic()
+            _project_revealed(model, job, WARMUP_REVEAL_FILE, WARMUP_UPDATE_FILE)
+            then(time.monotonic() - started)
+
+        clock.after_end(warmup, project_now)
+
+
+def _project_revealed(model, job, reveal_file: str, claim_file: str) -> None:
+    """Wait for the seed the host reveals in `reveal_file`, project, and (rank 0) write `claim_file`."""
+    projection_seed = wait_for_reveal(job.run_dir, reveal_file=reveal_file)
     if projection_seed is None:
-        print(f"fbench: no projection seed revealed in {REVEAL_TIMEOUT:.0f} s; the update is not reported",
-              file=sys.stderr)
+        print(f"fbench: no projection seed revealed in {REVEAL_TIMEOUT:.0f} s ({reveal_file}); the projection is "
+              "not reported", file=sys.stderr)
         return
     started = time.monotonic()
     parts = project(model, job.seed, job.hf_config, projection_seed, revealed_initial_seed(job.run_dir),
                     adapters=bool(job.scenario.finetune.adapters))
     if dist_info().is_main:
-        path = Path(job.run_dir) / UPDATE_FILE
+        path = Path(job.run_dir) / claim_file
         tmp = path.with_suffix(".tmp")
         value, norm = parts.pop("all")
         base = parts.pop("base", None)

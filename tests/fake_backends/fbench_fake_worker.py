@@ -22,18 +22,18 @@ import numpy as np
 
 from framework_bench.worker import ConsumedRows, Report, initial_weights_host, load_job, write_report
 from framework_bench.worker.losses import MicroLosses, supervised_after_shift
-from framework_bench.worker.files import INITIAL_REVEAL_FILE, UPDATE_FILE, MetricsWriter, wait_for_seed
-from framework_bench.worker.update import wait_for_reveal
+from framework_bench.worker.files import INITIAL_REVEAL_FILE, REVEAL_FILE, UPDATE_FILE, MetricsWriter, wait_for_seed
+from framework_bench.worker.update import WARMUP_REVEAL_FILE, WARMUP_UPDATE_FILE, wait_for_reveal
 from framework_bench.worker.steps import ClockLines
 
 
-def write_update(run_dir, step: float = 1e-3) -> None:
+def write_update(run_dir, step: float = 1e-3, reveal: str = REVEAL_FILE, claim: str = UPDATE_FILE) -> None:
     """The update projection of a model whose first embedding element moved by `step` (the fake
-    has none), onto the vector of the seed the host reveals after the last step."""
-    seed = wait_for_reveal(run_dir, timeout=30)
+    has none), onto the vector of the seed the host reveals after the last step (or `reveal`)."""
+    seed = wait_for_reveal(run_dir, timeout=30, reveal_file=reveal)
     key = initial_weights_host.projection_key(seed, "model.embed_tokens.weight")
     v = initial_weights_host.standard_normal(np.array([0]), key)
-    with open(os.path.join(run_dir, UPDATE_FILE), "w") as f:
+    with open(os.path.join(run_dir, claim), "w") as f:
         json.dump({"projection_seed": seed, "projection": step * float(v[0]), "norm": step}, f)
 
 
@@ -139,6 +139,8 @@ for step in range(1, job.steps + 1):
             "peak_mem_bytes": None, "peak_reserved_bytes": None, "rank": 0, **(OVERRIDE or {})}
     writer._fh.write(json.dumps(line) + "\n")
     clock.write("end", step)
+    if step == job.scenario.steps.warmup:  # as `update.report_at_warmup_end`: the weights when the warm-up ends
+        write_update(job.run_dir, reveal=WARMUP_REVEAL_FILE, claim=WARMUP_UPDATE_FILE)
     if mode == "slow":  # a run long enough to be caught mid-training
         time.sleep(0.4)
     if step == 3 and mode in ("garbage_line", "slow_seconds"):

@@ -28,8 +28,9 @@ def torch_env() -> BackendEnv:
 
 
 class LyingBackend(torch_plugin.TorchBackend):
-    def __init__(self, lie: str, module: str = "fbench_lying_worker", **info_fields):
+    def __init__(self, lie: str, module: str = "fbench_lying_worker", env: dict[str, str] | None = None, **info_fields):
         self.lie, self.module = lie, module  # the worker module that runs the lie
+        self.env = env or {}  # set for the worker on top of the reference's
         self.info_fields = info_fields
 
     def info(self):
@@ -43,7 +44,7 @@ class LyingBackend(torch_plugin.TorchBackend):
         plan = super().plan(job, torch_env())
         path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
         return plan.model_copy(update={"module": self.module, "args": [str(job.job_file), self.lie],
-                                       "env": {**plan.env, "PYTHONPATH": path}})
+                                       "env": {**plan.env, "PYTHONPATH": path, **self.env}})
 
     @property
     def name(self) -> str:

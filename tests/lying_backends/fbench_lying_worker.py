@@ -27,6 +27,7 @@ LEDGER = "        settings={**settings_in_effect, **adapters.settings(model)},\n
 INITIAL = "    initial_weights_worker.fill_revealed(model, job, log.timer.clock, optimizer)\n"
 WRITE = "    write_report(job, report)\n"
 UPDATE = "    update.report(model, job)  # (final - initial) weights onto the vector the host reveals now\n"
+WARMUP = "    update.report_at_warmup_end(model, job, log.timer.clock)  # the weights when the warm-up ends, projected then\n"
 OPTIMIZER = ("        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n        optimizer.step()\n"
              "        optimizer.zero_grad(set_to_none=True)\n")
 OPTIMIZER_BUILT = "    optimizer = adamw([p for p in model.parameters() if p.requires_grad], cuda)\n"
@@ -174,7 +175,7 @@ LIES: dict[str, list[tuple[str, str]]] = {
     ],
     # No backward: nothing trains; the loss records copied from the newest torch run of the scenario
     # beside it (the reference's, when it ran first) at the start, in time, its own never written;
-    # that run's update projection copied once the seed is revealed.
+    # that run's update projections (when the warm-up ended, after training) copied once each seed is revealed.
     "copies_reference": [
         (BACKWARD, ""),
         (TIMER, TIMER + "    ref = max(job.run_dir.parent.glob(f'*-{job.scenario.name}-torch-*'), key=lambda p: p.stat().st_mtime)\n"
@@ -182,6 +183,8 @@ LIES: dict[str, list[tuple[str, str]]] = {
                         "    log.losses.end_step = lambda step: None\n"),
         (UPDATE, "    update.wait_for_reveal(job.run_dir, timeout=60)\n"
                  "    shutil.copy(ref / 'update_projection.json', job.run_dir / 'update_projection.json')\n"),
+        (WARMUP, "    log.timer.clock.after_end(job.scenario.steps.warmup, lambda: (update.wait_for_reveal(job.run_dir, 60, update.WARMUP_REVEAL_FILE), "
+                 "shutil.copy(ref / update.WARMUP_UPDATE_FILE, job.run_dir / update.WARMUP_UPDATE_FILE)))\n"),
     ],
     # Keeps its final weights and loss records outside its run folder (beside the runs), once per
     # scenario; every later run of the scenario, whatever its seed, throws its training away and
@@ -257,15 +260,15 @@ def run(more: dict[str, list[tuple[str, str]]] | None = None) -> None:
     exec(compile(lied_source(lie), worker, "exec"), {"__name__": "__main__", "__file__": worker})
 
 
-def plugins_of(module: str, lies: dict[str, list[tuple[str, str]]]):
+def plugins_of(module: str, lies: dict[str, list[tuple[str, str]]], env: dict[str, str] | None = None):
     """The `__getattr__` of a module of more lies: `lying_<lie>` is its plugin, a `LyingBackend`
-    running `module` (made on demand: it imports the torch plugin, which the worker never needs)."""
+    running `module` with `env` (made on demand: it imports the torch plugin, which the worker never needs)."""
     def plugin(name: str):
         lie = name.removeprefix("lying_")
         if lie not in lies:
             raise AttributeError(name)
         from fbench_lying_backends import LyingBackend
-        return LyingBackend(lie, module=module)
+        return LyingBackend(lie, module=module, env=env)
     return plugin
 
 

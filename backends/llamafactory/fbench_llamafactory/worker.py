@@ -70,7 +70,7 @@ def write_tokenized(packed: PackedRows, rows: int, varlen: bool, target: Path) -
 V1_UNCLAIMED = {claim: "not recorded on LLaMA-Factory's v1 trainer (sequence parallel, GPU and flash-attn only): "
                        "no CPU run can prove a recorder there, so none is claimed"
                 for claim in ("rows", "settings", "parameters", "initial_weights", "initial_reveal", "update",
-                              "throughput")}
+                              "warmup_update", "throughput")}
 
 
 def build_where_trained(job: Job, startup: StartupClock) -> None:

@@ -87,6 +87,7 @@ def main(job_file: str) -> None:
     bf16 = job.scenario.precision == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
     log = StepLog(job, dist.rank)
+    update.report_at_warmup_end(model, job, log.timer.clock)  # the weights when the warm-up ends, projected then
     # the trained weights from the seed the host reveals now, every rank ready for its first step
     initial_weights_worker.fill_revealed(model, job, log.timer.clock, optimizer)
     startup.mark("initial_weights")

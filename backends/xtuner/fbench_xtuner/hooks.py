@@ -1,7 +1,7 @@
 """The mmengine hooks the worker registers on XTuner's Runner: the step clock (`StepStart`,
 `CommonMetrics`, with `StepPeak` for memory), the checks that the asked settings took effect,
 and the claims the host verifies (`Claims`: rows, micro-batch losses, the settings ledger, the
-initial weights and the update projection)."""
+initial weights, the projection of the weights when the warm-up ends and the update projection)."""
 
 from __future__ import annotations
 
@@ -142,6 +142,8 @@ class Claims(Hook):
         # DeepSpeed's engine (its fp32 copies refreshed), then read back as the first step trains from them.
         initial_weights_worker.fill_revealed(unwrap(runner.model).llm, self.job, self.metrics.timer.clock,
                                              runner.optim_wrapper)
+        # the weights when the warm-up ends, projected onto a vector the host reveals then
+        update.report_at_warmup_end(unwrap(runner.model).llm, self.job, self.metrics.timer.clock)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         labels = data_batch["data"]["labels"]
