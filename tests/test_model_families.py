@@ -334,3 +334,46 @@ def test_the_reference_trains_the_family_it_was_given(reference_runs, name):
     assert checks["initial_weights"].status == "pass" and checks["update"].status == "pass"
     job = json.loads((result.run_dir / "job.json").read_text())
     assert job["hf_config"]["architectures"] == [FAMILIES[s.arch.architecture].hf_class]
+
+
+# The tiny Qwen3-MoE with the router's auxiliary loss in its training loss, at a coefficient whose
+# share of the loss (about 0.1 x 2 against a cross-entropy of about 5.6) is far over fp32 parity's bound.
+AUX_ON = {"output_router_logits": True, "router_aux_loss_coef": 0.1}
+# What a loss without the aux loss fails: the losses, and the weights it moves (the router's)
+PARITY_CHECKS = {"parity", "update_parity", "update_parts", "warmup_update_parity"}
+
+
+@pytest.fixture(scope="module")
+def aux_loss_runs(liars, tmp_path_factory):
+    """One compare on the tiny Qwen3-MoE with the aux loss on: a copy of the torch worker whose
+    forward drops it (its ledger still saying the scenario's coefficient), torch the reference."""
+    from backend_helpers import tiny
+    from framework_bench.run import compare
+    from framework_bench.run.options import RunOptions
+
+    s = tiny(name="qwen3_moe_tiny_cpu_aux", model={"preset": "tiny-qwen3-moe", "config": AUX_ON},
+             steps={"warmup": 1, "measured": 3})
+    results = compare.compare([s], ["lying_drops_router_aux_loss"], RunOptions(root=tmp_path_factory.mktemp("aux")),
+                              warmup_rounds=0)
+    return s, {r.backend: r for r in results}
+
+
+@pytest.mark.slow  # real runs of the torch worker and its copy
+def test_a_worker_dropping_the_routers_aux_loss_its_ledger_claims_is_invalid_and_live_without_parity(
+        aux_loss_runs, monkeypatch):
+    from framework_bench.measure.verify import UNCHECKED_ENV
+    from framework_bench.run import pipeline, referee
+    from framework_bench.run.launchers import base as launch
+
+    s, results = aux_loss_runs
+    reference, lie = results["torch"], results["lying_drops_router_aux_loss"]
+    assert reference.status == "ok", reference.reason
+    for r in (reference, lie):  # both ledgers: the aux loss joins the training loss at the scenario's coefficient
+        assert r.settings["router_aux_loss_coef"] == AUX_ON["router_aux_loss_coef"], r.settings
+    assert lie.status == "invalid" and "parity check failed" in lie.reason, lie.reason
+    failed = {c.name for c in lie.checks if c.status == "fail"}
+    assert "parity" in failed and failed <= PARITY_CHECKS, failed
+    monkeypatch.setenv(UNCHECKED_ENV, ",".join(sorted(PARITY_CHECKS)))
+    again = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(lie.run_dir, lie.backend, None),
+                                          launch.Outcome("ok", 0, lie.wall_seconds, "")), reference, s)
+    assert again.status == "ok", again.reason

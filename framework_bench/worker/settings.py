@@ -115,19 +115,24 @@ def _use_reentrant(fn, depth: int = 4) -> bool | None:
 
 def model_settings(model) -> dict[str, Value]:
     """Parameter dtype, attention implementation bound in the layers, whether K/V heads are
-    repeated to the query heads (GQA), activation checkpointing and its variant."""
+    repeated to the query heads (GQA), activation checkpointing and its variant; on a
+    mixture-of-experts model, the coefficient at which the router's auxiliary loss joins the
+    training loss (0: it does not), as the live config says when training starts."""
     config = model.config
     attention = getattr(config, "_attn_implementation", None)
     heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
     checkpoint_fn = getattr(layers[0], "_gradient_checkpointing_func", None) if layers else None
-    return {
+    settings = {
         "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "attention": attention,
         "attention_kv_repeat": None if kv == heads else kv_repeat(attention),
         "activation_checkpointing": bool(layers),
         "checkpointing_reentrant": _use_reentrant(checkpoint_fn) if checkpoint_fn else None,
     }
+    if hasattr(config, "output_router_logits"):  # a MoE family: its forward adds coef * aux when this is on
+        settings["router_aux_loss_coef"] = float(config.router_aux_loss_coef) if config.output_router_logits else 0.0
+    return settings
 
 
 def kv_repeat(attention: str | None) -> str:

@@ -176,6 +176,11 @@ LIES: dict[str, list[tuple[str, str]]] = {
     # No backward: nothing trains; the loss records copied from the newest torch run of the scenario
     # beside it (the reference's, when it ran first) at the start, in time, its own never written;
     # that run's update projections (when the warm-up ended, after training) copied once each seed is revealed.
+    # A mixture-of-experts model's forward without the router's auxiliary loss, while the config,
+    # and so the settings ledger, says it joins the training loss at the scenario's coefficient.
+    "drops_router_aux_loss": [
+        (FORWARD, FORWARD.replace("num_items_in_batch=labelled)", "num_items_in_batch=labelled, output_router_logits=False)")),
+    ],
     "copies_reference": [
         (BACKWARD, ""),
         (TIMER, TIMER + "    ref = max(job.run_dir.parent.glob(f'*-{job.scenario.name}-torch-*'), key=lambda p: p.stat().st_mtime)\n"
