@@ -92,8 +92,8 @@ def test_a_one_trial_compare_ends_with_the_fastest_framework_and_how_to_get_an_i
                                    "--db", str(tmp_path / "r.sqlite"), "--out", str(tmp_path / "plots")])
     assert res.exit_code == 0, res.output
     *_, answer, hint, closing = res.output.splitlines()
-    fastest, ahead, other = re.fullmatch(r"tiny_cpu: (\S+) fastest, ([\d.]+)% above (\S+) on one trial each: no "
-                                         r"interval; \d+% of fake_ok", answer).groups()
+    fastest, ahead, other = re.fullmatch(r"tiny_cpu: (\S+) fastest, ([\d.]+)% above (\S+) on one trial each, beyond "
+                                         r"their steps' spread: no interval; \d+% of fake_ok", answer).groups()
     assert {fastest, other} == {"fake_noisy", "fake_noisy_slow"} and float(ahead) >= 0
     assert hint.startswith("one trial per backend gives no interval: --repeat 3")
     assert "1 trial: no interval" not in res.output  # said once, in the answer, not per pair

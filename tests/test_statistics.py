@@ -325,3 +325,23 @@ def test_an_interval_past_ten_times_says_above_not_a_figure_of_seventeen_digits(
     assert verdict.share_cell(wide).endswith("\u2013>1000%)"), verdict.share_cell(wide)
     narrow = by["lf", "torch"]  # an interval within ten times keeps its figures
     assert "above" not in verdict.sentence(narrow) and ">" not in verdict.share_cell(narrow)
+
+
+def _one_trial(backend: str, tgs: float, low: float, high: float, i: int) -> dict:
+    return {"id": i, "backend": backend, "scenario": "s", "tgs": tgs, "tgs_min": low, "tgs_max": high,
+            "status": "ok", "compare_id": "c1", "trial_round": 1}
+
+
+def test_one_trial_crowns_no_framework_whose_lead_is_inside_the_steps_spread():
+    """On one trial each, the answer says "fastest" only where the faster run's slowest step beats
+    every step of the slower one; a lead inside the spread is given as figures that cannot rank."""
+    close = [_one_trial("torch", 1000.0, 950.0, 1050.0, 1), _one_trial("a", 1030.0, 900.0, 1100.0, 2),
+             _one_trial("b", 1000.0, 960.0, 1040.0, 3)]
+    [line, hint] = verdict.Points(close, "torch").answers()
+    assert line == ("s: a 3.0% above b on one trial each, inside their steps' spread (TGS 900-1,100, 960-1,040): "
+                    "one trial cannot rank them; 103% of torch"), line
+    assert "fastest" not in line and hint.startswith("one trial per backend gives no interval")
+    wide = [_one_trial("torch", 1000.0, 950.0, 1050.0, 1), _one_trial("a", 1300.0, 1250.0, 1350.0, 2),
+            _one_trial("b", 1000.0, 960.0, 1040.0, 3)]
+    [line, _] = verdict.Points(wide, "torch").answers()
+    assert line == "s: a fastest, 30.0% above b on one trial each, beyond their steps' spread: no interval; 130% of torch"

@@ -159,6 +159,20 @@ def noise_note(s: Summary | None) -> list[str]:
 _WITH_TGS = ("tflops", "model_tflops", "mfu")
 
 
+def apart(faster: dict, slower: dict) -> bool:
+    """Whether one trial of each ranks the two rows: the faster run's slowest measured step is
+    faster than every step of the slower one (its step spread wider than the gap says no)."""
+    low, high = faster.get("tgs_min"), slower.get("tgs_max")
+    return low is not None and high is not None and low > high
+
+
+def spread(row: dict) -> str:
+    """A row's TGS over its measured steps, slowest to fastest."""
+    if row.get("tgs_min") is None:
+        return "steps not recorded"
+    return f"{row['tgs_min']:,.0f}-{row['tgs_max']:,.0f}"
+
+
 class Points:
     """Runs (store rows or `RunResult` dumps, oldest first) as the trials of their points: `rows`,
     one per backend x scenario in the order they first appear, its figures at the median over
@@ -232,6 +246,7 @@ class Points:
         are), and its share of the reference; then, once, how to get an interval where a pair has
         none."""
         out, without = [], False
+        rows = {(r["scenario"], r["backend"]): r for r in self.rows}
         for scenario in dict.fromkeys(sc for sc, _ in self.summaries):
             ranked = sorted((s for (sc, b), s in self.summaries.items()
                              if sc == scenario and b != self.reference and s.median is not None), key=lambda s: -s.median)
@@ -247,8 +262,14 @@ class Points:
             if pair is None or pair.low is None:
                 without = True
                 ahead = (best.median / ranked[1].median - 1) * 100
-                out.append(f"{scenario}: {best.backend} fastest, {ahead:.1f}% above {ranked[1].backend} on one trial "
-                           f"each: no interval{of_reference}")
+                faster, slower = rows[scenario, best.backend], rows[scenario, ranked[1].backend]
+                if apart(faster, slower):
+                    out.append(f"{scenario}: {best.backend} fastest, {ahead:.1f}% above {ranked[1].backend} on one trial "
+                               f"each, beyond their steps' spread: no interval{of_reference}")
+                else:
+                    out.append(f"{scenario}: {best.backend} {ahead:.1f}% above {ranked[1].backend} on one trial each, "
+                               f"inside their steps' spread (TGS {spread(faster)}, {spread(slower)}): one trial "
+                               f"cannot rank them{of_reference}")
             else:
                 out.append(f"{scenario}: " + _worded(pair, f"than {pair.other}",
                                                      f"no difference detected between {pair.backend} and {pair.other}")
