@@ -198,18 +198,18 @@ def test_a_disturbed_round_cancels_in_the_paired_interval_and_is_named():
     assert paired.paired and not unpaired.paired
     assert paired.low < 1 < paired.high
     assert paired.high - paired.low < (unpaired.high - unpaired.low) / 2
-    [d] = statistics.disturbed(ts)
+    [d] = statistics.slowed_rounds(ts)
     assert (d.scenario, d.compare_id, d.round) == ("tiny_cpu", "c1", 3) and min(d.drops) > 0.15
     lines = verdict.verdicts(ts, [paired])
     assert lines[0].startswith("tiny_cpu: no difference detected between torch_twin and torch (95% CI ")
     assert lines[0].endswith("%, paired over 5 rounds)")
-    assert lines[-1].startswith("tiny_cpu: round 3 of compare c1 was disturbed (outside load?): every run in it ")
+    assert lines[-1].startswith("tiny_cpu: round 3 of compare c1 was slowed as a whole (outside load?): every run in it ")
     assert lines[-1].endswith("below its backend's median; kept: a paired ratio cancels what the whole round shared")
 
 
 def test_ordinary_noise_makes_no_disturbed_round():
     rng = np.random.default_rng(12)
-    assert not [d for _ in range(50) for d in statistics.disturbed(compare(rng, {"a": 1.0, "b": 1.0, "c": 0.8}))]
+    assert not [d for _ in range(50) for d in statistics.slowed_rounds(compare(rng, {"a": 1.0, "b": 1.0, "c": 0.8}))]
 
 
 def test_a_20_percent_slowdown_is_slower_with_5_rounds_despite_a_disturbed_round():

@@ -11,7 +11,7 @@ on one machine state): from the per-round ratios, so a burst of outside load tha
 round cancels (`_paired`). Otherwise (trials of different compares) unpaired: the ratio of the
 medians, each side resampled on its own. The pairs of one verdict set are then one family:
 Holm's step-down over all of them (`holm`), so that an A/A compare of many pairs rarely says any
-"difference". A round that slowed every run in it is named (`disturbed`), never dropped.
+"difference". A round that slowed every run in it is named (`slowed_rounds`), never dropped.
 
 Bootstraps are written with numpy (a host dependency already) in a few lines rather than with
 `scipy.stats.bootstrap`: scipy is not in the host venv (the package lists have it only as
@@ -46,10 +46,10 @@ _Z = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 # The variance of a sample median is about pi/2 times the mean's (normal data): the trials a
 # median's interval needs are that many more than a mean's.
 _MEDIAN_EFFICIENCY = math.pi / 2
-# A disturbed round: every counted run in it below its backend's median by more than this many
+# A slowed round: every counted run in it below its backend's median by more than this many
 # robust standard deviations (1.4826 MAD) of that backend's trials, and by more than NOISY_CV (a
 # drop an ordinary trial can show) where the MAD is tiny.
-DISTURBED_MADS = 3.0
+SLOWED_MADS = 3.0
 _MAD_TO_SD = 1.4826
 
 Round = tuple[str, int]  # (compare_id, trial_round): runs that shared one machine state
@@ -138,7 +138,7 @@ class Estimate:
 
 
 @dataclass(frozen=True)
-class Disturbed:
+class SlowedRound:
     """A round of a compare on one scenario in which every counted run was far below its
     backend's median (outside load, most likely); `drops` each run's shortfall, as a share."""
     scenario: str
@@ -316,9 +316,9 @@ def between(before: Iterable[Trial], after: Iterable[Trial]) -> list[Ratio]:
     return holm([_unpaired(new[k], old[k], (k[0], k[1], k[1])) for k in sorted(old.keys() & new.keys())])
 
 
-def disturbed(trials: Iterable[Trial]) -> list[Disturbed]:
+def slowed_rounds(trials: Iterable[Trial]) -> list[SlowedRound]:
     """The rounds (two counted runs or more) whose every run fell below its backend's median on
-    the scenario by more than DISTURBED_MADS robust deviations and NOISY_CV: load from outside
+    the scenario by more than SLOWED_MADS robust deviations and NOISY_CV: load from outside
     that slowed the whole round. Kept: a paired ratio cancels what the round's runs shared."""
     counted = [t for t in trials if t.counts]
     by_point: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -331,12 +331,12 @@ def disturbed(trials: Iterable[Trial]) -> list[Disturbed]:
     for point, values in by_point.items():
         median = float(np.median(values))
         mad = float(np.median(np.abs(np.asarray(values) / median - 1)))
-        limits[point] = median, max(DISTURBED_MADS * _MAD_TO_SD * mad, NOISY_CV)
+        limits[point] = median, max(SLOWED_MADS * _MAD_TO_SD * mad, NOISY_CV)
     out = []
     for (scenario, (compare_id, round_)), ts in sorted(by_round.items()):
         drops = [1 - t.tgs / limits[scenario, t.backend][0] for t in ts]
         if len(ts) >= 2 and all(d > limits[scenario, t.backend][1] for d, t in zip(drops, ts)):
-            out.append(Disturbed(scenario, compare_id, round_, tuple(drops)))
+            out.append(SlowedRound(scenario, compare_id, round_, tuple(drops)))
     return out
 
 

@@ -48,7 +48,8 @@ def results_table(points: Points, scenarios_by_name, wide: bool = False, verbose
     for r in points.rows:
         s = scenarios_by_name.get(r["scenario"])
         summary = points.summaries[r["scenario"], r["backend"]]
-        t.add_row(r["scenario"], r["backend"], status_text(r["status"]),
+        disturbed = (r["scenario"], r["backend"]) in points.disturbed
+        t.add_row(r["scenario"], r["backend"], status_text(r["status"]) + (" · disturbed" if disturbed else ""),
                   "" if summary.trials <= 1 else str(summary.trials),  # one trial: the column is left out
                   tgs_cell(summary) if summary.trials else fmt(r["tgs"]),  # no trial counts: the run's own figure
                   share_cell(points.shares.get((r["scenario"], r["backend"]))),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from framework_bench.measure import statistics
+from framework_bench.measure import machine_load, statistics
 from framework_bench.measure.statistics import Ratio, Summary, Trial
 from framework_bench.run.compare import AutoStop
 
@@ -93,7 +93,7 @@ def family(pairs: list[Ratio]) -> list[str]:
 def verdicts(trials: list[statistics.Trial], pairs: list[Ratio]) -> list[str]:
     """Per scenario, each pair's sentence (`pairs`: the trials' ratios, adjusted with their family),
     then each backend's noise and left-out trials (a run refused as unsupported trained nothing:
-    its refusal says so, not this), then each disturbed round and what became of it."""
+    its refusal says so, not this), then each round slowed as a whole and what became of it."""
     summaries = statistics.summarise(trials)
     out = []
     for r in pairs:
@@ -104,8 +104,8 @@ def verdicts(trials: list[statistics.Trial], pairs: list[Ratio]) -> list[str]:
                        f"trials would narrow its interval to ±{statistics.TARGET_HALF_WIDTH:.0%}")
         if excluded := [why for why in s.excluded if not why.endswith("(unsupported)")]:
             out.append(f"{scenario}: {backend}: {len(excluded)} trial(s) not counted: {'; '.join(excluded)}")
-    for d in statistics.disturbed(trials):
-        out.append(f"{d.scenario}: round {d.round} of compare {d.compare_id} was disturbed (outside load?): every run "
+    for d in statistics.slowed_rounds(trials):
+        out.append(f"{d.scenario}: round {d.round} of compare {d.compare_id} was slowed as a whole (outside load?): every run "
                    f"in it {min(d.drops):.0%} to {max(d.drops):.0%} below its backend's median; kept: a paired "
                    f"ratio cancels what the whole round shared")
     return out
@@ -159,9 +159,15 @@ def noise_note(s: Summary | None) -> list[str]:
 _WITH_TGS = ("tflops", "model_tflops", "mfu")
 
 
+def where(record: dict) -> str:
+    """' in round N' for a trial of a compare's round, '' for a run on its own."""
+    return f" in round {record['trial_round']}" if record.get("trial_round") is not None else ""
+
+
 def apart(faster: dict, slower: dict) -> bool:
     """Whether one trial of each ranks the two rows: the faster run's slowest measured step is
-    faster than every step of the slower one (its step spread wider than the gap says no)."""
+    faster than every step of the slower one (its step spread wider than the gap says no; a
+    disturbed run ranks nothing, which `answers` says)."""
     low, high = faster.get("tgs_min"), slower.get("tgs_max")
     return low is not None and high is not None and low > high
 
@@ -184,6 +190,8 @@ class Points:
 
     def __init__(self, runs: list[dict], reference: str | None):
         self.runs, self.reference = runs, reference
+        # the points with a run on a busy machine (`machine_load`): marked, and ranked by no answer
+        self.disturbed = {(r["scenario"], r["backend"]) for r in runs if machine_load.disturbed(r)}
         groups: dict[str, list[dict]] = defaultdict(list)
         for r in runs:  # a compare's results carry no definition: they ran one
             groups[definition(r["scenario_json"]) if "scenario_json" in r else ""].append(r)
@@ -203,6 +211,8 @@ class Points:
             self.shares |= {key: Ratio(key[0], reference, reference, (s.trials, s.trials), 1.0)
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
             self.lines += verdicts(trials, pairs)
+        self.lines += [f"{r['scenario']}: {r['backend']}'s run{where(r)} was {machine_load.said(r)}"
+                       for r in runs if machine_load.disturbed(r)]
         self.lines[:0] = family(self.pairs)
         unpaired = {f"{p.scenario}: {sentence(p)}" for p in self.pairs if p.low is None}
         self.with_intervals = [line for line in self.lines if line not in unpaired]
@@ -244,9 +254,17 @@ class Points:
         """Per scenario, the answer a compare exists to give: the fastest framework (the reference
         aside) and by how much over the next, how sure (its interval, Holm-adjusted as the verdicts
         are), and its share of the reference; then, once, how to get an interval where a pair has
-        none."""
+        none. First, where runs were disturbed, how many and what to do; no disturbed run is
+        ranked on one trial, nor its reference's share quoted."""
         out, without = [], False
         rows = {(r["scenario"], r["backend"]): r for r in self.rows}
+        shaken = self.disturbed
+        if shaken:
+            n = sum(machine_load.disturbed(r) for r in self.runs)
+            out.append(f"{n} of {len(self.runs)} runs ran on a busy machine (other processes kept over "
+                       f"{machine_load.DISTURBED_SHARE:.0%} of its CPUs busy during their measured steps): their "
+                       "figures are the machine's as much as the frameworks'; rerun on a quiet machine, or "
+                       "--repeat 3 or more, whose rounds name the disturbed runs")
         for scenario in dict.fromkeys(sc for sc, _ in self.summaries):
             ranked = sorted((s for (sc, b), s in self.summaries.items()
                              if sc == scenario and b != self.reference and s.median is not None), key=lambda s: -s.median)
@@ -255,6 +273,8 @@ class Points:
             best = ranked[0]
             share = self.shares.get((scenario, best.backend))
             of_reference = f"; {share_cell(share)} of {self.reference}" if share and self.reference else ""
+            if of_reference and (scenario, self.reference) in shaken:  # no share a reader would quote
+                of_reference = f"; {self.reference}'s run disturbed: no share of it"
             if len(ranked) == 1:
                 out.append(f"{scenario}: {best.backend} alone counted{of_reference}")
                 continue
@@ -263,7 +283,10 @@ class Points:
                 without = True
                 ahead = (best.median / ranked[1].median - 1) * 100
                 faster, slower = rows[scenario, best.backend], rows[scenario, ranked[1].backend]
-                if apart(faster, slower):
+                if {(scenario, best.backend), (scenario, ranked[1].backend)} & shaken:
+                    out.append(f"{scenario}: {best.backend} {ahead:.1f}% above {ranked[1].backend} on one trial each, "
+                               f"a run of them disturbed: one trial on a busy machine cannot rank them{of_reference}")
+                elif apart(faster, slower):
                     out.append(f"{scenario}: {best.backend} fastest, {ahead:.1f}% above {ranked[1].backend} on one trial "
                                f"each, beyond their steps' spread: no interval{of_reference}")
                 else:
@@ -271,9 +294,10 @@ class Points:
                                f"inside their steps' spread (TGS {spread(faster)}, {spread(slower)}): one trial "
                                f"cannot rank them{of_reference}")
             else:
+                on_busy = {(scenario, best.backend), (scenario, ranked[1].backend)} & shaken
                 out.append(f"{scenario}: " + _worded(pair, f"than {pair.other}",
                                                      f"no difference detected between {pair.backend} and {pair.other}")
-                           + of_reference)
+                           + of_reference + ("; resting on disturbed trials" if on_busy else ""))
         if without:
             out.append("one trial per backend gives no interval: --repeat 3 or more gives each pair a 95% interval")
         return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from framework_bench.measure import clock_checks, flops, losses, metrics, reveal_checks, update, verify
+from framework_bench.measure import clock_checks, flops, losses, machine_load, metrics, reveal_checks, update, verify
 from framework_bench.measure.median_step import median_step_check
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
@@ -93,7 +93,8 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
                      + [c for c in [reveal_checks.losses_in_time_check(stamps, job.run_dir),
                                     reveal_checks.initial_reveal_check(stamps, job.run_dir),
                                     reveal_checks.warmup_update_check(stamps, job.run_dir, scenario.finetune.method != "full"),
-                                    median_step_check(stamps, scenario.steps.warmup)]
+                                    median_step_check(stamps, scenario.steps.warmup),
+                                    machine_load.check(stamps, scenario.steps.warmup)]
                         if c is not None]
                      if c.name not in off]
     reason, flags = verify.fold(result.checks)
