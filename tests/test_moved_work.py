@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from backend_helpers import tiny
+from backend_helpers import passed_but_for_load, tiny
 from framework_bench.measure import clock, clock_checks, median_step, reveal_checks, update, verify
 from framework_bench.run import compare, pipeline, referee
 from framework_bench.run.launchers import base as launch
@@ -35,8 +35,6 @@ SCENARIO = tiny(name="tiny_moved_work", context_length=256, steps={"warmup": 4, 
                 model={"preset": "tiny-llama", "config": {"hidden_size": 512, "intermediate_size": 1376}})
 # lie -> the check that catches it (and the only one switched off to show the lie is live)
 CAUGHT_BY = {"trained_across_warmup": "warmup_update_parity", "update_between_windows": "median_step"}
-# The host's checks that stand aside (`unverified`) where they cannot measure, or beside other work.
-LOAD_GUARDED = {"cpu", "warmup", "first_window"}
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +84,7 @@ def test_work_moved_out_of_the_measured_steps_is_invalid_naming_its_check_and_li
     # Nothing else holds it: forward-only measured steps can span under the 0.2 s the CPU share
     # needs, and beside other work the checks of the warm-up's and the first window's CPU work stand
     # aside; those may say `unverified`, no check fails.
-    assert again.status in ("ok", "unverified"), again.reason
-    unjudged = {c.name for c in again.checks if c.status == "unverified" and c.name in verify.BLOCKING}
-    assert unjudged <= LOAD_GUARDED, again.reason
+    assert again.status == "ok" or passed_but_for_load(again), again.reason
     assert again.tgs == pytest.approx(result.tgs)
 
 
