@@ -113,3 +113,16 @@ def passed_but_for_load(result) -> bool:
     from framework_bench.measure.verify import BLOCKING
     unjudged = {c.name for c in result.checks if c.status == "unverified" and c.name in BLOCKING}
     return result.status == "ok" or (result.status == "unverified" and bool(unjudged) and unjudged <= LOAD_GUARDED)
+
+
+def judged_again(result, reference, scenario, monkeypatch, unchecked: str):
+    """`result`'s run folder read back and judged against `reference` on `scenario` with the checks
+    `unchecked` (comma-separated) left out: `FBENCH_UNCHECKED` is read by the host only, so this is
+    what running the lie with those checks off would give."""
+    from framework_bench.measure.verify import UNCHECKED_ENV
+    from framework_bench.run import pipeline, referee
+    from framework_bench.run.launchers import base as launch
+
+    monkeypatch.setenv(UNCHECKED_ENV, unchecked)
+    return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
+                                         launch.Outcome("ok", 0, result.wall_seconds, "")), reference, scenario)

@@ -361,9 +361,7 @@ def aux_loss_runs(liars, tmp_path_factory):
 @pytest.mark.slow  # real runs of the torch worker and its copy
 def test_a_worker_dropping_the_routers_aux_loss_its_ledger_claims_is_invalid_and_live_without_parity(
         aux_loss_runs, monkeypatch):
-    from framework_bench.measure.verify import UNCHECKED_ENV
-    from framework_bench.run import pipeline, referee
-    from framework_bench.run.launchers import base as launch
+    from backend_helpers import judged_again
 
     s, results = aux_loss_runs
     reference, lie = results["torch"], results["lying_drops_router_aux_loss"]
@@ -373,7 +371,5 @@ def test_a_worker_dropping_the_routers_aux_loss_its_ledger_claims_is_invalid_and
     assert lie.status == "invalid" and "parity check failed" in lie.reason, lie.reason
     failed = {c.name for c in lie.checks if c.status == "fail"}
     assert "parity" in failed and failed <= PARITY_CHECKS, failed
-    monkeypatch.setenv(UNCHECKED_ENV, ",".join(sorted(PARITY_CHECKS)))
-    again = referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(lie.run_dir, lie.backend, None),
-                                          launch.Outcome("ok", 0, lie.wall_seconds, "")), reference, s)
+    again = judged_again(lie, reference, s, monkeypatch, ",".join(sorted(PARITY_CHECKS)))
     assert again.status == "ok", again.reason

@@ -17,10 +17,9 @@ import time
 
 import pytest
 
-from backend_helpers import passed_but_for_load, tiny
+from backend_helpers import judged_again, passed_but_for_load, tiny
 from framework_bench.measure import clock, clock_checks, median_step, reveal_checks, update, verify
-from framework_bench.run import compare, pipeline, referee
-from framework_bench.run.launchers import base as launch
+from framework_bench.run import compare
 from framework_bench.run.options import RunOptions
 from framework_bench.worker import update as worker_update
 from framework_bench.worker.steps import ClockLines
@@ -52,12 +51,6 @@ def runs(liars, tmp_path_factory):
         yield {r.backend: r for r in results}
 
 
-def judged_again(result, reference, monkeypatch, unchecked: str):
-    monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
-    return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
-                                         launch.Outcome("ok", 0, result.wall_seconds, "")), reference, SCENARIO)
-
-
 @pytest.mark.slow  # real runs of the torch worker's copies
 def test_the_reference_passes_and_an_honest_warmup_projects_as_the_references(runs, monkeypatch):
     reference = runs["torch"]
@@ -66,7 +59,7 @@ def test_the_reference_passes_and_an_honest_warmup_projects_as_the_references(ru
     assert checks["warmup_update"].status == checks["median_step"].status == "pass", checks
     assert checks["warmup_update"].figures["seconds_from_reveal"] >= 0
     # the update moved between the steps in the measured steps only: its warm-up trained as the reference's
-    moved = judged_again(runs["lying_update_between_windows"], reference, monkeypatch,
+    moved = judged_again(runs["lying_update_between_windows"], reference, SCENARIO, monkeypatch,
                          CAUGHT_BY["update_between_windows"])
     parity = {c.name: c for c in moved.checks}["warmup_update_parity"]
     assert parity.status == "pass" and parity.figures["relative"] < 1e-6, parity.detail
@@ -80,7 +73,7 @@ def test_work_moved_out_of_the_measured_steps_is_invalid_naming_its_check_and_li
     assert result.status == "invalid", (result.status, result.reason)
     assert f"{check} check failed" in result.reason, result.reason
 
-    again = judged_again(result, runs["torch"], monkeypatch, check)
+    again = judged_again(result, runs["torch"], SCENARIO, monkeypatch, check)
     # Nothing else holds it: forward-only measured steps can span under the 0.2 s the CPU share
     # needs, and beside other work the checks of the warm-up's and the first window's CPU work stand
     # aside; those may say `unverified`, no check fails.

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend_helpers import tiny
+from backend_helpers import judged_again, tiny
 from framework_bench.measure import clock, clock_checks, reveal_checks, verify
-from framework_bench.run import compare, pipeline, referee
-from framework_bench.run.launchers import base as launch
+from framework_bench.run import compare
 from framework_bench.run.options import RunOptions
 
 # Rows of 256 tokens: the optimizer step moved out of the steps is then well over MAX_GAP_SHARE
@@ -44,12 +43,6 @@ def runs(liars, tmp_path_factory):
     return {r.backend: r for r in results}
 
 
-def judged_again(result, reference, monkeypatch, unchecked: str):
-    monkeypatch.setenv(verify.UNCHECKED_ENV, unchecked)
-    return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
-                                         launch.Outcome("ok", 0, result.wall_seconds, "")), reference, SCENARIO)
-
-
 @pytest.mark.slow  # real runs of the torch worker's copies
 def test_the_honest_copy_and_the_reference_pass_every_time_check(runs):
     for name in ("lying_honest", "torch"):
@@ -71,7 +64,7 @@ def test_time_outside_the_measured_steps_is_invalid_naming_its_check_and_live_wi
     caught = [check for check in checks.split("|") if status.get(check) == "fail"]
     assert caught and f"{caught[0]} check failed" in result.reason, result.reason
 
-    again = judged_again(result, runs["torch"], monkeypatch, off)
+    again = judged_again(result, runs["torch"], SCENARIO, monkeypatch, off)
     # A lie whose measured steps run forward only can span under the 0.2 s the CPU share needs
     # (0.189 s once, on a quiet machine): that check alone may then say `unverified`, never fail.
     assert again.status == "ok" or again.reason.startswith("what the host could not measure: cpu ("), again.reason
