@@ -220,6 +220,21 @@ def _log_tail(r: RunResult) -> str:
     return (r.reason or "(no log: the run did not start)") + "\n"
 
 
+class BudgetedRuns(LocalRuns):
+    """The runs that judge another (the reference trained as a run says it trained, a twin), started
+    only while `left_s()` holds JUDGING_MIN_LEFT_S of the check's budget, never stored."""
+
+    def __init__(self, options: RunOptions, left_s: Callable[[], float]):
+        super().__init__(options)
+        self.left_s = left_s
+
+    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
+        if (left := self.left_s()) < JUDGING_MIN_LEFT_S:
+            return RunResult(backend=backend, scenario=trained.name, status="unsupported",
+                             reason=f"check budget: {max(left, 0):.0f} s left, too little for a judging run")
+        return super().__call__(backend, trained, scheme, settings_mode)
+
+
 class Check:
     def __init__(self, out: Path, device: str, budget_s: float, backends: tuple[str, ...],
                  say: Callable[[str], None]):
@@ -231,7 +246,6 @@ class Check:
         self.store = ResultStore(out / "results.sqlite")
         self.rows: list[tuple[RunResult, Scenario, float, tuple[float | None, float | None]]] = []
         self.measured: dict[int, tuple[float, tuple[float | None, float | None]]] = {}  # by id(result), until stored
-        self.judging_runs: LocalRuns | None = None
         self.started = time.monotonic()
         self.sampler = GpuSampler()
 
@@ -265,15 +279,6 @@ class Check:
         self.measured[id(r)] = (time.monotonic() - t0, self.sampler.mean(w0, time.time()))
         return r
 
-    def judging_run(self, backend: str, trained: Scenario, scheme: str | None) -> RunResult:
-        """A run that judges another (the reference trained as a run says it trained, an fp32 twin),
-        within what is left of the budget, never stored."""
-        left = self.left_s()
-        if left < JUDGING_MIN_LEFT_S:
-            return RunResult(backend=backend, scenario=trained.name, status="unsupported",
-                             reason=f"check budget: {max(left, 0):.0f} s left, too little for a judging run")
-        return self.judging_runs(backend, trained, scheme)
-
     def execute(self) -> list[RunResult]:
         failed_tiny: dict[str, str] = {}
         try:
@@ -282,9 +287,8 @@ class Check:
                 mine = [p for p in planned if p.scenario == name]
                 s = load_scenario(name)
                 options = RunOptions(timeout=self.left_s())
-                self.judging_runs = LocalRuns(options)
                 round_ = Round(s, options, reference=reference_backend(), order=[p.backend for p in mine],
-                               store=self.store, judging=self.judging_run, absent=absent_reason(),
+                               store=self.store, judging=BudgetedRuns(options, self.left_s), absent=absent_reason(),
                                on_result=self.record)
                 for p in mine:
                     why = None

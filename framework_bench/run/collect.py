@@ -72,22 +72,33 @@ def ingest(sub: Submission, state: JobState, reference: RunResult | None = None,
 
 def resumed(sub: Submission, store: ResultStore | None) -> Round:
     """The round `sub`'s job ran, resumed to judge and keep it: its judging runs are read back from
-    the folders the job trained them in (`_judging_runs`)."""
+    the folders the job trained them in (`ReadBack`)."""
     scenario = scenario_of(sub)
     absent = ("no reference run was submitted beside it" if sub.reference is None else
               f"the reference's run ({sub.reference}) left no result")
     return Round(scenario, RunOptions(), reference=reference_backend(), absent=absent, store=store,
-                 judging=_judging_runs(sub, scenario), compare_id=sub.compare_id, number=sub.trial_round,
+                 judging=ReadBack(sub, scenario), compare_id=sub.compare_id, number=sub.trial_round,
                  manifest=node_manifest(sub))
 
 
-def _judging_runs(sub: Submission, scenario: Scenario) -> JudgingRuns:
+class ReadBack(JudgingRuns):
     """The runs that judge `sub` (`sub.judging`), read back as the round asks for one: the reference
     trained with another loss normalisation, each fp32 twin (`twin_key`), trained in the same job
-    after the round's runs (framework_bench/run/submit.py). None is trained with a run's own
-    adapters there: such a run is judged as the reference's run allows, saying so."""
-    def read_back(backend: str, trained: Scenario, scheme: str | None) -> RunResult:
+    after the round's runs (framework_bench/run/submit.py), in the round's settings only. None is
+    trained with a run's own adapters there: such a run is judged as the reference's run allows,
+    saying so."""
+
+    def __init__(self, sub: Submission, scenario: Scenario):
+        super().__init__()
+        self.sub, self.scenario = sub, scenario
+
+    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
+        sub, scenario = self.sub, self.scenario
         unjudged = RunResult(backend=backend, scenario=trained.name, status="unsupported")
+        if settings_mode is not None:
+            unjudged.reason = (f"a SLURM round's judging runs train in the settings its job held, not in "
+                               f"{settings_mode} ones")
+            return unjudged
         if trained.finetune != scenario.finetune:
             unjudged.reason = ("a SLURM round trains no reference with a run's own adapters (native settings): "
                                "judge them with --settings matched, or on the local launcher")
@@ -101,7 +112,6 @@ def _judging_runs(sub: Submission, scenario: Scenario) -> JudgingRuns:
             return unjudged
         run = sub.model_copy(update={"backend": backend, "run_dir": folder, "reference": None, "judging": {}})
         return pipeline.finish(pipeline.Prepared.of_run_dir(folder, backend, node(run)[1]), outcome_of(run, job_state(run)))
-    return read_back
 
 
 def job_damage(sub: Submission) -> str | None:

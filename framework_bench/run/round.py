@@ -27,23 +27,29 @@ from framework_bench.run.reference import judging_reference
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.store.results import ResultStore
 
-# Makes (or reads back) a run that only judges: backend, the scenario it trains, the loss scheme
-# the reference is trained with (None: its own).
-JudgingRuns = Callable[[str, Scenario, "str | None"], RunResult]
+class JudgingRuns:
+    """How a round makes (or reads back) the runs that only judge, each once: `backend`'s run of
+    `trained`, the reference's with loss scheme `scheme` (None: its own), in the round's settings
+    or `settings_mode` (a dropout twin's: matched). `interrupted`: the round was, so none starts;
+    `stopped`: the judging runs that were interrupted (the command ends with the round)."""
 
-
-class LocalRuns:
-    """Judging runs started here, with the round's options, never stored; none starts once a run
-    was interrupted (`stopped` names it: the command ends with the round)."""
-
-    def __init__(self, options: RunOptions):
-        self.options = options
+    def __init__(self):
         self.stopped: list[RunResult] = []
         self.interrupted = False
 
     def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
-        """`backend`'s run of `trained`, the reference's with loss scheme `scheme`, in the round's
-        settings or `settings_mode` (a dropout twin's: matched)."""
+        raise NotImplementedError
+
+
+class LocalRuns(JudgingRuns):
+    """Judging runs started here, with the round's options, never stored; none starts once a run
+    was interrupted."""
+
+    def __init__(self, options: RunOptions):
+        super().__init__()
+        self.options = options
+
+    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
         if self.interrupted or self.stopped:
             return RunResult(backend=backend, scenario=trained.name, status="interrupted",
                              reason="the round was interrupted before it ran")
@@ -82,7 +88,7 @@ class Round:
     @property
     def stopped(self) -> bool:
         """A judging run was interrupted: nothing more runs after this round."""
-        return bool(getattr(self.judging, "stopped", None))
+        return bool(self.judging.stopped)
 
     def run(self, name: str, on_step: readback.StepCallback = lambda done, total, secs: None,
             timeout: float | None = None) -> RunResult:
@@ -121,8 +127,7 @@ class Round:
         fp32 twin (the backends' before the reference's: no twin runs beside a reference twin's
         files), then each other run judged against the reference and kept. `interrupted`: no
         judging run starts; what needs one stays `unverified`, saying `why`."""
-        if isinstance(self.judging, LocalRuns):
-            self.judging.interrupted = self.judging.interrupted or interrupted
+        self.judging.interrupted = self.judging.interrupted or interrupted
         lost = self._sealed.restore() if self._sealed is not None else None  # a full disk: no folder to judge by
         self._sealed = None
         reference, self.reference_run = self.reference_run, None
@@ -171,21 +176,12 @@ class Round:
 
     def _judging_run(self, backend: str, trained: Scenario, scheme: str | None,
                      settings_mode: str | None = None) -> RunResult:
-        """A run that judges (`twin.RunTwin`), once per round. In other settings than the round's
-        (a dropout twin's, and the reference's run judging it: matched) only `LocalRuns` makes one:
-        SLURM's rounds train what their job held."""
-        other = settings_mode not in (None, self.options.settings_mode)
-        key = (backend, trained.model_dump_json(), scheme) + ((settings_mode,) if other else ())
-        if key in self._made:
-            return self._made[key]
-        if not other:
-            self._made[key] = self.judging(backend, trained, scheme)
-        elif isinstance(self.judging, LocalRuns):
-            self._made[key] = self.judging(backend, trained, scheme, settings_mode)
-        else:
-            self._made[key] = RunResult(backend=backend, scenario=trained.name, status="unsupported", reason=(
-                f"this round's judging runs train in its own {self.options.settings_mode} settings only "
-                f"(a SLURM round), not in {settings_mode} ones"))
+        """A run that judges (`twin.RunTwin`), once per round, in the round's settings or, where they
+        differ, `settings_mode` (a dropout twin's, and the reference's run judging it: matched)."""
+        other = settings_mode if settings_mode not in (None, self.options.settings_mode) else None
+        key = (backend, trained.model_dump_json(), scheme, other)
+        if key not in self._made:
+            self._made[key] = self.judging(backend, trained, scheme, other)
         return self._made[key]
 
     def conclude(self, result: RunResult) -> RunResult:
