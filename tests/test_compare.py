@@ -296,6 +296,30 @@ def test_repeat_auto_stops_at_its_cap_and_says_so(monkeypatch):
     assert auto_stop_sentence(stop).endswith("%, not within ±0.5%")
 
 
+def test_repeat_auto_starts_no_round_its_budget_cannot_hold_and_says_it_did_not_settle(monkeypatch):
+    """Each run takes 10 s of the compare's clock, a round 20 s: within a 65 s budget a fourth round
+    would end at 80 s, so three run; no interval narrows to 1e-9%: not settled, said so."""
+    import types
+
+    from framework_bench.present.verdict import auto_stop_sentence
+    clock = [0.0]
+    tgs = iter(range(1000, 10**6, 37))
+
+    def run(name):  # asked twice a run (its status, its TGS): 10 s a run
+        clock[0] += 5.0
+        return float(next(tgs))
+    _synthetic_trials(monkeypatch, run)
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    stops = []
+    results = compare.compare([scenario.load("tiny_cpu")], ["a", "ref"], repeat="auto", precision=1e-9,
+                              warmup_rounds=0, on_auto=stops.append, budget_s=65.0)
+    [stop] = stops
+    assert (stop.rounds, stop.out_of_budget, stop.budget_s, len(results)) == (3, True, 65.0, 6)
+    assert not stop.capped and clock[0] == 60.0
+    assert auto_stop_sentence(stop).startswith("tiny_cpu: not settled within the budget: its share of --budget "
+                                               "(1 min 5 s) spent after 3 rounds; the widest 95% interval is ±")
+
+
 def test_repeat_auto_never_takes_the_references_interval_for_a_candidate_none_of_whose_trials_counted(monkeypatch):
     """The only interval was the reference's own: "every 95% interval within ±2%" was said of a
     candidate that never counted. Only pairs with trials on both sides count."""
@@ -342,6 +366,9 @@ def test_repeat_auto_stops_when_no_trial_counts(monkeypatch):
     (["--warmup-rounds", "9" * 26], "at most 1000"),
     (["--repeat", "auto", "--precision", "5", "--launcher", "slurm"], "--repeat auto and --warmup-rounds run here only"),
     (["--warmup-rounds", "1", "--launcher", "slurm"], "--repeat auto and --warmup-rounds run here only"),
+    (["--repeat", "3", "--budget", "5m"], "--budget goes with --repeat auto"),
+    (["--repeat", "auto", "--precision", "2", "--budget", "soon"], "--budget 'soon': a time above 0, such as 90s"),
+    (["--repeat", "auto", "--precision", "2", "--budget", "0m"], "a time above 0"),
 ])
 @pytest.mark.parametrize("command", [["compare", "--scenario"], ["run", "--backend", "torch", "--scenario"]])
 def test_repeat_options_that_cannot_hold_are_one_clear_error(command, argv, said):

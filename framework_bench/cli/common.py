@@ -121,6 +121,9 @@ WarmupOption = Annotated[Optional[int], typer.Option("--warmup-rounds", metavar=
     "else 0)"))]
 PrecisionOption = Annotated[Optional[float], typer.Option("--precision", metavar="PCT", help=(
     "with --repeat auto: the 95% interval half-width, in percent, every pair must reach (e.g. 2)"))]
+BudgetOption = Annotated[Optional[str], typer.Option("--budget", metavar="TIME", help=(
+    "with --repeat auto: the most time its rounds may take, e.g. 90s, 5m, 1h; each scenario an equal share of "
+    "what is left, no round started that the longest so far says would end past it"))]
 GpuOption = Annotated[Optional[str], typer.Option(
     "--gpu", metavar="NAME", help=f"judge memory and time on this GPU ({', '.join(gpus.MODELS)}; any case), "
                                   "e.g. --gpu H200")]
@@ -189,6 +192,19 @@ def check_repeat(repeat: str, precision: float | None, warmup_rounds: int | None
         fail("with --launcher slurm, --repeat takes a number of rounds (one job each); --repeat auto and "
              "--warmup-rounds run here only")
     return trials
+
+
+def check_budget(budget: str | None, trials) -> float | None:
+    """--budget in seconds (90s, 5m, 1h; a bare number is seconds), only with --repeat auto."""
+    import re
+    if budget is None:
+        return None
+    if trials != "auto":
+        fail("--budget goes with --repeat auto (a fixed --repeat runs every round it names)")
+    found = re.fullmatch(r"(\d{1,7}(?:\.\d+)?)\s*([smh]?)", budget.strip())
+    if not found or float(found[1]) <= 0:
+        fail(f"--budget {budget!r}: a time above 0, such as 90s, 5m or 1h")
+    return float(found[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[found[2]]
 
 
 def _digits(number: str) -> str:

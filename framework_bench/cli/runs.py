@@ -69,6 +69,7 @@ def run(
     repeat: common.RepeatOption = "1",
     warmup_rounds: common.WarmupOption = None,
     precision: common.PrecisionOption = None,
+    budget: common.BudgetOption = None,
     no_reference: common.NoReferenceOption = False,
     gpu: common.GpuOption = None,
 ) -> None:
@@ -82,11 +83,12 @@ def run(
     common.check_timeout(timeout)
     common.check_settings(settings)
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    budget_s = common.check_budget(budget, trials)
     gpu = _dry_gpu(gpu, dry_run)
     reference = _reference(no_reference)
     request = _request([s], [backend], _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task,
                                                     sbatch_arg), trials, warmup_rounds, precision, no_reference,
-                       dry_run, gpu, wait, poll, None, db)
+                       dry_run, gpu, wait, poll, None, db, budget_s)
     outcome = _campaign(request, reference)
     store = outcome.store
     if dry_run or launcher == "slurm":
@@ -161,6 +163,7 @@ def compare(
     repeat: common.RepeatOption = "1",
     warmup_rounds: common.WarmupOption = None,
     precision: common.PrecisionOption = None,
+    budget: common.BudgetOption = None,
     no_reference: common.NoReferenceOption = False,
     fail_if_slower: common.FailIfSlowerOption = None,
     gpu: common.GpuOption = None,
@@ -175,6 +178,7 @@ def compare(
     common.check_timeout(timeout)
     common.check_settings(settings)
     trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    budget_s = common.check_budget(budget, trials)
     gpu = _dry_gpu(gpu, dry_run)
     out = common.out_folder(out)
     try:
@@ -188,7 +192,7 @@ def compare(
     reference = _reference(no_reference)
     request = _request(chosen, names, _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task,
                                                    sbatch_arg), trials, warmup_rounds, precision, no_reference,
-                       dry_run, gpu, wait, poll, out, db)
+                       dry_run, gpu, wait, poll, out, db, budget_s)
     outcome = _campaign(request, reference)
     store = outcome.store
     points = _show(request, outcome, store, out, as_json, wide=wide, verbose=verbose, settings=settings)
@@ -198,12 +202,12 @@ def compare(
 
 def _request(chosen: list, names: list[str], options, trials, warmup_rounds: int | None, precision: float | None,
              no_reference: bool, dry_run: bool, gpu: str | None, wait: bool, poll: float, out: Path | None,
-             db: Path | None):
+             db: Path | None, budget_s: float | None):
     from framework_bench.run.campaign import Request
     return Request(scenarios=chosen, backends=names, options=options.model_copy(update={"db": db}), repeat=trials,
                    warmup_rounds=warmup_rounds,
                    precision=precision, no_reference=no_reference, dry_run=dry_run, gpu=gpu, wait=wait, poll=poll,
-                   out=out)
+                   out=out, budget_s=budget_s)
 
 
 def _campaign(request, reference: list[str]):

@@ -116,6 +116,13 @@ def auto_stop_sentence(stop: AutoStop, uncounted: list[str] = ()) -> str:
     the scenario's backends none of whose trials counted, are named: they are in no interval."""
     asked = f"±{stop.precision:g}%"
     none = f"no trial of {' or '.join(uncounted)} counted" if uncounted else "no trial counted"
+    if stop.out_of_budget:
+        spent = f"its share of --budget ({_duration(stop.budget_s)}) spent after {stop.rounds} rounds"
+        if stop.widest is not None and stop.widest <= stop.precision:
+            return f"{stop.scenario}: every 95% interval within {asked} (widest ±{stop.widest:.1f}%), {spent}"
+        where = (none if stop.widest is None else "one pair still has no interval" if stop.widest == float("inf")
+                 else f"the widest 95% interval is ±{stop.widest:.1f}%")
+        return f"{stop.scenario}: not settled within the budget: {spent}; {where}, not within {asked}"
     if stop.widest is None:
         return f"{stop.scenario}: --repeat auto stopped after {stop.rounds} rounds: {none}, no interval to narrow"
     also = f"; {none}: it has no interval" if uncounted else ""
@@ -126,6 +133,14 @@ def auto_stop_sentence(stop: AutoStop, uncounted: list[str] = ()) -> str:
                 f"not within {asked}{also}")
     return (f"{stop.scenario}: every 95% interval within {asked} after {stop.rounds} rounds "
             f"(widest ±{stop.widest:.1f}%){also}")
+
+
+def _duration(seconds: float | None) -> str:
+    """Seconds as a budget reads: 4 min 30 s, 45 s."""
+    if seconds is None:
+        return "-"
+    minutes, rest = divmod(max(round(seconds), 0), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
 def tgs_cell(s: Summary | None) -> str:

@@ -35,6 +35,7 @@ class Request(BaseModel):
     repeat: int | Literal["auto"] = 1
     warmup_rounds: int | None = None
     precision: float | None = None
+    budget_s: float | None = Field(None, description="with repeat='auto': the most seconds its rounds may take")
     no_reference: bool = False
     dry_run: bool = False
     gpu: str | None = Field(None, description="--dry-run only: the GPU the plans' memory and time are judged on")
@@ -112,7 +113,7 @@ def campaign(request: Request, events: Events | None = None, machine: Machine | 
                         warmup_rounds=request.warmup_rounds, precision=request.precision,
                         no_reference=request.no_reference, on_start=events.run_started, on_step=events.step,
                         on_result=lambda r, s: (outcome.results.append(r), events.result(r, s)),
-                        on_auto=outcome.stops.append, on_kept=events.kept)
+                        on_auto=outcome.stops.append, on_kept=events.kept, budget_s=request.budget_s)
     except (compare.Interrupted, KeyboardInterrupt):
         outcome.interrupted = True
     return outcome

@@ -9,6 +9,7 @@ judged, so Ctrl-C or a crash loses only the run in flight.
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -62,11 +63,14 @@ class AutoStop(BaseModel):
     precision: float = Field(description="the half-width asked for, in percent")
     widest: float | None = Field(description="the widest interval's half-width then, in percent (inf: one had "
                                              "no interval; None: no trial counted)")
+    budget_s: float | None = Field(None, description="with a budget: the seconds this scenario had of it")
+    out_of_budget: bool = Field(False, description="stopped because its next round would have ended past the budget")
 
     @property
     def capped(self) -> bool:
-        """Stopped by AUTO_MAX_ROUNDS, not by the precision (nor by having nothing to narrow)."""
-        return self.widest is not None and self.widest > self.precision
+        """Stopped by AUTO_MAX_ROUNDS, not by the precision (nor by having nothing to narrow, nor by
+        the budget)."""
+        return self.widest is not None and self.widest > self.precision and not self.out_of_budget
 
 
 def compare(
@@ -84,6 +88,7 @@ def compare(
     on_step: readback.StepCallback = lambda done, total, secs: None,
     on_auto: Callable[[AutoStop], None] = lambda stop: None,
     on_kept: Callable[[Path], None] = lambda path: None,
+    budget_s: float | None = None,
 ) -> list[RunResult]:
     """Every backend on every scenario, `repeat` rounds (after `warmup_rounds`, by default
     `design.warmup_default`): each trial a full run with every check, tagged with the compare's id,
@@ -100,7 +105,9 @@ def compare(
 
     `repeat="auto"`: from AUTO_MIN_ROUNDS rounds on, stop once every pair's 95% interval is within
     ±`precision` percent (`statistics.widest_half_width`), or at AUTO_MAX_ROUNDS, said through
-    `on_auto`."""
+    `on_auto`; with `budget_s`, each scenario has an equal share of what is left of it when its
+    rounds begin, and no round starts that would end past its share by the longest round so far
+    (its first round always runs)."""
     found = plugins.backends()
     missing = [b for b in backend_names if b not in found]
     broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
@@ -111,6 +118,9 @@ def compare(
         raise plugins.UnknownBackend(f"no backend named {', '.join(missing)}; installed: {', '.join(found)}")
     if (repeat == "auto") != (precision is not None):
         raise ValueError("repeat='auto' goes with a precision, and a precision with repeat='auto'")
+    if budget_s is not None and repeat != "auto":
+        raise ValueError("a budget goes with repeat='auto'")
+    began = time.monotonic()
     first, last = design.round_range(repeat)
     options = options or RunOptions()
     if older := design.older_than_reveal(found, backend_names):
@@ -123,10 +133,17 @@ def compare(
     compare_id = design.new_compare_id()
     round_: Round | None = None
     try:
-        for s in scenarios:
+        for k, s in enumerate(scenarios):
             warm = design.warmup_default(first, s) if warmup_rounds is None else warmup_rounds
             trials: list[RunResult] = []  # this scenario's, for the auto stop
+            share = None if budget_s is None else (budget_s - (time.monotonic() - began)) / (len(scenarios) - k)
+            started, longest = time.monotonic(), 0.0
             for i, number in enumerate(range(1 - warm, last + 1)):
+                if share is not None and i and time.monotonic() - started + longest > share:
+                    on_auto(AutoStop(scenario=s.name, rounds=max(number - 1, 0), precision=precision,
+                                     widest=_widest(trials, reference_name), budget_s=share, out_of_budget=True))
+                    break
+                round_began = time.monotonic()
                 # A projection vector of the round's own: a run cannot pass with an earlier round's
                 # reference projection, read from its folder (framework_bench/measure/update.py).
                 round_options = options.model_copy(update={"projection_round": update.new_round(),
@@ -151,9 +168,9 @@ def compare(
                 done.close()
                 if done.stopped:  # Ctrl-C while a run judged the round's others: they are kept, nothing more runs
                     raise Interrupted(results)
+                longest = max(longest, time.monotonic() - round_began)
                 if precision is not None and number >= first:
-                    widest = statistics.widest_half_width(
-                        [Trial.from_record(r.model_dump(mode="json")) for r in trials], reference_name)
+                    widest = _widest(trials, reference_name)
                     if widest is None or widest <= precision or number == last:
                         on_auto(AutoStop(scenario=s.name, rounds=number, precision=precision, widest=widest))
                         break
@@ -161,3 +178,7 @@ def compare(
         if round_ is not None:
             round_.close(interrupted=True, why=f"the round stopped before the reference {reference_name} ran")
     return results
+
+
+def _widest(trials: list[RunResult], reference: str | None) -> float | None:
+    return statistics.widest_half_width([Trial.from_record(r.model_dump(mode="json")) for r in trials], reference)
