@@ -125,6 +125,29 @@ def test_the_update_check(tmp_path):
     assert still.status == "fail" and "never changed" in still.detail
 
 
+def test_a_warmup_that_ends_before_any_optimizer_step_must_leave_the_weights_as_they_were(tmp_path):
+    """Micro-iterations (`steps.unit: micro`) fewer than one optimizer step in the warm-up: its
+    projection is 0 for every honest run, and the same 0 beside the reference's is parity."""
+    stamps = {"warmup_reveal": {"seed": 5, "stamp": 1.0}}
+    (tmp_path / update.WARMUP_UPDATE.file).write_text(json.dumps({"projection_seed": 5, "projection": 0.0, "norm": 0.0}))
+    kept = update.check(tmp_path, stamps, of=update.WARMUP_UPDATE, still=True)
+    assert kept.status == "pass" and "no optimizer step had ended" in kept.detail
+    assert update.check(tmp_path, stamps, of=update.WARMUP_UPDATE).status == "fail"  # a step was due: frozen
+    (tmp_path / update.WARMUP_UPDATE.file).write_text(json.dumps({"projection_seed": 5, "projection": 2e-3, "norm": 1e-2}))
+    early = update.check(tmp_path, stamps, of=update.WARMUP_UPDATE, still=True)
+    assert early.status == "fail" and "before any optimizer step had ended" in early.detail
+
+    def warm(backend, projection, norm):
+        return RunResult(backend=backend, scenario="s", status="ok", checks=[Check(
+            name=update.WARMUP_UPDATE.name, status="pass", figures={"projection_seed": 5, "projection": projection,
+                                                                    "norm": norm})])
+    both = update.parity(warm("a", 0.0, 0.0), warm("torch", 0.0, 0.0), "fp32", "warmup_update_parity", update.WARMUP_UPDATE)
+    assert both.status == "pass"
+    moved = update.parity(warm("a", 2e-3, 1e-2), warm("torch", 0.0, 0.0), "fp32", "warmup_update_parity",
+                          update.WARMUP_UPDATE)
+    assert moved.status == "fail"
+
+
 def result(backend, projection, norm=8.0e-02, scheme="step_token_mean", seed=5, run_dir=None):
     """An `ok` run whose update claim passed, and whose loss records (in `run_dir`) show `scheme`."""
     if run_dir is not None:

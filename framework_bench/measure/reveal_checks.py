@@ -154,14 +154,15 @@ def first_window_check(run, reference) -> Check | None:
         f"{detail}: above {limit:.3f}, work done before the first step"))
 
 
-def warmup_update_check(stamps: dict | None, run_dir: Path, adapters: bool = False) -> Check | None:
+def warmup_update_check(stamps: dict | None, run_dir: Path, adapters: bool = False, still: bool = False) -> Check | None:
     """The projection the worker made when the warm-up ended (`update.check` of
     `update.WARMUP_UPDATE`), and that it was in the run folder when rank 0's first measured step
     began (the watcher stamps it no later than the begin line written after it). None without
-    stamps (the clock check says why) or warm-up steps."""
+    stamps (the clock check says why) or warm-up steps. `still`: the warm-up ended before the first
+    optimizer step did (micro-iterations), so the weights must be the initial ones."""
     if stamps is None or not stamps.get("warmup"):
         return None
-    checked = update.check(run_dir, stamps, adapters, of=update.WARMUP_UPDATE)
+    checked = update.check(run_dir, stamps, adapters, of=update.WARMUP_UPDATE, still=still)
     if checked.status != "pass":
         return checked
     warmup, reveal, claim = stamps["warmup"], stamps["warmup_reveal"], stamps.get("warmup_update_claim") or {}

@@ -154,12 +154,13 @@ def _claim(run_dir: Path, file: str = UPDATE_FILE) -> dict | None:
         return None
 
 
-def check(run_dir: Path, stamps: dict | None, adapters: bool = False, of: Claim = UPDATE):
+def check(run_dir: Path, stamps: dict | None, adapters: bool = False, of: Claim = UPDATE, still: bool = False):
     """The `update` check of a finished run (or `of` another projection claim), from the worker's
     claim and the host's record of the seed it revealed (`stamps`, the watcher's record:
     `clock_checks.load_stamps`). With LoRA adapters (`adapters`) two figures more: the frozen base
     did not move (`unmoved`: |dw| 0 but for the rounding of recomputed initial values) and the
-    adapters did."""
+    adapters did. `still`: no optimizer step had ended by then (a warm-up of fewer
+    micro-iterations than one step), so the weights must be the initial ones."""
     from framework_bench.measure.verify import Check  # here: the node-side watcher imports this module
 
     name, claim, revealed = of.name, _claim(run_dir, of.file), (stamps or {}).get(of.reveal)
@@ -173,6 +174,12 @@ def check(run_dir: Path, stamps: dict | None, adapters: bool = False, of: Claim 
     if claim["projection_seed"] != revealed["seed"]:
         return Check(name=name, status="fail", figures=figures,
                      detail=f"projected with seed {claim['projection_seed']}, the host revealed {revealed['seed']}")
+    if still:
+        if claim["projection"] == 0.0:
+            return Check(name=name, status="pass", figures=figures,
+                         detail=f"the weights unchanged {of.when}, as due: no optimizer step had ended")
+        return Check(name=name, status="fail", figures=figures, detail=(
+            f"the weights project to {claim['projection']} {of.when}, before any optimizer step had ended"))
     if not math.isfinite(claim["projection"]) or claim["projection"] == 0.0:
         return Check(name=name, status="fail", figures=figures, detail=(
             f"the weights project to {claim['projection']} {of.when}: "
@@ -285,6 +292,9 @@ def parity(run, reference, precision: str, name: str = "update_parity", of: Clai
             f"{native}: the weights cannot move alike; the update check judges the base unchanged and the "
             "adapters moved, the loss parity step 1"))
     norm = theirs.get("norm")
+    if norm == 0.0 and theirs["projection"] == 0.0:  # no optimizer step had ended: both the initial weights
+        return Check(name=name, status="pass" if mine["projection"] == 0.0 else "fail", detail=(
+            f"{mine['projection']:.6e} vs {reference.backend} 0: no optimizer step had ended {of.when}"))
     if not norm or not math.isfinite(norm):
         return Check(name=name, status="unverified", detail=(
             f"the reference {reference.backend} reported no update norm to scale the difference by "

@@ -92,7 +92,8 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
                      + [update.check(job.run_dir, stamps, adapters=scenario.finetune.method != "full")]
                      + [c for c in [reveal_checks.losses_in_time_check(stamps, job.run_dir),
                                     reveal_checks.initial_reveal_check(stamps, job.run_dir),
-                                    reveal_checks.warmup_update_check(stamps, job.run_dir, scenario.finetune.method != "full"),
+                                    reveal_checks.warmup_update_check(stamps, job.run_dir, scenario.finetune.method != "full",
+                                                                      still=_warmup_steps(scenario) == 0),
                                     median_step_check(stamps, scenario.steps.warmup),
                                     machine_load.check(stamps, scenario.steps.warmup)]
                         if c is not None]
@@ -126,3 +127,9 @@ def _verify(result: RunResult, scenario: Scenario, report, job: Job, contract: i
         parts.append("what the host could not measure: " + "; ".join(unmeasured))
     if parts and result.status == "ok":
         result.status, result.reason = "unverified", "; ".join(parts)
+
+
+def _warmup_steps(scenario: Scenario) -> int:
+    """The optimizer steps that end within the warm-up (its micro-iterations, with `steps.unit: micro`)."""
+    steps = scenario.steps
+    return steps.warmup // scenario.grad_accum if steps.unit == "micro" else steps.warmup
