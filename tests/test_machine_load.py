@@ -56,3 +56,14 @@ def test_the_answer_counts_disturbed_runs_first_and_ranks_none_on_them():
     _, line, _ = verdict.Points(shaken, "torch").answers()
     assert line == "s: a 30.0% above b on one trial each, a run of them disturbed: one trial on a busy machine " \
                    "cannot rank them; 130% of torch", line
+
+
+def test_check_backend_skips_a_busy_machine_and_fails_a_check_the_run_could_not_judge():
+    """`fbench check-backend` judges the backend: a disturbed run is said, not held against it."""
+    from framework_bench import testing
+    from framework_bench.measure.verify import Check
+
+    busy = testing.conformance_point(machine_load.check(stamps(1.6), warmup=1))
+    assert busy.status == "skipped" and busy.detail.startswith("not the backend's: disturbed: ")
+    unjudged = testing.conformance_point(Check(name="cpu", status="unverified", detail="unverified: too short"))
+    assert unjudged.status == "fail"
