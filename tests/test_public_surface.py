@@ -257,8 +257,9 @@ def test_one_compare_holds_every_kept_plugin_beside_the_reference_none_invalid(k
         assert any("a plugin of a contract before the initial seed's reveal" in note for note in record["notes"]), name
     # written for contract 4: every claim but contract 5's, that one named (`contract=4` as 0.3.0
     # advised, `contract=CONTRACT` read as 2 before it)
-    assert records["released_v0_3_0"]["reason"] == ("claims not made by this contract-4 plugin (contract "
-                                                    f"{CONTRACT} requires them): warmup_update")
+    # (beside other work `first_window` may stand aside too, said in the same reason)
+    assert ("claims not made by this contract-4 plugin (contract "
+            f"{CONTRACT} requires them): warmup_update") in records["released_v0_3_0"]["reason"]
     assert records["released_v0_3_0_dev"]["reason"].endswith("requires them): warmup_update")
     for name in ("released_v0_3_0", "released_v0_3_0_dev"):
         assert {"initial_reveal", "update", "parity"} <= _passed(records[name]), records[name]["checks"]
