@@ -93,7 +93,7 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
 
     from framework_bench.cli import app
 
-    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity")  # the fakes build no model
+    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity,machine")  # the fakes build no model; not the load
 
     ok = CliRunner().invoke(app, ["check-backend", "fake_ok"])
     assert ok.exit_code == 0, ok.output
