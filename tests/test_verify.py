@@ -111,7 +111,7 @@ def test_check_backend_passes_an_honest_backend_and_fails_a_liar(fakes, tmp_path
 def test_conformance_for_a_plugins_own_pytest(fakes, tmp_path, monkeypatch):
     from framework_bench import testing
 
-    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity")  # the fakes build no model
+    monkeypatch.setenv("FBENCH_UNCHECKED", "initial_weights,parity,machine")  # the fakes build no model
 
     report = testing.assert_conforms("fake_ok", tmp_path)
     assert report.passed and [p.name for p in report.points][0] == "run"
