@@ -44,11 +44,12 @@ LIES: dict[str, list[tuple[str, str]]] = {
     # The embeddings never updated (their gradient dropped before each optimizer step), every
     # claim and count as the honest loop's: in bf16 the whole update's tolerance hides it.
     "frozen_embeddings": [(OPTIMIZER, "        model.get_input_embeddings().weight.grad = None\n" + OPTIMIZER)],
-    # Every step's claimed seconds shaved to 0.92 of its time: within the clock check's 90%.
+    # Every step's claimed seconds shaved to 0.95 of its time: within the clock check's 90% with room
+    # for the time between steps, which the host's windows hold and the claims do not.
     "shaved_seconds": [
-        (TIMER, TIMER + '    log.timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] * 0.92}))'
+        (TIMER, TIMER + '    log.timer.writer.write = (lambda w: lambda **r: w(**{**r, "seconds": r["seconds"] * 0.95}))'
                         '(log.timer.writer.write)\n'
-                        "    log.throughput = (lambda t: lambda: {k: v / 0.92 for k, v in t().items()})(log.throughput)\n"),
+                        "    log.throughput = (lambda t: lambda: {k: v / 0.95 for k, v in t().items()})(log.throughput)\n"),
     ],
     # The backward pass outside the timed window with pause()/resume(), the pauses kept from the host.
     "backward_untimed": [
