@@ -105,12 +105,17 @@ class StepWindow:
     def ran(self) -> float | None:
         return None if self.ran_begin is None or self.ran_stop is None else self.ran_stop - self.ran_begin
 
-    def others(self, cpus: int | None) -> float | None:
-        """The share of the machine's CPUs other processes kept busy during the step (its busy
-        time less the run's own), None where not read."""
-        if self.busy_begin is None or self.busy_stop is None or self.ran is None or not cpus or self.seen <= 0:
-            return None
-        return max(0.0, (self.busy_stop - self.busy_begin - self.ran) / (cpus * self.seen))
+
+
+def others_share(steps: list[StepWindow], cpus: int | None) -> float | None:
+    """The share of the machine's CPUs other processes kept busy over `steps` (the machine's busy
+    time less the run's own, over the CPUs times the steps' seconds), None where any is not read."""
+    if not steps or not cpus or any(w.busy_begin is None or w.busy_stop is None or w.ran is None for w in steps):
+        return None
+    seconds = sum(w.seen for w in steps)
+    if seconds <= 0:
+        return None
+    return max(0.0, sum(w.busy_stop - w.busy_begin - w.ran for w in steps) / (cpus * seconds))
 
 
 def windows(events: list[list]) -> list[StepWindow]:
@@ -186,7 +191,7 @@ def _warmup(rank: int, warm: list[StepWindow], measured: list[StepWindow], cpus:
         busy = max(warm, key=lambda w: w.ran)
         out |= dict(cpu_step=busy.step, cpu_seconds=round(busy.ran, 4), measured_median_cpu_seconds=round(statistics.median(ran), 4),
                     cpu_limit_ratio=max(MAX_WARMUP_CPU_RATIO, WARMUP_RUN_SHARE * (len(warm) + len(measured))))
-        if (others := busy.others(cpus)) is not None:
+        if (others := others_share([busy], cpus)) is not None:
             out["others_share"] = round(others, 3)
     return out
 

@@ -9,7 +9,7 @@ other processes yet, so they are not judged."""
 
 from __future__ import annotations
 
-from framework_bench.measure.clock_checks import WARMUP_OTHERS_SHARE, windows
+from framework_bench.measure.clock_checks import WARMUP_OTHERS_SHARE, others_share, windows
 from framework_bench.measure.verify import Check
 
 NAME = "machine"
@@ -26,12 +26,9 @@ def check(stamps: dict | None, warmup: int) -> Check | None:
     if not cpus or not events:
         return None
     measured = [w for w in windows(events) if w.step > warmup]
-    read = [w for w in measured if w.busy_begin is not None and w.busy_stop is not None and w.ran is not None]
-    seconds = sum(w.seen for w in read)
-    if not read or len(read) < len(measured) or seconds <= 0:
+    if (others := others_share(measured, cpus)) is None:
         return None
-    others = max(0.0, sum(w.busy_stop - w.busy_begin - w.ran for w in read) / (cpus * seconds))
-    figures = {"others_share": round(others, 3), "cpus": cpus, "steps": len(read)}
+    figures = {"others_share": round(others, 3), "cpus": cpus, "steps": len(measured)}
     said = f"other processes kept {others:.0%} of the machine's {cpus} CPUs busy during the measured steps"
     if others > DISTURBED_SHARE:
         return Check(name=NAME, status="fail", figures=figures,

@@ -37,7 +37,7 @@ import json
 from pathlib import Path
 
 from framework_bench.measure import update
-from framework_bench.measure.clock_checks import WARMUP_OTHERS_SHARE, StepWindow, windows
+from framework_bench.measure.clock_checks import WARMUP_OTHERS_SHARE, StepWindow, others_share, windows
 from framework_bench.measure.verify import Check
 from framework_bench.worker import initial_weights_host
 from framework_bench.worker.losses import LOSSES_DIR
@@ -116,7 +116,7 @@ def initial_reveal_check(stamps: dict | None, run_dir: Path) -> Check | None:
                         busy_stop)  # the reveal to the first step, read as a step's window is
     if window.ran is not None:
         figures["first_window_cpu_seconds"] = round(window.ran, 4)
-        if (others := window.others(stamps.get("cpus"))) is not None:
+        if (others := others_share([window], stamps.get("cpus"))) is not None:
             figures["others_share"] = round(others, 3)
     return Check(name="initial_reveal", status="pass", figures=figures, detail=(
         f"seed {reveal['seed']} revealed when every rank was ready, {figures['first_window_seconds']:.3f} s "

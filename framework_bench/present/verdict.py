@@ -206,7 +206,8 @@ class Points:
     def __init__(self, runs: list[dict], reference: str | None):
         self.runs, self.reference = runs, reference
         # the points with a run on a busy machine (`machine_load`): marked, and ranked by no answer
-        self.disturbed = {(r["scenario"], r["backend"]) for r in runs if machine_load.disturbed(r)}
+        self.disturbed_runs = [r for r in runs if machine_load.disturbed(r)]
+        self.disturbed = {(r["scenario"], r["backend"]) for r in self.disturbed_runs}
         groups: dict[str, list[dict]] = defaultdict(list)
         for r in runs:  # a compare's results carry no definition: they ran one
             groups[definition(r["scenario_json"]) if "scenario_json" in r else ""].append(r)
@@ -227,7 +228,7 @@ class Points:
                             for key, s in self.summaries.items() if key[1] == reference and s.trials}
             self.lines += verdicts(trials, pairs)
         self.lines += [f"{r['scenario']}: {r['backend']}'s run{where(r)} was {machine_load.said(r)}"
-                       for r in runs if machine_load.disturbed(r)]
+                       for r in self.disturbed_runs]
         self.lines[:0] = family(self.pairs)
         unpaired = {f"{p.scenario}: {sentence(p)}" for p in self.pairs if p.low is None}
         self.with_intervals = [line for line in self.lines if line not in unpaired]
@@ -275,8 +276,7 @@ class Points:
         rows = {(r["scenario"], r["backend"]): r for r in self.rows}
         shaken = self.disturbed
         if shaken:
-            n = sum(machine_load.disturbed(r) for r in self.runs)
-            out.append(f"{n} of {len(self.runs)} runs ran on a busy machine (other processes kept over "
+            out.append(f"{len(self.disturbed_runs)} of {len(self.runs)} runs ran on a busy machine (other processes kept over "
                        f"{machine_load.DISTURBED_SHARE:.0%} of its CPUs busy during their measured steps): their "
                        "figures are the machine's as much as the frameworks'; rerun on a quiet machine, or "
                        "--repeat 3 or more, whose rounds name the disturbed runs")
