@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from framework_bench.cli import app, common, render
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.present import terminal_tables
+from framework_bench.present import run_lines, terminal_tables
 from framework_bench.present.fitted_table import FittedTable
 from framework_bench.run.reference import reference_backend
 from framework_bench.scenario import scenario
@@ -233,7 +233,7 @@ def test_run_prints_its_figures_whole_and_the_start_up_breakdown_with_verbose(wi
     for verbose in (False, True):
         console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
         monkeypatch.setattr(common, "console", console)
-        render.print_run(r, tmp_path / "r.sqlite", verbose=verbose)
+        render.say(run_lines.run_lines(r, tmp_path / "r.sqlite", verbose))
         text = console.export_text()
         assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
         words = set(text.split())
@@ -250,7 +250,7 @@ def test_run_prints_a_check_of_every_status(tmp_path, monkeypatch):
     r = r.model_copy(update={"checks": [Check(name=f"c_{s}", status=s, detail=f"why {s}") for s in statuses]})
     console = Console(width=100, record=True, file=open(os.devnull, "w"), color_system=None)
     monkeypatch.setattr(common, "console", console)
-    render.print_run(r, tmp_path / "r.sqlite")
+    render.say(run_lines.run_lines(r, tmp_path / "r.sqlite"))
     lines = console.export_text().splitlines()
     assert all(any(line.split()[:3] == [s, f"c_{s}", "why"] for line in lines) for s in statuses), lines
 
@@ -327,7 +327,7 @@ def test_runs_of_a_scenario_that_ended_alike_for_one_reason_share_one_line():
             for b in ("torch", "llamafactory", "xtuner")]
     runs.append(RunResult(backend="xtuner", scenario="tiny_cpu", status="failed", reason="xtuner: it fell over\ntail 1"))
     with common.console.capture() as said:
-        render.print_reasons(runs)
+        render.say(run_lines.reason_lines(runs))
     assert said.get().splitlines() == [f"tiny_cpu_qlora / torch, llamafactory, xtuner: unsupported: {why}",
                                        "tiny_cpu / xtuner: failed: it fell over", "    tail 1"]
 

@@ -52,12 +52,13 @@ def check(
     if device not in device_check.TINY:
         common.fail(f"unknown device {device!r}: use cuda or cpu")
     from framework_bench.cli import render
+    from framework_bench.present import run_lines
     from framework_bench.present.terminal_tables import results_table
     from framework_bench.scenario import scenario
 
     results = device_check.check(out, budget, device, say=lambda s: console.print(s, markup=False))
     render.show(results_table(render.points(results), {name: scenario.load(name) for name in {r.scenario for r in results}}))
-    render.print_reasons(results)
+    render.say(run_lines.reason_lines(results))
     console.print(f"every column, with the GPU's clock and power, the budget and each env's versions: {out / 'table.txt'}",
                   markup=False)
     if not any(r.status == "ok" for r in results):

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.progress import Progress as Bars
 
 from framework_bench.cli import common, render
+from framework_bench.present import run_lines
 from framework_bench.run import collect
 from framework_bench.run.campaign import Events, Request
 
@@ -58,7 +59,7 @@ class Progress(Events):
                                  highlight=False)
 
     def planned(self, name, s, p) -> None:
-        render.print_submission(name, p, self.request.options)
+        render.say(run_lines.submission_lines(name, p, self.request.options))
         if p.result is not None:
             common.console.print(f"  nothing submitted; stored as result {p.result.result_id}", highlight=False)
 

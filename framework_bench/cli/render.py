@@ -11,9 +11,7 @@ from rich.console import Console
 from rich.padding import Padding
 
 from framework_bench.cli import common
-from framework_bench.present import run_lines
 from framework_bench.present.fitted_table import FittedTable
-from framework_bench.present.run_lines import closing_line  # noqa: F401 - cli/runs.py reads it here
 
 if TYPE_CHECKING:
     from framework_bench.present.verdict import Points
@@ -47,15 +45,6 @@ def verdict_object(points: Points) -> dict:
     return {"runs": points.runs, **points.data()}
 
 
-def print_verdicts(points: Points) -> None:
-    """Below a compare's table: each pair's verdict with an interval, each noisy backend, each trial
-    not counted (the pairs with none are said once, in the answer: `print_answers`)."""
-    say(points.with_intervals)
-
-
-def print_auto_stops(stops, results) -> None:
-    """Below a repeated run's verdicts: where `--repeat auto` stopped (`run_lines.auto_stop_lines`)."""
-    say(run_lines.auto_stop_lines(stops, results))
 
 
 def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:
@@ -68,10 +57,6 @@ def print_differences(records: list[dict], mode: str, show: Console | None = Non
             show.print(Padding(grid, (0, 0, 0, 2)))
 
 
-def print_reasons(results: list) -> None:
-    """Below a results table: why each run that is not ok ended so (`run_lines.reason_lines`)."""
-    say(run_lines.reason_lines(results))
-
 
 def print_answers(points: Points) -> None:
     """A compare's last lines: per scenario, the fastest framework, by how much, how sure."""
@@ -79,15 +64,3 @@ def print_answers(points: Points) -> None:
     if answers:
         common.console.rule("the answer", style="bold")
         say(answers)
-
-
-def print_run(r, db: Path, verbose: bool = False) -> None:
-    say(run_lines.run_lines(r, db, verbose))
-
-
-def print_plan(d, s, options, show) -> None:
-    say(run_lines.plan_lines(d, options), show)
-
-
-def print_submission(name: str, p, options) -> None:
-    say(run_lines.submission_lines(name, p, options))

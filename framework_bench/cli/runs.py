@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from framework_bench.cli import common, render
+from framework_bench.present import run_lines
 from framework_bench.present.run_lines import closing_line, estimate_line
 from framework_bench.present.terminal_tables import fmt, points_table, results_table
 
@@ -78,24 +79,18 @@ def run(
     With --repeat: its trials (compare's trial loop, this backend and the reference) and the median's 95% interval.
 
     Example: fbench run --backend xtuner --scenario tiny_cpu --repeat 5"""
-    s = common.load_scenario(scenario)
-    common.check_launcher(launcher)
-    common.check_timeout(timeout)
-    common.check_settings(settings)
-    trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
-    budget_s = common.check_budget(budget, trials)
-    gpu = _dry_gpu(gpu, dry_run)
-    reference = _reference(no_reference)
-    request = _request([s], [backend], _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task,
-                                                    sbatch_arg), trials, warmup_rounds, precision, no_reference,
-                       dry_run, gpu, wait, poll, None, db, budget_s)
+    request, reference = _checked_request(
+        [common.load_scenario(scenario)], [backend], launcher=launcher, timeout=timeout, force=force, settings=settings,
+        seed=seed, time_limit=time_limit, cpus_per_task=cpus_per_task, sbatch_arg=sbatch_arg, repeat=repeat,
+        warmup_rounds=warmup_rounds, precision=precision, budget=budget, no_reference=no_reference, dry_run=dry_run,
+        gpu=gpu, wait=wait, poll=poll, out=None, db=db)
     outcome = _campaign(request, reference)
     store = outcome.store
     if dry_run or launcher == "slurm":
         _show(request, outcome, store, None, as_json, wide=False, verbose=verbose, settings=settings)
         return
     results = outcome.results
-    if trials != 1 or warmup_rounds:  # its trials and the reference's, as compare shows them
+    if request.repeat != 1 or warmup_rounds:  # its trials and the reference's, as compare shows them
         _show(request, outcome, store, None, as_json, wide=False, verbose=verbose, settings=None)
         _end(results, outcome.interrupted, closing=True, as_json=as_json)
         return
@@ -105,7 +100,7 @@ def run(
     if as_json:
         print(json.dumps(render.result_dict(r), indent=2))
     else:
-        render.print_run(r, store.path, verbose=verbose)
+        render.say(run_lines.run_lines(r, store.path, verbose))
         for ref in results:
             if ref is not r:  # the reference that judged it, stored beside it
                 common.console.print(f"judged against {ref.backend}'s run: {ref.status}"
@@ -174,13 +169,6 @@ def compare(
     from framework_bench.plugins import registry as plugins
     from framework_bench.run import compare as compare_
 
-    common.check_launcher(launcher)
-    common.check_timeout(timeout)
-    common.check_settings(settings)
-    trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
-    budget_s = common.check_budget(budget, trials)
-    gpu = _dry_gpu(gpu, dry_run)
-    out = common.out_folder(out)
     try:
         chosen = compare_.expand(scenario)
         names = common.backend_names(backends_) if backends_ is not None else list(plugins.backends())
@@ -189,25 +177,38 @@ def compare(
     if backends_ is None and plugins.load_errors:  # every installed backend, less the broken ones: said once
         common.err.print("[yellow]skipped, broken: " + escape("; ".join(f"{n} ({why})" for n, why in plugins.load_errors.items()))
                   + "[/yellow]", highlight=False, soft_wrap=True)
-    reference = _reference(no_reference)
-    request = _request(chosen, names, _run_options(launcher, timeout, force, settings, seed, time_limit, cpus_per_task,
-                                                   sbatch_arg), trials, warmup_rounds, precision, no_reference,
-                       dry_run, gpu, wait, poll, out, db, budget_s)
+    request, reference = _checked_request(
+        chosen, names, launcher=launcher, timeout=timeout, force=force, settings=settings, seed=seed,
+        time_limit=time_limit, cpus_per_task=cpus_per_task, sbatch_arg=sbatch_arg, repeat=repeat,
+        warmup_rounds=warmup_rounds, precision=precision, budget=budget, no_reference=no_reference, dry_run=dry_run,
+        gpu=gpu, wait=wait, poll=poll, out=common.out_folder(out), db=db)
     outcome = _campaign(request, reference)
     store = outcome.store
-    points = _show(request, outcome, store, out, as_json, wide=wide, verbose=verbose, settings=settings)
+    points = _show(request, outcome, store, request.out, as_json, wide=wide, verbose=verbose, settings=settings)
     if points is not None:
         _end(outcome.results, outcome.interrupted, fail_if_slower, points, closing=True, as_json=as_json)
 
 
-def _request(chosen: list, names: list[str], options, trials, warmup_rounds: int | None, precision: float | None,
-             no_reference: bool, dry_run: bool, gpu: str | None, wait: bool, poll: float, out: Path | None,
-             db: Path | None, budget_s: float | None):
+def _checked_request(scenarios: list, names: list[str], *, launcher: str | None, timeout: float | None, force: bool,
+                     settings: str, seed: int | None, time_limit: str | None, cpus_per_task: int | None,
+                     sbatch_arg: list[str] | None, repeat: str, warmup_rounds: int | None, precision: float | None,
+                     budget: str | None, no_reference: bool, dry_run: bool, gpu: str | None, wait: bool, poll: float,
+                     out: Path | None, db: Path | None):
+    """`run`'s and `compare`'s choices, each checked (one error line where one cannot be), as the
+    campaign's `Request`, with the reference the command adds (a list of none or one)."""
     from framework_bench.run.campaign import Request
-    return Request(scenarios=chosen, backends=names, options=options.model_copy(update={"db": db}), repeat=trials,
-                   warmup_rounds=warmup_rounds,
-                   precision=precision, no_reference=no_reference, dry_run=dry_run, gpu=gpu, wait=wait, poll=poll,
-                   out=out, budget_s=budget_s)
+    from framework_bench.run.options import RunOptions
+    common.check_launcher(launcher)
+    common.check_timeout(timeout)
+    common.check_settings(settings)
+    trials = common.check_repeat(repeat, precision, warmup_rounds, launcher)
+    options = RunOptions(launcher=launcher, timeout=timeout, force=force, settings_mode=settings, seed=seed,
+                         pinned_seed=seed is not None, sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg),
+                         db=db)
+    request = Request(scenarios=scenarios, backends=names, options=options, repeat=trials, warmup_rounds=warmup_rounds,
+                      precision=precision, budget_s=common.check_budget(budget, trials), no_reference=no_reference,
+                      dry_run=dry_run, gpu=_dry_gpu(gpu, dry_run), wait=wait, poll=poll, out=out)
+    return request, _reference(no_reference)
 
 
 def _campaign(request, reference: list[str]):
@@ -246,7 +247,7 @@ def _show(request, outcome, store, out: Path | None, as_json: bool, wide: bool, 
             common.err.print(f"[yellow]stopped waiting: {len(outcome.submitted)} job(s) still queued or running; "
                              "`fbench results collect` stores them when they end[/yellow]")
         common.console.print(results_table(render.points(outcome.results), by_name))
-        render.print_reasons(outcome.results)
+        render.say(run_lines.reason_lines(outcome.results))
         common.console.print(f"results stored in {store.path}")
         if out is not None and outcome.results:
             _charts(store, by_name, None, out, as_json)
@@ -258,9 +259,9 @@ def _show(request, outcome, store, out: Path | None, as_json: bool, wide: bool, 
         print(json.dumps(render.verdict_object(points), indent=2))
     else:
         render.show(results_table(points, by_name, wide=wide, verbose=verbose))
-        render.print_verdicts(points)
-        render.print_auto_stops(outcome.stops, results)
-        render.print_reasons(results)
+        render.say(points.with_intervals)  # the pairs with none are said once, in the answer
+        render.say(run_lines.auto_stop_lines(outcome.stops, results))
+        render.say(run_lines.reason_lines(results))
         if settings is not None:
             render.print_differences([render.result_dict(r) for r in results], settings)
         common.console.print(f"results stored in {store.path}", highlight=False)
@@ -299,7 +300,7 @@ def _print_plans(request, outcome, as_json: bool) -> None:
             show.print(f"{', '.join(names)} ({request.options.settings_mode} settings): {summary}", highlight=False,
                        markup=False)
         for d in mine:
-            render.print_plan(d, s, request.options, show)
+            render.say(run_lines.plan_lines(d, request.options), show)
     for name, cost in outcome.costs.items():
         show.print(f"{name}: {cost.summary()}", highlight=False, markup=False)
     if as_json:
@@ -325,11 +326,3 @@ def _reference(no_reference: bool) -> list[str]:
         common.fail(problem)
     name = reference.reference_backend()
     return [name] if name else []
-
-
-def _run_options(launcher: str | None, timeout: float | None, force: bool, settings: str, seed: int | None,
-                 time_limit: str | None, cpus_per_task: int | None, sbatch_arg: list[str] | None):
-    """The command line's choices as one `RunOptions` (checked by the callers first)."""
-    from framework_bench.run.options import RunOptions
-    return RunOptions(launcher=launcher, timeout=timeout, force=force, settings_mode=settings, seed=seed,
-                      pinned_seed=seed is not None, sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg))
