@@ -1,4 +1,4 @@
-"""`fbench plot` and `fbench report`: charts and the report from the stored runs."""
+"""`fbench plot`, `report`, `diff` and `history`: charts, the report and comparisons over time from the stored runs."""
 
 from __future__ import annotations
 
@@ -114,4 +114,38 @@ def diff(
         common.err.print(f"slower in {after} than in {before} by more than {fail_if_slower:g}%: "
                          + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
                          highlight=False, markup=False)
+        raise typer.Exit(1)
+
+
+def history(
+    scenario: Annotated[Optional[str], typer.Option("--scenario", metavar="GLOB", help="only these scenarios (name or glob)")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="only this backend")] = None,
+    by: Annotated[str, typer.Option("--by", metavar="ORDER", help="order each series by its compares' date or "
+                                    "the backend's version: date or version")] = "date",
+    db: common.DbOption = None,
+    as_json: Annotated[bool, common.Flag("--json", help="print one JSON object: the series and their changes")] = False,
+    fail_on_change: Annotated[bool, common.Flag(
+        "--fail-on-change", help="exit 1 when a series' speed changed (a nightly job's alarm)")] = False,
+) -> None:
+    """Every stored compare as a point of its series (scenario, backend, machine), and where each one's speed changed.
+
+    Example: fbench history --scenario tiny_cpu --backend trl --fail-on-change"""
+    import json
+
+    from framework_bench.present import history as h
+    if by not in h.ORDERS:
+        common.fail(f"--by {by!r}: one of {', '.join(h.ORDERS)}")
+    store = reading_store(db)
+    found = h.series(store.list(scenario, backend), by=by)
+    say_damaged(store)
+    if not found:
+        common.fail("no stored runs" + (f" of {scenario}" if scenario else "") + (f" by {backend}" if backend else "")
+                    + ": run `fbench compare` first")
+    if as_json:
+        print(json.dumps(h.data(found), indent=2))
+    else:
+        for line in h.lines(found):
+            common.console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if fail_on_change and (changed := h.changed(found)):
+        common.err.print("speed changed: " + "; ".join(changed), highlight=False, markup=False)
         raise typer.Exit(1)
