@@ -207,8 +207,9 @@ def minimal_worker_run(tmp_path_factory):
     job = Job(backend="mybackend", scenario=scn, data_dir=data.dir, data_sha256=data.sha256, run_dir=tmp_path / "run",
               device="cpu")
     job_file = job.write()
-    reveal = update.Reveal(after_step=scn.steps.total, ranks=1, seed=777, initial_seed=778)
-    reveal.write_initial(job.run_dir), reveal.write(job.run_dir)  # as the host's watcher would (no watcher here)
+    reveal = update.Reveal(after_step=scn.steps.total, ranks=1, seed=777, initial_seed=778, warmup_seed=779)
+    # as the host's watcher would (no watcher here); a seed left unwritten holds the worker for its whole wait
+    reveal.write_initial(job.run_dir), reveal.write_warmup(job.run_dir), reveal.write(job.run_dir)
     out = subprocess.run([str(env.python), str(tmp_path / "minimal_worker.py"), str(job_file)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -244,6 +245,7 @@ def test_contributings_minimal_backend_conforms_on_tiny_cpu(tmp_path, form, mini
                                         "initial_weights"}
     assert all(c.status == "pass" for c in checks), [c for c in checks if c.status != "pass"]
     assert update.check(job.run_dir, {"reveal": {"seed": 777}}).status == "pass"
+    assert update.check(job.run_dir, {"warmup_reveal": {"seed": 779}}, of=update.WARMUP_UPDATE).status == "pass"
 
 
 @pytest.mark.slow
