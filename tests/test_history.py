@@ -4,6 +4,7 @@ of stored compares, one where a hidden version is 25% slower from some compare o
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -97,3 +98,14 @@ def test_the_search_finds_two_steps_and_none_in_noise_alone():
     assert [c.at for c in found] == [8, 16]
     assert change_points.find(list(np.exp(rng.normal(0, 0.02, 24)))) == []
     assert change_points.find([1.0] * 20) == []  # no spread at all
+
+
+def test_out_draws_each_scenarios_series_with_its_change(tmp_path, fbench_home):
+    db, out = tmp_path / "r.sqlite", tmp_path / "charts"
+    store_series(db, slow_from=6)
+    res = fbench("history", "--db", str(db), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    drawn = sorted(p.name for p in out.iterdir())
+    assert drawn == ["history_tiny_cpu_Test_CPU_2_CPUs.png", "history_tiny_cpu_Test_CPU_2_CPUs.svg"]
+    assert all(name in res.stdout for name in drawn)
+    assert re.search(r"<!-- trl [-−]2[4-6]% -->", (out / drawn[1]).read_text())  # the change, where it came in

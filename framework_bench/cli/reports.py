@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from framework_bench.cli import common
+from framework_bench.cli import common, render
 from framework_bench.cli.results import reading_store, say_damaged
 
 
@@ -124,6 +125,7 @@ def history(
                                     "the backend's version: date or version")] = "date",
     db: common.DbOption = None,
     as_json: Annotated[bool, common.Flag("--json", help="print one JSON object: the series and their changes")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="also a chart per scenario there")] = None,
     fail_on_change: Annotated[bool, common.Flag(
         "--fail-on-change", help="exit 1 when a series' speed changed (a nightly job's alarm)")] = False,
 ) -> None:
@@ -144,8 +146,11 @@ def history(
     if as_json:
         print(json.dumps(h.data(found), indent=2))
     else:
-        for line in h.lines(found):
-            common.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        render.say(h.lines(found))
+    if out is not None:
+        from framework_bench.present.history_chart import plot_history
+        common.writable_folder(out, "--out")
+        render.say([str(path) for path in plot_history(found, out)], common.err if as_json else None)
     if fail_on_change and (changed := h.changed(found)):
         common.err.print("speed changed: " + "; ".join(changed), highlight=False, markup=False)
         raise typer.Exit(1)
