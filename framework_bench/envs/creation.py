@@ -96,8 +96,6 @@ def create(
             for module in spec.post_install:
                 say(f"{name}: post-install {module}")
                 _run([str(env_python(path)), "-m", module, flavour], log, cwd=path)
-            say(f"{name}: byte-compiling its packages")
-            _run([str(env_python(path)), "-c", COMPILE], log)
             smoke = None
             if flavour == "cuda":
                 smoke = smoke_test(env_python(path), gpu_here=driver_cuda_version() is not None)
@@ -216,14 +214,6 @@ def _run(argv: list[str], log, **kw) -> None:
         raise
     if code:
         raise EnvError(f"`{' '.join(argv[:4])} ...` exited {code}; see {log.name}")
-
-
-# Every worker start imports torch, transformers and its framework; with no bytecode beside them
-# (pip ran with --no-compile) each start compiled them again wherever Python may not write its
-# caches (PYTHONDONTWRITEBYTECODE, a read-only env): seconds a run. Compiled once here instead, at
-# the env's final path (the path a traceback names), all CPUs at once; a file that does not
-# compile (a package's Python 2 example) is left as it is.
-COMPILE = "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
 
 
 def _site_dirs(python: Path) -> list[str]:

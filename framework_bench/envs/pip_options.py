@@ -37,8 +37,8 @@ def validate(flavour: str | None, options: Options) -> None:
 
 
 def pip_argv(python: Path, requirements: Path, options: Options, torch_index: str | None) -> list[str]:
-    # --no-compile: pip byte-compiles file by file, most of an env's install time on a small
-    # machine; the creation compiles the whole env afterwards on every CPU (creation.COMPILE).
+    # --no-compile: pip would byte-compile every file of torch, transformers and the framework
+    # (most of an env's install time on a small machine); Python compiles what a worker imports.
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-compile",
             "-r", str(requirements)]
     for folder in options.find_links:
