@@ -3,9 +3,9 @@
 Binary segmentation over the log of the series, in the circular form (Olshen et al. 2004) for a
 stretch in the middle: the split that parts the series best (the largest pooled t between the two
 sides' means) is kept when a permutation test of that largest t (the series reshuffled, the
-largest t over every split taken again, so the search is inside the test) puts it under `ALPHA`
-and the step is at least `MIN_STEP`; where no split is, the stretch in the middle that parts best
-from the rest is tested the same way (a release that slowed and a later one that mended it). Each
+largest t over every split taken again, so the search is inside the test) puts it under half of
+`ALPHA` and the step is at least `MIN_STEP`; where no split is, the stretch in the middle that
+parts best from the rest is tested the same way (a release that slowed and a later one that mended it). Each
 end of what is kept is named where its own step is at least `MIN_STEP`; then each part is searched
 again. The permutations are seeded: one series, one answer. The false-alarm rate on this
 project's own A/A series is in docs/statistics.md.
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALPHA = 0.05
+ALPHA = 0.05  # over both searches: each is tested at half of it (Bonferroni)
 # A step smaller than this is not named, however sure: repeated compares on one machine move by
 # a few percent from one day to the next (docs/statistics.md).
 MIN_STEP = 0.05
 MIN_SEGMENT = 2  # points each side of a change: one point alone is an outlier, not a level
 # Below this the most extreme split of a shuffled series is too likely to be the one seen: with
-# 7 points split 3/4 no permutation test gets under 0.05.
-MIN_POINTS = 8
+# 8 points split 4/4 no permutation test gets under 0.025.
+MIN_POINTS = 9
 PERMUTATIONS = 1999
 
 
@@ -85,7 +85,7 @@ def _search(values: np.ndarray, lo: int, hi: int, rng: np.random.Generator, foun
         p = _p(segment, float(t[0]), a, b, rng)
         start, stop = lo + int(a[best[0]]), lo + int(b[best[0]])
         inside, outside = values[start:stop], np.concatenate([values[lo:start], values[stop:hi]])
-        if p < ALPHA and abs(np.median(inside) / np.median(outside) - 1) >= MIN_STEP:
+        if p < ALPHA / 2 and abs(np.median(inside) / np.median(outside) - 1) >= MIN_STEP:
             break
     else:
         return
