@@ -34,6 +34,8 @@ def main() -> None:
                         help="also N seeded A/A series of 12 points at 3 %% and 8 %% noise")
     parser.add_argument("--window", type=int, default=10, help="compares a window holds (default 10)")
     args = parser.parse_args()
+    if args.window < change_points.MIN_POINTS:
+        parser.error(f"--window {args.window}: a window of fewer than {change_points.MIN_POINTS} compares is never judged")
     table = Table("store", "series", "compares", "whole series", "windows", "with a change", "rate")
     flagged_all = windows_all = 0
     for path in args.stores:
