@@ -4,7 +4,6 @@ tables (`present/terminal_tables.py`), lines (`present/run_lines.py`), settings 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -45,8 +44,6 @@ def verdict_object(points: Points) -> dict:
     return {"runs": points.runs, **points.data()}
 
 
-
-
 def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:
     """Per scenario, the settings that differ between its backends (`settings_grid`), indented."""
     from framework_bench.present.settings_grid import difference_grids
@@ -55,7 +52,6 @@ def print_differences(records: list[dict], mode: str, show: Console | None = Non
         show.print(heading, highlight=False)
         if grid is not None:
             show.print(Padding(grid, (0, 0, 0, 2)))
-
 
 
 def print_answers(points: Points) -> None:

@@ -106,7 +106,6 @@ class StepWindow:
         return None if self.ran_begin is None or self.ran_stop is None else self.ran_stop - self.ran_begin
 
 
-
 def others_share(steps: list[StepWindow], cpus: int | None) -> float | None:
     """The share of the machine's CPUs other processes kept busy over `steps` (the machine's busy
     time less the run's own, over the CPUs times the steps' seconds), None where any is not read."""
