@@ -106,6 +106,6 @@ def test_out_draws_each_scenarios_series_with_its_change(tmp_path, fbench_home):
     res = fbench("history", "--db", str(db), "--out", str(out))
     assert res.exit_code == 0, res.output
     drawn = sorted(p.name for p in out.iterdir())
-    assert drawn == ["history_tiny_cpu_Test_CPU_2_CPUs.png", "history_tiny_cpu_Test_CPU_2_CPUs.svg"]
+    assert drawn == ["history_tiny_cpu_Test_CPU_CPU_x_2_no_GPU.png", "history_tiny_cpu_Test_CPU_CPU_x_2_no_GPU.svg"]
     assert all(name in res.stdout for name in drawn)
     assert re.search(r"<!-- trl [-−]2[4-6]% -->", (out / drawn[1]).read_text())  # the change, where it came in

@@ -12,6 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from framework_bench.measure import change_points, statistics
 from framework_bench.measure.statistics import Trial
+from framework_bench.present.chart_style import hardware
 from framework_bench.present.verdict import definition
 
 ORDERS = ("date", "version")
@@ -44,13 +45,6 @@ class Series:
         return f"{self.scenario} · {self.backend} · {self.machine}"
 
 
-def _machine(row: dict) -> str:
-    m = row.get("manifest") or {}
-    if m.get("gpu"):
-        return f"{m.get('gpu_count') or 1}x {m['gpu']}"
-    return f"{m['cpu']} ({m.get('cpu_count')} CPUs)" if m.get("cpu") else row["device"]
-
-
 def _versions(row: dict) -> dict[str, str]:
     versions = dict(((row.get("manifest") or {}).get("backend_env") or {}).get("versions") or {})
     if row.get("framework_version"):
@@ -76,7 +70,7 @@ def series(rows: list[dict], by: str = "date") -> list[Series]:
     order of its date or (`by="version"`) its backend's version; each searched for changes."""
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        key = (r["scenario"], r["backend"], _machine(r), definition(r["scenario_json"]))
+        key = (r["scenario"], r["backend"], hardware([r]), definition(r["scenario_json"]))
         groups[key][r.get("compare_id") or f"run {r['id']}"].append(r)
     out, seen = [], defaultdict(int)
     for (scenario, backend, machine, _), compares in groups.items():
