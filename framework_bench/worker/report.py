@@ -105,3 +105,21 @@ def write_report(job: Job, report: Report) -> None:
     if fields["settings"] is not None:
         fields["settings"] = {"settings_mode": job.settings_mode, **fields["settings"]}
     write_worker_report(job.run_dir, data_sha256=job.verified_sha256, **fields, **extra)
+
+
+def exit_now(code: int = 0) -> None:
+    """End the worker's process now, its report written: logging's handlers and the standard
+    streams flushed, then `os._exit`, skipping the interpreter's teardown of torch and the
+    framework (docs/calibration.md, "A worker's exit"). Call it last, from the worker's
+    `__main__`: nothing after it runs, atexit handlers neither."""
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe gone: nothing left to keep
+            pass
+    os._exit(code)

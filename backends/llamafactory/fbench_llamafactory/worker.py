@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import Job, Report, StartupClock, dist_info, initial_weights_worker, load_job, publish_once, write_report
+from framework_bench.worker import Job, Report, StartupClock, dist_info, initial_weights_worker, exit_now, load_job, publish_once, write_report
 from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback
 from framework_bench.worker.packed import PackedRows
 
@@ -229,3 +229,4 @@ def main(job_file: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_now()  # the report is written: no second of interpreter teardown in every run

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import Job, StartupClock, dist_info, initial_weights_worker, load_job, publish_once
+from framework_bench.worker import Job, StartupClock, dist_info, exit_now, initial_weights_worker, load_job, publish_once
 from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
 
 from fbench_swift.run_files import ROWS_DIR, RUN_FILE
@@ -107,3 +107,4 @@ def main(job_file: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_now()  # the report is written: no second of interpreter teardown in every run

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import Job, StartupClock, adapters, dist_info, initial_weights_worker, load_job
+from framework_bench.worker import Job, StartupClock, adapters, dist_info, exit_now, initial_weights_worker, load_job
 from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
 from framework_bench.worker.packed import TOKENIZER_DIR
 
@@ -105,3 +105,4 @@ def main(job_file: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_now()  # the report is written: no second of interpreter teardown in every run
