@@ -144,9 +144,13 @@ def kv_repeat(attention: str | None) -> str:
             from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
         except ImportError:
             return "repeated (repeat_kv)"
+        import inspect
+
         import torch
 
-        native = use_gqa_in_sdpa(None, torch.empty(0))
+        # transformers 5.23 asks for the values too (their head size against the keys'): alike here
+        tensors = (torch.empty(0),) * (2 if "value" in inspect.signature(use_gqa_in_sdpa).parameters else 1)
+        native = use_gqa_in_sdpa(None, *tensors)
         return "native (sdpa enable_gqa)" if native else "repeated (repeat_kv)"
     if attention == "flash_attention_2":
         return "native (flash-attn)"
