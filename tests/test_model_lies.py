@@ -128,28 +128,6 @@ def test_with_the_checks_off_each_lie_passes(world, lies, lie):
     assert r.status == "ok", r.reason
 
 
-def test_fbench_run_judges_a_lie_as_compare_does(world, home_with_envs, tmp_path):
-    """`fbench run` runs the reference after the backend, so the half-rows lie ends `invalid`
-    through `run` as in compare; with --no-reference it is `unverified`, never `ok`."""
-    import json
-
-    from typer.testing import CliRunner
-
-    from framework_bench.cli import app
-    from framework_bench.store.results import ResultStore
-
-    db = tmp_path / "r.sqlite"
-    res = CliRunner().invoke(app, ["run", "--backend", "lying_half_rows", "--scenario", "tiny_cpu", "--db", str(db),
-                                   "--json"])
-    record = json.loads(res.stdout)
-    assert record["status"] == "invalid" and "parity check failed" in record["reason"], record["reason"]
-    assert {r["backend"]: r["status"] for r in ResultStore(db).list()} == {"lying_half_rows": "invalid", "torch": "ok"}
-    res = CliRunner().invoke(app, ["run", "--backend", "lying_half_rows", "--scenario", "tiny_cpu", "--db", str(db),
-                                   "--no-reference", "--json"])
-    record = json.loads(res.stdout)
-    assert record["status"] == "unverified" and "no reference run (--no-reference)" in record["reason"], record
-
-
 def test_a_backend_normalising_otherwise_is_judged_against_the_reference_trained_its_way(world):
     """At grad_accum 2 a loop taking the mean of per-micro-batch means (XTuner's way,
     here an honest copy of the torch loop) weighs tokens otherwise than the torch reference: the
@@ -246,23 +224,6 @@ def test_training_before_the_first_step_is_invalid_by_the_time_from_the_reveal(w
     passed = judged_again(world, r, {"first_window", "warmup_update_parity", *SHORT_STEPS}, reference, scn)
     assert passed.status == "ok", passed.reason
     assert passed.tgs > 1.5 * reference.tgs, (passed.tgs, reference.tgs)
-
-
-def test_a_plugin_filling_its_weights_at_start_is_unverified_at_its_contract_never_broken(world, tmp_path):
-    """The worker of plugin contract 3 fills the trained weights at model build from the job's seed
-    and never says it is ready: as a contract-3 plugin in a compare, every run of the compare then
-    starts from the compare's seed (said in each row), so its parity is judged, and the run is
-    `unverified` for the claim it cannot make (declaring the current contract, a worker without the
-    claim is `invalid`: tests/test_host_clock.py, the claimless fake)."""
-    scn, _, _, _, _ = world
-    results = {r.backend: r for r in compare.compare([scn], ["lying_fills_at_build_contract3"],
-                                                     RunOptions(root=tmp_path / "runs"))}
-    old, reference = results["lying_fills_at_build_contract3"], results["torch"]
-    assert reference.status == "ok", reference.reason
-    assert old.status == "unverified" and "contract-3 plugin" in old.reason and "initial_reveal" in old.reason, old.reason
-    assert {c.name: c.status for c in old.checks}["parity"] == "pass"
-    assert all(any("lying_fills_at_build_contract3 (a plugin of a contract before" in n for n in r.notes)
-               for r in results.values())
 
 
 def test_adapters_smaller_than_claimed_are_invalid_in_native_mode(world, tmp_path, monkeypatch):

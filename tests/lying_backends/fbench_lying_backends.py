@@ -53,10 +53,9 @@ class LyingBackend(torch_plugin.TorchBackend):
 
 # Each lie at the current contract (the torch plugin's), the claimless one and the honest copy
 # also as plugins of contract 1, written before the claims were required, the worker
-# without the update claim as a plugin of contract 2, written before that claim, and the one
-# filling its trained weights at start-up as a plugin of contract 3, before the initial seed's reveal.
+# without the update claim as a plugin of contract 2, written before that claim.
 BACKENDS = ([LyingBackend(lie) for lie in LIES] + [LyingBackend(lie, contract=1) for lie in ("honest", "no_claims")]
-            + [LyingBackend("no_update_claim", contract=2), LyingBackend("fills_at_build", contract=3)])
+            + [LyingBackend("no_update_claim", contract=2)])
 globals().update({backend.name: backend for backend in BACKENDS})
 ENTRY_POINTS = {backend.name: f"fbench_lying_backends:{backend.name}" for backend in BACKENDS}
 

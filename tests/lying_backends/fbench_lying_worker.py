@@ -147,9 +147,6 @@ LIES: dict[str, list[tuple[str, str]]] = {
         (BACKWARD, ""),
         (OPTIMIZER, ""),
     ],
-    # The worker of plugin contract 3: the trained weights filled at model build from the job's seed
-    # and reported at start, no ready line (run as a plugin of contract 3 and of the current one).
-    "fills_at_build": [(INITIAL, "    initial_weights_worker.report(model, job.seed, job.run_dir)\n")],
     # The whole training inside warm-up step 1's clock, then every step again forward only.
     "trained_in_warmup": [
         (INITIAL, INITIAL + "    timer, log.timer = log.timer, type('Untimed', (), {'begin': lambda s: None, 'end': lambda s, *a: {'tokens': 0}, "
