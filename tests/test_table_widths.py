@@ -118,7 +118,7 @@ def test_compare_shows_each_figure_whole_and_names_what_it_leaves_out(width):
     assert set(left_out) | set(shown) >= {"TGS min–max", "TFLOPs/GPU", "MFU", "peak mem", "reserved", "start-up"}
     assert not set(left_out) & set(shown)
     for r, row in zip(results, body):
-        record = render.result_dict(r)
+        record = r.model_dump(mode="json")
         line = row[0]
         for figure in (record["scenario"], record["backend"], record["status"], terminal_tables.fmt(record["tgs"])):
             assert figure in cells(line), (figure, line)

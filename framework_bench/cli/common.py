@@ -265,6 +265,15 @@ def backend_names(option: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def backend_spec(name: str) -> str:
+    """A backend name, a backend at a version (`trl@transformers==5.23.0`) spelled as it is stored."""
+    from framework_bench.plugins import pins, registry
+    try:
+        return registry.canonical(name)
+    except pins.BadSpec as e:
+        fail(str(e))
+
+
 def open_store(db: Path | None, read_only: bool = False):
     """The results store; first, the runs earlier commands could not store are stored (and said)."""
     from framework_bench.run import pipeline

@@ -23,7 +23,8 @@ def backends() -> None:
 
 @env_app.command("create")
 def env_create(
-    names: Annotated[Optional[list[str]], typer.Argument(metavar="BACKEND", help="backends (default: all)")] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(metavar="BACKEND", help=(
+        "backends (default: all); one at a version as NAME@VERSION or NAME@DIST==VERSION"))] = None,
     flavour: Annotated[Optional[str], typer.Option("--flavour",
         metavar="FLAVOUR", help="cpu or cuda (default: cuda if nvidia-smi works)")] = None,
     find_links: Annotated[Optional[list[str]], typer.Option(
@@ -45,7 +46,7 @@ def env_create(
     """Create (or reuse) backend environments; idempotent. Built aside and swapped in only when complete.
 
     Example: fbench env create xtuner torch --flavour cpu"""
-    from framework_bench.envs.creation import create
+    from framework_bench.envs.creation import create_backend
     from framework_bench.envs.errors import EnvError
     from framework_bench.envs.pip_options import Options, validate
     from framework_bench.plugins import registry as plugins
@@ -53,19 +54,17 @@ def env_create(
                       with_specs=list(with_specs or []), system_site_packages=system_site_packages,
                       no_deps=no_deps, torch_index=torch_index,
                       requirements=str(Path(requirements).resolve()) if requirements else None)
-    found = plugins.backends()
-    for name in names or []:
-        if name not in found:
-            common.fail(f"the backend {name!r} is installed but broken: {plugins.load_errors[name]}"
-                 if name in plugins.load_errors else f"no backend named {name!r}; installed: {', '.join(found)}")
+    try:
+        found = {n: plugins.get(n) for n in map(common.backend_spec, names)} if names else plugins.backends()
+    except plugins.UnknownBackend as e:
+        common.fail(str(e))
     from framework_bench.run.interrupts import stop_signals_interrupt
     try:
         validate(flavour, options)
         with stop_signals_interrupt():  # SIGTERM too: the half-built env and pip go, not only on Ctrl-C
-            for name in names or list(found):
-                create(name, found[name].info.env, flavour,
-                       say=lambda m: common.console.print(m, highlight=False, markup=False),
-                       packages=(found[name].package,), options=options)
+            for backend in found.values():
+                create_backend(backend, flavour, say=lambda m: common.console.print(m, highlight=False, markup=False),
+                               options=options)
     except EnvError as e:
         common.fail(str(e))
     except KeyboardInterrupt:

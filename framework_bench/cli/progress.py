@@ -22,6 +22,7 @@ class Progress(Events):
         self.bars = Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                          TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=common.err, transient=False)
         self.tasks: dict = {}
+        self.problems: list[str] = []  # the submitted runs that could not be stored, each said once
 
     def __enter__(self) -> "Progress":
         if self.request and self.request.options.launcher != "slurm" and not self.request.dry_run:
@@ -33,6 +34,9 @@ class Progress(Events):
 
     def recovered(self, line) -> None:
         common.err.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
+
+    def env(self, line) -> None:
+        common.err.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def run_started(self, backend, s) -> None:
         if "current" in self.tasks:  # runs go one at a time: the one before has ended, its clock stops
@@ -76,8 +80,12 @@ class Progress(Events):
                          note=f"{r.status}" + (f" · TGS {r.tgs:,.1f}" if r.tgs else "") + f" · stored as {r.result_id}")
 
     def problem(self, sub, why) -> None:
+        self.problems.append(why)
         if sub.run_dir in self.tasks:
             self.bars.update(self.tasks[sub.run_dir], note=f"not stored: {why}")
+        common.err.print(f"[red]not stored[/red] SLURM job {sub.job_id} ({escape(sub.backend)} on {escape(sub.scenario)}, "
+                         f"{escape(str(sub.run_dir))}): {escape(why)}; the others are collected", highlight=False,
+                         soft_wrap=True)
 
     def waiting(self, sub, state) -> None:
         self.bars.update(self.tasks[sub.run_dir], completed=collect.steps_done(sub), note=state.state.lower())

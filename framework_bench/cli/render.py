@@ -27,21 +27,12 @@ def show(table: FittedTable, console: Console | None = None) -> None:
     (console or common.console).print(table, crop=False)
 
 
-def result_dict(r) -> dict:
-    return r.model_dump(mode="json")
-
-
 def points(results) -> Points:
     """A command's runs as the trials of their points, built once for its table, its verdicts,
     `--json` and `--fail-if-slower`."""
     from framework_bench.present.verdict import Points
     from framework_bench.run.reference import reference_backend
-    return Points([result_dict(r) for r in results], reference_backend())
-
-
-def verdict_object(points: Points) -> dict:
-    """`--json`: the runs, and the verdicts as data (`Points.data`)."""
-    return {"runs": points.runs, **points.data()}
+    return Points([r.model_dump(mode="json") for r in results], reference_backend())
 
 
 def print_differences(records: list[dict], mode: str, show: Console | None = None) -> None:

@@ -86,24 +86,16 @@ def diff(
     Example: fbench diff --scenario tiny_cpu --fail-if-slower 5"""
     import json
 
-    from framework_bench.present.diff import Diff, compares, pick
+    from framework_bench.present.diff import Diff, chosen, compares
     if (before is None) != (after is None):
         common.fail("give both compares' ids, or neither (the newest two)")
     store = reading_store(db)
     found = compares(store.list(scenario))
     say_damaged(store)
-    if before is None:
-        if len(found) < 2:
-            common.fail(f"{len(found)} stored compare(s)" + (f" ran {scenario}" if scenario else "")
-                        + ": diff needs two (run `fbench compare` again)")
-        before, after = list(found)[-2:]
-    else:
-        try:
-            before, after = pick(found, before), pick(found, after)
-        except ValueError as e:
-            common.fail(str(e))
-        if before == after:  # its trials against themselves: an interval that says nothing
-            common.fail(f"both ids name the compare {before}: diff compares one against another, not itself")
+    try:
+        before, after = chosen(found, before, after, scenario)
+    except ValueError as e:
+        common.fail(str(e))
     d = Diff(before, found[before], after, found[after])
     if as_json:
         print(json.dumps(d.data(), indent=2))

@@ -135,18 +135,9 @@ def results_collect(
             stores[path] = common.open_store(path)
         return stores[path]
 
-    def on_problem(sub, why: str) -> None:
-        problems.append(why)
-        common.err.print(f"[red]not stored[/red] SLURM job {sub.job_id} ({escape(sub.backend)} on {escape(sub.scenario)}, "
-                  f"{escape(str(sub.run_dir))}): {escape(why)}; the others are collected", highlight=False, soft_wrap=True)
-
-    class Events(Progress):
-        def problem(self, sub, why: str) -> None:
-            super().problem(sub, why)
-            on_problem(sub, why)
-
-    with Events() as events:
+    with Progress() as events:
         results, still = collect_jobs(subs, store_for, events, wait=wait, poll=poll)
+    problems += events.problems
     if wait and still:
         common.err.print(f"[yellow]stopped waiting: {len(still)} job(s) still queued or running; "
                          "`fbench results collect` stores them when they end[/yellow]")

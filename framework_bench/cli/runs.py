@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from framework_bench.cli import common, render
 from framework_bench.present import run_lines
-from framework_bench.present.run_lines import closing_line, estimate_line
-from framework_bench.present.terminal_tables import fmt, points_table, results_table
+from framework_bench.present.run_lines import closing_line
+from framework_bench.present.terminal_tables import points_table, results_table
 
 
 def check_backend(
@@ -98,15 +98,9 @@ def run(
         common.stop_interrupted()
     r = next(r for r in results if r.backend == backend)
     if as_json:
-        print(json.dumps(render.result_dict(r), indent=2))
+        print(json.dumps(r.model_dump(mode="json"), indent=2))
     else:
-        render.say(run_lines.run_lines(r, store.path, verbose))
-        for ref in results:
-            if ref is not r:  # the reference that judged it, stored beside it
-                common.console.print(f"judged against {ref.backend}'s run: {ref.status}"
-                                     + (f", TGS {fmt(ref.tgs)}" if ref.tgs else "")
-                                     + (f", stored as result {ref.result_id}" if ref.result_id is not None else ""),
-                                     highlight=False, markup=False)
+        render.say(run_lines.run_lines(r, store.path, verbose, judges=[ref for ref in results if ref is not r]))
     _end(results, outcome.interrupted)
 
 
@@ -189,11 +183,35 @@ def compare(
         _end(outcome.results, outcome.interrupted, fail_if_slower, points, closing=True, as_json=as_json)
 
 
-def _checked_request(scenarios: list, names: list[str], *, launcher: str | None, timeout: float | None, force: bool,
-                     settings: str, seed: int | None, time_limit: str | None, cpus_per_task: int | None,
-                     sbatch_arg: list[str] | None, repeat: str, warmup_rounds: int | None, precision: float | None,
-                     budget: str | None, no_reference: bool, dry_run: bool, gpu: str | None, wait: bool, poll: float,
-                     out: Path | None, db: Path | None):
+def bisect(
+    backend: Annotated[str, typer.Option("--backend", metavar="NAME", help="backend name (see `fbench backends`)")],
+    good: Annotated[str, typer.Option("--good", metavar="VERSION", help="a release known not to be slow")],
+    bad: Annotated[str, typer.Option("--bad", metavar="VERSION", help="a later release known to be slow")],
+    scenario: Annotated[str, typer.Option("--scenario", metavar="NAME", help="scenario name or file")],
+    package: Annotated[Optional[str], typer.Option("--package", metavar="DIST", help=(
+        "the distribution whose releases are bisected (default: the framework's own)"))] = None,
+    threshold: Annotated[float, typer.Option("--threshold", metavar="PCT", callback=common.within(0.0, words="percent"),
+                                             help="slower by more than PCT percent, with 95% confidence")] = 5.0,
+    repeat: common.RepeatOption = "3",
+    db: common.DbOption = None,
+) -> None:
+    """The first release past a slowdown: the releases from --good to --bad halved, each probed beside --good in one compare.
+
+    Example: fbench bisect --backend trl --package transformers --good 5.6.0 --bad 5.23.0 --scenario tiny_cpu"""
+    from framework_bench.present.bisection import lines, probe_line
+    from framework_bench.run.bisect import bisect as halve
+    request, _ = _checked_request([common.load_scenario(scenario)], [], repeat=repeat, db=db)
+    found = _campaign(request, [], lambda events: halve(backend, package, good, bad, request.scenarios[0], request,
+                                                         threshold, events, lambda p: common.console.print(probe_line(p))))
+    render.say(lines(found, threshold))
+
+
+def _checked_request(scenarios: list, names: list[str], *, launcher: str | None = None, timeout: float | None = None,
+                     force: bool = False, settings: str = "matched", seed: int | None = None, time_limit: str | None = None,
+                     cpus_per_task: int | None = None, sbatch_arg: list[str] | None = None, repeat: str = "1",
+                     warmup_rounds: int | None = None, precision: float | None = None, budget: str | None = None,
+                     no_reference: bool = False, dry_run: bool = False, gpu: str | None = None, wait: bool = False,
+                     poll: float = 30.0, out: Path | None = None, db: Path | None = None):
     """`run`'s and `compare`'s choices, each checked (one error line where one cannot be), as the
     campaign's `Request`, with the reference the command adds (a list of none or one)."""
     from framework_bench.run.campaign import Request
@@ -205,21 +223,22 @@ def _checked_request(scenarios: list, names: list[str], *, launcher: str | None,
     options = RunOptions(launcher=launcher, timeout=timeout, force=force, settings_mode=settings, seed=seed,
                          pinned_seed=seed is not None, sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg),
                          db=db)
-    request = Request(scenarios=scenarios, backends=names, options=options, repeat=trials, warmup_rounds=warmup_rounds,
+    request = Request(scenarios=scenarios, backends=[common.backend_spec(n) for n in names], options=options, repeat=trials, warmup_rounds=warmup_rounds,
                       precision=precision, budget_s=common.check_budget(budget, trials), no_reference=no_reference,
                       dry_run=dry_run, gpu=_dry_gpu(gpu, dry_run), wait=wait, poll=poll, out=out)
     return request, _reference(no_reference)
 
 
-def _campaign(request, reference: list[str]):
-    """The campaign, its events rendered: its outcome (one error line where it cannot start)."""
+def _campaign(request, reference: list[str], drive=None):
+    """The campaign (or what `drive(events)` makes of it), its events rendered: its outcome (one
+    error line where it cannot start)."""
     from framework_bench.cli.progress import Progress
     from framework_bench.run.campaign import campaign
     from framework_bench.run.interrupts import stop_signals_interrupt
     from framework_bench.store.unstored import Unstored
     try:
         with Progress(request) as events, stop_signals_interrupt():
-            return campaign(request, events, reference=next(iter(reference), None))
+            return drive(events) if drive else campaign(request, events, reference=next(iter(reference), None))
     except Unstored as e:
         common.fail_unstored(e)
     except common.user_errors() as e:
@@ -256,14 +275,14 @@ def _show(request, outcome, store, out: Path | None, as_json: bool, wide: bool, 
     results = outcome.results
     points = render.points(results)
     if as_json:
-        print(json.dumps(render.verdict_object(points), indent=2))
+        print(json.dumps({"runs": points.runs, **points.data()}, indent=2))  # the verdicts as data too
     else:
         render.show(results_table(points, by_name, wide=wide, verbose=verbose))
         render.say(points.with_intervals)  # the pairs with none are said once, in the answer
         render.say(run_lines.auto_stop_lines(outcome.stops, results))
         render.say(run_lines.reason_lines(results))
         if settings is not None:
-            render.print_differences([render.result_dict(r) for r in results], settings)
+            render.print_differences([r.model_dump(mode="json") for r in results], settings)
         common.console.print(f"results stored in {store.path}", highlight=False)
     if out is not None and results:
         _charts(store, by_name, settings, out, as_json)
@@ -290,15 +309,7 @@ def _print_plans(request, outcome, as_json: bool) -> None:
         mine = [d for d in outcome.plans if d.scenario == s.name]
         show.rule(f"{s.name}: {s.cluster.nodes} node(s) x {s.cluster.gpus_per_node} {s.cluster.device}"
                   + (f", judged on {gpu}" if gpu else ""))
-        # Each backend's own estimate in this settings mode (its declared AdamW and sequence-parallel
-        # engine), the figure of its refusals and plan lines below; one line per distinct estimate.
-        by_estimate: dict[str, list[str]] = {}
-        for d in mine:
-            if d.refusals is not None and d.refusals.estimate is not None:
-                by_estimate.setdefault(estimate_line(d.refusals.estimate, gpu), []).append(d.backend)
-        for summary, names in by_estimate.items():
-            show.print(f"{', '.join(names)} ({request.options.settings_mode} settings): {summary}", highlight=False,
-                       markup=False)
+        render.say(run_lines.estimate_lines(mine, request.options.settings_mode, gpu), show)
         for d in mine:
             render.say(run_lines.plan_lines(d, request.options), show)
     for name, cost in outcome.costs.items():

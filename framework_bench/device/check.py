@@ -129,7 +129,7 @@ def plan(device: str, backends: tuple[str, ...] | None = None, gpu: str = CHECK_
     for n in names:
         s = load_scenario(n)
         for b in backends:
-            refused = plugins.get(b).info.capabilities.refusal(s, b) is not None
+            refused = plugins.get(b).refusal(s) is not None
             planned.append(Planned(backend=b, scenario=n,
                                    estimate_s=0.0 if refused else round(estimate_s(b, s, startups, gpu), 1)))
     return planned

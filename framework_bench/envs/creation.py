@@ -39,9 +39,12 @@ def create(
     say: Callable[[str], None] = lambda msg: None,
     packages: tuple[str, ...] = (),
     options: Options | None = None,
+    over: BackendEnv | None = None,
 ) -> BackendEnv:
     """Create (or reuse) the env of backend `name`; idempotent. `packages` are the plugin's
-    top-level import packages its worker needs (besides `framework_bench`).
+    top-level import packages its worker needs (besides `framework_bench`). `over`: a ready env
+    whose packages it sees behind its own (a backend at a version over its plugin's env: pip
+    installs only what the pins change).
 
     The new env is built in a temporary folder beside the old one and swapped in only once
     it is complete: a failed or interrupted creation leaves the old env as it was."""
@@ -77,9 +80,10 @@ def create(
             say(f"{name}: creating venv in {building} (swapped in for {path} when complete)")
             venv = [sys.executable, "-m", "venv", "--prompt", name, str(building)]
             # A venv host's own packages are what "the system's" means here (site_layers says why).
-            layered = options.system_site_packages and site_layers.is_venv()
+            layered = (options.system_site_packages and site_layers.is_venv()) or over is not None
             _run(venv + (["--system-site-packages"] if options.system_site_packages and not layered else []), log)
-            inherited = site_layers.inherit(python) if layered else None
+            inherited = (site_layers.inherit_from(python, over.python) if over is not None
+                         else site_layers.inherit(python) if layered else None)
             say(f"{name}: pip install -r {requirements.name} (a few minutes)"
                 + (f", torch from {torch_index}" if torch_index else ""))
             # pip, not uv: only pip sees the local CPU torch build this machine offers.
@@ -114,6 +118,7 @@ def create(
             "requirements": str(requirements),
             "requirements_sha256": requirements_hash(spec, flavour),
             "options": options.model_dump(),
+            "over": str(over.path) if over is not None else None,
             "torch_index": torch_index,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": round(time.monotonic() - started, 1),
@@ -135,6 +140,25 @@ def create(
         shutil.rmtree(aside, ignore_errors=True)
     say(f"{name}: ready in {record['seconds']:.0f} s")
     return inspect(name, spec)
+
+
+def create_backend(backend, flavour: Flavour | None = None, say: Callable[[str], None] = lambda msg: None,
+                   options: Options | None = None) -> BackendEnv:
+    """`create` for a registered backend: one at a version (`plugins/pins.py`) over its plugin's env,
+    that one made first where it is not ready, and never outside the releases its plugin supports."""
+    from framework_bench.plugins import pins
+    from framework_bench.plugins.registry import PinnedBackend
+
+    over = None
+    if isinstance(backend, PinnedBackend):
+        if refusal := pins.refusal(backend.spec, backend.plugin.info.env):
+            raise EnvError(refusal)
+        over = inspect(backend.plugin.name, backend.plugin.info.env)
+        if not over.ready:
+            over = create_backend(backend.plugin, flavour, say, options)
+        flavour = over.flavour
+    return create(backend.name, backend.info.env, flavour, say=say, packages=(backend.package,), options=options,
+                  over=over)
 
 
 def sweep_building(name: str) -> list[Path]:
@@ -213,7 +237,10 @@ def _run(argv: list[str], log, **kw) -> None:
         proc.wait()
         raise
     if code:
-        raise EnvError(f"`{' '.join(argv[:4])} ...` exited {code}; see {log.name}")
+        log.flush()
+        # pip's own words (a release no index offers here, say) lead, the log's path after
+        said = [line.strip() for line in Path(log.name).read_text(errors="replace").splitlines() if line.startswith("ERROR:")]
+        raise EnvError(f"`{' '.join(argv[:4])} ...` exited {code}" + (f": {said[-1]}" if said else "") + f"; see {log.name}")
 
 
 def _site_dirs(python: Path) -> list[str]:

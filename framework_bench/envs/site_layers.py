@@ -45,6 +45,15 @@ def inherit(python: Path) -> list[str]:
     return inherited
 
 
+def inherit_from(python: Path, parent: Path) -> list[str]:
+    """Make the venv of `python` see the packages of the Python `parent` (another env's) behind
+    its own; returns the folders it now inherits."""
+    out = subprocess.run([str(parent), __file__], capture_output=True, text=True, check=True)
+    inherited = out.stdout.split("\n")[:-1]
+    (purelib(python) / PTH_NAME).write_text("".join(d + "\n" for d in inherited))
+    return inherited
+
+
 def make_layer(path: Path) -> list[str]:
     """Create a venv at `path` that sees this interpreter's packages behind its own; returns the
     folders it inherits (none listed for a non-venv Python: its system site-packages, as usual)."""
@@ -54,3 +63,7 @@ def make_layer(path: Path) -> list[str]:
         return []
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     return inherit(path / "bin" / "python")
+
+
+if __name__ == "__main__":  # run by another env's Python (`inherit_from`): the folders it reads
+    print("".join(d + "\n" for d in visible_site_dirs()), end="")

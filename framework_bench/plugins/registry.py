@@ -11,12 +11,13 @@ module-level hooks, an instance): pluggy calls both alike, so this registry's
 from __future__ import annotations
 
 import types
+from collections.abc import Iterable
 from functools import cached_property
 from importlib.metadata import entry_points
 
 import pluggy
 
-from framework_bench.plugins import base, contract, hookspecs
+from framework_bench.plugins import base, contract, hookspecs, pins
 from framework_bench.plugins.contract import BackendEnv, BackendInfo, Job, LaunchPlan, Machine, WorkerReport
 from framework_bench.scenario.scenario import Scenario
 
@@ -52,6 +53,10 @@ class RegisteredBackend:
     def name(self) -> str:
         return self.info.name
 
+    def refusal(self, scenario: Scenario) -> str | None:
+        """Why it cannot run `scenario` by what it declares, whatever its env holds."""
+        return self.info.capabilities.refusal(scenario, self.name)
+
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
         return self._call("fbench_check", scenario=scenario, machine=machine, env=env)
 
@@ -60,6 +65,23 @@ class RegisteredBackend:
 
     def read_report(self, job: Job) -> WorkerReport:
         return self._call("fbench_read_report", job=job)
+
+
+class PinnedBackend(RegisteredBackend):
+    """A backend at a version (`plugins/pins.py`): its plugin's hooks under the spec's name, with
+    an env of its own."""
+
+    def __init__(self, plugin: RegisteredBackend, spec: str):
+        super().__init__(plugin._pm, plugin._plugin)
+        self.plugin, self.spec = plugin, spec
+
+    @cached_property
+    def info(self) -> BackendInfo:
+        own = self.plugin.info
+        return own.model_copy(update={"name": self.spec, "env": pins.requirements(self.spec, own.env)})
+
+    def refusal(self, scenario: Scenario) -> str | None:
+        return pins.refusal(self.spec, self.plugin.info.env) or super().refusal(scenario)
 
 
 # Backends that are installed but broken, by entry-point name: an import error, a missing
@@ -137,8 +159,9 @@ def _build(found, errors: dict[str, str], where: dict[str, str]) -> pluggy.Plugi
     return pm
 
 
-def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBackend]:
-    """The working backends by name. Two answering to one name, or two declaring themselves the
+def backends(pm: pluggy.PluginManager | None = None, pinned: Iterable[str] = ()) -> dict[str, RegisteredBackend]:
+    """The working backends by name, and of `pinned` the backends at a version whose plugin works
+    (a malformed one is broken, in `load_errors`). Two answering to one name, or two declaring themselves the
     reference, are broken all (`load_errors`): none is chosen by the order they sort in. So is one
     declaring a plugin contract this release does not run (`contract.window`)."""
     pm = pm or manager()
@@ -172,13 +195,27 @@ def backends(pm: pluggy.PluginManager | None = None) -> dict[str, RegisteredBack
             del found[name]
             load_errors[name] = (f"the backends {who} each declare themselves the reference (BackendInfo.reference): "
                                  "none of them runs; uninstall all but one, or declare reference=False in yours")
+    for spec in pinned:
+        plugin = found.get(spec.split(pins.SEP)[0])
+        if pins.SEP in spec and plugin is not None:
+            try:
+                found[spec] = PinnedBackend(plugin, pins.canonical(spec, plugin.info.env.framework_package))
+            except pins.BadSpec as e:
+                load_errors[spec] = str(e)
     return found
 
 
 def get(name: str, pm: pluggy.PluginManager | None = None) -> RegisteredBackend:
-    found = backends(pm)
+    found = backends(pm, [name])
     if name not in found:
         if name in load_errors:
             raise UnknownBackend(f"the backend {name!r} is installed but broken: {load_errors[name]}")
         raise UnknownBackend(f"no backend named {name!r}; installed: {', '.join(found) or 'none'}")
     return found[name]
+
+
+def canonical(name: str) -> str:
+    """A backend name as stored: a backend at a version spelled as `pins.canonical` spells it
+    (a malformed one raises `pins.BadSpec`); any other name as given."""
+    plugin = backends().get(name.split(pins.SEP)[0]) if pins.SEP in name else None
+    return pins.canonical(name, plugin.info.env.framework_package) if plugin is not None else name

@@ -36,6 +36,20 @@ def pick(found: dict[str, list[dict]], wanted: str) -> str:
     raise ValueError(f"no compare {wanted!r} in the store (the newest: {newest})")
 
 
+def chosen(found: dict[str, list[dict]], before: str | None, after: str | None, scenario: str | None) -> tuple[str, str]:
+    """The two compares `fbench diff` sets side by side: the ones named (whole ids or starts of
+    them), else the newest two (both named or neither); ValueError saying why there are not two."""
+    if before is None:
+        if len(found) < 2:
+            raise ValueError(f"{len(found)} stored compare(s)" + (f" ran {scenario}" if scenario else "")
+                             + ": diff needs two (run `fbench compare` again)")
+        return list(found)[-2], list(found)[-1]
+    before, after = pick(found, before), pick(found, after)
+    if before == after:  # its trials against themselves: an interval that says nothing
+        raise ValueError(f"both ids name the compare {before}: diff compares one against another, not itself")
+    return before, after
+
+
 def _changes(old: dict, new: dict) -> list[str]:
     """What differs between two runs of one point: framework version, settings in effect."""
     out = []

@@ -7,12 +7,12 @@ from framework_bench.plugins import registry as plugins
 
 # Settings every backend records that change a step's time (marked where backends differ);
 # each backend adds the keys only its engine records (`BackendInfo.speed_settings`: speed_relevant).
-# The rest (seed, learning rate, library versions...) are shown but do not move TGS.
+# The rest (seed, learning rate, the other libraries' versions...) are shown but do not move TGS.
 COMMON_SPEED_SETTINGS = frozenset({
     "trainer", "optimizer", "optimizer_impl", "grad_clip", "param_dtype", "autocast_dtype", "loss_scaler",
     "grad_reduce_dtype", "master_weights", "attention", "attention_kv_repeat", "activation_checkpointing",
     "checkpointing_reentrant", "zero_stage", "flash_attn_version", "sequence_parallel", "compile",
-    "ddp_find_unused_parameters", "token_count_sync", "torch_version",
+    "ddp_find_unused_parameters", "token_count_sync", "torch_version", "transformers_version",
     # the fine-tuning method (framework_bench/worker/adapters.py): what trains, and in which dtypes
     "finetune_method", "trainable_params", "lora_targets", "lora_head_adapted", "lora_rank", "lora_dropout",
     "lora_dora", "lora_bias", "base_dtype", "adapter_dtype", "base_frozen", "quant_type", "double_quant",

@@ -76,9 +76,9 @@ def check_lines(checks) -> list[Text]:
     return [Text.assemble("  ", (f"{c.status:10}", colours[c.status]), f" {c.name:10} {c.detail}") for c in checks]
 
 
-def run_lines(r, db: Path, verbose: bool = False) -> list[Text]:
+def run_lines(r, db: Path, verbose: bool = False, judges: list = ()) -> list[Text]:
     """One run as `fbench run` shows it: status, figures, notes (the start-up breakdown with
-    --verbose), reason, the host's checks."""
+    --verbose), reason, the host's checks; then each run of `judges` (the reference's) that judged it."""
     colour = {"ok": "green", "unverified": "yellow"}.get(r.status, "red")
     version = f" ({r.framework_version})" if r.framework_version else ""
     out = [highlighted(Text.assemble((r.status, colour), f" {r.backend} on {r.scenario}{version}"))]
@@ -101,7 +101,8 @@ def run_lines(r, db: Path, verbose: bool = False) -> list[Text]:
         out.append(highlighted(Text(f"run folder {r.run_dir}")))
     if r.result_id is not None:  # else kept beside the store, as said above
         out.append(Text(f"stored as result {r.result_id} in {db}"))
-    return out
+    return out + [Text(f"judged against {j.backend}'s run: {j.status}" + (f", TGS {fmt(j.tgs)}" if j.tgs else "")
+                       + (f", stored as result {j.result_id}" if j.result_id is not None else "")) for j in judges]
 
 
 def reason_lines(results: list) -> list[Text]:
@@ -135,6 +136,17 @@ def refusal_lines(name: str, launcher: str, refusals) -> list[Text]:
         if text:
             out.append(Text(f"  {label}: {text}"))
     return out
+
+
+def estimate_lines(plans: list, settings_mode: str, gpu: str | None) -> list[str]:
+    """Each backend's own memory estimate in this settings mode (its declared AdamW and
+    sequence-parallel engine), the figure of its refusals and plan lines: one line per distinct
+    estimate, naming the backends it is theirs."""
+    by_estimate: dict[str, list[str]] = {}
+    for d in plans:
+        if d.refusals is not None and d.refusals.estimate is not None:
+            by_estimate.setdefault(estimate_line(d.refusals.estimate, gpu), []).append(d.backend)
+    return [f"{', '.join(names)} ({settings_mode} settings): {summary}" for summary, names in by_estimate.items()]
 
 
 def plan_lines(d, options) -> list[Text]:

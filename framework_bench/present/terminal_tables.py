@@ -139,11 +139,13 @@ def backends_table() -> Table:
 
 
 def envs_table() -> Table:
-    """`fbench env list`: each backend's env, its path, flavour, versions and state."""
+    """`fbench env list`: each backend's env, its path, flavour, versions and state; then the envs
+    made for a backend at a version (`plugins/pins.py`) whose plugin is installed."""
     from framework_bench.envs import venvs as envs
-    from framework_bench.plugins import registry as plugins
+    from framework_bench.plugins import pins, registry as plugins
     t = Table("backend", "path", "flavour", "framework", "torch", "transformers", "state")
-    for name, b in plugins.backends().items():
+    made = sorted(p.name for p in (envs.fbench_home() / "envs").glob(f"*{pins.SEP}*") if p.is_dir())
+    for name, b in plugins.backends(pinned=made).items():
         e = envs.inspect(name, b.info.env)
         t.add_row(name, str(e.path), e.flavour or "-", e.version(b.info.env.framework_package) or "-",
                   e.version("torch") or "-", e.version("transformers") or "-",

@@ -49,6 +49,8 @@ class Events:
 
     def recovered(self, line: str) -> None: ...
 
+    def env(self, line: str) -> None: ...
+
     def run_started(self, backend: str, scenario: Scenario) -> None: ...
 
     def step(self, done: int, total: int, secs: float | None) -> None: ...
@@ -105,6 +107,7 @@ def campaign(request: Request, events: Events | None = None, machine: Machine | 
     if problem := preflight.unwritable_places(store, request.out if request.options.launcher != "slurm" else None):
         raise preflight.Refused(problem)
     options = request.options.model_copy(update={"db": store.path})
+    _version_envs(request.backends, events)
     if options.launcher == "slurm":
         return _slurm(request, options, store, events)
     outcome = Outcome(store=store)
@@ -117,6 +120,25 @@ def campaign(request: Request, events: Events | None = None, machine: Machine | 
     except (compare.Interrupted, KeyboardInterrupt):
         outcome.interrupted = True
     return outcome
+
+
+def _version_envs(names: list[str], events: Events) -> None:
+    """The env of each backend at a version (`plugins/pins.py`) that has none yet, made now, with
+    progress: the user asked for that version. One outside its plugin's releases is left to its
+    runs, `unsupported`."""
+    from framework_bench.envs import venvs
+    from framework_bench.envs.creation import create_backend
+    from framework_bench.envs.errors import EnvError
+    from framework_bench.plugins import pins, registry
+
+    for name in (n for n in names if pins.SEP in n):
+        backend = registry.get(name)
+        if pins.refusal(backend.spec, backend.plugin.info.env) or venvs.inspect(name, backend.info.env).ready:
+            continue
+        try:
+            create_backend(backend, say=events.env)
+        except EnvError as e:
+            raise preflight.Refused(f"{name}: its env could not be made: {e}") from None
 
 
 def _dry(request: Request, machine: Machine | None, reference: str | None) -> Outcome:

@@ -108,7 +108,7 @@ def compare(
     `on_auto`; with `budget_s`, each scenario has an equal share of what is left of it when its
     rounds begin, and no round starts that would end past its share by the longest round so far
     (its first round always runs)."""
-    found = plugins.backends()
+    found = plugins.backends(pinned=backend_names)
     missing = [b for b in backend_names if b not in found]
     broken = [f"the backend {b!r} is installed but broken: {plugins.load_errors[b]}" for b in missing
               if b in plugins.load_errors]

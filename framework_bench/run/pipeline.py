@@ -109,7 +109,7 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
         # A backend that refuses for want of its env has a setup to finish, not a setting it cannot run
         # (a scenario outside its declared capabilities stays unsupported, env or not).
         setup = (not env.ready and refusals.machine_shortfall(scenario, machine) is None
-                 and backend.info.capabilities.refusal(scenario, backend.name) is None)
+                 and backend.refusal(scenario) is None)
         return identity.result("failed" if setup else "unsupported", reason=refusal)
     if dry:
         job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=seed,

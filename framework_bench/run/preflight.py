@@ -45,7 +45,7 @@ def overlong_run_folder(backend_names: list[str], scenarios: list) -> str | None
     """A run folder, named `<time>-<scenario>-<backend>-<n>` (`pipeline.new_run_dir`), longer than a
     file name may be where it would be made: a plugin's name is not bounded as a scenario's is.
     Names no backend has are left to the run's own error."""
-    found = plugins.backends()
+    found = plugins.backends(pinned=backend_names)
     folder = runs_root()
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

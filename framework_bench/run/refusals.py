@@ -125,7 +125,7 @@ def refusals_for(backend: plugins.RegisteredBackend, scenario: Scenario, machine
                   gpu_memory_gib=target.gpu_memory_gib) if scenario.cluster.device == "cuda" else None)
     shortfall = machine_shortfall(scenario, machine, e)
     judged_env, env_note = env_for_target(scenario, env) if shortfall else (env, None)
-    check = (backend.info.capabilities.refusal(scenario, backend.name)
+    check = (backend.refusal(scenario)
              or transformers_refusal(scenario.arch.architecture, judged_env.version("transformers"))
              or backend.check(scenario, target, judged_env))
     memory = None

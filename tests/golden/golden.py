@@ -30,7 +30,7 @@ BACKENDS = "xtuner,llamafactory,torch"
 # Each subcommand whose --help is pinned; the groups' own --help too.
 COMMANDS = [
     [], ["scenarios"], ["show"], ["validate"], ["schema"], ["pack"], ["backends"],
-    ["check-backend"], ["run"], ["compare"], ["plot"], ["report"], ["diff"], ["history"],
+    ["check-backend"], ["run"], ["compare"], ["bisect"], ["plot"], ["report"], ["diff"], ["history"],
     ["env"], ["env", "create"], ["env", "list"],
     ["results"], ["results", "list"], ["results", "show"], ["results", "export"],
     ["results", "collect"],

@@ -35,6 +35,8 @@ def backend_info() -> BackendInfo:
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="llamafactory",
             post_install=["fbench_llamafactory.env_fixups", "framework_bench.plugins.deepspeed_jit"],
+            # its YAML keys and trainer entry as 0.9.5 has them; llamafactory caps transformers itself
+            supports={"llamafactory": ">=0.9.5,<0.10"},
         ),
         # matched: `optim: adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU;
         # native: transformers' default with torch >= 2.8, `adamw_torch_fused`, on either device.

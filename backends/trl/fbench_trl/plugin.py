@@ -30,7 +30,8 @@ def backend_info() -> BackendInfo:
         capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 1, 2, 3],
                                   lora=True, qlora=False),
         env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
-                    framework_package="trl"),
+                    # TRL 1's SFTConfig; TRL 1.16 asks transformers >= 4.56.2
+                    framework_package="trl", supports={"trl": ">=1.0,<2", "transformers": ">=4.56.2"}),
         # matched: `adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU, as the others;
         # native: SFTConfig's default, `adamw_torch_fused`, on either device.
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")}),

@@ -31,6 +31,7 @@ def backend_info() -> BackendInfo:
             requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
             framework_package="xtuner",
             post_install=["fbench_xtuner.env_fixups", "framework_bench.plugins.deepspeed_jit"],
+            supports={"xtuner": ">=0.2.0,<0.3"},  # the mmengine line's config and runner as 0.2.0 has them
         ),
         # matched: the config asks torch AdamW for fused=True on CUDA; native: XTuner's configs
         # name AdamW with no flag, which torch runs as foreach on CUDA. Sequence parallel runs
