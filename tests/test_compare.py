@@ -168,7 +168,7 @@ def test_repeated_trials_are_tagged_rotated_and_judged_against_their_rounds_refe
     copy); it is back, as it was, when the round ends."""
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
-    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None, "b": None})
+    monkeypatch.setattr(compare.plugins, "backends", lambda pinned=(): {"ref": None, "a": None, "b": None})
     judged, handed, seen = [], [], []
 
     def run_one(name, s, options, on_step):
@@ -205,7 +205,7 @@ def test_an_interrupt_after_a_rotated_reference_puts_its_folder_back_and_judges_
     passes through, and no judging reference is started after the Ctrl-C."""
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
-    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None, "b": None})
+    monkeypatch.setattr(compare.plugins, "backends", lambda pinned=(): {"ref": None, "a": None, "b": None})
     judged, handed, started = [], [], []
 
     def run_one(name, s, options, on_step):
@@ -245,7 +245,7 @@ def _synthetic_trials(monkeypatch, tgs):
     passes each run as it is (these runs record no losses to judge: `a` would never count)."""
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
-    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
+    monkeypatch.setattr(compare.plugins, "backends", lambda pinned=(): {"ref": None, "a": None})
     monkeypatch.setattr(round_.pipeline, "run_one", lambda name, s, options, on_step: RunResult(
         backend=name, scenario=s.name, status="ok" if tgs(name) else "failed", tgs=tgs(name)))
     monkeypatch.setattr(round_.referee, "judge", lambda result, reference, s, absent, run_twin: result)
@@ -401,7 +401,7 @@ def test_ctrl_c_while_a_twin_judges_keeps_the_rounds_runs_and_ends_the_compare(m
     ends the compare after that round, its runs judged and kept; before, the next round started."""
     from framework_bench.measure.metrics import RunResult
     monkeypatch.setenv("FBENCH_REFERENCE", "ref")
-    monkeypatch.setattr(compare.plugins, "backends", lambda: {"ref": None, "a": None})
+    monkeypatch.setattr(compare.plugins, "backends", lambda pinned=(): {"ref": None, "a": None})
     started, handed = [], []
 
     def run_one(name, s, options, on_step=None):

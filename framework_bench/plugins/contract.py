@@ -114,8 +114,8 @@ class EnvSpec(BaseModel):
         description="modules run as `python -m MODULE FLAVOUR` with the env's Python after pip (documented workarounds)",
     )
     supports: dict[str, str] = Field(default_factory=dict, description=(
-        "the releases its binding was written for, per distribution, as pip specifiers (`{\"trl\": \">=1.0,<2\"}`): "
-        "a backend pinned outside them (`trl@0.9.0`) is `unsupported`, naming the range, before any env is made"))
+        "the releases its binding was written for, per distribution, as pip specifiers (`{\"myframework\": \">=2.0,<3\"}`): "
+        "a backend pinned outside them (`mybackend@1.9`) is `unsupported`, naming the range, before any env is made"))
 
 
 class _HostContract(int):
