@@ -108,3 +108,21 @@ def test_bisect_refuses_a_good_release_that_is_not_the_earlier(fbench_home):
     res = CliRunner().invoke(app, ["bisect", "--backend", "trl", "--package", "transformers", "--good", "5.23.0",
                                    "--bad", "5.6.0", "--scenario", "tiny_cpu", "--db", str(fbench_home / "r.sqlite")])
     assert res.exit_code == 1 and "--good 5.23.0 must be an earlier release than --bad 5.6.0" in res.output, res.output
+
+
+def test_two_versions_of_one_plugin_in_a_compare_say_where_their_loss_curves_part():
+    from framework_bench.present.diff import version_losses
+    from framework_bench.scenario import scenario
+
+    def run(backend: str, seed: int, curve: dict[int, float]) -> dict:
+        return {"scenario": "tiny_cpu", "backend": backend, "seed": seed, "loss_curve": {str(k): v for k, v in curve.items()}}
+
+    alike = {1: 10.0, 2: 9.0, 3: 8.5}
+    records = [run("trl", 7, alike), run("trl@transformers==5.23.0", 7, alike), run("torch", 7, alike),
+               run("trl@1.15.0", 7, {1: 10.0, 2: 9.0, 3: 8.0})]
+    lines = version_losses(records, {"tiny_cpu": scenario.load("tiny_cpu")})
+    assert lines == [
+        "tiny_cpu: trl and trl@1.15.0: loss curves part at step 3: 8.5 vs 8.0 (seed 7)",
+        "tiny_cpu: trl and trl@transformers==5.23.0: loss curves agree over 3 steps (seed 7, within 1e-05)",
+        "tiny_cpu: trl@1.15.0 and trl@transformers==5.23.0: loss curves part at step 3: 8.0 vs 8.5 (seed 7)",
+    ], lines

@@ -62,7 +62,7 @@ def _changes(old: dict, new: dict) -> list[str]:
     return out
 
 
-def _losses(old_runs: list[dict], new_runs: list[dict]) -> str:
+def losses_part(old_runs: list[dict], new_runs: list[dict], precision: str) -> str:
     """Where the canonical loss curves part (relative difference over the parity tolerance of
     the scenario's precision), between the first runs of the two compares that started from one
     seed (a round of each, under one pinned `--seed`)."""
@@ -75,11 +75,26 @@ def _losses(old_runs: list[dict], new_runs: list[dict]) -> str:
     steps = sorted(a.keys() & b.keys())
     if not steps:
         return "no loss curve in both: not compared"
-    tolerance = PARITY_TOLERANCE[new["scenario_json"].get("precision", "bf16")]
+    tolerance = PARITY_TOLERANCE[precision]
     for step in steps:
         if a[step] is None or b[step] is None or relative_difference(a[step], b[step]) > tolerance:
             return f"loss curves part at step {step}: {a[step]} vs {b[step]} (seed {new['seed']})"
     return f"loss curves agree over {len(steps)} steps (seed {new['seed']}, within {tolerance:g})"
+
+
+def version_losses(records: list[dict], scenarios: dict) -> list[str]:
+    """Per scenario, each two backends of one plugin in a compare (`trl`, `trl@transformers==5.23.0`:
+    `plugins/pins.py`): where their loss curves part, their runs of one round starting from one
+    seed (`scenarios`: the compare's, by name)."""
+    by_point: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in records:
+        by_point[r["scenario"], r["backend"]].append(r)
+    out = []
+    for (scenario, a), (other, b) in ((p, q) for p in sorted(by_point) for q in sorted(by_point) if p < q and p[0] == q[0]):
+        if a.split("@")[0] == b.split("@")[0]:
+            part = losses_part(by_point[scenario, a], by_point[other, b], scenarios[scenario].precision)
+            out.append(f"{scenario}: {a} and {b}: {part}")
+    return out
 
 
 class Diff:
@@ -97,8 +112,9 @@ class Diff:
                   for runs in (before_runs, after_runs)]
         self.pairs: list[Ratio] = statistics.between(*trials)
         self.changes = {p: _changes(newest[0][p], newest[1][p]) for p in kept}
-        self.losses = {p: _losses(*([r for r in runs if (r["scenario"], r["backend"]) == p]
-                                    for runs in (before_runs, after_runs))) for p in kept}
+        self.losses = {p: losses_part(*([r for r in runs if (r["scenario"], r["backend"]) == p]
+                                        for runs in (before_runs, after_runs)),
+                                      newest[1][p]["scenario_json"].get("precision", "bf16")) for p in kept}
 
     def lines(self) -> list[str]:
         """Each pair's verdict, then per point what changed and the loss curves; then what was not compared."""
