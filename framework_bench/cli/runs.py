@@ -13,7 +13,6 @@ from rich.markup import escape
 
 from framework_bench.cli import common, render
 from framework_bench.present import run_lines
-from framework_bench.present.diff import version_losses
 from framework_bench.present.run_lines import closing_line
 from framework_bench.present.terminal_tables import points_table, results_table
 
@@ -280,6 +279,7 @@ def _show(request, outcome, store, out: Path | None, as_json: bool, wide: bool, 
     else:
         render.show(results_table(points, by_name, wide=wide, verbose=verbose))
         render.say(points.with_intervals)  # the pairs with none are said once, in the answer
+        from framework_bench.present.diff import version_losses  # numpy: not at `fbench --help`
         render.say(version_losses(points.runs, by_name))  # a backend at two versions: where their losses part
         render.say(run_lines.auto_stop_lines(outcome.stops, results))
         render.say(run_lines.reason_lines(results))
