@@ -201,8 +201,8 @@ def bisect(
     from framework_bench.present.bisection import lines, probe_line
     from framework_bench.run.bisect import bisect as halve
     request, _ = _checked_request([common.load_scenario(scenario)], [], repeat=repeat, db=db)
-    found = _campaign(request, [], lambda events: halve(backend, package, good, bad, request.scenarios[0], request,
-                                                         threshold, events, lambda p: common.console.print(probe_line(p))))
+    found = _campaign(request, [], lambda events: halve(backend, package, good, bad, request, threshold, events,
+                                                         lambda p: common.console.print(probe_line(p))))
     render.say(lines(found, threshold))
 
 
@@ -223,9 +223,10 @@ def _checked_request(scenarios: list, names: list[str], *, launcher: str | None 
     options = RunOptions(launcher=launcher, timeout=timeout, force=force, settings_mode=settings, seed=seed,
                          pinned_seed=seed is not None, sbatch=common.sbatch_options(time_limit, cpus_per_task, sbatch_arg),
                          db=db)
-    request = Request(scenarios=scenarios, backends=[common.backend_spec(n) for n in names], options=options, repeat=trials, warmup_rounds=warmup_rounds,
-                      precision=precision, budget_s=common.check_budget(budget, trials), no_reference=no_reference,
-                      dry_run=dry_run, gpu=_dry_gpu(gpu, dry_run), wait=wait, poll=poll, out=out)
+    request = Request(scenarios=scenarios, backends=[common.backend_spec(n) for n in names], options=options,
+                      repeat=trials, warmup_rounds=warmup_rounds, precision=precision,
+                      budget_s=common.check_budget(budget, trials), no_reference=no_reference, dry_run=dry_run,
+                      gpu=_dry_gpu(gpu, dry_run), wait=wait, poll=poll, out=out)
     return request, _reference(no_reference)
 
 

@@ -82,8 +82,7 @@ def create(
             # A venv host's own packages are what "the system's" means here (site_layers says why).
             layered = (options.system_site_packages and site_layers.is_venv()) or over is not None
             _run(venv + (["--system-site-packages"] if options.system_site_packages and not layered else []), log)
-            inherited = (site_layers.inherit_from(python, over.python) if over is not None
-                         else site_layers.inherit(python) if layered else None)
+            inherited = site_layers.inherit(python, over.python if over is not None else None) if layered else None
             say(f"{name}: pip install -r {requirements.name} (a few minutes)"
                 + (f", torch from {torch_index}" if torch_index else ""))
             # pip, not uv: only pip sees the local CPU torch build this machine offers.
@@ -146,13 +145,12 @@ def create_backend(backend, flavour: Flavour | None = None, say: Callable[[str],
                    options: Options | None = None) -> BackendEnv:
     """`create` for a registered backend: one at a version (`plugins/pins.py`) over its plugin's env,
     that one made first where it is not ready, and never outside the releases its plugin supports."""
-    from framework_bench.plugins import pins
     from framework_bench.plugins.registry import PinnedBackend
 
     over = None
     if isinstance(backend, PinnedBackend):
-        if refusal := pins.refusal(backend.spec, backend.plugin.info.env):
-            raise EnvError(refusal)
+        if backend.outside:
+            raise EnvError(backend.outside)
         over = inspect(backend.plugin.name, backend.plugin.info.env)
         if not over.ready:
             over = create_backend(backend.plugin, flavour, say, options)

@@ -37,19 +37,14 @@ def purelib(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def inherit(python: Path) -> list[str]:
-    """Make the venv of `python` (made without --system-site-packages) see this interpreter's
-    packages behind its own; returns the folders it now inherits."""
-    inherited = visible_site_dirs()
-    (purelib(python) / PTH_NAME).write_text("".join(d + "\n" for d in inherited))
-    return inherited
-
-
-def inherit_from(python: Path, parent: Path) -> list[str]:
-    """Make the venv of `python` see the packages of the Python `parent` (another env's) behind
-    its own; returns the folders it now inherits."""
-    out = subprocess.run([str(parent), __file__], capture_output=True, text=True, check=True)
-    inherited = out.stdout.split("\n")[:-1]
+def inherit(python: Path, parent: Path | None = None) -> list[str]:
+    """Make the venv of `python` (made without --system-site-packages) see the packages of this
+    interpreter, or of the Python `parent` (another env's), behind its own; returns the folders
+    it now inherits."""
+    if parent is None:
+        inherited = visible_site_dirs()
+    else:  # this module run by that Python prints the folders it reads
+        inherited = subprocess.run([str(parent), __file__], capture_output=True, text=True, check=True).stdout.splitlines()
     (purelib(python) / PTH_NAME).write_text("".join(d + "\n" for d in inherited))
     return inherited
 
@@ -65,5 +60,5 @@ def make_layer(path: Path) -> list[str]:
     return inherit(path / "bin" / "python")
 
 
-if __name__ == "__main__":  # run by another env's Python (`inherit_from`): the folders it reads
+if __name__ == "__main__":  # run by another env's Python (`inherit`): the folders it reads
     print("".join(d + "\n" for d in visible_site_dirs()), end="")

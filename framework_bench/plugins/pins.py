@@ -27,19 +27,20 @@ class BadSpec(ValueError):
     pass
 
 
-def split(spec: str) -> tuple[str, dict[str, str]]:
-    """(the backend's name, {distribution: version}) of `spec`, the framework's own under its
-    name `""` until `canonical` knows it; a malformed pin raises `BadSpec` saying which."""
+def split(spec: str, framework_package: str) -> tuple[str, dict[str, str]]:
+    """(the backend's name, {distribution: version}) of `spec`, a bare version pinning
+    `framework_package`; a malformed pin, or a distribution pinned twice, raises `BadSpec` saying which."""
     base, *parts = spec.split(SEP)
+    own = canonicalize_name(framework_package)
     pins: dict[str, str] = {}
     for part in parts:
-        dist, version = ("", part) if "=" not in part and "<" not in part and ">" not in part else _pin(part, spec)
+        dist, version = (own, part) if "=" not in part and "<" not in part and ">" not in part else _pin(part, spec)
         try:
             Version(version)
         except InvalidVersion:
             raise BadSpec(f"{spec!r}: {part!r} is not a release (`NAME@1.2.3` or `NAME@DIST==1.2.3`)") from None
         if dist in pins:
-            raise BadSpec(f"{spec!r}: {dist or 'the framework'} is pinned twice")
+            raise BadSpec(f"{spec!r}: {dist} is pinned twice")
         pins[dist] = version
     if not base or (parts and not pins):
         raise BadSpec(f"{spec!r}: give a backend name, then `@VERSION` or `@DIST==VERSION` per pin")
@@ -60,22 +61,9 @@ def _pin(part: str, spec: str) -> tuple[str, str]:
 def canonical(spec: str, framework_package: str) -> str:
     """`spec` as it is stored and its env named: the framework's version first, bare, then the
     other pins by distribution."""
-    base, pins = split(spec)
-    own = canonicalize_name(framework_package)
-    if own in pins:
-        if "" in pins:
-            raise BadSpec(f"{spec!r}: {own} is pinned twice")
-        pins[""] = pins.pop(own)
-    head = [pins.pop("")] if "" in pins else []
-    return SEP.join([base, *head, *(f"{d}=={v}" for d, v in sorted(pins.items()))])
-
-
-def pinned(spec: str, framework_package: str) -> dict[str, str]:
-    """{distribution: version} of a canonical `spec`, the framework's own under its name."""
-    _, pins = split(spec)
-    if "" in pins:
-        pins[canonicalize_name(framework_package)] = pins.pop("")
-    return pins
+    base, pins = split(spec, framework_package)
+    own = pins.pop(canonicalize_name(framework_package), None)
+    return SEP.join([base, *([own] if own else []), *(f"{d}=={v}" for d, v in sorted(pins.items()))])
 
 
 def refusal(spec: str, env: EnvSpec) -> str | None:
@@ -83,7 +71,7 @@ def refusal(spec: str, env: EnvSpec) -> str | None:
     from packaging.specifiers import SpecifierSet
 
     supports = {canonicalize_name(d): r for d, r in env.supports.items()}
-    for dist, version in pinned(spec, env.framework_package).items():
+    for dist, version in split(spec, env.framework_package)[1].items():
         if dist in supports and Version(version) not in SpecifierSet(supports[dist]):
             return (f"{spec}: its plugin supports {dist} {supports[dist]}, not {version} "
                     "(EnvSpec.supports: the releases its binding was written for)")
@@ -93,7 +81,7 @@ def refusal(spec: str, env: EnvSpec) -> str | None:
 def requirements(spec: str, env: EnvSpec) -> EnvSpec:
     """The env of `spec`: the plugin's requirements per flavour with each pinned distribution's
     line replaced by its pin (added where it had none), written under the state folder."""
-    pins = pinned(spec, env.framework_package)
+    pins = split(spec, env.framework_package)[1]
     folder = places.state_dir() / "envs" / ".pins"
     files: dict = {}
     for flavour, path in env.requirements.items():

@@ -80,8 +80,13 @@ class PinnedBackend(RegisteredBackend):
         own = self.plugin.info
         return own.model_copy(update={"name": self.spec, "env": pins.requirements(self.spec, own.env)})
 
+    @cached_property
+    def outside(self) -> str | None:
+        """Why its pins fall outside the releases its plugin supports (`EnvSpec.supports`), or None."""
+        return pins.refusal(self.spec, self.plugin.info.env)
+
     def refusal(self, scenario: Scenario) -> str | None:
-        return pins.refusal(self.spec, self.plugin.info.env) or super().refusal(scenario)
+        return self.outside or super().refusal(scenario)
 
 
 # Backends that are installed but broken, by entry-point name: an import error, a missing

@@ -8,10 +8,12 @@ A scenario whose definition changed between them is not compared: its TGS measur
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import combinations
 
 from framework_bench.measure import statistics
 from framework_bench.measure.losses import PARITY_TOLERANCE, relative_difference
 from framework_bench.measure.statistics import Ratio, Trial
+from framework_bench.plugins.pins import SEP
 from framework_bench.present.verdict import between_sentence, definition, family, word
 
 def compares(rows: list[dict]) -> dict[str, list[dict]]:
@@ -86,15 +88,12 @@ def version_losses(records: list[dict], scenarios: dict) -> list[str]:
     """Per scenario, each two backends of one plugin in a compare (`trl`, `trl@transformers==5.23.0`:
     `plugins/pins.py`): where their loss curves part, their runs of one round starting from one
     seed (`scenarios`: the compare's, by name)."""
-    by_point: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    runs: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        by_point[r["scenario"], r["backend"]].append(r)
-    out = []
-    for (scenario, a), (other, b) in ((p, q) for p in sorted(by_point) for q in sorted(by_point) if p < q and p[0] == q[0]):
-        if a.split("@")[0] == b.split("@")[0]:
-            part = losses_part(by_point[scenario, a], by_point[other, b], scenarios[scenario].precision)
-            out.append(f"{scenario}: {a} and {b}: {part}")
-    return out
+        runs[r["scenario"]][r["backend"]].append(r)
+    return [f"{scenario}: {a} and {b}: {losses_part(by[a], by[b], scenarios[scenario].precision)}"
+            for scenario, by in sorted(runs.items()) for a, b in combinations(sorted(by), 2)
+            if a.split(SEP)[0] == b.split(SEP)[0]]
 
 
 class Diff:

@@ -19,7 +19,6 @@ from framework_bench.measure.statistics import Ratio, Trial
 from framework_bench.plugins import pins, registry
 from framework_bench.run.campaign import Events, Request, campaign
 from framework_bench.run.preflight import Refused
-from framework_bench.scenario.scenario import Scenario
 
 
 class Probe(BaseModel):
@@ -70,12 +69,11 @@ def slower(r: Ratio, threshold: float) -> bool:
     return r.high is not None and r.high < 1 and (1 - r.ratio) * 100 > threshold
 
 
-def bisect(backend: str, package: str | None, good: str, bad: str, scenario: Scenario, request: Request,
-           threshold: float = 5.0, events: Events | None = None,
-           on_probe: Callable[[Probe], None] = lambda p: None) -> Bisection:
+def bisect(backend: str, package: str | None, good: str, bad: str, request: Request, threshold: float = 5.0,
+           events: Events | None = None, on_probe: Callable[[Probe], None] = lambda p: None) -> Bisection:
     """The first release after `good`, up to `bad`, of `package` (None: the backend's framework
-    package) whose probe is slower past `threshold` percent; `request` gives the probes' options
-    (repeat, seed, store...), its scenarios and backends replaced. `preflight.Refused` where
+    package) whose probe is slower past `threshold` percent; `request` gives the probes' scenario
+    and options (repeat, seed, store...), its backends replaced. `preflight.Refused` where
     `good` and `bad` are no releases, the first not the earlier."""
     try:
         if Version(good) >= Version(bad):
@@ -89,7 +87,7 @@ def bisect(backend: str, package: str | None, good: str, bad: str, scenario: Sce
 
     def probe(version: str) -> Probe:
         names = [registry.canonical(f"{backend}{pins.SEP}{package}=={v}") for v in (good, version)]
-        outcome = campaign(request.model_copy(update={"scenarios": [scenario], "backends": names}), events)
+        outcome = campaign(request.model_copy(update={"backends": names}), events)
         trials = [Trial.from_record(r.model_dump(mode="json")) for r in outcome.results if r.backend in names]
         ratio = next(iter(statistics.pairs(trials, names[0])), None)  # the probed over the good: the one pair
         p = Probe(version=version, interrupted=outcome.interrupted)

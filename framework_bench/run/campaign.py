@@ -133,7 +133,7 @@ def _version_envs(names: list[str], events: Events) -> None:
 
     for name in (n for n in names if pins.SEP in n):
         backend = registry.get(name)
-        if pins.refusal(backend.spec, backend.plugin.info.env) or venvs.inspect(name, backend.info.env).ready:
+        if backend.outside or venvs.inspect(name, backend.info.env).ready:
             continue
         try:
             create_backend(backend, say=events.env)

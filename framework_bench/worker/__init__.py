@@ -5,8 +5,9 @@
   opens the packed rows after checking their sha256, `job.check_data` checks converted rows.
 - `Report` and `write_report(job, report)`: the worker report rank 0 writes (`worker.json`),
   with the sha256 the job verified; `exit_now()`, last in the worker's `__main__`: the process
-  ends without the interpreter's teardown of torch and the framework. These, with `report.StepMetric` and `report.WorkerReport`,
-  are the one definition of what host and worker exchange: the host validates the same dataclasses.
+  ends without the interpreter's teardown of torch and the framework. These, with
+  `report.StepMetric` and `report.WorkerReport`, are the one definition of what host and worker
+  exchange: the host validates the same dataclasses.
 - `dist_info()` -> `DistInfo`: rank, world size, local rank, as the launcher set them;
   `join(device)`: this rank's device, in its process group (`leave()` after); `sync(device)`: wait for the
   device's queued work (a no-op on CPU).
