@@ -167,6 +167,23 @@ def test_sequence_parallel_engines_as_the_backends_declare_them(scenario):
     assert estimate(scenario, declared=declared("xtuner")).scheme == "deepspeed"
 
 
+def test_a_declared_lm_head_tile_replaces_the_logits_by_one_tile_and_the_heads_fp32_gradients():
+    """A backend whose loss projects the head in tiles (TRL's fused head) never holds the
+    (tokens x vocabulary) logits: at 8k on Llama2-7B its estimate is lower by exactly that."""
+    s = make(context_length=8192)
+    full, tiled = estimate(s, declared=declared("torch")), estimate(s, declared=declared("trl"))
+    tile_t, tile_v = plugins.get("trl").info.memory.lm_head_tile
+    tokens, vocab, hidden = 8192, s.arch.vocab_size, s.arch.hidden_size
+    assert full.logits_gib == pytest.approx(10 * tokens * vocab / GIB, abs=1e-3)
+    by_hand = 2 * min(tile_t, tokens) * min(tile_v, vocab) + 32 * tokens + 4 * tokens * hidden + 4 * vocab * hidden
+    assert tiled.logits_gib == pytest.approx(by_hand / GIB, abs=1e-3)
+    assert tiled.forward_peak_gib == pytest.approx(full.forward_peak_gib - full.logits_gib + tiled.logits_gib, abs=2e-3)
+    assert "LM head tiles" in tiled.breakdown() and "LM head tiles" not in full.breakdown()
+    # adapters: the frozen head accumulates no fp32 gradient of its weight
+    lora = make(context_length=8192, finetune={"method": "lora", "rank": 8, "alpha": 16, "targets": "all-linear"})
+    assert estimate(lora, declared=declared("trl")).logits_gib == pytest.approx((by_hand - 4 * vocab * hidden) / GIB, abs=1e-3)
+
+
 def test_no_backend_name_in_the_memory_model():
     """What differs between backends comes from their declarations and recorded settings."""
     text = "".join(Path(m.__file__).read_text().lower() for m in (memory, memory_terms))

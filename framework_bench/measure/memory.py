@@ -24,9 +24,9 @@ from framework_bench.measure.memory_terms import (
     DTYPE_BYTES, GIB, Scheme, adapter_activation_bytes_per_token, adapter_optimizer_temporaries_bytes,
     ddp_buckets_bytes, frozen_base_bytes, fsdp2_gathered_bytes, gathered_parameters_bytes, gradients_bytes,
     layer_working_bytes, logits_bytes, optimizer_states_bytes, optimizer_temporaries_bytes, overhead_bytes,
-    parameters_bytes, stored_activations_bytes, weight_cache_bytes)
+    parameters_bytes, stored_activations_bytes, tiled_head_bytes, weight_cache_bytes)
 from framework_bench.plugins.contract import MemoryScheme, OptimizerImpl
-from framework_bench.scenario.models import parameter_count
+from framework_bench.scenario.models import ModelArch, parameter_count
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.worker.job import SettingsMode
 
@@ -57,7 +57,8 @@ class MemoryEstimate(BaseModel):
     stored_activations_gib: float  # checkpointed layer inputs, or every layer's activations
     layer_working_gib: float  # one layer recomputed + its backward temporaries
     activations_gib: float  # stored + working
-    logits_gib: float
+    logits_gib: float  # the LM head's logits, or its tiles when the backend declares `lm_head_tile`
+    lm_head_tiled: bool = False
     optimizer_temporaries_gib: float  # the optimizer step's own: foreach temporary, DeepSpeed's fp32 grads
     ddp_buckets_gib: float  # DDP's gradient buckets (a copy of the gradients) when wrapped
     overhead_gib: float
@@ -94,8 +95,9 @@ class MemoryEstimate(BaseModel):
             + (f" + gathered {self.gathered_parameters_gib:.1f}" if self.gathered_parameters_gib else "")
             + (f" + autocast cache {self.weight_cache_gib:.1f}" if self.weight_cache_gib else "")
             + (f" + DDP buckets {self.ddp_buckets_gib:.1f}" if self.ddp_buckets_gib else "")
-            + f", activations {self.activations_gib:.1f}, logits {self.logits_gib:.1f}, "
-            f"step temporaries {self.optimizer_temporaries_gib:.1f} ({self.optimizer_impl} AdamW), "
+            + f", activations {self.activations_gib:.1f}, "
+            + (f"LM head tiles {self.logits_gib:.1f}, " if self.lm_head_tiled else f"logits {self.logits_gib:.1f}, ")
+            + f"step temporaries {self.optimizer_temporaries_gib:.1f} ({self.optimizer_impl} AdamW), "
             f"overhead {self.overhead_gib:.1f}"
         )
         return (
@@ -182,7 +184,15 @@ def phases(scheme: Scheme, resident: float, grads: float, cache: float, stored: 
     return {"forward": forward, "backward": backward, "optimizer step": resident + grads + step_temporaries}
 
 
-def adapter_phases(scenario: Scenario, impl: OptimizerImpl, wrapped: bool) -> tuple[dict[str, float], dict[Phase, float]]:
+def head_bytes(arch: ModelArch, scheme: Scheme, tokens: int, declared: MemoryScheme, head_trained: bool) -> float:
+    """The LM head's loss: the full logits, or the tiles of a head that never holds them whole."""
+    if declared.lm_head_tile is None:
+        return logits_bytes(arch, scheme, tokens)
+    return tiled_head_bytes(arch, scheme, tokens, declared.lm_head_tile, head_trained)
+
+
+def adapter_phases(scenario: Scenario, impl: OptimizerImpl, wrapped: bool,
+                   declared: MemoryScheme) -> tuple[dict[str, float], dict[Phase, float]]:
     """Every term (bytes) of a LoRA/QLoRA step and the peak of each phase, as `estimate` has them."""
     arch, ft = scenario.arch, scenario.finetune
     n_adapter = ft.adapter_parameter_count(arch)
@@ -204,7 +214,7 @@ def adapter_phases(scenario: Scenario, impl: OptimizerImpl, wrapped: bool) -> tu
         "stored": (stored_activations_bytes(arch, act, tokens, ckpt)
                    + (0.0 if ckpt else arch.num_hidden_layers * per_layer_adapters)),
         "working": layer_working_bytes(arch, act, tokens, ckpt) + (per_layer_adapters if ckpt else 0.0) + dequantized,
-        "logits": logits_bytes(arch, act, tokens),
+        "logits": head_bytes(arch, act, tokens, declared, head_trained=False),
         "temporaries": adapter_optimizer_temporaries_bytes(arch, ft, impl, group if zero >= 1 else 1),
         "buckets": ddp_buckets_bytes(n_adapter, "fp32", wrapped),
         "overhead": overhead_bytes(scenario, "amp", n_adapter),
@@ -256,7 +266,7 @@ def estimate(
     ckpt = scenario.activation_checkpointing
 
     if sch in ("lora", "qlora"):
-        terms, peaks = adapter_phases(scenario, impl, wrapped)
+        terms, peaks = adapter_phases(scenario, impl, wrapped, declared)
         params, grads, optim, gathered, cache, stored, working, logits, temporaries, buckets, overhead = (
             terms[k] for k in ("params", "grads", "optim", "gathered", "cache", "stored", "working", "logits",
                                "temporaries", "buckets", "overhead"))
@@ -269,7 +279,7 @@ def estimate(
         cache = weight_cache_bytes(n, sch)
         stored = stored_activations_bytes(arch, sch, tokens, ckpt)
         working = layer_working_bytes(arch, sch, tokens, ckpt)
-        logits = logits_bytes(arch, sch, tokens)
+        logits = head_bytes(arch, sch, tokens, declared, head_trained=True)
         temporaries = optimizer_temporaries_bytes(arch, n, sch, impl, group if shard >= 1 else 1)
         buckets = ddp_buckets_bytes(n, sch, wrapped)
         overhead = overhead_bytes(scenario, sch, n)
@@ -299,6 +309,7 @@ def estimate(
         layer_working_gib=g(working),
         activations_gib=g(stored + working),
         logits_gib=g(logits),
+        lm_head_tiled=declared.lm_head_tile is not None,
         optimizer_temporaries_gib=g(temporaries),
         ddp_buckets_gib=g(buckets),
         overhead_gib=g(overhead),

@@ -210,6 +210,17 @@ def logits_bytes(arch: ModelArch, scheme: Scheme, tokens: int) -> float:
     return float(per * tokens * arch.vocab_size)
 
 
+def tiled_head_bytes(arch: ModelArch, scheme: Scheme, tokens: int, tile: tuple[int, int], head_trained: bool) -> float:
+    """An LM head whose loss never holds the logits whole (a backend's declared `lm_head_tile`,
+    a fused head): one (tokens, vocabulary) tile in the compute dtype (2 bytes, 4 under
+    fp32), eight fp32 statistics per token, and the fp32 gradients its backward accumulates
+    for the hidden states and, when the head trains, for its weight."""
+    t, v = min(tile[0], tokens), min(tile[1], arch.vocab_size)
+    per = 4 if scheme == "fp32" else 2
+    head_grad = 4.0 * arch.vocab_size * arch.hidden_size if head_trained else 0.0
+    return float(per * t * v + 8 * 4 * tokens + 4 * tokens * arch.hidden_size + head_grad)
+
+
 # ---------------------------------------------------------------------------------------
 # The optimizer step
 

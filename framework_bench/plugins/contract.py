@@ -51,6 +51,9 @@ class MemoryScheme(BaseModel):
         "deepspeed", description="the engine its sequence parallel runs on: DeepSpeed bf16 or FSDP2 over fp32 weights")
     sequence_parallel_adamw: OptimizerImpl | None = Field(
         None, description="the AdamW of that engine when it builds its own (None: as `adamw`)")
+    lm_head_tile: tuple[int, int] | None = Field(
+        None, description="the (tokens, vocabulary entries) tile its loss projects the LM head in, never holding "
+                          "the logits whole (None: the model's own head, full logits)")
 
     def optimizer_impl(self, scenario: Scenario, mode: SettingsMode = "matched") -> OptimizerImpl:
         if scenario.sequence_parallel > 1 and self.sequence_parallel_adamw:

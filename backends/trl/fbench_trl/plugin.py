@@ -34,7 +34,10 @@ def backend_info() -> BackendInfo:
                     framework_package="trl", supports={"trl": ">=1.0,<2", "transformers": ">=4.56.2"}),
         # matched: `adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU, as the others;
         # native: SFTConfig's default, `adamw_torch_fused`, on either device.
-        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")}),
+        # SFTTrainer's fused LM head (trl/trainer/utils.py add_fused_lm_head) projects in tiles of
+        # TOKEN_CHUNK_SIZE tokens x _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries (TRL 1.16)
+        memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")},
+                            lm_head_tile=(4096, 32768)),
         contract=5,  # the plugin contract it is written against: every claim made, the warm-up's projection included
         speed_settings=DEEPSPEED_SPEED_SETTINGS,
         report_notes=[
