@@ -256,6 +256,7 @@ class Claims:
         compute_loss = cls.compute_loss
 
         def compute_and_record(trainer, model, inputs, *args, **kwargs):
+            labels = inputs.get("labels")  # taken first: ms-swift's loss under sequence parallel pops them
             out = compute_loss(trainer, model, inputs, *args, **kwargs)
             if model.training:
                 loss = out[0] if isinstance(out, tuple) else out
@@ -264,9 +265,9 @@ class Claims:
                     scaled = trainer.args.average_tokens_across_devices and trainer.accelerator.num_processes > 1
                     divisor = items / (trainer.accelerator.num_processes if scaled else 1)
                 else:
-                    divisor = (inputs["labels"][..., 1:] != -100).sum()
+                    divisor = (labels[..., 1:] != -100).sum()
                 # Tensors kept as they are: read once the step's clock stopped (MicroLosses.end_step).
-                self.losses.add(loss, divisor, inputs["labels"], backward_scale(trainer, items))
+                self.losses.add(loss, divisor, labels, backward_scale(trainer, items))
                 self.normalization = normalization(trainer, items is not None)
             return out
 
