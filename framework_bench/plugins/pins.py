@@ -27,6 +27,11 @@ class BadSpec(ValueError):
     pass
 
 
+def plugin_name(spec: str) -> str:
+    """The plugin a spec names: `trl` of `trl@transformers==5.23.0`, any other name as given."""
+    return spec.split(SEP)[0]
+
+
 def split(spec: str, framework_package: str) -> tuple[str, dict[str, str]]:
     """(the backend's name, {distribution: version}) of `spec`, a bare version pinning
     `framework_package`; a malformed pin, or a distribution pinned twice, raises `BadSpec` saying which."""

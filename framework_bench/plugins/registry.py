@@ -201,7 +201,7 @@ def backends(pm: pluggy.PluginManager | None = None, pinned: Iterable[str] = ())
             load_errors[name] = (f"the backends {who} each declare themselves the reference (BackendInfo.reference): "
                                  "none of them runs; uninstall all but one, or declare reference=False in yours")
     for spec in pinned:
-        plugin = found.get(spec.split(pins.SEP)[0])
+        plugin = found.get(pins.plugin_name(spec))
         if pins.SEP in spec and plugin is not None:
             try:
                 found[spec] = PinnedBackend(plugin, pins.canonical(spec, plugin.info.env.framework_package))
@@ -222,5 +222,5 @@ def get(name: str, pm: pluggy.PluginManager | None = None) -> RegisteredBackend:
 def canonical(name: str) -> str:
     """A backend name as stored: a backend at a version spelled as `pins.canonical` spells it
     (a malformed one raises `pins.BadSpec`); any other name as given."""
-    plugin = backends().get(name.split(pins.SEP)[0]) if pins.SEP in name else None
+    plugin = backends().get(pins.plugin_name(name)) if pins.SEP in name else None
     return pins.canonical(name, plugin.info.env.framework_package) if plugin is not None else name

@@ -13,7 +13,7 @@ from itertools import combinations
 from framework_bench.measure import statistics
 from framework_bench.measure.losses import PARITY_TOLERANCE, relative_difference
 from framework_bench.measure.statistics import Ratio, Trial
-from framework_bench.plugins.pins import SEP
+from framework_bench.plugins.pins import plugin_name
 from framework_bench.present.verdict import between_sentence, definition, family, word
 
 def compares(rows: list[dict]) -> dict[str, list[dict]]:
@@ -93,7 +93,7 @@ def version_losses(records: list[dict], scenarios: dict) -> list[str]:
         runs[r["scenario"]][r["backend"]].append(r)
     return [f"{scenario}: {a} and {b}: {losses_part(by[a], by[b], scenarios[scenario].precision)}"
             for scenario, by in sorted(runs.items()) for a, b in combinations(sorted(by), 2)
-            if a.split(SEP)[0] == b.split(SEP)[0]]
+            if plugin_name(a) == plugin_name(b)]
 
 
 class Diff:
