@@ -24,13 +24,15 @@ from framework_bench.run.options import RunOptions
 from framework_bench.worker import update as worker_update
 from framework_bench.worker.steps import ClockLines
 
-# A tiny Llama twice as wide (hidden 512) on rows of 256 tokens: its update, about a tenth of a
+# A tiny Llama twice as wide (hidden 512) on rows of 320 tokens: its update, about a tenth of a
 # step on this CPU, is then some 40 ms, well over the `median_step` check's 5% of the median step
-# and its slack for the reading (10 ms of CPU work); moved after two of five measured steps it
-# stays under the `gaps` check's 5% of the span. Four warm-up steps: the first trains its own
-# step, each later one at most three, under the `warmup` check's 16 forward-only measured steps.
+# and its slack for the reading (10 ms of CPU work); moved out of three of six measured steps (the
+# last one's after the last stamp), two updates lie between six steps, under the `gaps` check's 5%
+# of the span (docs/calibration.md: at five steps of 256 tokens it once crossed it). Four warm-up
+# steps: the first trains its own step, each later one three, under the `warmup` check's 16
+# forward-only measured steps.
 # (The liars run on one thread: their steps' time then follows their work beside other work.)
-SCENARIO = tiny(name="tiny_moved_work", context_length=256, steps={"warmup": 4, "measured": 5},
+SCENARIO = tiny(name="tiny_moved_work", context_length=320, steps={"warmup": 4, "measured": 6},
                 model={"preset": "tiny-llama", "config": {"hidden_size": 512, "intermediate_size": 1376}})
 # lie -> the check that catches it (and the only one switched off to show the lie is live)
 CAUGHT_BY = {"trained_across_warmup": "warmup_update_parity", "update_between_windows": "median_step"}

@@ -30,11 +30,12 @@ MOVED: dict[str, list[tuple[str, str]]] = {
         (BACKWARD, ""),
         (OPTIMIZER, ""),
     ],
-    # The update (clipping, the optimizer step) of every other measured step, the last one's
-    # included, after the step's clock stopped: the median step is one without it, and the time
-    # between the steps holds two updates in five steps, under the `gaps` check's share.
+    # The update (clipping, the optimizer step) of every other measured step, counted back from the
+    # last one (its update after the host's last stamp), after the step's clock stopped: the median
+    # step is one without it, and the time between the steps holds ceil(n/2) - 1 updates in n
+    # steps, under the `gaps` check's share.
     "update_between_windows": [
-        (OPTIMIZER, "        moved = step > job.scenario.steps.warmup and (step - job.scenario.steps.warmup) % 2 == 1\n"
+        (OPTIMIZER, "        moved = step > job.scenario.steps.warmup and (job.steps - step) % 2 == 0\n"
                     f"        None if moved else {UPDATE}\n"),
         (END, END + f"        {UPDATE} if moved else None\n"),
     ],
