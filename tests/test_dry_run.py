@@ -96,3 +96,20 @@ def test_every_memory_figure_of_a_backend_is_its_plan_lines(settings, home_with_
         assert len(plan) == 1 and verdict == plan == [header[backend]], (backend, out)
     if settings == "native":  # XTuner's foreach AdamW with its fp32 copy: not the reference's figure
         assert header["xtuner"] != header["torch"]
+
+
+def test_a_published_row_outside_a_bundled_backends_capabilities_is_refused_naming_what_it_lacks():
+    """Every published row a bundled backend does not declare it can run is refused with what it
+    lacks there (the framework's engine not bound, a kernel), never the bare 'declares no ...'."""
+    from framework_bench.plugins import registry
+
+    refused = []
+    for name in PUBLISHED:
+        s = scenario.load(name)
+        for backend in ("torch", "xtuner", "llamafactory", "trl", "swift"):
+            capabilities = registry.get(backend).info.capabilities
+            reason = capabilities.refusal(s, backend)
+            if reason is not None:
+                assert any(f"({why})" in reason for why in capabilities.missing.values()), (name, backend, reason)
+                refused.append((name, backend))
+    assert {"trl", "swift"} <= {backend for _, backend in refused}  # their sequence parallel: the rows of SP 2-32

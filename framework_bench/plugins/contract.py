@@ -81,6 +81,9 @@ class Capabilities(BaseModel):
     # Off unless declared, so a plugin written before the finetune axis refuses adapters.
     lora: bool = False
     qlora: bool = False
+    missing: dict[Literal["cpu", "gpu", "sequence_parallel", "varlen", "zero_stages", "lora", "qlora"], str] = Field(
+        default_factory=dict, description="for a capability it does not declare, what it lacks there (its framework's "
+                                          "engine not bound yet, a kernel): said in the refusal")
 
     def refusal(self, scenario: Scenario, backend: str) -> str | None:
         """Why `backend`, declaring these capabilities, cannot run `scenario`; None if it may."""
@@ -90,19 +93,25 @@ class Capabilities(BaseModel):
             return QLORA_ON_CPU
         if method != "full" and not getattr(self, method):
             shown = {"lora": "LoRA", "qlora": "QLoRA"}[method]
-            return f"the {backend} backend declares no {shown} support; the scenario asks for finetune method {method}"
+            return (f"the {backend} backend declares no {shown} support{self._lacks(method)}; "
+                    f"the scenario asks for finetune method {method}")
         if device == "cuda" and not self.gpu:
-            return f"the {backend} backend declares no GPU support; the scenario runs on CUDA GPUs"
+            return f"the {backend} backend declares no GPU support{self._lacks('gpu')}; the scenario runs on CUDA GPUs"
         if device == "cpu" and not self.cpu:
-            return f"the {backend} backend declares no CPU support; the scenario runs on CPU"
+            return f"the {backend} backend declares no CPU support{self._lacks('cpu')}; the scenario runs on CPU"
         if scenario.sequence_parallel > 1 and not self.sequence_parallel:
-            return f"the {backend} backend declares no sequence parallel; the scenario asks for {scenario.sequence_parallel}"
+            return (f"the {backend} backend declares no sequence parallel{self._lacks('sequence_parallel')}; "
+                    f"the scenario asks for {scenario.sequence_parallel}")
         if scenario.attention == "varlen" and not self.varlen:
-            return f"the {backend} backend declares no varlen attention; the scenario asks for it"
+            return f"the {backend} backend declares no varlen attention{self._lacks('varlen')}; the scenario asks for it"
         if scenario.zero_stage not in self.zero_stages:
             stages = "/".join(map(str, self.zero_stages))
-            return f"the {backend} backend declares ZeRO stages {stages}; the scenario asks for {scenario.zero_stage}"
+            return (f"the {backend} backend declares ZeRO stages {stages}{self._lacks('zero_stages')}; "
+                    f"the scenario asks for {scenario.zero_stage}")
         return None
+
+    def _lacks(self, capability: str) -> str:
+        return f" ({self.missing[capability]})" if capability in self.missing else ""
 
 
 class EnvSpec(BaseModel):

@@ -28,7 +28,11 @@ def backend_info() -> BackendInfo:
         framework="ms-swift",
         description="ms-swift's SFT pipeline (SwiftSft, SftArguments) on the pre-tokenized packed rows",
         capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 1, 2, 3],
-                                  lora=True, qlora=False),
+                                  lora=True, qlora=False,
+                                  missing={"sequence_parallel": (
+                                      "ms-swift's Ulysses sequence parallel, `sequence_parallel_size`, is not bound "
+                                      "here: the rows each rank of a group reads and the loss reduced over the "
+                                      "group are not claimed yet (backends/swift/NOTES.md)")}),
         env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
                     framework_package="ms-swift", supports={"ms-swift": ">=4.0,<5"}),  # swift 4's SftArguments
         # matched: `adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU, as the others;

@@ -28,7 +28,12 @@ def backend_info() -> BackendInfo:
         framework="TRL",
         description="TRL's SFTTrainer (SFTConfig, peft_config) on the pre-tokenized packed rows",
         capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 1, 2, 3],
-                                  lora=True, qlora=False),
+                                  lora=True, qlora=False,
+                                  # TRL's context parallelism (cp_size) refuses packed rows (sft_trainer.py)
+                                  missing={"sequence_parallel": (
+                                      "TRL's sequence parallel is DeepSpeed Ulysses through accelerate's "
+                                      "ParallelismConfig(sp_backend='deepspeed'), from accelerate 1.12; the trl env "
+                                      "pins accelerate 1.11.0, as LLaMA-Factory's env")}),
         env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
                     # TRL 1's SFTConfig; TRL 1.16 asks transformers >= 4.56.2
                     framework_package="trl", supports={"trl": ">=1.0,<2", "transformers": ">=4.56.2"}),
