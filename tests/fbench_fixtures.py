@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -110,10 +111,30 @@ def backend_env_or_skip(name: str):
     return env
 
 
+@pytest.fixture(scope="session")
+def tiny_cpu_packed(tmp_path_factory) -> Path:
+    """`tiny_cpu` packed once for the session, in a state folder of its own: the packed-data
+    folder the homes of the fake backends' tests start with (`with_tiny_cpu_packed`). Packing it
+    is no part of what they check, and cost each of them half a second; the packing tests pack."""
+    from framework_bench.data.packing import pack
+    from framework_bench.scenario import scenario
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FBENCH_HOME", str(tmp_path_factory.mktemp("packed-home")))
+        return pack(scenario.load("tiny_cpu"), progress=False, say=lambda msg: None).dir
+
+
+def with_tiny_cpu_packed(home: Path, packed: Path) -> None:
+    """A copy (a test may damage its own) of the session's packed `tiny_cpu` in `home`'s cache,
+    where `pack` finds it, verifies it and reuses it."""
+    shutil.copytree(packed, home / "data" / packed.name)
+
+
 @pytest.fixture
-def fakes(tmp_path, monkeypatch, fbench_home):
+def fakes(tmp_path, monkeypatch, fbench_home, tiny_cpu_packed):
     """The fake backends, installed for this test through a dist-info entry point like any
     third-party plugin; their modules importable in the test and in the processes it starts."""
+    with_tiny_cpu_packed(fbench_home, tiny_cpu_packed)
     monkeypatch.syspath_prepend(str(FAKES))
     import fbench_fake_backends
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fbench_fixtures import ctrl_c_reaches_it
+from fbench_fixtures import ctrl_c_reaches_it, with_tiny_cpu_packed
 from framework_bench.envs import venvs as envs
 from framework_bench.scenario import scenario
 from framework_bench.cli import app
@@ -53,8 +53,9 @@ def test_giant_rows_point_to_micro_steps():
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch, home_with_envs):
+def cluster(tmp_path, monkeypatch, home_with_envs, tiny_cpu_packed):
     """Stand-in SLURM on PATH, and a private FBENCH_HOME sharing the real backend envs."""
+    with_tiny_cpu_packed(home_with_envs, tiny_cpu_packed)
     monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path / "slurm-state"))
     monkeypatch.setenv("PATH", f"{STANDINS}:{__import__('os').environ['PATH']}")
     return tmp_path / "slurm-state"
