@@ -250,5 +250,7 @@ def test_claims_shaved_within_the_clock_check_gain_nothing(lie_runs, monkeypatch
     assert all(m.seconds < seen[m.rank, m.step] for m in measured)  # every claim under the host's window
     by_claims = metrics.figures(SCENARIO, claims, None)["tgs"]
     by_host = metrics.figures(SCENARIO, clock_checks.never_above_the_host(claims, stamps), None)["tgs"]
-    # 1/0.95 in theory; the claims' median step is not the windows' (a fresh-clone CI saw 1.040)
-    assert result.tgs == pytest.approx(by_host) and by_claims > 1.025 * result.tgs
+    # By how much the claims would flatter it is no fixed figure: 1/0.95 of the worker's own timer,
+    # which spans a little more than the host's window, and a median of other steps (fresh-clone
+    # CIs saw 1.040 and 1.022); under the host's window in every step, they flatter it.
+    assert result.tgs == pytest.approx(by_host) and by_claims > result.tgs
