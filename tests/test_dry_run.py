@@ -112,4 +112,4 @@ def test_a_published_row_outside_a_bundled_backends_capabilities_is_refused_nami
             if reason is not None:
                 assert any(f"({why})" in reason for why in capabilities.missing.values()), (name, backend, reason)
                 refused.append((name, backend))
-    assert {"trl", "swift"} <= {backend for _, backend in refused}  # their sequence parallel: the rows of SP 2-32
+    assert "trl" in {backend for _, backend in refused}  # its sequence parallel: the rows of SP 2-32

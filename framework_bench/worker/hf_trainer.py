@@ -66,7 +66,9 @@ class StepRecorder:
         if self.require_flash_attn and self.attention_used != FLASH_ATTENTION_2:
             raise RuntimeError(f"the scenario needs {FLASH_ATTENTION_2} but the trainer built the model "
                                f"with {self.attention_used!r} (flash-attn missing or refused)")
-        model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
+        # counted where the tokens are embedded: a trainer that splits each row inside the model
+        # (ms-swift's sequence parallel, a pre-hook on the decoder) is counted for this rank's shard
+        model.get_input_embeddings().register_forward_pre_hook(self._count_tokens, with_kwargs=True)
 
     def check_zero_stage(self, optimizer) -> None:
         """Refuse to measure anything but the ZeRO stage asked for (never a silent ZeRO 0)."""
@@ -76,9 +78,7 @@ class StepRecorder:
                                f"the scenario asks for {self.expected_zero_stage}")
 
     def _count_tokens(self, _module, args, kwargs) -> None:
-        # Under sequence parallel a trainer that splits each row before the forward call is
-        # counted for this rank's shard only.
-        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = kwargs.get("input", args[0] if args else None)
         if ids is not None:
             self.timer.add_tokens(ids.numel())
 
@@ -210,6 +210,7 @@ class Claims:
         self.rows = ConsumedRows(job.run_dir, dist_info().rank)
         self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.fed: list = []
+        self.loader_labels = None  # the labels the loader handed the micro-batch in training (record_losses)
         self.settings: dict = {}
         self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
@@ -244,11 +245,14 @@ class Claims:
 
         Accelerator.prepare_model = prepare_and_remember
 
-    def record_losses(self, trainer_class=None) -> None:
+    def record_losses(self, trainer_class=None, split_rows: bool = False) -> None:
         """Each micro-batch's loss as the HF Trainer computed it, with the divisor it used:
         `num_items_in_batch` (labels counted over the step's micro-batches before the shift,
         gathered across processes under `average_tokens_across_devices`, which then scales the
-        loss back up by the process count), or the model's own mean when it takes no such count."""
+        loss back up by the process count), or the model's own mean when it takes no such count.
+        `split_rows`: the trainer hands compute_loss each rank's slice of the rows and returns the
+        row's loss gathered over the sequence-parallel group (ms-swift's): the records then count
+        the whole rows the loader handed, as every rank of a group logs its row's loss."""
         from transformers import Trainer
 
         cls = trainer_class or Trainer  # the class whose compute_loss the trainer runs (TRL's overrides it)
@@ -267,15 +271,26 @@ class Claims:
                 else:
                     divisor = (labels[..., 1:] != -100).sum()
                 # Tensors kept as they are: read once the step's clock stopped (MicroLosses.end_step).
-                self.losses.add(loss, divisor, labels, backward_scale(trainer, items))
+                self.losses.add(loss, divisor, self.loader_labels if split_rows else labels,
+                                backward_scale(trainer, items))
                 self.normalization = normalization(trainer, items is not None)
             return out
 
         cls.compute_loss = compute_and_record
+        training_step = cls.training_step
+
+        def training_step_seen(trainer, model, inputs, *args, **kwargs):
+            self.loader_labels = inputs.get("labels")
+            return training_step(trainer, model, inputs, *args, **kwargs)
+
+        cls.training_step = training_step_seen
 
     def keep(self, module, args, kwargs) -> None:
-        if module.training and "input_ids" in kwargs and "labels" in kwargs:
-            self.fed.append((kwargs["input_ids"], kwargs["labels"]))
+        # the labels the model is fed; where the trainer's loss takes them out of the model's inputs
+        # (ms-swift's under sequence parallel, each rank's slice), the loader's for this micro-batch
+        labels = kwargs.get("labels", self.loader_labels)
+        if module.training and "input_ids" in kwargs and labels is not None:
+            self.fed.append((kwargs["input_ids"], labels))
 
 
 def backward_scale(trainer, items) -> float:

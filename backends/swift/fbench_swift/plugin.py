@@ -27,12 +27,8 @@ def backend_info() -> BackendInfo:
         name=NAME,
         framework="ms-swift",
         description="ms-swift's SFT pipeline (SwiftSft, SftArguments) on the pre-tokenized packed rows",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 1, 2, 3],
-                                  lora=True, qlora=False,
-                                  missing={"sequence_parallel": (
-                                      "ms-swift's Ulysses sequence parallel, `sequence_parallel_size`, is not bound "
-                                      "here: the rows each rank of a group reads and the loss reduced over the "
-                                      "group are not claimed yet (backends/swift/NOTES.md)")}),
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=False, zero_stages=[0, 1, 2, 3],
+                                  lora=True, qlora=False),
         env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
                     framework_package="ms-swift", supports={"ms-swift": ">=4.0,<5"}),  # swift 4's SftArguments
         # matched: `adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU, as the others;
@@ -57,7 +53,8 @@ class SwiftBackend(Backend):
         return backend_info()
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-        return super().check(scenario, machine, env) or hf_trainer_args.refusal(scenario, env)
+        return (super().check(scenario, machine, env) or hf_trainer_args.refusal(scenario, env)
+                or swift_args.refusal(scenario))
 
     def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
         return swift_args.write_run_files(job, flash_attn_installed=env.has("flash-attn"))

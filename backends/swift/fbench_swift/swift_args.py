@@ -12,11 +12,23 @@ from pathlib import Path
 
 from framework_bench.plugins import hf_trainer_args, model_folder
 from framework_bench.plugins.contract import Job
+from framework_bench.scenario.scenario import Scenario
 
 from fbench_swift.run_files import DEEPSPEED, OUTPUT_DIR, ROWS_DIR, RUN_FILE
 
 SEED = 42  # SftArguments' default: native mode
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def refusal(scenario: Scenario) -> str | None:
+    """Sequence parallel over more ranks than the K/V heads split into: ms-swift 4.6 gives Ulysses
+    gcd(heads, group) ranks and the rest to ring attention, which it runs on padding-free batches
+    only (swift/sequence_parallel/sequence_parallel.py:378), not on the packed rows fed here."""
+    sp, kv = scenario.sequence_parallel, scenario.arch.num_key_value_heads
+    if sp > 1 and kv % sp:
+        return (f"sequence_parallel {sp} with {kv} K/V heads: ms-swift 4.6 runs what Ulysses cannot split as ring "
+                "attention, on padding-free batches only (padding_free), not on fbench's packed rows")
+    return None
 
 
 def tuner_args(job: Job) -> dict:
@@ -67,6 +79,7 @@ def sft_args(job: Job, deepspeed_file: Path | None, attn_impl: str) -> dict:
         "train_dataloader_shuffle": False,
         "packing": False,
         "padding_free": False,
+        "sequence_parallel_size": s.sequence_parallel,
         # the LM head over every position: logits_to_keep rewrites the labels the model is fed
         "use_logits_to_keep": False,
         "output_dir": str(run_dir / OUTPUT_DIR),

@@ -31,6 +31,11 @@ from fbench_swift.run_files import ROWS_DIR, RUN_FILE
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("USE_HF", "1")
 
+# ms-swift 4.6 shifts the labels of a split row with torch.roll (swift/sequence_parallel/
+# sequence_parallel.py:628), so the row's last position is trained on its first label.
+ROLLED_LABELS = ("ms-swift's sequence parallel shifts each row's labels by rolling them: where a packed row's first "
+                 "label is supervised, the row's last position is trained to predict it, a target no other backend "
+                 "trains (the host's loss parity then differs from the reference's from that step on)")
 NATIVE_LORA = ("ms-swift's own LoRA defaults (TunerArguments): lora_rank 8, lora_alpha 32, lora_dropout 0.05, "
                "target_modules all-linear (every linear of the decoder, the LM head left out)")
 
@@ -74,7 +79,7 @@ def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepReco
             return datasets
 
         def train(self, trainer):
-            claims.record_losses(type(trainer))
+            claims.record_losses(type(trainer), split_rows=job.scenario.sequence_parallel > 1)
             trainer.add_callback(step_metrics_callback(recorder, startup))
             trainer.add_callback(claims.callback)
             self.trainer = trainer
@@ -83,12 +88,23 @@ def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepReco
     return FbenchSft
 
 
+def sequence_parallel_settings(attention: str | None) -> dict:
+    """What ms-swift's sequence parallel ran, from its live state: the group's size and the
+    attention it wraps (Ulysses' all-to-all around it; ring attention where K/V heads run short)."""
+    from swift.sequence_parallel import sequence_parallel
+
+    if (sequence_parallel.world_size or 1) == 1:
+        return {}
+    kind = "ulysses" if sequence_parallel.rp_world_size == 1 else "ring"
+    return {"sequence_parallel": sequence_parallel.world_size, "attention": f"{attention}_{kind}"}
+
+
 def main(job_file: str) -> None:
     startup = StartupClock(STARTED)
     job = load_job(job_file)
     from swift.arguments import SftArguments
 
-    world = dist_info().world_size
+    world = dist_info().world_size // job.scenario.sequence_parallel
     packed = job.open_rows()
     rows = min(packed.rows, job.rows_needed)
     save_rows(job, packed, rows, world)
@@ -101,6 +117,9 @@ def main(job_file: str) -> None:
     claims.remember_prepared()
     sft = pipeline(job, startup, claims, recorder)(args)
     result = sft.main()
+    if job.scenario.sequence_parallel > 1:
+        claims.settings.update(sequence_parallel_settings(claims.settings.get("attention")))
+        recorder.notes.append(ROLLED_LABELS)
     runtime = float(next(log["train_runtime"] for log in reversed(result["log_history"]) if "train_runtime" in log))
     write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime, NATIVE_LORA, rows_converted=rows)
 

@@ -5,11 +5,14 @@ tiny plan as written (LoRA runs in tests/test_lora.py, beside the other framewor
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 import backend_helpers as helpers
 from backend_helpers import CPU, H100x8, tiny
+from fbench_fixtures import MULTIPROCESS_TIMEOUT, backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import BackendEnv
@@ -36,7 +39,7 @@ def test_discovered_through_entry_point(swift):
     info = swift.info
     assert info.name == "swift" and info.framework == "ms-swift" and info.env.framework_package == "ms-swift"
     caps = info.capabilities
-    assert caps.lora and not caps.qlora and not caps.sequence_parallel and not caps.varlen
+    assert caps.lora and not caps.qlora and caps.sequence_parallel and not caps.varlen
     for flavour, path in info.env.requirements.items():
         lines = path.read_text().splitlines()
         assert {"torch==2.13.0", "ms-swift==4.6.0", "transformers==5.6.0", "trl==0.24.0"} <= set(lines), flavour
@@ -52,7 +55,10 @@ def test_refusals_name_the_reason(swift):
     assert "has none" in swift.check(gpu_8k, CPU, ready_env("cuda", "deepspeed"))
     assert swift.check(gpu_8k, H100x8, ready_env("cuda", "deepspeed")) is None
     caps = swift.info.capabilities
-    assert "sequence parallel" in caps.refusal(scenario.load("llama2_70b_32k"), "swift")
+    assert caps.refusal(scenario.load("llama2_70b_32k"), "swift") is None
+    # more ranks than K/V heads for Ulysses: ms-swift's ring attention, on padding-free batches only
+    kv2_sp4 = scenario.load("multiproc_tiny_cpu_sp2").model_copy(update={"sequence_parallel": 4})
+    assert "ring attention" in swift.check(kv2_sp4.model_copy(update={"zero_stage": 0}), CPU, ready_env("cpu"))
     assert "varlen" in caps.refusal(tiny(attention="varlen"), "swift")
     assert "QLoRA" in caps.refusal(scenario.load("llama2_7b_8k_1gpu_qlora"), "swift")
 
@@ -65,7 +71,7 @@ def test_published_llama2_7b_8k_config(swift, tmp_path):
         "model": str(job_dir / "model"), "model_type": "llama", "template": "dummy", "torch_dtype": "float32",
         "attn_impl": "sdpa", "use_hf": True, "check_model": False, "cached_dataset": [str(job_dir / "swift_rows")],
         "max_length": 8192, "truncation_strategy": "delete", "train_dataloader_shuffle": False, "packing": False,
-        "padding_free": False, "use_logits_to_keep": False, "output_dir": str(job_dir / "swift_output"),
+        "padding_free": False, "sequence_parallel_size": 1, "use_logits_to_keep": False, "output_dir": str(job_dir / "swift_output"),
         "add_version": False, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "max_steps": 7,
         "learning_rate": 2e-5, "adam_beta1": 0.9, "adam_beta2": 0.999, "weight_decay": 0.0, "max_grad_norm": 1.0,
         "lr_scheduler_type": "constant", "warmup_steps": 0, "bf16": True, "fp16": False,
@@ -101,3 +107,51 @@ def test_tiny_cpu_trains_with_swift(tiny_cpu_run, tmp_path):
     assert result.settings["loss_normalization"].startswith("token sum over the step's labels")
     worker = json.loads((result.run_dir / "worker.json").read_text())
     assert worker["rows_converted"] == scn.rows_needed and worker["param_dtype"] == "float32"
+
+
+LABEL_SHIFT = Path(__file__).parent / "label_shift"  # ms-swift with its SP label roll made the HF shift
+
+
+@pytest.mark.slow
+def test_sequence_parallel_is_judged_and_its_rolled_labels_are_what_differs(home_with_envs, tmp_path, monkeypatch):
+    """ms-swift's Ulysses SP 2 on two CPU processes, in a round against the reference's Ulysses
+    run: each rank trains half of every row, both read the group's rows, and the settings say SP 2
+    around SDPA. ms-swift rolls each row's labels, so a packed row whose first label is supervised
+    trains one more target: step 1 (a row that starts unsupervised) agrees, a later step does not.
+    The same run with the roll made a shift (`label_shift/`) agrees at every step and on the update."""
+    import numpy as np
+
+    from framework_bench.data.packing import pack
+    from framework_bench.run.options import RunOptions
+    from framework_bench.run.round import Round
+    from framework_bench.worker.files import read_metrics
+
+    backend_env_or_skip("swift"), backend_env_or_skip("torch")
+    s = scenario.load("multiproc_tiny_cpu_sp2")
+    s = s.model_copy(update={"name": "multiproc_tiny_cpu_sp2_ddp", "zero_stage": 0,  # the swift CPU env has no DeepSpeed
+                             "steps": s.steps.model_copy(update={"measured": 3})})
+    data = pack(s, progress=False, say=lambda msg: None)
+    starts = np.load(data.dir / "labels.npy", mmap_mode="r")[: s.steps.total, 0]
+    assert starts[0] == -100 and (starts[1:] != -100).any()  # the rows this test needs: else another scenario
+    round_ = Round(s, RunOptions(root=tmp_path, launcher="torchrun", timeout=MULTIPROCESS_TIMEOUT), reference="torch")
+    rolled = round_.run("swift")
+    with monkeypatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(LABEL_SHIFT), os.environ.get("PYTHONPATH")])))
+        shifted = round_.run("swift")
+    reference = round_.run("torch")
+    round_.close()
+    for r in (rolled, shifted):
+        checks = {c.name: c for c in r.checks}
+        assert all(checks[n].status == "pass" for n in ("tokens", "rows", "settings", "initial_weights")), r.checks
+        assert all(m["tokens"] == s.context_length // 2 for m in read_metrics(r.run_dir))
+        assert (r.settings["sequence_parallel"], r.settings["attention"]) == (2, "sdpa_ulysses")
+    parity = {c.name: c for c in rolled.checks}["parity"]
+    assert rolled.status == "invalid" and parity.status == "fail", rolled.reason
+    off = {step: abs(loss - reference.loss_curve[step]) / reference.loss_curve[step]
+           for step, loss in rolled.loss_curve.items()}
+    assert off[1] < 1e-5 < max(off.values()), off
+    assert any("rolling them" in n for n in rolled.notes)
+    judged = {c.name: c for c in shifted.checks}
+    assert helpers.passed_but_for_load(shifted), shifted.reason
+    assert judged["parity"].status == judged["update_parity"].status == "pass", shifted.reason
+    assert "every step judged" in judged["parity"].detail
