@@ -1,9 +1,9 @@
 """Work moved out of the measured steps where the host's time checks let it through: the whole
 run trained inside the warm-up steps, a share in each (each under the `warmup` check's bound), the
 measured steps forward only; and the update (clipping, the optimizer step) of the steps that make
-the median moved between the steps, under the `gaps` check's share of the span. Each is the torch
+the median moved between the steps, on most days under the `gaps` check's share of the span. Each is the torch
 reference worker with a few lines changed (tests/lying_backends/fbench_lying_moved.py), ends
-`invalid` in `compare` with torch by the check named below, and with that check off
+`invalid` in `compare` with torch by the check named below, and with the checks that can catch it off
 (`FBENCH_UNCHECKED`, read by the host only: judging the same run folder again is what running the
 lie with the check off would give) ends `ok`: the lie is live. The reference passes both checks.
 (The honest copy of the torch worker is judged by tests/test_model_lies.py; each bundled
@@ -28,14 +28,19 @@ from framework_bench.worker.steps import ClockLines
 # step on this CPU, is then some 40 ms, well over the `median_step` check's 5% of the median step
 # and its slack for the reading (10 ms of CPU work); moved out of three of six measured steps (the
 # last one's after the last stamp), two updates lie between six steps, under the `gaps` check's 5%
-# of the span (docs/calibration.md: at five steps of 256 tokens it once crossed it). Four warm-up
+# of the span on most days (docs/calibration.md: on a slower day 6.7 %). Four warm-up
 # steps: the first trains its own step, each later one three, under the `warmup` check's 16
 # forward-only measured steps.
 # (The liars run on one thread: their steps' time then follows their work beside other work.)
 SCENARIO = tiny(name="tiny_moved_work", context_length=320, steps={"warmup": 4, "measured": 6},
                 model={"preset": "tiny-llama", "config": {"hidden_size": 512, "intermediate_size": 1376}})
-# lie -> the check that catches it (and the only one switched off to show the lie is live)
+# lie -> the check that catches it
 CAUGHT_BY = {"trained_across_warmup": "warmup_update_parity", "update_between_windows": "median_step"}
+# lie -> the checks switched off to show it is live. The moved updates' share of the span is half
+# the update's share of a step, which changed from about 12 % to 20 % between two days on the same
+# machine (docs/calibration.md): on the slower day `gaps` caught the moved updates too. What
+# `median_step` holds that `gaps` lets through is shown on fixed stamps below.
+LIVE_WITHOUT = {"trained_across_warmup": "warmup_update_parity", "update_between_windows": "gaps,median_step"}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,7 @@ def test_the_reference_passes_and_an_honest_warmup_projects_as_the_references(ru
     assert checks["warmup_update"].figures["seconds_from_reveal"] >= 0
     # the update moved between the steps in the measured steps only: its warm-up trained as the reference's
     moved = judged_again(runs["lying_update_between_windows"], reference, SCENARIO, monkeypatch,
-                         CAUGHT_BY["update_between_windows"])
+                         LIVE_WITHOUT["update_between_windows"])
     parity = {c.name: c for c in moved.checks}["warmup_update_parity"]
     assert parity.status == "pass" and parity.figures["relative"] < 1e-6, parity.detail
 
@@ -75,7 +80,7 @@ def test_work_moved_out_of_the_measured_steps_is_invalid_naming_its_check_and_li
     assert result.status == "invalid", (result.status, result.reason)
     assert f"{check} check failed" in result.reason, result.reason
 
-    again = judged_again(result, runs["torch"], SCENARIO, monkeypatch, check)
+    again = judged_again(result, runs["torch"], SCENARIO, monkeypatch, LIVE_WITHOUT[lie])
     # Nothing else holds it: forward-only measured steps can span under the 0.2 s the CPU share
     # needs, and beside other work the checks of the warm-up's and the first window's CPU work stand
     # aside; those may say `unverified`, no check fails.
