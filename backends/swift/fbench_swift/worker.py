@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework_bench.worker import Job, StartupClock, dist_info, exit_now, initial_weights_worker, load_job, publish_once
+from framework_bench.worker import Job, StartupClock, exit_now, initial_weights_worker, load_job, publish_once
 from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
 
 from fbench_swift.run_files import ROWS_DIR, RUN_FILE
@@ -40,11 +40,14 @@ NATIVE_LORA = ("ms-swift's own LoRA defaults (TunerArguments): lora_rank 8, lora
                "target_modules all-linear (every linear of the decoder, the LM head left out)")
 
 
-def save_rows(job: Job, packed, rows: int, world: int) -> None:
+def save_rows(job: Job, packed, rows: int) -> None:
     """The first `rows` of the `packed` rows as an ms-swift cached dataset (input_ids, labels, lengths),
-    laid in the order ms-swift's sampler deals them: `BatchSamplerShard` without shuffling gives
-    rank r the dataset's indices r, r + world, ... (swift/dataloader/shard.py:57), the host gives
-    rank r micro-batch g rows [(g * world + r) * mb, ...). One process writes, the others wait."""
+    laid in the order ms-swift's sampler deals them over the data-parallel ranks (world / SP):
+    `BatchSamplerShard` (or under sequence parallel `SequenceParallelSampler`, both ranks of a group
+    alike) without shuffling gives data-parallel rank r the dataset's indices r, r + world, ...
+    (swift/dataloader/shard.py:57, swift/sequence_parallel/utils.py:108), the host gives it
+    micro-batch g rows [(g * world + r) * mb, ...). One process writes, the others wait."""
+    world = job.data_parallel
 
     def write(tmp: Path) -> None:
         from datasets import Dataset
@@ -104,10 +107,9 @@ def main(job_file: str) -> None:
     job = load_job(job_file)
     from swift.arguments import SftArguments
 
-    world = dist_info().world_size // job.scenario.sequence_parallel
     packed = job.open_rows()
     rows = min(packed.rows, job.rows_needed)
-    save_rows(job, packed, rows, world)
+    save_rows(job, packed, rows)
     startup.mark("data")
     files = json.loads((Path(job.run_dir) / RUN_FILE).read_text())
     args = SftArguments(**files["sft_args"])
