@@ -38,10 +38,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-BACKENDS=(torch xtuner llamafactory)
+BACKENDS=(torch xtuner llamafactory trl swift)
 # QLoRA needs bitsandbytes, which the device machine lacks and the bundle cannot carry.
 echo "gpu_check.sh: QLoRA is left out: bitsandbytes 0.45.0 (the version XTuner pins) is a 66 MiB wheel, over the" \
-     "bundle's 45 MiB cap, and ships kernels up to CUDA 12.6 only (the device has CUDA 13)" >&2
+     "bundle's 56 MiB cap, and ships kernels up to CUDA 12.6 only (the device has CUDA 13)" >&2
 
 if [ "$dry" = 1 ]; then
   # fbench's host as installed here: FBENCH names its command, else fbench on PATH, else the

@@ -13,10 +13,11 @@ import pytest
 
 from framework_bench.device import bundle as device_bundle
 from framework_bench.device import check as device_check
+from framework_bench.device.install import backend_projects
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("tiny_cuda", "llama2_7b_8k_1gpu", "llama2_7b_32k_1gpu", "llama2_7b_8k_1gpu_zero3")
-BACKENDS = ("torch", "llamafactory", "xtuner")  # the reference first, then by name (device_check.installed_backends)
+BACKENDS = ("torch", "llamafactory", "swift", "trl", "xtuner")  # the reference first, then by name (device_check.installed_backends)
 
 
 def test_dry_mode_plans_every_check_and_fits_7_minutes_on_an_h200(fbench_home):
@@ -31,7 +32,7 @@ def test_dry_mode_plans_every_check_and_fits_7_minutes_on_an_h200(fbench_home):
     for backend in BACKENDS:
         assert text.count(f"{backend} via local") == len(SCENARIOS)
     # every one-GPU plan of the frameworks starts a process group of one and pins one GPU
-    assert text.count("env:  CUDA_VISIBLE_DEVICES=0") == 2 * len(SCENARIOS)
+    assert text.count("env:  CUDA_VISIBLE_DEVICES=0") == (len(BACKENDS) - 1) * len(SCENARIOS)
     minutes = float(re.search(r"estimated on one H200: ([\d.]+) minutes", text)[1])
     assert 0 < minutes <= 7
     assert "Traceback" not in out.stderr
@@ -40,11 +41,11 @@ def test_dry_mode_plans_every_check_and_fits_7_minutes_on_an_h200(fbench_home):
 def test_estimate_orders_tiny_first_and_zero3_last():
     planned = device_check.plan("cuda")
     assert [p.scenario for p in planned] == [s for s in SCENARIOS for _ in BACKENDS]
-    assert [p.backend for p in planned[:3]] == list(BACKENDS)
+    assert [p.backend for p in planned[:len(BACKENDS)]] == list(BACKENDS)
     by = {(p.scenario, p.backend): p.estimate_s for p in planned}
     # 7B runs cost their model build on top of the tiny start-up; 32k steps cost more than 8k
     assert by[("llama2_7b_32k_1gpu", "xtuner")] > by[("llama2_7b_8k_1gpu", "xtuner")] > by[("tiny_cuda", "xtuner")]
-    assert [p.scenario for p in device_check.plan("cpu")] == ["tiny_cpu"] * 3
+    assert [p.scenario for p in device_check.plan("cpu")] == ["tiny_cpu"] * len(BACKENDS)
 
 
 def test_real_mode_refuses_without_a_bundle():
@@ -79,13 +80,14 @@ def test_lists_pin_every_package_and_leave_out_what_the_machine_has():
     assert {"pydantic", "deepspeed", "hjson", "flash-attn"}.isdisjoint(machine)
 
 
-@pytest.mark.slow  # builds the whole bundle: every wheel of the three backends' lists
-def test_python312_bundle_builds_within_45_mib(tmp_path):
+@pytest.mark.slow  # builds the whole bundle: every wheel of the five backends' lists
+def test_python312_bundle_builds_within_its_cap_for_every_bundled_backend(tmp_path):
     dest = tmp_path / "bundle"
     subprocess.run([str(Path(sys.executable).with_name("fbench")), "device", "bundle", str(dest), "--python", "3.12"],
                    check=True, timeout=900)
     manifest = device_bundle.verify(dest)
-    assert manifest.total_bytes <= 45 * 2**20
+    assert manifest.total_bytes <= device_bundle.MAX_BYTES
+    assert {p.name for p in backend_projects()} <= set(manifest.lists)  # every bundled backend has its list
     files = sorted(p.name for p in (dest / "wheels").iterdir())
     assert len(files) == len(manifest.wheels) == len({w.sha256 for w in manifest.wheels})  # each wheel once
     # shared wheels are stored once and named by every list that installs them

@@ -21,14 +21,17 @@ def bundle(
     dest: Annotated[Path, typer.Argument(
         metavar="FOLDER", help="folder for the bundle (wheels/, requirements-*.txt, data/, manifest.json)")],
     python: Annotated[str, typer.Option("--python", metavar="VERSION", help="the target machine's Python, MAJOR.MINOR")] = "3.12",
-    max_mib: Annotated[float, typer.Option("--max-mib", metavar="MIB", help="refuse a bundle larger than this")] = 45.0,
+    max_mib: Annotated[float | None, typer.Option(
+        "--max-mib", metavar="MIB", help="refuse a bundle larger than this (default: what leaves the checkout room "
+                                         "in the 64 MiB that travel to the device machine)")] = None,
 ) -> None:
     """Fetch (or build) the wheels the offline machine lacks for its Python; one copy each, tag-checked.
 
     Example: fbench device bundle bundle/ --python 3.12"""
     from framework_bench.device import bundle as device_bundle
     try:
-        m = device_bundle.build(dest, python, max_bytes=int(max_mib * 2**20), say=lambda s: console.print(s, markup=False))
+        m = device_bundle.build(dest, python, max_bytes=int(max_mib * 2**20) if max_mib else device_bundle.MAX_BYTES,
+                                say=lambda s: console.print(s, markup=False))
     except device_bundle.BundleError as e:
         common.fail(str(e))
     console.print(f"{dest}: {len(m.wheels)} wheels for Python {m.python}, {m.total_bytes / 2**20:.1f} MiB "

@@ -31,7 +31,7 @@ from framework_bench.scenario.scenario import PROJECT_ROOT
 LISTS_DIR = PROJECT_ROOT / "benchmarks" / "device"
 DATA_DIR = catalog.SHIPPED_DATA / "alpaca-demo"
 MANIFEST = "manifest.json"
-MAX_BYTES = 45 * 2**20  # it travels with the checkout: 64 MiB in all
+MAX_BYTES = 56 * 2**20  # it travels with the checkout (its tracked files about 5 MiB): 64 MiB in all
 # The GPU machine is x86-64 Linux; pip matches each manylinux tag exactly, so all are named.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "linux_x86_64")
