@@ -30,7 +30,8 @@ def backend_info() -> BackendInfo:
         capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=False, zero_stages=[0, 1, 2, 3],
                                   lora=True, qlora=False),
         env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
-                    framework_package="ms-swift", supports={"ms-swift": ">=4.0,<5"}),  # swift 4's SftArguments
+                    framework_package="ms-swift", post_install=["framework_bench.plugins.deepspeed_jit"],
+                    supports={"ms-swift": ">=4.0,<5"}),  # swift 4's SftArguments
         # matched: `adamw_torch_fused` on CUDA, `adamw_torch` (torch's choice) on CPU, as the others;
         # native: the HF Trainer's default under SftArguments, `adamw_torch_fused`, on either device.
         memory=MemoryScheme(adamw={"matched": AdamWImpl(cuda="fused"), "native": AdamWImpl(cuda="fused", cpu="fused")}),

@@ -17,6 +17,7 @@ STARTED = time.time()  # before the heavy imports below: start-up counts them
 import json
 import os
 import sys
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
@@ -64,7 +65,39 @@ def save_rows(job: Job, packed, rows: int) -> None:
     publish_once(Path(job.run_dir) / ROWS_DIR, write)
 
 
-def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepRecorder):
+@contextmanager
+def partitioned_build():
+    """Under ZeRO-3, the contexts transformers' `from_config` enters (no weight init, DeepSpeed's
+    `zero.Init`): ms-swift's dummy model is `cls(config)`, which would otherwise stand whole on
+    every rank before the engine partitions it. Yields whether it partitions: the caller ties the
+    weights then, as `from_config` does, and `fill` writes every parameter."""
+    from transformers import initialization
+    from transformers.integrations.deepspeed import deepspeed_config, is_deepspeed_zero3_enabled
+    from transformers.modeling_utils import set_zero3_state
+
+    if not is_deepspeed_zero3_enabled():
+        yield False
+        return
+    import deepspeed
+
+    with (initialization.no_init_weights(), deepspeed.zero.Init(config_dict_or_path=deepspeed_config()),
+          set_zero3_state()):
+        yield True
+
+
+def held_at_build(model) -> dict:
+    """What this rank holds once the model is built (a ZeRO-3 shard: its `ds_tensor`), against the
+    whole model, and the process's peak resident memory by then."""
+    import resource
+
+    from framework_bench.worker.settings import param_count
+
+    held = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    return {"elements_held": held, "elements_whole": param_count(model),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux gives KiB
+
+
+def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepRecorder, built: dict):
     """`SwiftSft` with fbench's three hooks (the model, the encoded rows, the callbacks)."""
     from swift.pipelines.train.sft import SwiftSft
 
@@ -72,7 +105,11 @@ def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepReco
         def _prepare_model_tokenizer(self, **kwargs):
             # ms-swift's dummy model: `cls(config)` in the config's dtype, no weight files
             # (swift/model/patcher.py:477), then the shared initial weights
-            super()._prepare_model_tokenizer(return_dummy_model=True, **kwargs)
+            with partitioned_build() as partitioned:
+                super()._prepare_model_tokenizer(return_dummy_model=True, **kwargs)
+            if partitioned:
+                self.model.tie_weights()
+            built.update(held_at_build(self.model))
             initial_weights_worker.fill(self.model, job.seed, job.hf_config)
             startup.mark("model_build")
 
@@ -117,13 +154,15 @@ def main(job_file: str) -> None:
                             zero_stage=job.scenario.zero_stage)
     claims = Claims(job, recorder.timer.clock)
     claims.remember_prepared()
-    sft = pipeline(job, startup, claims, recorder)(args)
+    built: dict = {}
+    sft = pipeline(job, startup, claims, recorder, built)(args)
     result = sft.main()
     if job.scenario.sequence_parallel > 1:
         claims.settings.update(sequence_parallel_settings(claims.settings.get("attention")))
         recorder.notes.append(ROLLED_LABELS)
     runtime = float(next(log["train_runtime"] for log in reversed(result["log_history"]) if "train_runtime" in log))
-    write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime, NATIVE_LORA, rows_converted=rows)
+    write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime, NATIVE_LORA, rows_converted=rows,
+                     built=built)
 
 
 if __name__ == "__main__":
