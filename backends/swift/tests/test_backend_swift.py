@@ -113,8 +113,8 @@ LABEL_SHIFT = Path(__file__).parent / "label_shift"  # ms-swift with its SP labe
 
 @pytest.mark.slow
 def test_sequence_parallel_is_judged_and_its_rolled_labels_are_what_differs(home_with_envs, tmp_path, monkeypatch):
-    """ms-swift's Ulysses SP 2 on two CPU processes, in a round against the reference's Ulysses
-    run: each rank trains half of every row, both read the group's rows, and the settings say SP 2
+    """ms-swift's Ulysses SP 2 under ZeRO-3 on two CPU processes, in a round against the reference's
+    Ulysses run: each rank trains half of every row, both read the group's rows, and the settings say SP 2
     around SDPA. ms-swift rolls each row's labels, so a packed row whose first label is supervised
     trains one more target: step 1 (a row that starts unsupervised) agrees, a later step does not.
     The same run with the roll made a shift (`label_shift/`) agrees at every step and on the update."""
@@ -127,8 +127,7 @@ def test_sequence_parallel_is_judged_and_its_rolled_labels_are_what_differs(home
 
     backend_env_or_skip("swift"), backend_env_or_skip("torch")
     s = scenario.load("multiproc_tiny_cpu_sp2")
-    s = s.model_copy(update={"name": "multiproc_tiny_cpu_sp2_ddp", "zero_stage": 0,  # as measured (docs/calibration.md)
-                             "steps": s.steps.model_copy(update={"measured": 3})})
+    s = s.model_copy(update={"steps": s.steps.model_copy(update={"measured": 3})})  # ZeRO-3, as the published SP rows
     data = pack(s, progress=False, say=lambda msg: None)
     starts = np.load(data.dir / "labels.npy", mmap_mode="r")[: s.steps.total, 0]
     assert starts[0] == -100 and (starts[1:] != -100).any()  # the rows this test needs: else another scenario
