@@ -1,7 +1,7 @@
 """What each rank of a ZeRO-3 run holds once its framework built the model: tiny-llama widened
-to 154M parameters (0.59 GiB in fp32, whole) over two CPU processes, multiproc_tiny_cpu_zero3
+to 155M parameters (0.58 GiB in fp32, whole) over two CPU processes, multiproc_tiny_cpu_zero3
 otherwise. Prints the worker's `built` record (rank 0's elements held against the whole model's,
-its peak resident memory by then) and the run's status.
+its peak memory by then: resident, on CPU) and the run's status.
 
     .venv/bin/python benchmarks/zero3_build_peak.py [BACKEND]   (default swift: its worker records `built`)
 """
@@ -35,7 +35,7 @@ def main(backend: str = "swift") -> None:
         print(f"{backend}: {r.status}; built: {built}")
         if built:
             print(f"held {built['elements_held'] / built['elements_whole']:.3f} of {built['elements_whole']:,} elements; "
-                  f"peak RSS by then {built['peak_rss_bytes'] / 2**30:.2f} GiB")
+                  f"peak resident memory by then {built['peak_bytes'] / 2**30:.2f} GiB")
 
 
 if __name__ == "__main__":

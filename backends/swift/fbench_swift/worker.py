@@ -85,19 +85,17 @@ def partitioned_build():
         yield True
 
 
-def held_at_build(model) -> dict:
+def held_at_build(model, device: str) -> dict:
     """What this rank holds once the model is built (a ZeRO-3 shard: its `ds_tensor`), against the
-    whole model, and the process's peak resident memory by then."""
-    import resource
-
+    whole model, and its peak memory by then (`PeakMemory`: resident on CPU, allocated on CUDA)."""
     from framework_bench.worker.settings import param_count
+    from framework_bench.worker.steps import PeakMemory
 
     held = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
-    return {"elements_held": held, "elements_whole": param_count(model),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux gives KiB
+    return {"elements_held": held, "elements_whole": param_count(model), "peak_bytes": PeakMemory(device).read()[0]}
 
 
-def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepRecorder, built: dict):
+def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepRecorder):
     """`SwiftSft` with fbench's three hooks (the model, the encoded rows, the callbacks)."""
     from swift.pipelines.train.sft import SwiftSft
 
@@ -109,7 +107,7 @@ def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepReco
                 super()._prepare_model_tokenizer(return_dummy_model=True, **kwargs)
             if partitioned:
                 self.model.tie_weights()
-            built.update(held_at_build(self.model))
+            self.built = held_at_build(self.model, job.device)
             initial_weights_worker.fill(self.model, job.seed, job.hf_config)
             startup.mark("model_build")
 
@@ -154,15 +152,14 @@ def main(job_file: str) -> None:
                             zero_stage=job.scenario.zero_stage)
     claims = Claims(job, recorder.timer.clock)
     claims.remember_prepared()
-    built: dict = {}
-    sft = pipeline(job, startup, claims, recorder, built)(args)
+    sft = pipeline(job, startup, claims, recorder)(args)
     result = sft.main()
     if job.scenario.sequence_parallel > 1:
         claims.settings.update(sequence_parallel_settings(claims.settings.get("attention")))
         recorder.notes.append(ROLLED_LABELS)
     runtime = float(next(log["train_runtime"] for log in reversed(result["log_history"]) if "train_runtime" in log))
     write_run_report(job, recorder, claims, startup, version("ms-swift"), runtime, NATIVE_LORA, rows_converted=rows,
-                     built=built)
+                     built=sft.built)
 
 
 if __name__ == "__main__":
