@@ -30,7 +30,7 @@ def bundle(
     Example: fbench device bundle bundle/ --python 3.12"""
     from framework_bench.device import bundle as device_bundle
     try:
-        m = device_bundle.build(dest, python, max_bytes=int(max_mib * 2**20) if max_mib else device_bundle.MAX_BYTES,
+        m = device_bundle.build(dest, python, max_bytes=device_bundle.MAX_BYTES if max_mib is None else int(max_mib * 2**20),
                                 say=lambda s: console.print(s, markup=False))
     except device_bundle.BundleError as e:
         common.fail(str(e))
