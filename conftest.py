@@ -16,5 +16,9 @@ pytest_plugins = ["fbench_fixtures"]
 from framework_bench.run.launchers.local import inherited_environ  # noqa: E402
 
 _environ = inherited_environ()
+# Widths are each test's own: a terminal's COLUMNS, or the 80 pytest-xdist sets in its workers,
+# would wrap the tables the tests read.
+for name in ("COLUMNS", "LINES"):
+    _environ.pop(name, None)
 os.environ.clear()
 os.environ.update(_environ)
