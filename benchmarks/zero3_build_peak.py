@@ -3,7 +3,7 @@ to 155M parameters (0.58 GiB in fp32, whole) over two CPU processes, multiproc_t
 otherwise. Prints the worker's `built` record (rank 0's elements held against the whole model's,
 its peak memory by then: resident, on CPU) and the run's status.
 
-    .venv/bin/python benchmarks/zero3_build_peak.py [BACKEND]   (default swift: its worker records `built`)
+    .venv/bin/python benchmarks/zero3_build_peak.py [BACKEND]   (default swift; trl's workers record `built` too)
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@
   (`framework_bench.worker.rows`); `MicroLosses`: each micro-batch's loss and its divisor
   (`framework_bench.worker.losses`); `initial_weights_worker` (a submodule, imported when
   named): the compare's initial weights; `models.from_config`: a HF model from the job's
-  config with them (and the scenario's LoRA adapters); `adapters` (a submodule): peft's config
+  config with them (and the scenario's LoRA adapters), `models.held_at_build`: what a rank
+  holds once it is built (a ZeRO-3 shard or the whole); `adapters` (a submodule): peft's config
   of the scenario's adapters and the ledger read back from the live model.
 - `settings`: the settings in effect, read from the live objects (`torch_loop_settings` for
   a plain loop; `param_count` for the built model).

@@ -1,4 +1,5 @@
-"""A Hugging Face model built from the job's config, with the compare's initial weights.
+"""A Hugging Face model built from the job's config, with the compare's initial weights, and what
+a rank holds once it is built.
 
 For workers that build the model themselves (a plain loop); a framework that builds its own
 calls `initial_weights_worker.fill` on what it built instead. torch and transformers are imported
@@ -38,3 +39,14 @@ def from_config(job: Job, device, **kwargs):
     if job.scenario.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()
+
+
+def held_at_build(model, device: str) -> dict:
+    """What this rank holds once the model is built (under ZeRO-3 its shard, each parameter's
+    `ds_tensor`), against the whole model, and its peak memory by then (`PeakMemory`: resident on
+    CPU, allocated on CUDA): a worker report's `built`, which shows a partitioned build."""
+    from framework_bench.worker.settings import param_count
+    from framework_bench.worker.steps import PeakMemory
+
+    held = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    return {"elements_held": held, "elements_whole": param_count(model), "peak_bytes": PeakMemory(device).read()[0]}

@@ -25,6 +25,7 @@ import numpy as np
 
 from framework_bench.worker import Job, StartupClock, exit_now, initial_weights_worker, load_job, publish_once
 from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
+from framework_bench.worker.models import held_at_build
 
 from fbench_swift.run_files import ROWS_DIR, RUN_FILE
 
@@ -83,16 +84,6 @@ def partitioned_build():
     with (initialization.no_init_weights(), deepspeed.zero.Init(config_dict_or_path=deepspeed_config()),
           set_zero3_state()):
         yield True
-
-
-def held_at_build(model, device: str) -> dict:
-    """What this rank holds once the model is built (a ZeRO-3 shard: its `ds_tensor`), against the
-    whole model, and its peak memory by then (`PeakMemory`: resident on CPU, allocated on CUDA)."""
-    from framework_bench.worker.settings import param_count
-    from framework_bench.worker.steps import PeakMemory
-
-    held = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
-    return {"elements_held": held, "elements_whole": param_count(model), "peak_bytes": PeakMemory(device).read()[0]}
 
 
 def pipeline(job: Job, startup: StartupClock, claims: Claims, recorder: StepRecorder):

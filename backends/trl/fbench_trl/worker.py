@@ -22,6 +22,7 @@ import numpy as np
 
 from framework_bench.worker import Job, StartupClock, adapters, dist_info, exit_now, initial_weights_worker, load_job
 from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics_callback, write_run_report
+from framework_bench.worker.models import held_at_build
 from framework_bench.worker.packed import TOKENIZER_DIR
 
 from fbench_trl.run_files import RUN_FILE
@@ -44,7 +45,8 @@ def dataset(packed, rows: int):
 def build_model(job: Job, attn_implementation: str):
     """The model from the job's config with random weights, made where it trains (a ZeRO-3 run
     builds partitioned inside DeepSpeed's zero.Init, which the SFTConfig made current), then filled
-    with the shared initial weights; an adapter run's frozen base in the scenario's base dtype."""
+    with the shared initial weights; an adapter run's frozen base in the scenario's base dtype.
+    With it, what this rank held once built (`held_at_build`)."""
     import torch
     import transformers
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
@@ -59,8 +61,9 @@ def build_model(job: Job, attn_implementation: str):
             model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     else:
         model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    built = held_at_build(model, job.device)
     initial_weights_worker.fill(model, job.seed, job.hf_config)
-    return model
+    return model, built
 
 
 def peft_config(job: Job):
@@ -92,7 +95,7 @@ def main(job_file: str) -> None:
                             zero_stage=job.scenario.zero_stage)
     claims = Claims(job, recorder.timer.clock)
     startup.mark("framework_setup")
-    model = build_model(job, files["attn_implementation"])
+    model, built = build_model(job, files["attn_implementation"])
     startup.mark("model_build")
     claims.remember_prepared()
     claims.record_losses(SFTTrainer)
@@ -100,7 +103,8 @@ def main(job_file: str) -> None:
                          peft_config=peft_config(job),
                          callbacks=[step_metrics_callback(recorder, startup), claims.callback])
     runtime = float(trainer.train().metrics["train_runtime"])
-    write_run_report(job, recorder, claims, startup, version("trl"), runtime, NATIVE_LORA, rows_converted=rows)
+    write_run_report(job, recorder, claims, startup, version("trl"), runtime, NATIVE_LORA, rows_converted=rows,
+                     built=built)
 
 
 if __name__ == "__main__":

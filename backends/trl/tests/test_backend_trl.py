@@ -110,3 +110,6 @@ def test_tiny_cpu_trains_with_trl(tiny_cpu_run, tmp_path):
     assert result.settings["loss_normalization"].startswith("token sum over the step's labels")
     worker = json.loads((result.run_dir / "worker.json").read_text())
     assert worker["rows_converted"] == scn.rows_needed and worker["param_dtype"] == "float32"
+    # one process, no ZeRO: it held the whole model once built
+    assert worker["built"]["elements_held"] == worker["built"]["elements_whole"] == worker["param_count"]
+    assert worker["built"]["peak_bytes"] > 0
