@@ -82,13 +82,15 @@ def attn_implementation(job: Job, flash_attn_installed: bool) -> str:
     return "flash_attention_2" if job.device == "cuda" and flash_attn_installed else "sdpa"
 
 
-def refusal(scenario: Scenario, env: BackendEnv) -> str | None:
+def refusal(scenario: Scenario, env: BackendEnv, deepspeed_layer: str | None = None) -> str | None:
     """Micro-batch steps (the HF Trainer counts and reports optimizer steps only), and ZeRO in an
-    env without deepspeed (a CPU flavour may leave it out); None otherwise."""
+    env without deepspeed (a CPU flavour may leave it out; `deepspeed_layer`, a pin such as
+    "deepspeed==0.18.6", names the layer over the env that runs it); None otherwise."""
     if scenario.steps.unit == "micro":
         return (f"steps.unit micro is not planned for {env.name}: the HF Trainer counts optimizer steps (max_steps) "
                 "and reports per optimizer step only")
     if scenario.zero_stage > 0 and not env.has("deepspeed"):
+        layer = f"; `--backends {env.name}@{deepspeed_layer}` runs it in a layer with it" if deepspeed_layer else ""
         return (f"ZeRO stage {scenario.zero_stage} runs through the HF Trainer's DeepSpeed integration, and the "
-                f"{env.name} env has no deepspeed (its requirements leave it out: see them)")
+                f"{env.name} env has no deepspeed (its requirements leave it out: see them){layer}")
     return None

@@ -20,6 +20,9 @@ from fbench_trl import sft_args
 
 NAME = "trl"
 HERE = Path(__file__).parent
+# TRL's `deepspeed` extra's floor: a layer over the CPU env with it trains ZeRO-3 there, refereed
+# `ok` (docs/calibration.md, "ZeRO-3: what a rank holds once ms-swift or TRL built the model")
+DEEPSPEED_LAYER = "deepspeed==0.18.6"
 
 
 def backend_info() -> BackendInfo:
@@ -59,7 +62,7 @@ class TrlBackend(Backend):
         return backend_info()
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-        return super().check(scenario, machine, env) or hf_trainer_args.refusal(scenario, env)
+        return super().check(scenario, machine, env) or hf_trainer_args.refusal(scenario, env, DEEPSPEED_LAYER)
 
     def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
         return sft_args.write_run_files(job, flash_attn_installed=env.has("flash-attn"))

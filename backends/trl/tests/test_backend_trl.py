@@ -48,8 +48,8 @@ def test_discovered_through_entry_point(trl):
 
 def test_refusals_name_the_reason(trl):
     assert trl.check(tiny(), CPU, ready_env("cpu")) is None
-    assert "no deepspeed" in trl.check(tiny(zero_stage=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU,
-                                       ready_env("cpu"))
+    zero_refused = trl.check(tiny(zero_stage=2, cluster={"device": "cpu", "gpus_per_node": 2}), CPU, ready_env("cpu"))
+    assert "no deepspeed" in zero_refused and "`--backends trl@deepspeed==0.18.6`" in zero_refused
     assert "max_steps" in trl.check(tiny(steps={"warmup": 1, "measured": 2, "unit": "micro"}), CPU, ready_env("cpu"))
     gpu_8k = scenario.load("llama2_7b_8k")
     assert "has none" in trl.check(gpu_8k, CPU, ready_env("cuda", "deepspeed"))
