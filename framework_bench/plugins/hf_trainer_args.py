@@ -90,7 +90,7 @@ def refusal(scenario: Scenario, env: BackendEnv, deepspeed_layer: str | None = N
         return (f"steps.unit micro is not planned for {env.name}: the HF Trainer counts optimizer steps (max_steps) "
                 "and reports per optimizer step only")
     if scenario.zero_stage > 0 and not env.has("deepspeed"):
-        layer = f"; `--backends {env.name}@{deepspeed_layer}` runs it in a layer with it" if deepspeed_layer else ""
+        layer = f"; `--backends {env.name}@{deepspeed_layer}` runs it in a layer over that env with DeepSpeed" if deepspeed_layer else ""
         return (f"ZeRO stage {scenario.zero_stage} runs through the HF Trainer's DeepSpeed integration, and the "
                 f"{env.name} env has no deepspeed (its requirements leave it out: see them){layer}")
     return None
