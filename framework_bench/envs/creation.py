@@ -117,7 +117,8 @@ def create(
             "requirements": str(requirements),
             "requirements_sha256": requirements_hash(spec, flavour),
             "options": options.model_dump(),
-            "over": str(over.path) if over is not None else None,
+            # resolved: a FBENCH_HOME whose envs folder is a link (a test's) names the env that stays
+            "over": str(over.path.resolve()) if over is not None else None,
             "torch_index": torch_index,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": round(time.monotonic() - started, 1),
