@@ -18,7 +18,7 @@ from framework_bench.run.options import RunOptions
 from framework_bench.scenario import scenario
 from framework_bench.data.packing import pack
 from framework_bench.measure import losses, update
-from framework_bench.measure.losses import needed_reference_scheme, parity
+from framework_bench.measure.losses import needed_reference_loss, parity
 from framework_bench.measure.metrics import RunResult
 from framework_bench.testing import parity_variants
 
@@ -61,17 +61,17 @@ def test_parity_judges_every_step_where_the_records_normalise_alike(tmp_path):
     xtuner = ok("xtuner", {1: 6.2760124 * (1 + 5e-6), 2: 6.3}, scheme="micro_mean_mean", run_dir=tmp_path / str(at()))
     other = parity(xtuner, ref, "fp32")
     assert other.status == "unverified" and "needs a reference run with loss_scheme micro_mean_mean" in other.detail
-    assert needed_reference_scheme(xtuner, ref) == "micro_mean_mean"
+    assert needed_reference_loss(xtuner, ref).scheme == "micro_mean_mean"
     # against a reference trained that way: judged at every step
     ref_mm = ok("torch", {1: 6.2760124, 2: 6.3 * (1 + 2e-6)}, scheme="micro_mean_mean", run_dir=tmp_path / str(at()))
-    assert parity(xtuner, ref_mm, "fp32").status == "pass" and needed_reference_scheme(xtuner, ref_mm) is None
+    assert parity(xtuner, ref_mm, "fp32").status == "pass" and needed_reference_loss(xtuner, ref_mm).scheme is None
     assert parity(ok("xtuner", {1: 6.2760124, 2: 6.4}, scheme="micro_mean_mean", run_dir=tmp_path / str(at())),
                   ref_mm, "fp32").status == "fail"
     # records that do not say what was applied before backward (an older plugin): unverified, no reference helps
     old = ok("old", {1: 6.2760124, 2: 6.2086824}, scheme="unknown", run_dir=tmp_path / str(at()))
     unknown = parity(old, ref, "fp32")
     assert unknown.status == "unverified" and "normalisation of old is unknown" in unknown.detail
-    assert needed_reference_scheme(old, ref) is None
+    assert needed_reference_loss(old, ref).scheme is None
     # step 1 fails whatever the normalisation
     off = parity(ok("xtuner", {1: 6.3272, 2: 6.3}, scheme="micro_mean_mean", run_dir=tmp_path / str(at())), ref, "fp32")
     assert off.status == "fail" and "6.3272000 vs torch 6.2760124" in off.detail
@@ -106,7 +106,7 @@ def three_runs(request, tmp_path_factory, tiny_cpu_run):
                 **{b: pipeline.run_one(b, scn, RunOptions(root=root), data=data, machine=CPU) for b in BACKENDS[1:]}}
     references = {losses.scheme_of(runs["torch"]): runs["torch"]}
     for r in runs.values():
-        needed = losses.needed_reference_scheme(r, runs["torch"])
+        needed = losses.needed_reference_loss(r, runs["torch"]).scheme
         if needed and needed not in references:
             references[needed] = pipeline.run_one("torch", scn, RunOptions(root=root, loss_scheme=needed), data=data,
                                                   machine=CPU)
@@ -194,8 +194,9 @@ def test_training_otherwise_is_invalid_whatever_the_normalisation_words(lie, gra
 
 
 def test_a_job_names_the_loss_scheme_and_older_job_files_read_none(tmp_path):
-    """The Job field a second reference run is started with (`loss_scheme`): validated by the
-    host, read by the worker SDK; a job file without it (an older host) reads None."""
+    """The Job fields a second reference run is started with (`loss_scheme`, `labels_rolled`):
+    validated by the host, read by the worker SDK; a job file without them (an older host) reads
+    None and False."""
     import pydantic
 
     from backend_helpers import make_job, tiny
@@ -205,10 +206,36 @@ def test_a_job_names_the_loss_scheme_and_older_job_files_read_none(tmp_path):
     job.loss_scheme = "micro_mean_mean"
     assert load_job(job.write()).loss_scheme == "micro_mean_mean"
     older = json.loads(job.job_file.read_text())
-    del older["loss_scheme"]
+    del older["loss_scheme"], older["labels_rolled"]
     job.job_file.write_text(json.dumps(older))
-    assert load_job(job.job_file).loss_scheme is None
+    assert load_job(job.job_file).loss_scheme is None and load_job(job.job_file).labels_rolled is False
     fields = {k: getattr(job, k) for k in ("backend", "scenario", "data_dir", "data_sha256", "run_dir")}
     assert type(job)(**fields, loss_scheme="step_label_mean").loss_scheme == "step_label_mean"
     with pytest.raises(pydantic.ValidationError):
         type(job)(**fields, loss_scheme="token sum")
+
+
+def test_a_run_claiming_rolled_labels_needs_the_reference_trained_with_them(tmp_path, capsys):
+    """A run whose settings ledger says it trained each row's labels rolled (ms-swift's sequence
+    parallel) is judged against the reference trained so: the host asks for it, and so does a SLURM
+    round's script on the node (`loss_weighting`'s key, a reference run prepared for it)."""
+    from framework_bench.run.submit import judging_losses
+    from framework_bench.worker import loss_weighting
+    from framework_bench.worker.files import WORKER_REPORT
+    from framework_bench.worker.loss_schemes import JudgingLoss
+
+    def run(name: str, settings: dict) -> RunResult:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / WORKER_REPORT).write_text(json.dumps({"settings": settings}))
+        return RunResult(backend=name, scenario="s", status="ok", run_dir=tmp_path / name)
+
+    rolled, reference = run("swift", {"labels_rolled": True}), run("torch", {})
+    judging = run("torch-rolled", {"labels_rolled": True})
+    assert needed_reference_loss(rolled, reference) == JudgingLoss(rolled=True)
+    assert needed_reference_loss(rolled, judging) == needed_reference_loss(reference, reference) == JudgingLoss()
+    assert JudgingLoss("step_label_mean", True).key == "step_label_mean+labels_rolled" and JudgingLoss().key == ""
+    assert loss_weighting.main([str(reference.run_dir), str(rolled.run_dir), str(judging.run_dir)]) == 0
+    assert capsys.readouterr().out.split() == ["labels_rolled"]
+    # a SLURM round prepares the rolled reference under sequence parallel only
+    assert JudgingLoss(rolled=True) in judging_losses(scenario.load("multiproc_tiny_cpu_sp2"))
+    assert not any(loss.rolled for loss in judging_losses(scenario.load("multiproc_tiny_cpu_1x2")))

@@ -45,7 +45,7 @@ def test_zero_on_two_cpu_processes(backend, stage, fsdp2_reference):
     assert reference.status == "ok" and reference.settings["zero_stage"] == stage, reference.reason
     # LLaMA-Factory's HF Trainer divides by every process's labels: judged against the reference
     # trained so, as the referee does (`judging_reference`)
-    needed = losses.needed_reference_scheme(r, reference)
+    needed = losses.needed_reference_loss(r, reference).scheme
     assert needed == ("world_label_mean" if backend == "llamafactory" else None)
     judging = fsdp2_reference(stage, needed)
     assert judging.status == "ok", judging.reason

@@ -24,7 +24,7 @@ the logged loss before backward). `scheme` names that weighting from the records
     does not say: an older plugin).
 Two runs with the same known scheme took the same updates when honest: every step is judged.
 Otherwise step 1 is judged and the rest is `unverified`, naming the scheme a reference would
-need (`needed_reference_scheme`: the torch reference trains with any of the named ones
+need (`needed_reference_loss`: the torch reference trains with any of the named ones
 through `Job.loss_scheme`); never `skipped` or passed unseen.
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from framework_bench.measure.metrics import RunResult
 from framework_bench.measure.verify import Check
-from framework_bench.worker.loss_schemes import SCHEMES
+from framework_bench.worker.loss_schemes import SCHEMES, JudgingLoss
 from framework_bench.worker.loss_weighting import OTHER, UNKNOWN, needed, records, scheme
 
 # Parity of the canonical losses with the reference: fp32 / bf16 autocast.
@@ -59,10 +59,11 @@ def scheme_of(run: RunResult) -> str:
     return scheme(run.run_dir)
 
 
-def needed_reference_scheme(run: RunResult, reference: RunResult) -> str | None:
-    """The `Job.loss_scheme` a second reference run needs for `run` to be judged at every step
-    and on its update: the run's scheme where it differs from the reference's and the reference
-    worker can train with it; None where they agree or no reference can (other, unknown)."""
+def needed_reference_loss(run: RunResult, reference: RunResult) -> JudgingLoss:
+    """The loss a second reference run needs for `run` to be judged at every step and on its
+    update (`loss_weighting.needed`): the run's scheme where it differs from the reference's and
+    the reference worker can train with it, its labels rolled where it claims so; the default
+    where they agree."""
     return needed(run.run_dir, reference.run_dir)
 
 

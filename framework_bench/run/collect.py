@@ -45,6 +45,7 @@ from framework_bench.run.launchers.slurm_queue import JobState, job_state, node,
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.scenario.scenario import load as load_scenario
 from framework_bench.worker.files import read_metrics
+from framework_bench.worker.loss_schemes import JudgingLoss
 
 JOB_FILE = "job.json"
 
@@ -92,7 +93,7 @@ class ReadBack(JudgingRuns):
         super().__init__()
         self.sub, self.scenario = sub, scenario
 
-    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
+    def __call__(self, backend: str, trained: Scenario, loss: JudgingLoss, settings_mode: str | None = None) -> RunResult:
         sub, scenario = self.sub, self.scenario
         unjudged = RunResult(backend=backend, scenario=trained.name, status="unsupported")
         if settings_mode is not None:
@@ -103,7 +104,7 @@ class ReadBack(JudgingRuns):
             unjudged.reason = ("a SLURM round trains no reference with a run's own adapters (native settings): "
                                "judge them with --settings matched, or on the local launcher")
             return unjudged
-        key = twin_key(backend, scheme) if trained.precision != scenario.precision else (scheme or "")
+        key = twin_key(backend, loss.key) if trained.precision != scenario.precision else loss.key
         folder = sub.judging.get(key)
         if folder is None or not (folder / SBATCH_EXIT_FILE).exists():
             unjudged.status = "failed"

@@ -37,6 +37,8 @@ class RunOptions(BaseModel):
     sbatch: SbatchOptions = Field(default_factory=SbatchOptions, description="slurm: the batch script's options")
     loss_scheme: str | None = Field(None, description="the loss normalisation a reference run trains with "
                                                       "(`Job.loss_scheme`): set by the referee only")
+    labels_rolled: bool = Field(False, description="a reference run trains each row's labels rolled "
+                                                   "(`Job.labels_rolled`): set by the referee only")
     projection_round: int = Field(0, description="the round whose update-projection vector the runs share "
                                                  "(framework_bench/measure/update.py): set by compare per round")
     trial: Trial = Field(default_factory=Trial, description="the trial a run is (set by its round)")

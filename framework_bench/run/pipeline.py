@@ -113,7 +113,7 @@ def prepare(backend_name: str, scenario: Scenario, options: RunOptions, *, machi
         return identity.result("failed" if setup else "unsupported", reason=refusal)
     if dry:
         job = make_job(backend_name, scenario, data, options.root, options.settings_mode, seed=seed,
-                       loss_scheme=options.loss_scheme)
+                       loss_scheme=options.loss_scheme, labels_rolled=options.labels_rolled)
         job.write()
     else:
         job = _packed_job(identity, scenario, data, options)
@@ -155,7 +155,7 @@ def _packed_job(identity: Identity, scenario: Scenario, data: PackedData | None,
         raise
     try:
         job = make_job(identity.backend, scenario, data, None, options.settings_mode, run_dir, identity.seed,
-                       options.loss_scheme)
+                       options.loss_scheme, options.labels_rolled)
         job.write()
     except OSError as e:  # a full or read-only runs folder: nothing was launched
         return identity.result("failed", reason=f"cannot write the run folder: {e}", data_sha256=data.sha256,
@@ -258,9 +258,10 @@ def new_run_dir(backend: str, scenario: Scenario, root: Path | None) -> Path:
 
 
 def make_job(backend: str, scenario: Scenario, data: PackedData, root: Path | None, settings_mode: str = "matched",
-             run_dir: Path | None = None, seed: int = SEED, loss_scheme: str | None = None) -> Job:
+             run_dir: Path | None = None, seed: int = SEED, loss_scheme: str | None = None,
+             labels_rolled: bool = False) -> Job:
     """The host's job for a run folder under `root` (or `run_dir`)."""
     run_dir = run_dir or new_run_dir(backend, scenario, root)
     return Job(backend=backend, scenario=scenario, data_dir=data.dir, data_sha256=data.sha256, run_dir=run_dir,
                device=scenario.cluster.device, nprocs=scenario.cluster.gpus_per_node, nnodes=scenario.cluster.nodes,
-               settings_mode=settings_mode, seed=seed, loss_scheme=loss_scheme)
+               settings_mode=settings_mode, seed=seed, loss_scheme=loss_scheme, labels_rolled=labels_rolled)

@@ -22,6 +22,7 @@ from framework_bench.run import dropout_twin, twin
 from framework_bench.run.hooks import tail_of
 from framework_bench.run.reference import judging_reference
 from framework_bench.scenario.scenario import Scenario
+from framework_bench.worker.loss_schemes import JudgingLoss
 
 # A reason is read on a terminal: its head and tail, never a whole log or a list of 200,000 steps.
 REASON_LINES = 60
@@ -99,11 +100,11 @@ def _judged_twin(backend: str, reference: str, twin_scenario: Scenario, run: twi
     """`backend`'s run of `twin_scenario` (made by `run`), judged against `reference`'s (trained as
     the twin says it trained, as `judging_reference` does for any run) where it ended `ok` or
     `unverified`."""
-    own = run(backend, twin_scenario, None)
+    own = run(backend, twin_scenario, JudgingLoss())
     if own.status not in ("ok", "unverified"):
         return own
-    reference_twin = judging_reference(own, run(reference, twin_scenario, None), twin_scenario,
-                                       lambda trained, scheme: run(reference, trained, scheme), {})
+    reference_twin = judging_reference(own, run(reference, twin_scenario, JudgingLoss()), twin_scenario,
+                                       lambda trained, loss: run(reference, trained, loss), {})
     return judge(own, reference_twin, twin_scenario)
 
 

@@ -10,6 +10,7 @@ from framework_bench.measure import losses, verify
 from framework_bench.measure.metrics import RunResult
 from framework_bench.plugins import registry as plugins
 from framework_bench.scenario.scenario import Scenario
+from framework_bench.worker.loss_schemes import JudgingLoss
 
 # Pins the reference to another installed backend (a new reference loop, or a stand-in in tests):
 # the one whose runs judge every other's, named wherever its share is shown.
@@ -65,8 +66,8 @@ def absent_reason() -> str:
     return f"no reference backend is installed ({REFERENCE_ENV} or BackendInfo.reference)"
 
 
-# Trains the reference backend on a scenario, with a loss scheme (None: the torch loop's own): its result.
-RunReference = Callable[[Scenario, "str | None"], RunResult]
+# Trains the reference backend on a scenario, with a judging loss (the default: its own): its result.
+RunReference = Callable[[Scenario, JudgingLoss], RunResult]
 NATIVE_ADAPTERS = "native_adapters"  # FBENCH_UNCHECKED name: judge native adapters at step 1 only, as before
 
 
@@ -102,24 +103,25 @@ def claimed_adapters(result: RunResult, reference: RunResult) -> dict | None:
 def judging_reference(result: RunResult, reference: RunResult | None, scenario: Scenario,
                       run_reference: RunReference, made: dict[tuple, RunResult]) -> RunResult | None:
     """The reference run `result` is judged against: the round's, or a run of the reference
-    backend trained as `result` says it trained where that differs: with its loss normalisation
-    (`losses.needed_reference_scheme`: XTuner's mean of per-micro-batch means at grad_accum 2, HF
-    Trainer's labels counted before the shift) and with its native adapters (`claimed_adapters`).
+    backend trained as `result` says it trained where that differs: with its loss
+    (`losses.needed_reference_loss`: XTuner's mean of per-micro-batch means at grad_accum 2, HF
+    Trainer's labels counted before the shift, ms-swift's SP labels rolled) and with its native
+    adapters (`claimed_adapters`).
     Made once per round reference and what it is trained with (`made`). It judges only: not a
     trial of the reference's speed, so it is not stored; the run's notes name its folder."""
     if reference is None or reference.status not in ("ok", "unverified") or result.status not in ("ok", "unverified"):
         return reference
-    scheme = losses.needed_reference_scheme(result, reference)
+    loss = losses.needed_reference_loss(result, reference)
     adapters = claimed_adapters(result, reference)
-    if scheme is None and adapters is None:
+    if loss == JudgingLoss() and adapters is None:
         return reference
-    key = (id(reference), scheme, repr(adapters))
+    key = (id(reference), loss, repr(adapters))
     if key not in made:
         trained = scenario if adapters is None else Scenario.model_validate(
             {**scenario.model_dump(), "finetune": {**scenario.finetune.model_dump(), **adapters}})
-        made[key] = run_reference(trained, scheme)
+        made[key] = run_reference(trained, loss)
     judging = made[key]
-    how = "; ".join(p for p in (scheme and f"loss_scheme {scheme}", adapters and "the run's own adapters "
+    how = "; ".join(p for p in (loss.said(), adapters and "the run's own adapters "
                                 + ", ".join(f"{k} {v}" for k, v in adapters.items())) if p)
     result.notes.append(f"judged against a run of {reference.backend} trained with {how} "
                         f"({judging.status}; not stored, not a trial: {judging.run_dir})")

@@ -26,10 +26,11 @@ from framework_bench.run.options import RunOptions, Trial
 from framework_bench.run.reference import judging_reference
 from framework_bench.scenario.scenario import Scenario
 from framework_bench.store.results import ResultStore
+from framework_bench.worker.loss_schemes import JudgingLoss
 
 class JudgingRuns:
     """How a round makes (or reads back) the runs that only judge, each once: `backend`'s run of
-    `trained`, the reference's with loss scheme `scheme` (None: its own), in the round's settings
+    `trained`, the reference's with the judging loss `loss` (the default: its own), in the round's settings
     or `settings_mode` (a dropout twin's: matched). `interrupted`: the round was, so none starts;
     `stopped`: the judging runs that were interrupted (the command ends with the round)."""
 
@@ -37,7 +38,7 @@ class JudgingRuns:
         self.stopped: list[RunResult] = []
         self.interrupted = False
 
-    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
+    def __call__(self, backend: str, trained: Scenario, loss: JudgingLoss, settings_mode: str | None = None) -> RunResult:
         raise NotImplementedError
 
 
@@ -49,12 +50,13 @@ class LocalRuns(JudgingRuns):
         super().__init__()
         self.options = options
 
-    def __call__(self, backend: str, trained: Scenario, scheme: str | None, settings_mode: str | None = None) -> RunResult:
+    def __call__(self, backend: str, trained: Scenario, loss: JudgingLoss, settings_mode: str | None = None) -> RunResult:
         if self.interrupted or self.stopped:
             return RunResult(backend=backend, scenario=trained.name, status="interrupted",
                              reason="the round was interrupted before it ran")
         mode = {"settings_mode": settings_mode} if settings_mode else {}
-        result = pipeline.run_one(backend, trained, self.options.model_copy(update={"loss_scheme": scheme, "db": None, **mode}))
+        result = pipeline.run_one(backend, trained, self.options.model_copy(update={
+            "loss_scheme": loss.scheme, "labels_rolled": loss.rolled, "db": None, **mode}))
         if result.status == "interrupted":
             self.stopped.append(result)
         return result
@@ -142,10 +144,10 @@ class Round:
         if reference is not None and reference.status in ("ok", "unverified") and not interrupted:
             for result in self.pending:
                 if (twin_scenario := twin.twin_of(self.scenario)) and result.status in ("ok", "unverified"):
-                    self._judging_run(result.backend, twin_scenario, None)
+                    self._judging_run(result.backend, twin_scenario, JudgingLoss())
                 dropout_scenario = dropout_twin.twin_of(self.scenario, result)
                 if isinstance(dropout_scenario, Scenario) and result.status in ("ok", "unverified"):
-                    self._judging_run(result.backend, dropout_scenario, None, dropout_twin.SETTINGS_MODE)
+                    self._judging_run(result.backend, dropout_scenario, JudgingLoss(), dropout_twin.SETTINGS_MODE)
         absent = lost or why or self.absent
         while self.pending:
             result = self.pending.pop(0)
@@ -165,23 +167,23 @@ class Round:
                 self.reference and self.scenario.zero_stage not in \
                 plugins.get(self.reference).info.capabilities.zero_stages:
             unsharded = self.scenario.model_copy(update={"zero_stage": 0})
-            reference = self._judging_run(self.reference, unsharded, None)
+            reference = self._judging_run(self.reference, unsharded, JudgingLoss())
             result.notes.append(f"judged against a run of {reference.backend} at ZeRO 0, which it runs in place of "
                                 f"ZeRO {self.scenario.zero_stage} ({reference.status}; not stored, not a trial: "
                                 f"{reference.run_dir})")
         if reference is None:
             return None
         return judging_reference(result, reference, self.scenario,
-                                 lambda trained, scheme: self._judging_run(reference.backend, trained, scheme), {})
+                                 lambda trained, loss: self._judging_run(reference.backend, trained, loss), {})
 
-    def _judging_run(self, backend: str, trained: Scenario, scheme: str | None,
+    def _judging_run(self, backend: str, trained: Scenario, loss: JudgingLoss,
                      settings_mode: str | None = None) -> RunResult:
         """A run that judges (`twin.RunTwin`), once per round, in the round's settings or, where they
         differ, `settings_mode` (a dropout twin's, and the reference's run judging it: matched)."""
         other = settings_mode if settings_mode not in (None, self.options.settings_mode) else None
-        key = (backend, trained.model_dump_json(), scheme, other)
+        key = (backend, trained.model_dump_json(), loss, other)
         if key not in self._made:
-            self._made[key] = self.judging(backend, trained, scheme, other)
+            self._made[key] = self.judging(backend, trained, loss, other)
         return self._made[key]
 
     def conclude(self, result: RunResult) -> RunResult:

@@ -27,7 +27,7 @@ from framework_bench.run.reference import reference_backend
 from framework_bench.run.round import Round
 from framework_bench.store.results import ResultStore
 from framework_bench.scenario.scenario import Scenario
-from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, WORLD_LABEL_MEAN
+from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, WORLD_LABEL_MEAN, JudgingLoss
 
 
 class Planned(BaseModel):
@@ -41,12 +41,15 @@ class Planned(BaseModel):
     note: str | None = None
 
 
-def judging_schemes(scenario: Scenario) -> list[str]:
-    """The loss normalisations a run of `scenario` can show apart from the others (micro-batch
-    means only with accumulation, every process's labels only with several): a round's reference
-    is prepared to train with each, and trains with those its runs showed."""
-    return [s for s in SCHEMES if (s != MICRO_MEAN_MEAN or scenario.grad_accum > 1)
-            and (s != WORLD_LABEL_MEAN or scenario.cluster.gpus > 1)]
+def judging_losses(scenario: Scenario) -> list[JudgingLoss]:
+    """The losses a run of `scenario` can train apart from the reference's own: the loss
+    normalisations it can show (micro-batch means only with accumulation, every process's labels
+    only with several), each with its labels rolled or not (rolled only under sequence parallel).
+    A round's reference is prepared to train with each, and trains with those its runs showed."""
+    schemes = [None] + [s for s in SCHEMES if (s != MICRO_MEAN_MEAN or scenario.grad_accum > 1)
+                        and (s != WORLD_LABEL_MEAN or scenario.cluster.gpus > 1)]
+    rolled = (False, True) if scenario.sequence_parallel > 1 else (False,)
+    return [JudgingLoss(s, r) for r in rolled for s in schemes if s or r]
 
 
 def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], None],
@@ -54,7 +57,7 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
     """Prepare the round's runs in its order (the reference last) and submit them as one job. A
     backend that refused, or whose hooks raised, is a result at once, kept by the round, and never
     submitted. Each submitted run records the reference's run folder and the judging runs'
-    (the reference prepared with each loss normalisation a run may show), and is judged against
+    (the reference prepared with each loss a run may train), and is judged against
     them when collected (`collect.resumed`). Nothing is started when no run is left.
 
     Ctrl-C while the round is prepared or submitted: a job sbatch took is handed over all the same
@@ -78,12 +81,13 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
                 prepared.append(p)
         reference = prepared[-1] if prepared and prepared[-1].identity.backend == reference_name else None
         if reference is not None and len(prepared) > 1:
-            judging.update(_judging_runs(round_, reference, scenario, judging_schemes(scenario), machine))
+            judging.update(_judging_runs(round_, reference, scenario, judging_losses(scenario), machine))
             if twin_scenario := twin.twin_of(scenario):  # every run's fp32 twin, in the same job
                 for p in prepared:
-                    judging.update(_judging_runs(round_, p, twin_scenario, [None], machine, twin_key(p.identity.backend)))
+                    judging.update(_judging_runs(round_, p, twin_scenario, [JudgingLoss()], machine,
+                                                 twin_key(p.identity.backend)))
                 if twin_key(reference.identity.backend) in judging:
-                    judging.update(_judging_runs(round_, reference, twin_scenario, judging_schemes(twin_scenario),
+                    judging.update(_judging_runs(round_, reference, twin_scenario, judging_losses(twin_scenario),
                                                  machine, twin_key(reference.identity.backend) + "/"))
         if prepared:
             subs = prepared[0].executor.submit_round([(p.plan, p.job) for p in prepared],
@@ -97,20 +101,20 @@ def submit_round(round_: Round, on_planned: Callable[[str, Scenario, Planned], N
         _handed_over(round_, prepared, judging, subs, refused, on_planned)
 
 
-def _judging_runs(round_: Round, run: pipeline.Prepared, scenario: Scenario, schemes: list[str | None],
+def _judging_runs(round_: Round, run: pipeline.Prepared, scenario: Scenario, trained: list[JudgingLoss],
                   machine: Machine | None, key: str = "") -> dict[str, pipeline.Prepared]:
-    """`run`'s backend prepared on `scenario` with each loss scheme (None: its own), as runs that only
-    judge (never stored), by `key` + scheme; one refused is left out (its judging reads it as not run)."""
+    """`run`'s backend prepared on `scenario` with each judging loss, as runs that only judge (never
+    stored), by `key` + the loss's key; one refused is left out (its judging reads it as not run)."""
     made = {}
-    for scheme in schemes:
-        p = pipeline.prepare(run.identity.backend, scenario, round_.options.model_copy(update={"loss_scheme": scheme}),
-                             machine=machine)
+    for loss in trained:
+        options = round_.options.model_copy(update={"loss_scheme": loss.scheme, "labels_rolled": loss.rolled})
+        p = pipeline.prepare(run.identity.backend, scenario, options, machine=machine)
         if isinstance(p, RunResult):  # never stored: not a trial
             orphans.release(p.run_dir)
             if p.status == "interrupted":
                 raise KeyboardInterrupt
         else:
-            made[key + (scheme or "")] = p
+            made[key + loss.key] = p
     return made
 
 

@@ -43,7 +43,7 @@ PRECISION_SETTINGS = frozenset({
     "attention", "attention_kv_repeat", "seed",
 })
 
-# Runs a backend on a scenario (the twin), with a loss scheme for the reference (None: its own), and
+# Runs a backend on a scenario (the twin), with a judging loss for the reference (the default: its own), and
 # optionally in other settings than the round's (a dropout twin's, `dropout_twin.py`): its result.
 RunTwin = Callable[..., RunResult]
 

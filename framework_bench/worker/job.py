@@ -149,9 +149,13 @@ class Job:
     hf_config: dict = field(default_factory=dict, repr=False)  # the model's HF config.json, positions extended if asked
     # How a worker that can normalise the loss several ways must (`loss_schemes.SCHEMES`): the
     # host sets it on a reference run for a framework that normalises otherwise
-    # (`framework_bench.measure.losses.needed_reference_scheme`). None: the worker's own way.
+    # (`framework_bench.measure.losses.needed_reference_loss`). None: the worker's own way.
     # A worker that cannot choose ignores it; a job file without it (an older host) reads None.
     loss_scheme: LossScheme | None = None
+    # Each row's labels rolled by one instead of shifted, so that its last position predicts the
+    # row's first label: the target ms-swift's sequence parallel trains, set by the host on a
+    # reference run judging such a run (`measure.losses.rolled_needed`). Sequence parallel only.
+    labels_rolled: bool = False
     raw: dict = field(default_factory=dict, repr=False)
     # The sha256 of the rows this process checked against `data_sha256` (open_rows / check_data).
     verified_sha256: str | None = field(default=None, init=False)

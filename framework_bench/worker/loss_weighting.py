@@ -1,11 +1,11 @@
 """Which loss normalisation a run's records show (`scheme`), and which reference runs a round
-needs to judge its runs by their own (`needed`). Standard library only: the host judges with it
+needs to judge its runs by their own loss (`needed`: that normalisation, the labels rolled). Standard library only: the host judges with it
 (framework_bench/measure/losses.py), and a SLURM round's batch script asks it on the node, after
 the round's runs ended, which judging reference runs to train beside them:
 
     python -m framework_bench.worker.loss_weighting REFERENCE_RUN_DIR RUN_DIR...
 
-prints each scheme needed, once, one a line.
+prints each judging loss needed (`JudgingLoss.key`), once, one a line.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from framework_bench.worker.loss_schemes import MICRO_MEAN_MEAN, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN, WORLD_LABEL_MEAN
+from framework_bench.worker.files import read_worker_report
+from framework_bench.worker.loss_schemes import (MICRO_MEAN_MEAN, ROLLED, SCHEMES, STEP_LABEL_MEAN, STEP_TOKEN_MEAN,
+                                                 WORLD_LABEL_MEAN, JudgingLoss)
 from framework_bench.worker.losses import LOSSES_DIR
 
 # Two weights of a token are the same normalisation when this close (relative): float rounding
@@ -70,12 +72,18 @@ def scheme(run_dir: Path | None) -> str:
     return OTHER
 
 
-def needed(run_dir: Path | None, reference_dir: Path | None) -> str | None:
-    """The `Job.loss_scheme` a second reference run needs for the run to be judged at every step
-    and on its update: the run's scheme where it differs from the reference's and the reference
-    worker can train with it; None where they agree or no reference can (other, unknown)."""
+def rolled(run_dir: Path | None) -> bool:
+    """Whether the run's settings ledger says it trained each row's labels rolled (`Job.labels_rolled`)."""
+    return run_dir is not None and bool(read_worker_report(run_dir).get("settings", {}).get(ROLLED))
+
+
+def needed(run_dir: Path | None, reference_dir: Path | None) -> JudgingLoss:
+    """The loss a second reference run needs for the run to be judged at every step and on its
+    update: the run's scheme where it differs from the reference's and the reference worker can
+    train with it (not other, unknown), and its labels rolled where the reference's were not."""
     mine = scheme(run_dir)
-    return mine if mine in SCHEMES and mine != scheme(reference_dir) else None
+    return JudgingLoss(mine if mine in SCHEMES and mine != scheme(reference_dir) else None,
+                       rolled(run_dir) and not rolled(reference_dir))
 
 
 def main(argv: list[str]) -> int:
@@ -83,7 +91,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m framework_bench.worker.loss_weighting REFERENCE_RUN_DIR RUN_DIR...", file=sys.stderr)
         return 2
     reference, *runs = (Path(a) for a in argv)
-    for name in dict.fromkeys(n for run in runs if (n := needed(run, reference))):
+    for name in dict.fromkeys(n for run in runs if (n := needed(run, reference).key)):
         print(name)
     return 0
 

@@ -34,10 +34,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("USE_HF", "1")
 
 # ms-swift 4.6 shifts the labels of a split row with torch.roll (swift/sequence_parallel/
-# sequence_parallel.py:628), so the row's last position is trained on its first label.
+# sequence_parallel.py:628), always: the row's last position is trained on its first label.
 ROLLED_LABELS = ("ms-swift's sequence parallel shifts each row's labels by rolling them: where a packed row's first "
                  "label is supervised, the row's last position is trained to predict it, a target no other backend "
-                 "trains (the host's loss parity then differs from the reference's from that step on)")
+                 "trains (claimed as labels_rolled: judged against the reference trained with the same target)")
 NATIVE_LORA = ("ms-swift's own LoRA defaults (TunerArguments): lora_rank 8, lora_alpha 32, lora_dropout 0.05, "
                "target_modules all-linear (every linear of the decoder, the LM head left out)")
 
@@ -125,7 +125,7 @@ def sequence_parallel_settings(attention: str | None) -> dict:
     if (sequence_parallel.world_size or 1) == 1:
         return {}
     kind = "ulysses" if sequence_parallel.rp_world_size == 1 else "ring"
-    return {"sequence_parallel": sequence_parallel.world_size, "attention": f"{attention}_{kind}"}
+    return {"sequence_parallel": sequence_parallel.world_size, "attention": f"{attention}_{kind}", "labels_rolled": True}
 
 
 def main(job_file: str) -> None:

@@ -74,22 +74,24 @@ def register(lay: Layout) -> str:
     return ATTENTION
 
 
-def local(lay: Layout, ids, labels):
+def local(lay: Layout, ids, labels, rolled: bool = False):
     """This rank's slice of the micro-batch: (input_ids, position_ids, labels shifted over the whole
-    row: the slice's last token predicts the next slice's first)."""
+    row: the slice's last token predicts the next slice's first). `rolled`: the row's last position
+    predicts its first label, as ms-swift's sequence parallel rolls them (`Job.labels_rolled`)."""
     n = ids.shape[-1] // lay.sp
     lo, hi = lay.rank * n, (lay.rank + 1) * n
-    shifted = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
+    shifted = (torch.roll(labels, -1, -1) if rolled
+               else torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX))
     positions = torch.arange(lo, hi, device=ids.device).expand(ids.shape[0], n)
     return ids[..., lo:hi], positions, shifted[..., lo:hi]
 
 
-def loss(model, loss_function, ids, labels, divisor, lay: Layout):
+def loss(model, loss_function, ids, labels, divisor, lay: Layout, rolled: bool = False):
     """(what this rank backpropagates, the row's loss over the group): the slice's summed token
     loss over the step's divisor, by the model's own loss function, scaled by SP (the world's
     gradient averaging divides by it); the row's loss for the log, with no gradient. `model`:
     the one the loop calls (DDP's wrapper included)."""
-    x, positions, shifted = local(lay, ids, labels)
+    x, positions, shifted = local(lay, ids, labels, rolled)
     logits = model(input_ids=x, position_ids=positions).logits
     mine = loss_function(logits=logits, labels=None, shift_labels=shifted, vocab_size=logits.shape[-1],
                          num_items_in_batch=divisor)

@@ -77,6 +77,8 @@ def main(job_file: str) -> None:
     device, cuda, zero, sp = join(job.device), job.device == "cuda", job.scenario.zero_stage, job.scenario.sequence_parallel
     ddp = dist.world_size > 1 and not zero
     lay = ulysses.layout(sp, dist.rank, dist.world_size) if sp > 1 else None
+    if job.labels_rolled and not lay:
+        sys.exit("labels_rolled: the loop rolls the labels of a row split by sequence parallel only")
     model = from_config(job, device, attn_implementation=ulysses.register(lay) if lay else "sdpa", dtype=torch.float32)
     startup.mark("model_build")
     if zero:
@@ -110,7 +112,7 @@ def main(job_file: str) -> None:
             with nullcontext() if i == len(batch) - 1 or not ddp else train_model.no_sync():
                 with autocast():
                     if lay:  # this rank's share of the row's loss to backpropagate; the row's loss to log
-                        share, loss = ulysses.loss(train_model, model.loss_function, x, y, labelled, lay)
+                        share, loss = ulysses.loss(train_model, model.loss_function, x, y, labelled, lay, job.labels_rolled)
                     else:
                         share = loss = train_model(input_ids=x, labels=y, num_items_in_batch=labelled).loss
                 share.backward()
@@ -128,6 +130,8 @@ def main(job_file: str) -> None:
         autocast_dtype="bfloat16" if bf16 else None, seed=job.seed, train_model=train_model,
         # What the loop above divides by (the host judges the recorded divisors and scales).
         loss_normalization=job.loss_scheme or "token mean over the optimizer step, labels counted after the shift, per rank"))
+    if job.labels_rolled:  # the target a judging run trained, as the run it judges claims it
+        settings_in_effect["labels_rolled"] = True
     engine = f"FSDP2 (ZeRO-{zero})" if zero else "DDP" if ddp else None
     report = Report(
         framework_version=torch.__version__, attention_used=model.config._attn_implementation,

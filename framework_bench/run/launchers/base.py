@@ -59,8 +59,9 @@ class Submission(BaseModel):
         "the run folder of the reference's run on the same scenario and seed, submitted beside it: "
         "the run is judged for parity with it when collected"))
     judging: dict[str, Path] = Field(default_factory=dict, description=(
-        "run folders of the reference trained with another loss normalisation in the same job, by "
-        "`Job.loss_scheme`: trained only where a run of the round showed it, to judge that run at every step"))
+        "run folders of the reference trained with another loss in the same job, by `JudgingLoss.key` "
+        "(`Job.loss_scheme`, `Job.labels_rolled`): trained only where a run of the round showed it, to judge "
+        "that run at every step"))
     round_runs: int = Field(1, description="the runs its job holds, one after another (a SLURM round): how each "
                                            "ended is its own exit status, not the job's")
     compare_id: str | None = None

@@ -128,11 +128,11 @@ def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:0
     `_run_block` says: one srun task per node, torchrun over the node's GPUs (a one-process run
     starts the worker itself), the rendezvous endpoint the allocation's first host. Every run's
     clock watcher reveals one projection seed, drawn here, so each run's update is projected as
-    the reference's. Then, for each loss normalisation a run of the round showed that the
-    reference's differs from (`framework_bench/worker/loss_weighting.py`, asked on the node),
+    the reference's. Then, for each loss a run of the round trained that the reference's
+    differs from (`framework_bench/worker/loss_weighting.py`, asked on the node),
     its `judging` run: the reference trained that way, to judge it at every step. Then, where
     `judging` holds them (`twin_key`), every run's fp32 twin, the reference's last, and the
-    reference's twin trained as each twin normalised its loss.
+    reference's twin trained with each twin's loss.
     `extra` lines (`--partition=...`) become `#SBATCH` lines; `written_for`: the run whose
     folder holds this copy (named in its header).
 
@@ -191,22 +191,23 @@ def sbatch_script(runs: list[tuple[LaunchPlan, Job]], time_limit: str = "02:00:0
 
 
 def _judging_lines(runs: list[tuple[LaunchPlan, Job]], judging: dict[str, tuple[LaunchPlan, Job]], cpus: str) -> list[str]:
-    """For each loss normalisation a run of `runs` showed that the last's (the reference's) differs from
-    (`framework_bench/worker/loss_weighting.py`, asked on the node), its `judging` run: the reference
-    trained that way, to judge it at every step; nothing where the reference's run failed."""
+    """For each loss a run of `runs` trained that the last's (the reference's) differs from (its
+    normalisation, its labels rolled: `framework_bench/worker/loss_weighting.py`, asked on the node),
+    its `judging` run: the reference trained that way, to judge it at every step; nothing where the
+    reference's run failed."""
     if not judging:
         return []
     ref_plan, ref_job = runs[-1]
     ask = [str(ref_plan.python), "-m", "framework_bench.worker.loss_weighting", str(ref_job.run_dir),
            *(str(j.run_dir) for _, j in runs[:-1])]
-    lines = ["# The reference trained as each run normalised its loss, where that differs from its",
-             "# own (framework_bench/worker/loss_weighting.py): judging runs, never trials.",
+    lines = ["# The reference trained with each run's loss, where that differs from its own",
+             "# (framework_bench/worker/loss_weighting.py): judging runs, never trials.",
              "if [ $status -eq 0 ]; then",
              f"  for scheme in $({shlex.join(ask)}); do",
              '    case "$scheme" in']
     for scheme, (j_plan, j_job) in sorted(judging.items()):
         lines += [f"      {scheme})", *("        " + line for line in _run_block(j_plan, j_job, cpus,
-                                                                             f"judging, loss_scheme {scheme}")),
+                                                                             f"judging, loss {scheme}")),
                   "        ;;"]
     return lines + ["    esac", "  done", "fi"]
 
@@ -214,15 +215,15 @@ def _judging_lines(runs: list[tuple[LaunchPlan, Job]], judging: dict[str, tuple[
 TWIN_KEY = "fp32_twin"
 
 
-def twin_key(backend: str, scheme: str | None = None) -> str:
+def twin_key(backend: str, loss: str = "") -> str:
     """The key of `backend`'s fp32 twin among a round's judging runs (`Submission.judging`); with
-    `scheme`, the reference's twin trained with that loss normalisation."""
-    return "/".join((TWIN_KEY, backend, *([scheme] if scheme else [])))
+    `loss` (`JudgingLoss.key`), the reference's twin trained with that loss."""
+    return "/".join((TWIN_KEY, backend, *([loss] if loss else [])))
 
 
 def round_runs(runs: int, judging: list[str]) -> int:
     """The most runs a round's job may train: its `runs`, then of its `judging` keys at most one
-    reference run a run for the loss schemes, every twin, and at most one reference twin a twin."""
+    reference run a run for the judging losses, every twin, and at most one reference twin a twin."""
     twins = sum(1 for k in judging if k.startswith(TWIN_KEY + "/") and k.count("/") == 1)
     schemes = sum(1 for k in judging if not k.startswith(TWIN_KEY + "/"))
     twin_schemes = sum(1 for k in judging if k.count("/") == 2)
