@@ -42,9 +42,8 @@ def main() -> None:
             checks = {c["name"]: c for c in r["checks"]}
             if "median_step" not in checks:
                 continue
-            f = checks["median_step"]["figures"]
             if args.stored:
-                status = checks["median_step"]["status"]
+                f, status = checks["median_step"]["figures"], checks["median_step"]["status"]
             else:
                 again = median_step_check(load_stamps(Path(r["run_dir"])), r["scenario_json"]["steps"]["warmup"])
                 f, status = again.figures, again.status

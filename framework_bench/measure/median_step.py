@@ -46,9 +46,9 @@ def held(steps: int) -> int:
 def _gap(windows_: list[float], gaps: list[float], slack: float) -> dict:
     """The `held`-th largest gap less the least (where there is another) against the median window:
     seconds, the share the difference is of the window, and `over` the bound."""
-    ordered = sorted(gaps, reverse=True)
-    window, gap = statistics.median(windows_), ordered[held(len(windows_)) - 1]
-    least = ordered[-1] if len(ordered) > held(len(windows_)) else 0.0
+    ordered, nth = sorted(gaps, reverse=True), held(len(windows_))
+    window, gap = statistics.median(windows_), ordered[nth - 1]
+    least = ordered[-1] if len(ordered) > nth else 0.0
     return {"median_step": round(window, 6), "gap": round(gap, 6), "least_gap": round(least, 6),
             "share": round((gap - least) / window, 4) if window > 0 else None,
             "over": round(gap - least - MAX_MEDIAN_GAP_SHARE * window - slack, 6)}

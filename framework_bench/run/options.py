@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from framework_bench.run.launchers.base import Launcher
 from framework_bench.run.launchers.slurm import SbatchOptions
 from framework_bench.worker.job import SettingsMode
+from framework_bench.worker.loss_schemes import JudgingLoss
 
 
 class Trial(BaseModel):
@@ -42,3 +43,7 @@ class RunOptions(BaseModel):
     projection_round: int = Field(0, description="the round whose update-projection vector the runs share "
                                                  "(framework_bench/measure/update.py): set by compare per round")
     trial: Trial = Field(default_factory=Trial, description="the trial a run is (set by its round)")
+
+    def trained_with(self, loss: JudgingLoss, **update) -> RunOptions:
+        """These options for a judging run of the reference trained with `loss` (and `update`)."""
+        return self.model_copy(update={"loss_scheme": loss.scheme, "labels_rolled": loss.rolled, **update})

@@ -55,8 +55,7 @@ class LocalRuns(JudgingRuns):
             return RunResult(backend=backend, scenario=trained.name, status="interrupted",
                              reason="the round was interrupted before it ran")
         mode = {"settings_mode": settings_mode} if settings_mode else {}
-        result = pipeline.run_one(backend, trained, self.options.model_copy(update={
-            "loss_scheme": loss.scheme, "labels_rolled": loss.rolled, "db": None, **mode}))
+        result = pipeline.run_one(backend, trained, self.options.trained_with(loss, db=None, **mode))
         if result.status == "interrupted":
             self.stopped.append(result)
         return result

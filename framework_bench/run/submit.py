@@ -107,8 +107,7 @@ def _judging_runs(round_: Round, run: pipeline.Prepared, scenario: Scenario, tra
     stored), by `key` + the loss's key; one refused is left out (its judging reads it as not run)."""
     made = {}
     for loss in trained:
-        options = round_.options.model_copy(update={"loss_scheme": loss.scheme, "labels_rolled": loss.rolled})
-        p = pipeline.prepare(run.identity.backend, scenario, options, machine=machine)
+        p = pipeline.prepare(run.identity.backend, scenario, round_.options.trained_with(loss), machine=machine)
         if isinstance(p, RunResult):  # never stored: not a trial
             orphans.release(p.run_dir)
             if p.status == "interrupted":

@@ -154,7 +154,7 @@ class Job:
     loss_scheme: LossScheme | None = None
     # Each row's labels rolled by one instead of shifted, so that its last position predicts the
     # row's first label: the target ms-swift's sequence parallel trains, set by the host on a
-    # reference run judging such a run (`measure.losses.rolled_needed`). Sequence parallel only.
+    # reference run judging such a run (`measure.losses.needed_reference_loss`). Sequence parallel only.
     labels_rolled: bool = False
     raw: dict = field(default_factory=dict, repr=False)
     # The sha256 of the rows this process checked against `data_sha256` (open_rows / check_data).

@@ -18,6 +18,7 @@ SCHEMES: tuple[LossScheme, ...] = get_args(LossScheme)
 # data-parallel rank, times the ranks, so the ranks' gradient average is the step's global
 # label mean (HF Trainer's average_tokens_across_devices on several processes).
 STEP_TOKEN_MEAN, STEP_LABEL_MEAN, MICRO_MEAN_MEAN, WORLD_LABEL_MEAN = SCHEMES
+# The settings key a run claims its rows' labels rolled with (ms-swift's sequence parallel; `Job.labels_rolled`).
 ROLLED = "labels_rolled"
 
 

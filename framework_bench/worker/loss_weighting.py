@@ -1,7 +1,8 @@
 """Which loss normalisation a run's records show (`scheme`), and which reference runs a round
-needs to judge its runs by their own loss (`needed`: that normalisation, the labels rolled). Standard library only: the host judges with it
-(framework_bench/measure/losses.py), and a SLURM round's batch script asks it on the node, after
-the round's runs ended, which judging reference runs to train beside them:
+needs to judge its runs by their own loss (`needed`: that normalisation, the labels rolled).
+Standard library only: the host judges with it (framework_bench/measure/losses.py), and a SLURM
+round's batch script asks it on the node, after the round's runs ended, which judging reference
+runs to train beside them:
 
     python -m framework_bench.worker.loss_weighting REFERENCE_RUN_DIR RUN_DIR...
 
