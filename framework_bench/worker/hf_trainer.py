@@ -15,6 +15,7 @@ trainer, ms-swift's Seq2SeqTrainer, TRL's SFTTrainer):
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 
 from framework_bench.worker import (ConsumedRows, Job, MicroLosses, Report, StepTimer, adapters, dist_info,
@@ -211,6 +212,11 @@ class Claims:
         self.losses = MicroLosses(job.run_dir, dist_info().rank)
         self.fed: list = []
         self.loader_labels = None  # the labels the loader handed the micro-batch in training (record_losses)
+        # Where the trainer's loader splits each row before the model (DeepSpeed's Ulysses adapter):
+        # the group's rows whole, (input_ids, labels) in the order their micro-batches train; the
+        # backend fills it, each micro-batch in training takes the next as `row`.
+        self.whole_rows: deque | None = None
+        self.row = None
         self.settings: dict = {}
         self.probe = capture.KvRepeatProbe()  # installed when training begins, settled in the report
         self.param_count: int | None = None
@@ -251,8 +257,9 @@ class Claims:
         gathered across processes under `average_tokens_across_devices`, which then scales the
         loss back up by the process count), or the model's own mean when it takes no such count.
         `split_rows`: the trainer hands compute_loss each rank's slice of the rows and returns the
-        row's loss gathered over the sequence-parallel group (ms-swift's): the records then count
-        the whole rows the loader handed, as every rank of a group logs its row's loss."""
+        row's loss gathered over the sequence-parallel group (ms-swift's; TRL's under DeepSpeed's
+        Ulysses): the records then count the whole rows the loader handed (`whole_rows` where the
+        loader splits them), as every rank of a group logs its row's loss."""
         from transformers import Trainer
 
         cls = trainer_class or Trainer  # the class whose compute_loss the trainer runs (TRL's overrides it)
@@ -263,16 +270,16 @@ class Claims:
             labels = inputs.get("labels")  # taken first: ms-swift's loss under sequence parallel pops them
             out = compute_loss(trainer, model, inputs, *args, **kwargs)
             if model.training:
+                whole = self.loader_labels if split_rows else labels
                 loss = out[0] if isinstance(out, tuple) else out
                 items = kwargs.get("num_items_in_batch", args[1] if len(args) > 1 else None)
                 if items is not None and trainer.model_accepts_loss_kwargs:
                     scaled = trainer.args.average_tokens_across_devices and trainer.accelerator.num_processes > 1
                     divisor = items / (trainer.accelerator.num_processes if scaled else 1)
                 else:
-                    divisor = (labels[..., 1:] != -100).sum()
+                    divisor = (whole[..., 1:] != -100).sum()
                 # Tensors kept as they are: read once the step's clock stopped (MicroLosses.end_step).
-                self.losses.add(loss, divisor, self.loader_labels if split_rows else labels,
-                                backward_scale(trainer, items))
+                self.losses.add(loss, divisor, whole, backward_scale(trainer, items))
                 self.normalization = normalization(trainer, items is not None)
             return out
 
@@ -280,7 +287,9 @@ class Claims:
         training_step = cls.training_step
 
         def training_step_seen(trainer, model, inputs, *args, **kwargs):
-            self.loader_labels = inputs.get("labels")
+            if self.whole_rows is not None:
+                self.row = self.whole_rows.popleft()
+            self.loader_labels = inputs.get("labels") if self.row is None else self.row[1]
             return training_step(trainer, model, inputs, *args, **kwargs)
 
         cls.training_step = training_step_seen
@@ -288,6 +297,9 @@ class Claims:
     def keep(self, module, args, kwargs) -> None:
         # the labels the model is fed; where the trainer's loss takes them out of the model's inputs
         # (ms-swift's under sequence parallel, each rank's slice), the loader's for this micro-batch
+        if module.training and self.row is not None:
+            self.fed.append(self.row)
+            return
         labels = kwargs.get("labels", self.loader_labels)
         if module.training and "input_ids" in kwargs and labels is not None:
             self.fed.append((kwargs["input_ids"], labels))

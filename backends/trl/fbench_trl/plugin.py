@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from packaging.version import Version
+
 from framework_bench.plugins import hf_trainer_args
 from framework_bench.plugins.base import Backend
 from framework_bench.plugins.contract import (AdamWImpl, BackendEnv, BackendInfo, Capabilities, EnvSpec, Job,
@@ -23,6 +25,8 @@ HERE = Path(__file__).parent
 # TRL's `deepspeed` extra's floor: a layer over the CPU env with it trains ZeRO-3 there, refereed
 # `ok` (docs/calibration.md, "ZeRO-3: what a rank holds once ms-swift or TRL built the model")
 DEEPSPEED_LAYER = "deepspeed==0.18.6"
+# TRL's sequence parallel is accelerate's (ParallelismConfig, from 1.12) around DeepSpeed's Ulysses
+SEQUENCE_PARALLEL_LAYER = "accelerate==1.12.0@deepspeed==0.18.6"
 
 
 def backend_info() -> BackendInfo:
@@ -30,13 +34,8 @@ def backend_info() -> BackendInfo:
         name=NAME,
         framework="TRL",
         description="TRL's SFTTrainer (SFTConfig, peft_config) on the pre-tokenized packed rows",
-        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=False, varlen=False, zero_stages=[0, 1, 2, 3],
-                                  lora=True, qlora=False,
-                                  # TRL's context parallelism (cp_size) refuses packed rows (sft_trainer.py)
-                                  missing={"sequence_parallel": (
-                                      "TRL's sequence parallel is DeepSpeed Ulysses through accelerate's "
-                                      "ParallelismConfig(sp_backend='deepspeed'), from accelerate 1.12; the trl env "
-                                      "pins accelerate 1.11.0, as LLaMA-Factory's env")}),
+        capabilities=Capabilities(cpu=True, gpu=True, sequence_parallel=True, varlen=False, zero_stages=[0, 1, 2, 3],
+                                  lora=True, qlora=False),
         env=EnvSpec(requirements={"cpu": HERE / "requirements-cpu.txt", "cuda": HERE / "requirements-cuda.txt"},
                     # TRL 1's SFTConfig; TRL 1.16 asks transformers >= 4.56.2
                     framework_package="trl", supports={"trl": ">=1.0,<2", "transformers": ">=4.56.2"}),
@@ -57,12 +56,37 @@ def backend_info() -> BackendInfo:
     )
 
 
+def sequence_parallel_refusal(scenario: Scenario, env: BackendEnv) -> str | None:
+    """Why TRL cannot run this scenario's sequence parallel in `env`, or None."""
+    sp = scenario.sequence_parallel
+    if sp == 1:
+        return None
+    accelerate = env.version("accelerate")
+    if accelerate is None or Version(accelerate) < Version("1.12") or not env.has("deepspeed"):
+        return (f"sequence_parallel {sp}: TRL's sequence parallel is DeepSpeed's Ulysses (ALST) through accelerate's "
+                f"ParallelismConfig, from accelerate 1.12, and the {env.name} env has accelerate {accelerate}"
+                f"{'' if env.has('deepspeed') else ' and no deepspeed'}; `--backends {env.name}@{SEQUENCE_PARALLEL_LAYER}` "
+                "runs it in a layer over that env")
+    if scenario.zero_stage == 0:
+        return (f"sequence_parallel {sp} with zero_stage 0: accelerate sets TRL's sequence parallel up inside DeepSpeed "
+                "only; give a ZeRO stage")
+    if sp < scenario.cluster.gpus:
+        # accelerate shards the loader over every process and DeepSpeed's adapter trains a group's
+        # rows one per step, so each step's rows are not the scenario's (step 1: rows 0 and SP, ...)
+        return (f"sequence_parallel {sp} of {scenario.cluster.gpus} processes: beside data parallel, TRL's loader "
+                "(accelerate's, sharded over every process) and DeepSpeed's Ulysses adapter (a group's rows one per "
+                "step) train each step's rows in another order than the scenario's, which the referee would judge "
+                "as different rows; SP over every process runs")
+    return None
+
+
 class TrlBackend(Backend):
     def info(self) -> BackendInfo:
         return backend_info()
 
     def check(self, scenario: Scenario, machine: Machine, env: BackendEnv) -> str | None:
-        return super().check(scenario, machine, env) or hf_trainer_args.refusal(scenario, env, DEEPSPEED_LAYER)
+        return (super().check(scenario, machine, env) or sequence_parallel_refusal(scenario, env)
+                or hf_trainer_args.refusal(scenario, env, DEEPSPEED_LAYER))
 
     def write_files(self, job: Job, env: BackendEnv) -> dict[str, Path]:
         return sft_args.write_run_files(job, flash_attn_installed=env.has("flash-attn"))

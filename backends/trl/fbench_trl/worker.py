@@ -2,9 +2,10 @@
 
 Builds the model from the job's config (random weights, made where they train) and the
 shared initial weights, as a TRL user hands `SFTTrainer` a model, then trains with TRL's own
-`SFTTrainer` on the host's packed rows: `SFTConfig` as the plugin wrote it (`sft_args`), LoRA
-through its `peft_config`, the claims recorded by the SDK's HF Trainer side
-(`framework_bench.worker.hf_trainer`). Any failure raises, so the process exits non-zero.
+`SFTTrainer` on the host's packed rows: `SFTConfig` as the plugin wrote it (`sft_args`; sequence
+parallel through accelerate, `sequence_parallel`), LoRA through its `peft_config`, the claims
+recorded by the SDK's HF Trainer side (`framework_bench.worker.hf_trainer`). Any failure raises,
+so the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ STARTED = time.time()  # before the heavy imports below: start-up counts them
 
 import json
 import sys
+from collections import deque
 from importlib.metadata import version
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from framework_bench.worker.hf_trainer import Claims, StepRecorder, step_metrics
 from framework_bench.worker.models import held_at_build
 from framework_bench.worker.packed import TOKENIZER_DIR
 
+from fbench_trl import sequence_parallel
 from fbench_trl.run_files import RUN_FILE
 
 # TRL has no adapter defaults of its own: its docs hand SFTTrainer a `peft.LoraConfig`, whose
@@ -90,19 +93,27 @@ def main(job_file: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(Path(job.data_dir) / TOKENIZER_DIR))
     startup.mark("data")
     files = json.loads((Path(job.run_dir) / RUN_FILE).read_text())
-    config = SFTConfig(**files["sft_config"])  # before the model: under ZeRO-3 it makes zero.Init current
+    # before the model: under ZeRO-3 it makes zero.Init current
+    config = SFTConfig(**files["sft_config"],
+                       parallelism_config=sequence_parallel.parallelism_config(files["parallelism_config"]))
     recorder = StepRecorder(Path(job.run_dir), device=job.device, require_flash_attn=False,
                             zero_stage=job.scenario.zero_stage)
     claims = Claims(job, recorder.timer.clock)
+    if config.parallelism_config is not None:
+        sequence_parallel.gloo_length_gather(job.device)
+        claims.whole_rows = deque()
+        sequence_parallel.record_whole_rows(claims.whole_rows)
     startup.mark("framework_setup")
     model, built = build_model(job, files["attn_implementation"])
     startup.mark("model_build")
     claims.remember_prepared()
-    claims.record_losses(SFTTrainer)
+    claims.record_losses(SFTTrainer, split_rows=config.parallelism_config is not None)
     trainer = SFTTrainer(model=model, args=config, train_dataset=train_rows, processing_class=tokenizer,
                          peft_config=peft_config(job),
                          callbacks=[step_metrics_callback(recorder, startup), claims.callback])
     runtime = float(trainer.train().metrics["train_runtime"])
+    if config.parallelism_config is not None:
+        claims.settings.update(sequence_parallel.settings(trainer))
     write_run_report(job, recorder, claims, startup, version("trl"), runtime, NATIVE_LORA, rows_converted=rows,
                      built=built)
 

@@ -5,13 +5,15 @@ tests/test_lora.py, beside the other frameworks)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 import backend_helpers as helpers
 from backend_helpers import CPU, H100x8, tiny
-from fbench_fixtures import backend_env_or_skip
+from fbench_fixtures import MULTIPROCESS_TIMEOUT, backend_env_or_skip
 
 from framework_bench.plugins import registry as plugins
 from framework_bench.plugins.contract import BackendEnv
@@ -38,7 +40,7 @@ def test_discovered_through_entry_point(trl):
     info = trl.info
     assert info.name == "trl" and info.framework == "TRL" and info.env.framework_package == "trl"
     caps = info.capabilities
-    assert caps.lora and not caps.qlora and not caps.sequence_parallel and not caps.varlen
+    assert caps.lora and caps.sequence_parallel and not caps.qlora and not caps.varlen
     for flavour, path in info.env.requirements.items():
         lines = path.read_text().splitlines()
         assert {"torch==2.13.0", "trl==1.16.0", "transformers==5.6.0"} <= set(lines), flavour
@@ -54,18 +56,46 @@ def test_refusals_name_the_reason(trl):
     gpu_8k = scenario.load("llama2_7b_8k")
     assert "has none" in trl.check(gpu_8k, CPU, ready_env("cuda", "deepspeed"))
     assert trl.check(gpu_8k, H100x8, ready_env("cuda", "deepspeed")) is None
-    # what it does not declare the host refuses before asking: sequence parallel, varlen, QLoRA
+    # what it does not declare the host refuses before asking: varlen, QLoRA
     caps = trl.info.capabilities
-    assert "sequence parallel" in caps.refusal(scenario.load("llama2_70b_32k"), "trl")
     assert "varlen" in caps.refusal(tiny(attention="varlen"), "trl")
     assert "QLoRA" in caps.refusal(scenario.load("llama2_7b_8k_1gpu_qlora"), "trl")
+
+
+def test_sequence_parallel_refusals_name_the_layer_the_stage_and_the_row_order(trl):
+    """TRL's sequence parallel is accelerate's (from 1.12) around DeepSpeed's Ulysses: the trl env
+    (accelerate 1.11) names the layer that runs it; in that layer it needs a ZeRO stage, and SP
+    over every process (beside data parallel each step's rows would not be the scenario's)."""
+    sp_layer = ready_env("cuda", "deepspeed").model_copy(update={"versions": {
+        **ready_env("cuda", "deepspeed").versions, "accelerate": "1.12.0"}})
+    base = ready_env("cuda", "deepspeed").model_copy(update={"versions": {
+        **ready_env("cuda", "deepspeed").versions, "accelerate": "1.11.0"}})
+    sp8 = scenario.load("llama2_7b_128k")
+    assert (sp8.sequence_parallel, sp8.cluster.gpus, sp8.zero_stage) == (8, 8, 3)
+    refused = trl.check(sp8, H100x8, base)
+    assert "accelerate 1.11.0" in refused and "`--backends trl@accelerate==1.12.0@deepspeed==0.18.6`" in refused
+    assert trl.check(sp8, H100x8, sp_layer) is None
+    assert "give a ZeRO stage" in trl.check(sp8.model_copy(update={"zero_stage": 0}), H100x8, sp_layer)
+    sp4_of_32 = scenario.load("llama2_70b_32k")
+    assert (sp4_of_32.sequence_parallel, sp4_of_32.cluster.gpus) == (4, 32)
+    assert "another order than the scenario's" in trl.check(sp4_of_32, H100x8, sp_layer)
+
+
+def test_sequence_parallel_plan_hands_accelerate_its_parallelism_config(trl, tmp_path):
+    env = ready_env("cuda", "deepspeed").model_copy(update={"versions": {
+        **ready_env("cuda", "deepspeed").versions, "accelerate": "1.12.0"}})
+    _, run = planned(trl, tmp_path, scenario.load("llama2_7b_128k"), env)
+    assert run["parallelism_config"] == {"sp_backend": "deepspeed", "sp_size": 8, "dp_shard_size": 1, "sp_handler": {
+        "sp_seq_length": 131072, "sp_seq_length_is_variable": False, "sp_attn_implementation": "sdpa"}}
+    _, unsplit = planned(trl, tmp_path / "8k", scenario.load("llama2_7b_8k"), env)
+    assert unsplit["parallelism_config"] is None
 
 
 def test_published_llama2_7b_8k_config(trl, tmp_path):
     plan, run = planned(trl, tmp_path, scenario.load("llama2_7b_8k"), ready_env("cuda", "deepspeed"))
     job_dir = tmp_path / "run"
     assert plan.module == "fbench_trl.worker" and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
-    assert run == {"attn_implementation": "sdpa", "sft_config": {
+    assert run == {"attn_implementation": "sdpa", "parallelism_config": None, "sft_config": {
         "output_dir": str(job_dir / "trl_output"), "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
         "max_steps": 7, "learning_rate": 2e-5, "adam_beta1": 0.9, "adam_beta2": 0.999, "weight_decay": 0.0,
         "max_grad_norm": 1.0, "lr_scheduler_type": "constant", "warmup_steps": 0, "bf16": True, "fp16": False,
@@ -113,3 +143,47 @@ def test_tiny_cpu_trains_with_trl(tiny_cpu_run, tmp_path):
     # one process, no ZeRO: it held the whole model once built
     assert worker["built"]["elements_held"] == worker["built"]["elements_whole"] == worker["param_count"]
     assert worker["built"]["peak_bytes"] > 0
+
+
+SP_LAYER = "trl@accelerate==1.12.0@deepspeed==0.18.6"
+HALF_ROWS = Path(__file__).parent / "half_rows"  # TRL's SP with the second half of every row untrained
+
+
+@pytest.mark.slow
+def test_sequence_parallel_is_judged_against_the_reference_ulysses_run(home_with_envs, tmp_path, monkeypatch):
+    """TRL's sequence parallel (accelerate's ParallelismConfig, DeepSpeed's Ulysses) at SP 2 under
+    ZeRO-3 on two CPU processes, in a round against the reference's Ulysses run: each rank trains
+    half of every row, both record the group's rows whole, the settings say SP 2 around SDPA, and
+    loss and update agree at every step. The same run training only the first half of each row
+    (`half_rows/`) records the same whole rows and fails parity: `invalid`."""
+    from framework_bench.envs import venvs
+    from framework_bench.envs.creation import create_backend
+    from framework_bench.run.options import RunOptions
+    from framework_bench.run.round import Round
+    from framework_bench.worker.files import read_metrics
+
+    backend_env_or_skip("trl"), backend_env_or_skip("torch")
+    layered = plugins.get(SP_LAYER)
+    if not venvs.inspect(SP_LAYER, layered.info.env).ready:
+        create_backend(layered, say=lambda msg: None)
+    s = scenario.load("multiproc_tiny_cpu_sp2")
+    round_ = Round(s, RunOptions(root=tmp_path, launcher="torchrun", timeout=MULTIPROCESS_TIMEOUT), reference="torch")
+    honest = round_.run(SP_LAYER)
+    with monkeypatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HALF_ROWS), os.environ.get("PYTHONPATH")])))
+        half = round_.run(SP_LAYER)
+    round_.run("torch")
+    round_.close()
+    for r in (honest, half):
+        checks = {c.name: c for c in r.checks}
+        assert all(checks[n].status == "pass" for n in ("tokens", "rows", "settings", "initial_weights")), r.checks
+        assert all(m["tokens"] == s.context_length // 2 for m in read_metrics(r.run_dir))
+        assert (r.settings["sequence_parallel"], r.settings["attention"], r.settings["zero_stage"]) == (2, "sdpa_ulysses", 3)
+    failed = {c.name for c in honest.checks if c.status == "fail"}
+    assert honest.status == "ok" and not failed, honest.reason
+    judged = {c.name: c for c in honest.checks}
+    assert judged["parity"].status == judged["update_parity"].status == "pass" and "every step judged" in judged["parity"].detail
+    parity = {c.name: c for c in half.checks}["parity"]
+    assert half.status == "invalid" and parity.status == "fail", half.reason
+    print(f"\nhonest: {judged['parity'].detail}\nhonest update: {judged['update_parity'].detail}"
+          f"\nhalf rows: {parity.detail}")  # docs/calibration.md
