@@ -126,3 +126,35 @@ def judged_again(result, reference, scenario, monkeypatch, unchecked: str):
     monkeypatch.setenv(UNCHECKED_ENV, unchecked)
     return referee.judge(pipeline.finish(pipeline.Prepared.of_run_dir(result.run_dir, result.backend, None),
                                          launch.Outcome("ok", 0, result.wall_seconds, "")), reference, scenario)
+
+
+def sequence_parallel_round(s: scenario.Scenario, backend: str, shim: Path, tmp_path: Path, monkeypatch):
+    """One round of `s` (SP 2 over two CPU processes) against the torch reference's Ulysses run:
+    `backend` as released, then with `shim` (a `sitecustomize`) on its PYTHONPATH, then the
+    reference. Both runs' rows, tokens, settings and initial weights passed, each rank fed half of
+    every row, SP 2 around SDPA claimed, the model built partitioned (ZeRO-3's zero.Init: rank 0
+    holds half of it). Returns (as released, with the shim)."""
+    import json
+    import os
+
+    from fbench_fixtures import MULTIPROCESS_TIMEOUT
+    from framework_bench.run.options import RunOptions
+    from framework_bench.run.round import Round
+    from framework_bench.worker.files import read_metrics
+
+    round_ = Round(s, RunOptions(root=tmp_path, launcher="torchrun", timeout=MULTIPROCESS_TIMEOUT), reference="torch")
+    released = round_.run(backend)
+    with monkeypatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
+        shimmed = round_.run(backend)
+    round_.run("torch")
+    round_.close()
+    for r in (released, shimmed):
+        checks = {c.name: c for c in r.checks}
+        assert all(checks[n].status == "pass" for n in ("tokens", "rows", "settings", "initial_weights")), r.checks
+        assert all(m["tokens"] == s.context_length // 2 for m in read_metrics(r.run_dir))
+        assert (r.settings["sequence_parallel"], r.settings["attention"], r.settings["zero_stage"]) == (2, "sdpa_ulysses", 3)
+        # each parameter's partition is its elements / 2, rounded up
+        built = json.loads((r.run_dir / "worker.json").read_text())["built"]
+        assert built["elements_whole"] / 2 <= built["elements_held"] < built["elements_whole"] * 0.51, built
+    return released, shimmed
