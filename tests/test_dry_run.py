@@ -1,8 +1,6 @@
 """--dry-run: every published scenario gets a complete plan from both backends, without
 packing or launching anything, on a machine that has none of the GPUs they need."""
 
-from pathlib import Path
-
 import pytest
 from typer.testing import CliRunner
 
@@ -114,11 +112,9 @@ def test_a_published_row_outside_a_bundled_backends_capabilities_is_refused_nami
                 assert any(f"({why})" in reason for why in capabilities.missing.values()), (name, backend, reason)
     # trl declares sequence parallel, and its own env (accelerate 1.11) refuses the SP rows naming
     # the layer that runs them
-    from framework_bench.plugins.contract import BackendEnv
+    from backend_helpers import H100x8, ready_env
 
-    env = BackendEnv(name="trl", path=Path("/nonexistent"), python=Path("/nonexistent/bin/python"), flavour="cuda",
-                     ready=True, versions={"torch": "2.13.0", "trl": "1.16.0", "accelerate": "1.11.0", "deepspeed": "1"})
-    split = [scenario.load(n) for n in PUBLISHED if scenario.load(n).sequence_parallel > 1]
-    reasons = [registry.get("trl").check(s, Machine(gpus=8, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=80), env)
-               for s in split]
+    env = ready_env("trl", {"trl": "1.16.0", "accelerate": "1.11.0"}, "cuda", "deepspeed")
+    split = [s for s in map(scenario.load, PUBLISHED) if s.sequence_parallel > 1]
+    reasons = [registry.get("trl").check(s, H100x8, env) for s in split]
     assert split and all("`--backends trl@accelerate==1.12.0@deepspeed==0.18.6`" in r for r in reasons), reasons

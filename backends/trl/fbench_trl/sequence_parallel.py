@@ -49,15 +49,15 @@ class _Seen:
         return self.batch
 
 
-def record_whole_rows(rows: deque) -> None:
+def record_whole_rows() -> deque:
     """DeepSpeed's adapter takes one batch from each rank of the group, and the group then trains
     them one after the other, each split over the ranks (rank 0's first). After each refill, the
     group's batches, whole, are all-gathered (between steps, with the adapter's own gathers) and
-    appended to `rows` as (input_ids, labels) in the order their micro-batches train."""
+    appended to the deque returned as (input_ids, labels) in the order their micro-batches train."""
     import torch.distributed as dist
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 
-    refill = UlyssesSPDataLoaderAdapter.refill
+    refill, rows = UlyssesSPDataLoaderAdapter.refill, deque()
 
     def refill_and_record(adapter):
         seen = adapter.iter = _Seen(adapter.iter)
@@ -72,6 +72,7 @@ def record_whole_rows(rows: deque) -> None:
         rows.extend(group)
 
     UlyssesSPDataLoaderAdapter.refill = refill_and_record
+    return rows
 
 
 def settings(trainer) -> dict:

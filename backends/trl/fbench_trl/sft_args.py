@@ -55,12 +55,12 @@ def sft_config(job: Job, deepspeed_file: Path | None) -> dict:
 def sequence_parallel(job: Job, attn: str) -> dict | None:
     """accelerate's `ParallelismConfig` and its `DeepSpeedSequenceParallelConfig` (ALST's Ulysses,
     around the attention the model is built with) as keyword arguments, or None without SP. Rows
-    are all the context long: no variable-length handling."""
+    are all the context long: no variable-length handling. SP spans every process (the plugin
+    refuses it beside data parallel), so accelerate's other sizes stay 1."""
     s = job.scenario
     if s.sequence_parallel == 1:
         return None
     return {"sp_backend": "deepspeed", "sp_size": s.sequence_parallel,
-            "dp_shard_size": s.cluster.gpus // s.sequence_parallel,
             "sp_handler": {"sp_seq_length": s.context_length, "sp_seq_length_is_variable": False,
                            "sp_attn_implementation": attn}}
 
@@ -73,6 +73,7 @@ def write_run_files(job: Job, flash_attn_installed: bool) -> dict[str, Path]:
         files["deepspeed"] = ds_file
     attn = hf_trainer_args.attn_implementation(job, flash_attn_installed)
     files["run"] = run_dir / RUN_FILE
-    files["run"].write_text(json.dumps({"sft_config": sft_config(job, ds_file), "attn_implementation": attn,
-                                              "parallelism_config": sequence_parallel(job, attn)}, indent=2))
+    run = {"sft_config": sft_config(job, ds_file), "attn_implementation": attn,
+           "parallelism_config": sequence_parallel(job, attn)}
+    files["run"].write_text(json.dumps(run, indent=2))
     return files

@@ -16,7 +16,6 @@ STARTED = time.time()  # before the heavy imports below: start-up counts them
 
 import json
 import sys
-from collections import deque
 from importlib.metadata import version
 from pathlib import Path
 
@@ -96,23 +95,23 @@ def main(job_file: str) -> None:
     # before the model: under ZeRO-3 it makes zero.Init current
     config = SFTConfig(**files["sft_config"],
                        parallelism_config=sequence_parallel.parallelism_config(files["parallelism_config"]))
+    split = config.parallelism_config is not None  # each row split over an SP group by DeepSpeed's loader adapter
     recorder = StepRecorder(Path(job.run_dir), device=job.device, require_flash_attn=False,
                             zero_stage=job.scenario.zero_stage)
     claims = Claims(job, recorder.timer.clock)
-    if config.parallelism_config is not None:
+    if split:
         sequence_parallel.gloo_length_gather(job.device)
-        claims.whole_rows = deque()
-        sequence_parallel.record_whole_rows(claims.whole_rows)
+        claims.whole_rows = sequence_parallel.record_whole_rows()
     startup.mark("framework_setup")
     model, built = build_model(job, files["attn_implementation"])
     startup.mark("model_build")
     claims.remember_prepared()
-    claims.record_losses(SFTTrainer, split_rows=config.parallelism_config is not None)
+    claims.record_losses(SFTTrainer, split_rows=split)
     trainer = SFTTrainer(model=model, args=config, train_dataset=train_rows, processing_class=tokenizer,
                          peft_config=peft_config(job),
                          callbacks=[step_metrics_callback(recorder, startup), claims.callback])
     runtime = float(trainer.train().metrics["train_runtime"])
-    if config.parallelism_config is not None:
+    if split:
         claims.settings.update(sequence_parallel.settings(trainer))
     write_run_report(job, recorder, claims, startup, version("trl"), runtime, NATIVE_LORA, rows_converted=rows,
                      built=built)

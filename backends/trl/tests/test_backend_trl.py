@@ -24,8 +24,9 @@ def trl():
     return plugins.get("trl")
 
 
-def ready_env(flavour: str, *extra: str) -> BackendEnv:
-    return helpers.ready_env("trl", {"trl": "1.16.0", "transformers": "5.6.0"}, flavour, *extra)
+def ready_env(flavour: str, *extra: str, **pinned: str) -> BackendEnv:
+    """The trl env, `pinned` distributions at their versions (`accelerate="1.12.0"`)."""
+    return helpers.ready_env("trl", {"trl": "1.16.0", "transformers": "5.6.0", **pinned}, flavour, *extra)
 
 
 def planned(trl, tmp_path, scn, env, settings_mode="matched"):
@@ -65,10 +66,7 @@ def test_sequence_parallel_refusals_name_the_layer_the_stage_and_the_row_order(t
     """TRL's sequence parallel is accelerate's (from 1.12) around DeepSpeed's Ulysses: the trl env
     (accelerate 1.11) names the layer that runs it; in that layer it needs a ZeRO stage, and SP
     over every process (beside data parallel each step's rows would not be the scenario's)."""
-    sp_layer = ready_env("cuda", "deepspeed").model_copy(update={"versions": {
-        **ready_env("cuda", "deepspeed").versions, "accelerate": "1.12.0"}})
-    base = ready_env("cuda", "deepspeed").model_copy(update={"versions": {
-        **ready_env("cuda", "deepspeed").versions, "accelerate": "1.11.0"}})
+    sp_layer, base = ready_env("cuda", "deepspeed", accelerate="1.12.0"), ready_env("cuda", "deepspeed", accelerate="1.11.0")
     sp8 = scenario.load("llama2_7b_128k")
     assert (sp8.sequence_parallel, sp8.cluster.gpus, sp8.zero_stage) == (8, 8, 3)
     refused = trl.check(sp8, H100x8, base)
@@ -81,10 +79,9 @@ def test_sequence_parallel_refusals_name_the_layer_the_stage_and_the_row_order(t
 
 
 def test_sequence_parallel_plan_hands_accelerate_its_parallelism_config(trl, tmp_path):
-    env = ready_env("cuda", "deepspeed").model_copy(update={"versions": {
-        **ready_env("cuda", "deepspeed").versions, "accelerate": "1.12.0"}})
+    env = ready_env("cuda", "deepspeed", accelerate="1.12.0")
     _, run = planned(trl, tmp_path, scenario.load("llama2_7b_128k"), env)
-    assert run["parallelism_config"] == {"sp_backend": "deepspeed", "sp_size": 8, "dp_shard_size": 1, "sp_handler": {
+    assert run["parallelism_config"] == {"sp_backend": "deepspeed", "sp_size": 8, "sp_handler": {
         "sp_seq_length": 131072, "sp_seq_length_is_variable": False, "sp_attn_implementation": "sdpa"}}
     _, unsplit = planned(trl, tmp_path / "8k", scenario.load("llama2_7b_8k"), env)
     assert unsplit["parallelism_config"] is None
@@ -153,8 +150,7 @@ def test_sequence_parallel_is_judged_against_the_reference_ulysses_run(home_with
     """TRL's sequence parallel (accelerate's ParallelismConfig, DeepSpeed's Ulysses) at SP 2 under
     ZeRO-3 on two CPU processes, in a round against the reference's Ulysses run: the model built
     partitioned, each rank trains half of every row, both record the group's rows whole, the
-    settings say SP 2 around SDPA, and
-    loss and update agree at every step. The same run training only the first half of each row
+    settings say SP 2 around SDPA, and loss and update agree at every step. The same run training only the first half of each row
     (`half_rows/`) records the same whole rows and fails parity: `invalid`."""
     from framework_bench.envs import venvs
     from framework_bench.envs.creation import create_backend
