@@ -14,6 +14,7 @@ from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from framework_bench.measure import gpus
+from framework_bench.present.run_lines import EXIT_INTERRUPTED
 
 
 def within(low: float, high: float | None = None, words: str = ""):
@@ -133,10 +134,6 @@ GpuOption = Annotated[Optional[str], typer.Option(
 console = Console(width=None if (sys.stdout is not None and sys.stdout.isatty()) or os.environ.get("COLUMNS") else 160)
 err = Console(stderr=True)
 
-# Exit codes (docs/commands.md, "Failures and exit codes"): 0 every run ok, unverified or unsupported;
-# 1 a user error, any run invalid / failed / oom / timeout, or --fail-if-slower; 130 interrupted.
-EXIT_INTERRUPTED = 130
-
 
 def fail(message: str, code: int = 1) -> None:
     for line in message.splitlines():
@@ -153,12 +150,6 @@ def user_errors():
     from framework_bench.store.results import ResultsError
     from framework_bench.scenario.scenario import ScenarioError
     return (ScenarioError, UnknownBackend, DataError, EnvError, ResultsError, Refused)
-
-
-def exit_code(results) -> int:
-    if any(r.status == "interrupted" for r in results):
-        return EXIT_INTERRUPTED
-    return 1 if any(r.status not in ("ok", "unsupported", "unverified") for r in results) else 0
 
 
 def check_timeout(timeout: float | None) -> None:

@@ -87,6 +87,7 @@ def diff(
     import json
 
     from framework_bench.present.diff import Diff, chosen, compares
+    from framework_bench.present.run_lines import slower_line
     if (before is None) != (after is None):
         common.fail("give both compares' ids, or neither (the newest two)")
     store = reading_store(db)
@@ -104,9 +105,7 @@ def diff(
         for line in d.lines():
             common.console.print(line, highlight=False, markup=False, soft_wrap=True)
     if fail_if_slower is not None and (slower := d.slower_than(fail_if_slower)):
-        common.err.print(f"slower in {after} than in {before} by more than {fail_if_slower:g}%: "
-                         + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
-                         highlight=False, markup=False)
+        common.err.print(slower_line(slower, fail_if_slower, f"in {after} than in {before}"), highlight=False, markup=False)
         raise typer.Exit(1)
 
 

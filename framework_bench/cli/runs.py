@@ -112,11 +112,9 @@ def _end(results: list, interrupted: bool, fail_if_slower: float | None = None, 
     code means (on stderr under `--json`)."""
     if interrupted:
         common.stop_interrupted()
-    code, why = common.exit_code(results), None
+    code, why = run_lines.exit_code(results), None
     if not code and fail_if_slower is not None and (slower := points.slower_than(fail_if_slower)):
-        common.err.print(f"slower than the reference by more than {fail_if_slower:g}%: "
-                         + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower),
-                         highlight=False, markup=False)
+        common.err.print(run_lines.slower_line(slower, fail_if_slower, "than the reference"), highlight=False, markup=False)
         code, why = 1, f"a backend slower than the reference by more than {fail_if_slower:g}%"
     if closing:
         (common.err if as_json else common.console).print(closing_line(results, code, why), highlight=False,

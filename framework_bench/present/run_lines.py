@@ -27,6 +27,24 @@ def highlighted(text: Text) -> Text:
     return out
 
 
+# Exit codes (docs/commands.md, "Failures and exit codes"): 0 every run ok, unverified or unsupported;
+# 1 a user error, any run invalid / failed / oom / timeout, or --fail-if-slower; 130 interrupted.
+EXIT_INTERRUPTED = 130
+
+
+def exit_code(results: list) -> int:
+    """The exit of a command that ran `results`, before --fail-if-slower (`closing_line` says why)."""
+    if any(r.status == "interrupted" for r in results):
+        return EXIT_INTERRUPTED
+    return 1 if any(r.status not in ("ok", "unsupported", "unverified") for r in results) else 0
+
+
+def slower_line(slower: list, percent: float, than: str) -> str:
+    """--fail-if-slower's reason: 'slower than the reference by more than 5%: tiny_cpu: trl (7.2%)'."""
+    return (f"slower {than} by more than {percent:g}%: "
+            + "; ".join(f"{r.scenario}: {r.backend} ({(1 - r.ratio) * 100:.1f}%)" for r in slower))
+
+
 def closing_line(results: list, code: int, why: str | None = None) -> str:
     """`15 runs: 12 ok, 3 unsupported · exit 0: ...`, as pytest's last line counts its tests."""
     counts = Counter(r.status for r in results)
